@@ -1,0 +1,165 @@
+"""The metadata store interface: what ZooKeeper offers the rest of quorumlog.
+
+Two drivers implement it: ``sqlite://`` (embedded, the default on one machine)
+and ``zk://`` (ZooKeeper through kazoo). The same contract test suite runs
+against both (``tests/integration/test_meta_contract.py``).
+
+Paths are absolute, ``/``-separated, without a trailing slash. Every node has
+data (bytes) and a version that starts at 0 on create and grows by one on each
+set; compare-and-set passes the version the caller read (``-1``: any).
+
+All operations are coroutines, run on the event loop the store was opened on.
+Watch callbacks are also called on that loop, never on a driver thread.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from quorumlog.errors import InvalidArgumentError
+
+ENV_METADATA_URI = "QUORUMLOG_METADATA"
+
+
+class SessionState(enum.Enum):
+    CONNECTED = "CONNECTED"
+    SUSPENDED = "SUSPENDED"  # connection lost, session may still be alive: stop trusting leases
+    LOST = "LOST"  # session expired: ephemeral nodes are gone
+
+
+class EventType(enum.Enum):
+    CREATED = "CREATED"
+    CHANGED = "CHANGED"
+    DELETED = "DELETED"
+    CHILDREN = "CHILDREN"  # the set of children of the watched path changed
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: EventType
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned:
+    data: bytes
+    version: int
+
+
+class Watch(abc.ABC):
+    """A persistent watch; ``cancel()`` stops it."""
+
+    @abc.abstractmethod
+    def cancel(self) -> None: ...
+
+
+WatchCallback = Callable[[WatchEvent], None]
+SessionCallback = Callable[[SessionState], None]
+
+
+class MetadataStore(abc.ABC):
+    """Versioned tree of nodes with CAS, ephemerals, sequential ids and watches."""
+
+    uri: str
+
+    @abc.abstractmethod
+    async def get(self, path: str) -> Versioned:
+        """Data and version of ``path``; NoNodeError if absent."""
+
+    @abc.abstractmethod
+    async def exists(self, path: str) -> int | None:
+        """Version of ``path``, or None if absent."""
+
+    @abc.abstractmethod
+    async def create(
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequential: bool = False,
+        make_parents: bool = True,
+    ) -> str:
+        """Create ``path`` (missing parents too unless ``make_parents`` is false).
+
+        ``sequential`` appends a 10-digit, zero-padded, per-parent increasing
+        number to the last path component. ``ephemeral`` ties the node to this
+        store's session: it is deleted when the session closes or expires.
+        Returns the path created. NodeExistsError if it exists.
+        """
+
+    @abc.abstractmethod
+    async def set(self, path: str, data: bytes, version: int = -1) -> int:
+        """Replace the data if the version matches (``-1``: any). Returns the new version.
+
+        MetadataVersionError if the version moved on, NoNodeError if absent.
+        """
+
+    @abc.abstractmethod
+    async def delete(self, path: str, version: int = -1) -> None:
+        """Delete a node without children. NoNodeError, MetadataVersionError, NotEmptyError."""
+
+    @abc.abstractmethod
+    async def children(self, path: str) -> list[str]:
+        """Names (not paths) of the children of ``path``, sorted. NoNodeError if absent."""
+
+    @abc.abstractmethod
+    async def next_id(self, counter: str) -> int:
+        """A number from ``counter`` never handed out before, by any client (starts at 1)."""
+
+    @abc.abstractmethod
+    def watch(self, path: str, callback: WatchCallback, *, children: bool = False) -> Watch:
+        """Call ``callback`` on every change of ``path`` (data, create, delete) or, with
+        ``children``, of its set of children. Persistent until cancelled. Events arrive
+        within about 100 ms of the change."""
+
+    @abc.abstractmethod
+    def add_session_listener(self, callback: SessionCallback) -> None:
+        """Be told when the session is suspended, lost or connected again."""
+
+    @property
+    @abc.abstractmethod
+    def session_state(self) -> SessionState: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """End the session (its ephemeral nodes go) and release resources."""
+
+    async def __aenter__(self) -> MetadataStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def default_metadata_uri() -> str:
+    """Explicit argument first, else ``QUORUMLOG_METADATA``, else ``./.quorumlog/metadata.db``."""
+    from_env = os.environ.get(ENV_METADATA_URI)
+    if from_env:
+        return from_env
+    return "sqlite://" + os.path.abspath(os.path.join(".quorumlog", "metadata.db"))
+
+
+def resolve_metadata_uri(uri: str | None) -> str:
+    chosen = uri or default_metadata_uri()
+    if not (chosen.startswith("sqlite:///") or chosen.startswith("zk://")):
+        raise InvalidArgumentError(
+            f"metadata URI {chosen!r}: expected sqlite:///absolute/path or zk://host:port[/root]"
+        )
+    return chosen
+
+
+async def open_store(uri: str | None = None, *, session_timeout_ms: int = 10_000) -> MetadataStore:
+    """Open the store named by ``uri`` (see :func:`resolve_metadata_uri`) on the running loop."""
+    chosen = resolve_metadata_uri(uri)
+    if chosen.startswith("sqlite://"):
+        from quorumlog.meta.sqlite_store import SqliteStore
+
+        return await SqliteStore.open(chosen, session_timeout_ms=session_timeout_ms)
+    from quorumlog.meta.zk_store import ZkStore
+
+    return await ZkStore.open(chosen, session_timeout_ms=session_timeout_ms)

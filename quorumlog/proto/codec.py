@@ -1,0 +1,499 @@
+"""The bookie wire protocol: frames and messages, with no I/O.
+
+Bytes in, messages out; messages in, bytes out. Sockets live in ``server/``
+and ``client/``. Anything that is not a well-formed frame raises
+:class:`~quorumlog.errors.ProtocolError` (R12), and the codec never buffers
+more than one maximum-size frame, so a hostile peer cannot make it hold
+unbounded memory.
+
+Frame layout (all integers big-endian)::
+
+    uint32  length of the rest of the frame (header + body)
+    uint8   protocol version (1)
+    uint8   operation; a response carries the request's operation | 0x80
+    uint64  request id, chosen by the client, echoed in the response
+    body    by operation, below
+
+Many requests may be in flight on one connection; a bookie answers each, not
+necessarily in order, and the client matches answers by request id. An ADD
+carries several entries of one ledger so that a pipelined writer sends one
+frame per bookie per event-loop turn, not one per entry.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+
+from quorumlog.errors import LocalProtocolError, ProtocolError, Status
+from quorumlog.proto.entry import MASTER_KEY_SIZE
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_SIZE_BYTES_DEFAULT = 8 * 1024 * 1024
+RESPONSE_BIT = 0x80
+
+_LENGTH = struct.Struct(">I")
+_HEADER = struct.Struct(">IBBQ")  # length, version, op, request id
+_HEADER_AFTER_LENGTH = 10  # version + op + request id
+_U32 = struct.Struct(">I")
+_NO_KEY = bytes(MASTER_KEY_SIZE)
+
+
+class Op(enum.IntEnum):
+    ADD = 1
+    READ = 2
+    READ_LAC = 3
+    FENCE = 4
+    WRITE_LAC = 5
+    DELETE_LEDGER = 6
+    BOOKIE_INFO = 7
+
+
+class AddFlag(enum.IntFlag):
+    NONE = 0
+    RECOVERY = 1  # accepted even when the ledger is fenced (R7)
+
+
+class ReadFlag(enum.IntFlag):
+    NONE = 0
+    FENCE = 1  # fence the ledger before reading; needs the master key (R7, R8)
+    LONG_POLL = 2  # wait until the bookie's LAC passes previous_lac, or timeout_ms
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass(slots=True)
+class AddRequest:
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+    entries: list[bytes]
+    flags: AddFlag = AddFlag.NONE
+
+
+@dataclass(slots=True)
+class ReadRequest:
+    """Read ``count`` consecutive entries from ``first_entry_id`` (the bookie stops at a gap).
+
+    With LONG_POLL the bookie waits (up to ``timeout_ms``) until its LAC is above
+    ``previous_lac``, then answers its LAC and the entries it has from
+    ``first_entry_id``.
+    """
+
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    count: int = 1
+    flags: ReadFlag = ReadFlag.NONE
+    master_key: bytes = _NO_KEY
+    previous_lac: int = -1
+    timeout_ms: int = 0
+    max_bytes: int = 1 << 20
+
+
+@dataclass(slots=True)
+class ReadLacRequest:
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(slots=True)
+class FenceRequest:
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+
+
+@dataclass(slots=True)
+class WriteLacRequest:
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+    lac: int
+
+
+@dataclass(slots=True)
+class DeleteLedgerRequest:
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(slots=True)
+class BookieInfoRequest:
+    request_id: int
+
+
+# ---------------------------------------------------------------- responses
+
+
+@dataclass(slots=True)
+class AddResponse:
+    request_id: int
+    status: int
+    ledger_id: int
+    entry_count: int
+
+
+@dataclass(slots=True)
+class ReadResponse:
+    """Entries from ``first_entry_id`` on, and the LAC the bookie knows of."""
+
+    request_id: int
+    status: int
+    ledger_id: int
+    first_entry_id: int
+    lac: int
+    entries: list[bytes] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ReadLacResponse:
+    """``lac``: the largest LAC piggybacked on or written for this ledger; ``last_entry_id``:
+    the largest entry id stored (-1 when none)."""
+
+    request_id: int
+    status: int
+    ledger_id: int
+    lac: int
+    last_entry_id: int
+
+
+@dataclass(slots=True)
+class FenceResponse:
+    request_id: int
+    status: int
+    ledger_id: int
+    lac: int
+    last_entry_id: int
+
+
+@dataclass(slots=True)
+class StatusResponse:
+    """Answer of WRITE_LAC and DELETE_LEDGER."""
+
+    request_id: int
+    op: int
+    status: int
+    ledger_id: int
+
+
+@dataclass(slots=True)
+class BookieInfoResponse:
+    request_id: int
+    status: int
+    read_only: bool
+    free_bytes: int
+    total_bytes: int
+
+
+Request = (
+    AddRequest
+    | ReadRequest
+    | ReadLacRequest
+    | FenceRequest
+    | WriteLacRequest
+    | DeleteLedgerRequest
+    | BookieInfoRequest
+)
+Response = (
+    AddResponse
+    | ReadResponse
+    | ReadLacResponse
+    | FenceResponse
+    | StatusResponse
+    | BookieInfoResponse
+)
+Message = Request | Response
+
+# Bodies with fixed layout.
+_ADD_REQ = struct.Struct(f">QB{MASTER_KEY_SIZE}sI")  # ledger, flags, key, count
+_ADD_RESP = struct.Struct(">hQI")  # status, ledger, count
+_READ_REQ = struct.Struct(f">QqIB{MASTER_KEY_SIZE}sqII")
+_READ_RESP = struct.Struct(">hQqqI")  # status, ledger, first, lac, count
+_LEDGER = struct.Struct(">Q")
+_READ_LAC_RESP = struct.Struct(">hQqq")
+_FENCE_REQ = struct.Struct(f">Q{MASTER_KEY_SIZE}s")
+_FENCE_RESP = struct.Struct(">hQqq")
+_WRITE_LAC_REQ = struct.Struct(f">Q{MASTER_KEY_SIZE}sq")
+_STATUS_RESP = struct.Struct(">hQ")
+_INFO_RESP = struct.Struct(">hBqq")
+
+_MAX_ID = (1 << 63) - 1
+
+
+def _header(op: int, request_id: int, body_size: int) -> bytes:
+    return _HEADER.pack(_HEADER_AFTER_LENGTH + body_size, PROTOCOL_VERSION, op, request_id)
+
+
+def _entries_bytes(entries: list[bytes]) -> list[bytes]:
+    parts: list[bytes] = []
+    for blob in entries:
+        parts.append(_U32.pack(len(blob)))
+        parts.append(blob)
+    return parts
+
+
+def _check_key(key: bytes) -> None:
+    if len(key) != MASTER_KEY_SIZE:
+        raise LocalProtocolError(f"master key must be {MASTER_KEY_SIZE} bytes, got {len(key)}")
+
+
+def encode(message: Message) -> bytes:
+    """One message as one frame."""
+    return b"".join(encode_parts(message))
+
+
+def encode_parts(message: Message) -> list[bytes]:
+    """One message as a list of byte strings to be written in order (saves a join)."""
+    try:
+        return _encode_parts(message)
+    except struct.error as exc:
+        raise LocalProtocolError(f"cannot encode {type(message).__name__}: {exc}") from exc
+
+
+def _encode_parts(m: Message) -> list[bytes]:
+    if isinstance(m, AddRequest):
+        _check_key(m.master_key)
+        body = [_ADD_REQ.pack(m.ledger_id, int(m.flags), m.master_key, len(m.entries))]
+        body += _entries_bytes(m.entries)
+        size = sum(map(len, body))
+        return [_header(Op.ADD, m.request_id, size), *body]
+    if isinstance(m, AddResponse):
+        body_b = _ADD_RESP.pack(m.status, m.ledger_id, m.entry_count)
+        return [_header(Op.ADD | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
+    if isinstance(m, ReadRequest):
+        _check_key(m.master_key)
+        body_b = _READ_REQ.pack(
+            m.ledger_id,
+            m.first_entry_id,
+            m.count,
+            int(m.flags),
+            m.master_key,
+            m.previous_lac,
+            m.timeout_ms,
+            m.max_bytes,
+        )
+        return [_header(Op.READ, m.request_id, len(body_b)), body_b]
+    if isinstance(m, ReadResponse):
+        body = [_READ_RESP.pack(m.status, m.ledger_id, m.first_entry_id, m.lac, len(m.entries))]
+        body += _entries_bytes(m.entries)
+        size = sum(map(len, body))
+        return [_header(Op.READ | RESPONSE_BIT, m.request_id, size), *body]
+    if isinstance(m, ReadLacRequest):
+        body_b = _LEDGER.pack(m.ledger_id)
+        return [_header(Op.READ_LAC, m.request_id, len(body_b)), body_b]
+    if isinstance(m, ReadLacResponse):
+        body_b = _READ_LAC_RESP.pack(m.status, m.ledger_id, m.lac, m.last_entry_id)
+        return [_header(Op.READ_LAC | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
+    if isinstance(m, FenceRequest):
+        _check_key(m.master_key)
+        body_b = _FENCE_REQ.pack(m.ledger_id, m.master_key)
+        return [_header(Op.FENCE, m.request_id, len(body_b)), body_b]
+    if isinstance(m, FenceResponse):
+        body_b = _FENCE_RESP.pack(m.status, m.ledger_id, m.lac, m.last_entry_id)
+        return [_header(Op.FENCE | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
+    if isinstance(m, WriteLacRequest):
+        _check_key(m.master_key)
+        body_b = _WRITE_LAC_REQ.pack(m.ledger_id, m.master_key, m.lac)
+        return [_header(Op.WRITE_LAC, m.request_id, len(body_b)), body_b]
+    if isinstance(m, DeleteLedgerRequest):
+        body_b = _LEDGER.pack(m.ledger_id)
+        return [_header(Op.DELETE_LEDGER, m.request_id, len(body_b)), body_b]
+    if isinstance(m, StatusResponse):
+        if m.op not in (Op.WRITE_LAC, Op.DELETE_LEDGER):
+            raise LocalProtocolError(f"StatusResponse cannot answer operation {m.op}")
+        body_b = _STATUS_RESP.pack(m.status, m.ledger_id)
+        return [_header(m.op | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
+    if isinstance(m, BookieInfoRequest):
+        return [_header(Op.BOOKIE_INFO, m.request_id, 0)]
+    if isinstance(m, BookieInfoResponse):
+        body_b = _INFO_RESP.pack(m.status, int(m.read_only), m.free_bytes, m.total_bytes)
+        return [_header(Op.BOOKIE_INFO | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
+    raise LocalProtocolError(f"not a protocol message: {type(m).__name__}")
+
+
+def error_response(request: Request, status: Status) -> Response:
+    """The answer a bookie gives to ``request`` when it fails with ``status``."""
+    rid = request.request_id
+    if isinstance(request, AddRequest):
+        return AddResponse(rid, status, request.ledger_id, len(request.entries))
+    if isinstance(request, ReadRequest):
+        return ReadResponse(rid, status, request.ledger_id, request.first_entry_id, -1, [])
+    if isinstance(request, ReadLacRequest):
+        return ReadLacResponse(rid, status, request.ledger_id, -1, -1)
+    if isinstance(request, FenceRequest):
+        return FenceResponse(rid, status, request.ledger_id, -1, -1)
+    if isinstance(request, WriteLacRequest):
+        return StatusResponse(rid, Op.WRITE_LAC, status, request.ledger_id)
+    if isinstance(request, DeleteLedgerRequest):
+        return StatusResponse(rid, Op.DELETE_LEDGER, status, request.ledger_id)
+    return BookieInfoResponse(rid, status, False, 0, 0)
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _read_entries(body: memoryview, offset: int, count: int, op_name: str) -> list[bytes]:
+    entries: list[bytes] = []
+    end = len(body)
+    # Each entry takes at least its 4-byte length, so a count larger than that
+    # bound is a lie: refuse before allocating anything for it.
+    if count > (end - offset) // 4:
+        raise ProtocolError(f"{op_name}: entry count {count} exceeds the frame's body")
+    for _ in range(count):
+        if offset + 4 > end:
+            raise ProtocolError(f"{op_name}: truncated entry length")
+        (size,) = _U32.unpack_from(body, offset)
+        offset += 4
+        if offset + size > end:
+            raise ProtocolError(f"{op_name}: entry of {size} bytes runs past the frame")
+        entries.append(bytes(body[offset : offset + size]))
+        offset += size
+    if offset != end:
+        raise ProtocolError(f"{op_name}: {end - offset} trailing bytes after entries")
+    return entries
+
+
+def _fixed(s: struct.Struct, body: memoryview, op_name: str) -> tuple:  # type: ignore[type-arg]
+    if len(body) != s.size:
+        raise ProtocolError(f"{op_name}: body of {len(body)} bytes, expected {s.size}")
+    return s.unpack(body)
+
+
+def _check_ids(*ids: int, op_name: str) -> None:
+    for value in ids:
+        if value > _MAX_ID:
+            raise ProtocolError(f"{op_name}: id {value} is out of range")
+
+
+def decode_message(op: int, request_id: int, body: memoryview) -> Message:
+    """Decode one frame's body. Raises ProtocolError for anything malformed."""
+    is_response = bool(op & RESPONSE_BIT)
+    base = op & ~RESPONSE_BIT
+    try:
+        kind = Op(base)
+    except ValueError:
+        raise ProtocolError(f"unknown operation {op}") from None
+    name = kind.name + (" response" if is_response else " request")
+    if not is_response:
+        if kind is Op.ADD:
+            if len(body) < _ADD_REQ.size:
+                raise ProtocolError(f"{name}: body of {len(body)} bytes is too short")
+            ledger_id, flags, key, count = _ADD_REQ.unpack_from(body, 0)
+            _check_ids(ledger_id, op_name=name)
+            entries = _read_entries(body, _ADD_REQ.size, count, name)
+            try:
+                add_flags = AddFlag(flags)
+            except ValueError:
+                raise ProtocolError(f"{name}: unknown flags {flags}") from None
+            return AddRequest(request_id, ledger_id, key, entries, add_flags)
+        if kind is Op.READ:
+            ledger_id, first, count, flags, key, prev, timeout_ms, max_bytes = _fixed(
+                _READ_REQ, body, name
+            )
+            _check_ids(ledger_id, op_name=name)
+            try:
+                read_flags = ReadFlag(flags)
+            except ValueError:
+                raise ProtocolError(f"{name}: unknown flags {flags}") from None
+            return ReadRequest(
+                request_id, ledger_id, first, count, read_flags, key, prev, timeout_ms, max_bytes
+            )
+        if kind is Op.READ_LAC:
+            (ledger_id,) = _fixed(_LEDGER, body, name)
+            _check_ids(ledger_id, op_name=name)
+            return ReadLacRequest(request_id, ledger_id)
+        if kind is Op.FENCE:
+            ledger_id, key = _fixed(_FENCE_REQ, body, name)
+            _check_ids(ledger_id, op_name=name)
+            return FenceRequest(request_id, ledger_id, key)
+        if kind is Op.WRITE_LAC:
+            ledger_id, key, lac = _fixed(_WRITE_LAC_REQ, body, name)
+            _check_ids(ledger_id, op_name=name)
+            return WriteLacRequest(request_id, ledger_id, key, lac)
+        if kind is Op.DELETE_LEDGER:
+            (ledger_id,) = _fixed(_LEDGER, body, name)
+            _check_ids(ledger_id, op_name=name)
+            return DeleteLedgerRequest(request_id, ledger_id)
+        if len(body) != 0:
+            raise ProtocolError(f"{name}: unexpected body of {len(body)} bytes")
+        return BookieInfoRequest(request_id)
+    if kind is Op.ADD:
+        status, ledger_id, count = _fixed(_ADD_RESP, body, name)
+        return AddResponse(request_id, status, ledger_id, count)
+    if kind is Op.READ:
+        if len(body) < _READ_RESP.size:
+            raise ProtocolError(f"{name}: body of {len(body)} bytes is too short")
+        status, ledger_id, first, lac, count = _READ_RESP.unpack_from(body, 0)
+        entries = _read_entries(body, _READ_RESP.size, count, name)
+        return ReadResponse(request_id, status, ledger_id, first, lac, entries)
+    if kind is Op.READ_LAC:
+        status, ledger_id, lac, last = _fixed(_READ_LAC_RESP, body, name)
+        return ReadLacResponse(request_id, status, ledger_id, lac, last)
+    if kind is Op.FENCE:
+        status, ledger_id, lac, last = _fixed(_FENCE_RESP, body, name)
+        return FenceResponse(request_id, status, ledger_id, lac, last)
+    if kind in (Op.WRITE_LAC, Op.DELETE_LEDGER):
+        status, ledger_id = _fixed(_STATUS_RESP, body, name)
+        return StatusResponse(request_id, kind, status, ledger_id)
+    status, read_only, free, total = _fixed(_INFO_RESP, body, name)
+    return BookieInfoResponse(request_id, status, bool(read_only), free, total)
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes as they arrive, get whole messages back.
+
+    Holds at most one partial frame (bounded by ``max_frame_size_bytes``). After
+    a ProtocolError the stream is unusable: the caller closes the connection.
+    """
+
+    __slots__ = ("_buffer", "_failed", "max_frame_size_bytes")
+
+    def __init__(self, max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT) -> None:
+        self.max_frame_size_bytes = max_frame_size_bytes
+        self._buffer = bytearray()
+        self._failed = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
+        if self._failed:
+            raise ProtocolError("decoder already failed on an earlier frame")
+        buf = self._buffer
+        buf += data
+        messages: list[Message] = []
+        offset = 0
+        total = len(buf)
+        try:
+            with memoryview(buf) as view:
+                while total - offset >= 4:
+                    (length,) = _LENGTH.unpack_from(view, offset)
+                    if length < _HEADER_AFTER_LENGTH:
+                        raise ProtocolError(f"frame length {length} is shorter than a header")
+                    if length > self.max_frame_size_bytes:
+                        raise ProtocolError(
+                            f"frame length {length} exceeds the maximum "
+                            f"{self.max_frame_size_bytes} bytes"
+                        )
+                    if total - offset - 4 < length:
+                        break
+                    _, version, op, request_id = _HEADER.unpack_from(view, offset)
+                    if version != PROTOCOL_VERSION:
+                        raise ProtocolError(f"unsupported protocol version {version}")
+                    start = offset + 4 + _HEADER_AFTER_LENGTH
+                    end = offset + 4 + length
+                    messages.append(decode_message(op, request_id, view[start:end]))
+                    offset = end
+        except ProtocolError:
+            self._failed = True
+            raise
+        except (struct.error, ValueError) as exc:
+            self._failed = True
+            raise ProtocolError(f"malformed frame: {exc}") from exc
+        if offset:
+            del buf[:offset]
+        return messages
