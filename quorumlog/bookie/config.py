@@ -1,0 +1,39 @@
+"""A bookie's settings. Names carry their units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class BookieConfig:
+    data_dir: Path
+    journal_dir: Path | None = None  # default: <data_dir>/journal
+    # R2: an add is acknowledged only once its journal batch is fdatasynced. Turning this
+    # off is for benchmarks of the rest of the stack; the bookie says so loudly at start.
+    journal_sync: bool = True
+    # Group commit: a batch is synced when it reaches either bound, or when the journal
+    # has nothing more queued (an idle journal never waits).
+    journal_max_group_wait_ms: float = 2.0
+    journal_max_batch_bytes: int = 4 * 1024 * 1024
+    journal_max_batch_records: int = 10_000
+    journal_file_max_bytes: int = 256 * 1024 * 1024
+    # Back-pressure: bytes queued for the journal beyond which new adds wait.
+    journal_queue_max_bytes: int = 64 * 1024 * 1024
+    # Start even when the journal has a damaged record before its tail (the records
+    # after it are lost). Off by default: a damaged middle stops the start.
+    journal_skip_corruption: bool = False
+    entry_log_max_bytes: int = 512 * 1024 * 1024
+    read_cache_max_bytes: int = 64 * 1024 * 1024
+    checkpoint_interval_ms: int = 10_000
+    # Read-only mode when the data disk's usage passes this fraction; writable again
+    # below the lower mark.
+    disk_usage_threshold: float = 0.95
+    disk_usage_lwm_threshold: float = 0.90
+    disk_check_interval_ms: int = 2_000
+    long_poll_max_timeout_ms: int = 60_000
+
+    @property
+    def journal_path(self) -> Path:
+        return self.journal_dir if self.journal_dir is not None else self.data_dir / "journal"
