@@ -221,6 +221,8 @@ _STATUS_RESP = struct.Struct(">hQ")
 _INFO_RESP = struct.Struct(">hBqq")
 
 _MAX_ID = (1 << 63) - 1
+_ADD_FLAGS_KNOWN = int(AddFlag.RECOVERY)
+_READ_FLAGS_KNOWN = int(ReadFlag.FENCE | ReadFlag.LONG_POLL)
 
 
 def _header(op: int, request_id: int, body_size: int) -> bytes:
@@ -384,22 +386,18 @@ def decode_message(op: int, request_id: int, body: memoryview) -> Message:
             ledger_id, flags, key, count = _ADD_REQ.unpack_from(body, 0)
             _check_ids(ledger_id, op_name=name)
             entries = _read_entries(body, _ADD_REQ.size, count, name)
-            try:
-                add_flags = AddFlag(flags)
-            except ValueError:
-                raise ProtocolError(f"{name}: unknown flags {flags}") from None
-            return AddRequest(request_id, ledger_id, key, entries, add_flags)
+            if flags & ~_ADD_FLAGS_KNOWN:
+                raise ProtocolError(f"{name}: unknown flags {flags}")
+            return AddRequest(request_id, ledger_id, key, entries, AddFlag(flags))
         if kind is Op.READ:
             ledger_id, first, count, flags, key, prev, timeout_ms, max_bytes = _fixed(
                 _READ_REQ, body, name
             )
             _check_ids(ledger_id, op_name=name)
-            try:
-                read_flags = ReadFlag(flags)
-            except ValueError:
-                raise ProtocolError(f"{name}: unknown flags {flags}") from None
+            if flags & ~_READ_FLAGS_KNOWN:
+                raise ProtocolError(f"{name}: unknown flags {flags}")
             return ReadRequest(
-                request_id, ledger_id, first, count, read_flags, key, prev, timeout_ms, max_bytes
+                request_id, ledger_id, first, count, ReadFlag(flags), key, prev, timeout_ms, max_bytes
             )
         if kind is Op.READ_LAC:
             (ledger_id,) = _fixed(_LEDGER, body, name)

@@ -1,0 +1,216 @@
+"""The asyncio BookKeeper client: ledgers on bookies, metadata in the store.
+
+Example::
+
+    async with await BookKeeper.connect("sqlite:///tmp/ql/metadata.db") as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        entry_id = await lh.add_entry(b"hello")
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id)
+        [entry] = await rh.read_entries(0, 0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import weakref
+from collections.abc import Mapping
+
+from quorumlog.client.config import ClientConfig
+from quorumlog.client.connection import ConnectionPool
+from quorumlog.client.reading import ReadHandle
+from quorumlog.client.recovery import LedgerRecovery
+from quorumlog.client.writing import LedgerHandle
+from quorumlog.core.quorum import check_quorum_shape
+from quorumlog.errors import (
+    BKError,
+    ClientClosedError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    Status,
+    UnauthorizedError,
+)
+from quorumlog.meta.bookies import BookieRegistry
+from quorumlog.meta.ledger_metadata import LedgerMetadata, new_ledger_metadata
+from quorumlog.meta.ledgers import LedgerManager
+from quorumlog.meta.store import MetadataStore, open_store, resolve_metadata_uri
+from quorumlog.proto.codec import DeleteLedgerRequest
+from quorumlog.proto.entry import DigestType, master_key
+
+
+def password_digest(password: bytes) -> str:
+    """What the metadata keeps to check passwords: a hash of the master key, not the password."""
+    return hashlib.sha256(master_key(password)).hexdigest()
+
+
+class BookKeeper:
+    """A BookKeeper client bound to one metadata store and the running event loop."""
+
+    def __init__(self, store: MetadataStore, config: ClientConfig | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.config = config or ClientConfig()
+        self.store = store
+        self.ledgers = LedgerManager(store)
+        self.registry = BookieRegistry(store)
+        self.pool = ConnectionPool(
+            self.loop,
+            connect_timeout_ms=self.config.connect_timeout_ms,
+            max_frame_size_bytes=self.config.max_frame_size_bytes,
+        )
+        self._closed = False
+        self._handles: weakref.WeakSet[ReadHandle] = weakref.WeakSet()
+
+    @classmethod
+    async def connect(
+        cls, metadata: str | None = None, *, config: ClientConfig | None = None
+    ) -> BookKeeper:
+        """Open the metadata store (explicit URI, else $QUORUMLOG_METADATA, else ./.quorumlog)."""
+        config = config or ClientConfig()
+        store = await open_store(
+            resolve_metadata_uri(metadata), session_timeout_ms=config.metadata_session_timeout_ms
+        )
+        return cls(store, config)
+
+    @property
+    def metadata_uri(self) -> str:
+        return self.store.uri
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("BookKeeper client is closed")
+
+    # ------------------------------------------------------------ bookies
+
+    async def list_bookies(self) -> list[str]:
+        """Addresses of the available, writable bookies."""
+        self._check_open()
+        return sorted(await self.registry.writable_bookies())
+
+    async def _choose_ensemble(self, size: int) -> tuple[str, ...]:
+        writable = await self.registry.writable_bookies()
+        if len(writable) < size:
+            raise NotEnoughBookiesError(
+                f"an ensemble of {size} bookies is needed, {len(writable)} writable bookie(s) "
+                f"available: {', '.join(sorted(writable)) or 'none'}"
+            )
+        return tuple(random.sample(sorted(writable), size))
+
+    # ------------------------------------------------------------ ledgers
+
+    async def create_ledger(
+        self,
+        ensemble: int = 3,
+        write_quorum: int = 3,
+        ack_quorum: int = 2,
+        digest_type: DigestType = DigestType.CRC32C,
+        password: bytes = b"",
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> LedgerHandle:
+        """Create a ledger on ``ensemble`` bookies and return its writer handle (R1)."""
+        self._check_open()
+        check_quorum_shape(ensemble, write_quorum, ack_quorum)
+        bookies = await self._choose_ensemble(ensemble)
+        ledger_id = await self.ledgers.new_ledger_id()
+        metadata = new_ledger_metadata(
+            ledger_id,
+            bookies,
+            write_quorum,
+            ack_quorum,
+            DigestType(digest_type),
+            password_digest(password),
+            custom_metadata,
+        )
+        version = await self.ledgers.create(metadata)
+        handle = LedgerHandle(self, metadata, version, password)
+        self._handles.add(handle)
+        return handle
+
+    async def _read_checked(self, ledger_id: int, password: bytes) -> tuple[LedgerMetadata, int]:
+        metadata, version = await self.ledgers.read(ledger_id)
+        if metadata.password_digest and metadata.password_digest != password_digest(password):
+            raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
+        return metadata, version
+
+    async def open_ledger(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
+        """Open for reading; if the ledger is not closed, fence, recover and close it (R7, R8)."""
+        self._check_open()
+        metadata, version = await self._read_checked(ledger_id, password)
+        if not metadata.is_closed:
+            metadata, version = await LedgerRecovery(self, metadata, version, password).run()
+        handle = ReadHandle(self, metadata, version, password)
+        self._handles.add(handle)
+        return handle
+
+    async def open_ledger_no_recovery(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
+        """Open for reading without fencing: the writer carries on; reads stop at the LAC."""
+        self._check_open()
+        metadata, version = await self._read_checked(ledger_id, password)
+        handle = ReadHandle(self, metadata, version, password)
+        if not metadata.is_closed:
+            handle._watch_metadata()
+            await handle.read_last_add_confirmed()
+        self._handles.add(handle)
+        return handle
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger: its bookies drop it (later adds to it fail), then its metadata."""
+        self._check_open()
+        metadata, _ = await self.ledgers.read(ledger_id)
+        futures = [
+            self.pool.request(bookie, DeleteLedgerRequest(0, ledger_id), self.config.add_timeout_ms)
+            for bookie in sorted(metadata.all_bookies())
+        ]
+        # Best effort on the bookies: one that is down drops the ledger at its next
+        # garbage collection, since the metadata is gone by then.
+        await asyncio.gather(*futures, return_exceptions=True)
+        await self.ledgers.delete(ledger_id)
+
+    async def list_ledgers(self) -> list[int]:
+        self._check_open()
+        return await self.ledgers.list_ledger_ids()
+
+    async def is_closed(self, ledger_id: int) -> bool:
+        self._check_open()
+        metadata, _ = await self.ledgers.read(ledger_id)
+        return metadata.is_closed
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        self._check_open()
+        metadata, _ = await self.ledgers.read(ledger_id)
+        return metadata
+
+    async def ledger_exists(self, ledger_id: int) -> bool:
+        try:
+            await self.ledgers.read(ledger_id)
+        except NoSuchLedgerError:
+            return False
+        return True
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def close(self) -> None:
+        """Close the client: open read handles are released, connections and the store closed.
+
+        Writer handles are not closed for you: a ledger left open is recovered by the
+        next client that opens it, as after a crash.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for handle in list(self._handles):
+            if not isinstance(handle, LedgerHandle):
+                await handle.close()
+        self._handles.clear()
+        self.pool.close()
+        await self.store.close()
+
+    async def __aenter__(self) -> BookKeeper:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+__all__ = ["BKError", "BookKeeper", "LedgerHandle", "ReadHandle", "Status"]

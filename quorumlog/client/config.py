@@ -1,0 +1,39 @@
+"""Client settings. Names carry their units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quorumlog.proto.codec import MAX_FRAME_SIZE_BYTES_DEFAULT
+
+
+@dataclass(slots=True)
+class ClientConfig:
+    connect_timeout_ms: int = 3_000
+    # An add unanswered this long counts as a bookie failure: the writer replaces the
+    # bookie (R5) instead of waiting forever on a hung one.
+    add_timeout_ms: int = 5_000
+    read_timeout_ms: int = 5_000
+    # A read unanswered this long is also sent to the next replica; first answer wins.
+    speculative_read_timeout_ms: int = 300
+    # After the LAC moves and no further add carries it within this delay, the writer
+    # sends it to the ensemble as an explicit LAC so that tailing readers see the last
+    # confirmed entry without waiting for the next add (R4).
+    explicit_lac_delay_ms: float = 2.0
+    # Bound on adds sent but not yet confirmed, per ledger handle (back-pressure).
+    max_outstanding_adds: int = 20_000
+    # Entries per ADD frame to one bookie (a batch also stops at add_batch_max_bytes).
+    add_batch_max_entries: int = 2_000
+    add_batch_max_bytes: int = 1 << 20
+    # Sequential reads: entries asked in one READ request, and how many such requests
+    # a read keeps in flight.
+    read_batch_entries: int = 1_000
+    read_batch_max_bytes: int = 1 << 20
+    reads_in_flight: int = 4
+    recovery_reads_in_flight: int = 16
+    fence_timeout_ms: int = 5_000
+    metadata_session_timeout_ms: int = 10_000
+    max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT
+    # Sessions to the metadata store retry a compare-and-set this many times when a
+    # concurrent change (not a state change) made it lose.
+    metadata_cas_retries: int = 20

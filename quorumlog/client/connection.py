@@ -1,0 +1,216 @@
+"""Connections from a client to bookies: many requests in flight, one write per loop turn.
+
+``send`` never blocks and never awaits: it encodes the request, queues the
+bytes and registers a callback under a fresh request id. Everything queued in
+one event-loop turn leaves in one ``transport.write``. Answers are matched by
+request id and may arrive in any order. When the connection fails, every
+callback still waiting gets a :class:`BookieUnavailableError`; a request that
+outlives its timeout gets a timeout error (its late answer is dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from quorumlog.errors import BKError, BookieUnavailableError, ProtocolError, TimeoutError_
+from quorumlog.proto.codec import (
+    MAX_FRAME_SIZE_BYTES_DEFAULT,
+    FrameDecoder,
+    Request,
+    Response,
+    encode_parts,
+)
+
+log = logging.getLogger(__name__)
+
+ResponseCallback = Callable[[Response | BKError], None]
+
+
+class BookieConnection(asyncio.Protocol):
+    """One TCP connection to one bookie, opened on construction."""
+
+    def __init__(
+        self,
+        address: str,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        connect_timeout_ms: int,
+        max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT,
+        on_closed: Callable[[BookieConnection], None] | None = None,
+    ) -> None:
+        self.address = address
+        self._loop = loop
+        self._decoder = FrameDecoder(max_frame_size_bytes)
+        self._out: list[bytes] = []
+        self._pending: dict[int, tuple[ResponseCallback, asyncio.TimerHandle | None]] = {}
+        self._next_request_id = 1
+        self._flush_scheduled = False
+        self._transport: asyncio.Transport | None = None
+        self._on_closed = on_closed
+        self.closed = False
+        self._connect_task = loop.create_task(self._connect(connect_timeout_ms))
+
+    async def _connect(self, timeout_ms: int) -> None:
+        host, _, port = self.address.rpartition(":")
+        try:
+            await asyncio.wait_for(
+                self._loop.create_connection(lambda: self, host, int(port)), timeout_ms / 1000
+            )
+        except (TimeoutError, OSError, ValueError) as exc:
+            reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc)
+            self._shut(BookieUnavailableError(f"bookie {self.address}: cannot connect: {reason}"))
+
+    # ------------------------------------------------------------ protocol callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if self.closed:
+            transport.close()
+            return
+        if self._out:
+            self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self._decoder.feed(data)
+        except ProtocolError as exc:
+            self._shut(BookieUnavailableError(f"bookie {self.address}: bad answer: {exc}"))
+            return
+        pending = self._pending
+        for message in messages:
+            waiting = pending.pop(message.request_id, None)
+            if waiting is None:
+                continue  # answer to a request that already timed out
+            callback, timer = waiting
+            if timer is not None:
+                timer.cancel()
+            callback(message)  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        why = f": {exc}" if exc else ""
+        self._shut(BookieUnavailableError(f"bookie {self.address}: connection lost{why}"))
+
+    # ------------------------------------------------------------ sending
+
+    def send(self, request: Request, callback: ResponseCallback, timeout_ms: float | None) -> None:
+        """Queue ``request`` (its request id is assigned here); ``callback`` gets the answer."""
+        if self.closed:
+            error = BookieUnavailableError(f"bookie {self.address}: connection is closed")
+            self._loop.call_soon(callback, error)
+            return
+        request_id = self._next_request_id
+        self._next_request_id = request_id + 1
+        request.request_id = request_id
+        self._out.extend(encode_parts(request))
+        timer = (
+            self._loop.call_later(timeout_ms / 1000, self._on_timeout, request_id)
+            if timeout_ms
+            else None
+        )
+        self._pending[request_id] = (callback, timer)
+        if not self._flush_scheduled and self._transport is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self._transport is not None and not self.closed:
+            data = b"".join(self._out)
+            self._out.clear()
+            self._transport.write(data)
+
+    def _on_timeout(self, request_id: int) -> None:
+        waiting = self._pending.pop(request_id, None)
+        if waiting is not None:
+            waiting[0](TimeoutError_(f"bookie {self.address}: request timed out"))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    # ------------------------------------------------------------ closing
+
+    def _shut(self, error: BKError) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._out.clear()
+        if self._transport is not None:
+            self._transport.close()
+        pending, self._pending = self._pending, {}
+        for callback, timer in pending.values():
+            if timer is not None:
+                timer.cancel()
+            callback(error)
+        if self._on_closed is not None:
+            self._on_closed(self)
+
+    def close(self) -> None:
+        self._connect_task.cancel()
+        self._shut(BookieUnavailableError(f"bookie {self.address}: connection closed by client"))
+
+
+def _mark_retrieved(future: asyncio.Future[Response]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class ConnectionPool:
+    """One live connection per bookie, reopened on demand after a failure."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        connect_timeout_ms: int,
+        max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT,
+    ) -> None:
+        self._loop = loop
+        self._connect_timeout_ms = connect_timeout_ms
+        self._max_frame_size_bytes = max_frame_size_bytes
+        self._connections: dict[str, BookieConnection] = {}
+
+    def get(self, address: str) -> BookieConnection:
+        conn = self._connections.get(address)
+        if conn is None or conn.closed:
+            conn = BookieConnection(
+                address,
+                self._loop,
+                connect_timeout_ms=self._connect_timeout_ms,
+                max_frame_size_bytes=self._max_frame_size_bytes,
+                on_closed=self._forget,
+            )
+            self._connections[address] = conn
+        return conn
+
+    def _forget(self, conn: BookieConnection) -> None:
+        if self._connections.get(conn.address) is conn:
+            del self._connections[conn.address]
+
+    def request(
+        self, address: str, request: Request, timeout_ms: float | None
+    ) -> asyncio.Future[Response]:
+        """Send ``request`` and get a future of the answer (errors set as exceptions)."""
+        future: asyncio.Future[Response] = self._loop.create_future()
+
+        def done(result: Response | BKError) -> None:
+            if future.done():
+                return
+            if isinstance(result, BKError):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        self.get(address).send(request, done, timeout_ms)
+        # Speculative and fan-out requests are often left unawaited once another answer
+        # won; marking the outcome as seen keeps asyncio from logging it as lost.
+        future.add_done_callback(_mark_retrieved)
+        return future
+
+    def close(self) -> None:
+        for conn in list(self._connections.values()):
+            conn.close()
+        self._connections.clear()

@@ -1,0 +1,277 @@
+"""The synchronous API: a thin facade over the asyncio client.
+
+One event loop runs on a background thread per :class:`BookKeeper`; every call
+is handed to it. ``add_entry_async`` does not create a coroutine per entry:
+entries queue under a lock and one wake-up of the loop drains them all, so a
+thread adding entries in a tight loop pays a few microseconds per entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Mapping
+from functools import partial
+from typing import Any, TypeVar
+
+from quorumlog.client import bookkeeper as _aio
+from quorumlog.client.config import ClientConfig
+from quorumlog.client.reading import ReadHandle as _AioReadHandle
+from quorumlog.client.writing import LedgerHandle as _AioLedgerHandle
+from quorumlog.errors import BKError
+from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.proto.entry import DigestType, Entry
+
+T = TypeVar("T")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when installed (it is a dependency), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a declared dependency
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class LoopThread:
+    """An event loop running forever on a daemon thread."""
+
+    def __init__(self, name: str = "quorumlog-client") -> None:
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("synchronous quorumlog call made from its own event loop thread")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class ReadHandle:
+    """A ledger opened for reading. See :class:`quorumlog.client.reading.ReadHandle`."""
+
+    def __init__(self, runner: LoopThread, handle: _AioReadHandle) -> None:
+        self._runner = runner
+        self._handle = handle
+
+    @property
+    def ledger_id(self) -> int:
+        return self._handle.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._handle.metadata
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._handle.last_add_confirmed
+
+    @property
+    def is_closed(self) -> bool:
+        return self._handle.is_closed
+
+    @property
+    def length(self) -> int:
+        return self._handle.length
+
+    def read_entries(self, first_entry_id: int, last_entry_id: int) -> list[Entry]:
+        return self._runner.run(self._handle.read_entries(first_entry_id, last_entry_id))
+
+    def read_last_add_confirmed(self) -> int:
+        return self._runner.run(self._handle.read_last_add_confirmed())
+
+    def read_last_add_confirmed_and_entry(
+        self, entry_id: int, timeout_ms: int
+    ) -> tuple[int, Entry | None]:
+        return self._runner.run(
+            self._handle.read_last_add_confirmed_and_entry(entry_id, timeout_ms)
+        )
+
+    def refresh_metadata(self) -> LedgerMetadata:
+        return self._runner.run(self._handle.refresh_metadata())
+
+    def close(self) -> None:
+        self._runner.run(self._handle.close())
+
+    def __enter__(self) -> ReadHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._handle)
+
+
+class LedgerHandle(ReadHandle):
+    """The writer's handle. ``add_entry`` waits; ``add_entry_async`` returns a Future."""
+
+    _handle: _AioLedgerHandle
+
+    def __init__(self, runner: LoopThread, handle: _AioLedgerHandle) -> None:
+        super().__init__(runner, handle)
+        self._lock = threading.Lock()
+        self._queue: list[tuple[bytes, concurrent.futures.Future[int]]] = []
+        self._wake_pending = False
+        # Back-pressure for threads: at most this many adds unconfirmed at once.
+        self._slots = threading.BoundedSemaphore(handle._config.max_outstanding_adds)
+
+    def add_entry(self, data: bytes) -> int:
+        """Add one entry and wait until it is confirmed; returns its entry id."""
+        return self.add_entry_async(data).result()
+
+    def add_entry_async(self, data: bytes) -> concurrent.futures.Future[int]:
+        """Send an entry; the future gives its entry id once confirmed, in entry-id order."""
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._slots.acquire()
+        with self._lock:
+            self._queue.append((bytes(data), future))
+            wake = not self._wake_pending
+            self._wake_pending = True
+        if wake:
+            self._runner.loop.call_soon_threadsafe(self._drain)
+        return future
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._queue = self._queue, []
+            self._wake_pending = False
+        append = self._handle.append
+        for data, future in items:
+            try:
+                added = append(data)
+            except BKError as exc:
+                self._slots.release()
+                future.set_exception(exc)
+                continue
+            added.add_done_callback(partial(self._transfer, future))
+
+    def _transfer(self, future: concurrent.futures.Future[int], added: asyncio.Future[int]) -> None:
+        self._slots.release()
+        exc = added.exception()
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(added.result())
+
+    @property
+    def outstanding_adds(self) -> int:
+        return self._handle.outstanding_adds
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        return self._handle.ensemble
+
+    def close(self) -> None:
+        """Wait for the adds sent so far, then close the ledger at its LAC (R6)."""
+
+        async def drain_then_close() -> None:
+            self._drain()
+            await self._handle.close()
+
+        self._runner.run(drain_then_close())
+
+
+class BookKeeper:
+    """Synchronous BookKeeper client; a context manager.
+
+    Example::
+
+        with BookKeeper() as bk:          # metadata from $QUORUMLOG_METADATA or ./.quorumlog
+            lh = bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+            for value in (b"a", b"b"):
+                lh.add_entry(value)
+            lh.close()
+            print([e.data for e in bk.open_ledger(lh.ledger_id, b"pw").read_entries(0, 1)])
+    """
+
+    def __init__(self, metadata: str | None = None, *, config: ClientConfig | None = None):
+        self._runner = LoopThread()
+        try:
+            self._client = self._runner.run(_aio.BookKeeper.connect(metadata, config=config))
+        except BaseException:
+            self._runner.stop()
+            raise
+
+    @property
+    def aio(self) -> _aio.BookKeeper:
+        """The asyncio client underneath (use it only on :attr:`loop`)."""
+        return self._client
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._runner.loop
+
+    @property
+    def metadata_uri(self) -> str:
+        return self._client.metadata_uri
+
+    def list_bookies(self) -> list[str]:
+        return self._runner.run(self._client.list_bookies())
+
+    def create_ledger(
+        self,
+        ensemble: int = 3,
+        write_quorum: int = 3,
+        ack_quorum: int = 2,
+        digest_type: DigestType = DigestType.CRC32C,
+        password: bytes = b"",
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> LedgerHandle:
+        handle = self._runner.run(
+            self._client.create_ledger(
+                ensemble, write_quorum, ack_quorum, digest_type, password, custom_metadata
+            )
+        )
+        return LedgerHandle(self._runner, handle)
+
+    def open_ledger(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
+        return ReadHandle(
+            self._runner, self._runner.run(self._client.open_ledger(ledger_id, password))
+        )
+
+    def open_ledger_no_recovery(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
+        handle = self._runner.run(self._client.open_ledger_no_recovery(ledger_id, password))
+        return ReadHandle(self._runner, handle)
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._runner.run(self._client.delete_ledger(ledger_id))
+
+    def list_ledgers(self) -> list[int]:
+        return self._runner.run(self._client.list_ledgers())
+
+    def is_closed(self, ledger_id: int) -> bool:
+        return self._runner.run(self._client.is_closed(ledger_id))
+
+    def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return self._runner.run(self._client.ledger_metadata(ledger_id))
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine of the asyncio API on this client's loop and wait for it."""
+        return self._runner.run(coro)
+
+    def close(self) -> None:
+        try:
+            self._runner.run(self._client.close(), timeout_s=30)
+        finally:
+            self._runner.stop()
+
+    def __enter__(self) -> BookKeeper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,376 @@
+"""The writer's ledger handle: pipelined adds, ordered confirmations, ensemble change, close.
+
+Hot path: ``append`` encodes the entry (header + digest + payload), registers
+it with the pure :class:`~quorumlog.core.adds.AddTracker`, and queues it for
+each bookie of its write set. Once per event-loop turn the queues leave as
+one multi-entry ADD frame per bookie. Each bookie answers per frame, the
+tracker counts acknowledgements, and confirmed entries complete in entry-id
+order (R3).
+
+When a bookie fails (error, timeout, lost connection) the writer replaces it
+(R5): it picks a writable bookie outside the ensemble, compare-and-sets the
+ledger metadata with a new fragment starting at the first unconfirmed entry,
+and resends that bookie's unconfirmed entries to the replacement. If the
+metadata is no longer OPEN (a recovery started), every outstanding add fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+from collections import deque
+from functools import partial
+from typing import TYPE_CHECKING
+
+from quorumlog.client.reading import ReadHandle
+from quorumlog.core.adds import AddTracker, PendingAdd
+from quorumlog.errors import (
+    BKError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    Status,
+    UnauthorizedError,
+    error_for_status,
+)
+from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
+from quorumlog.proto.codec import AddRequest, AddResponse, Response, WriteLacRequest
+from quorumlog.proto.entry import ENTRY_HEADER_SIZE
+
+if TYPE_CHECKING:
+    from quorumlog.client.bookkeeper import BookKeeper
+
+log = logging.getLogger(__name__)
+
+
+class LedgerHandle(ReadHandle):
+    """A ledger this client created and writes to (the ledger's single writer)."""
+
+    def __init__(
+        self, client: BookKeeper, metadata: LedgerMetadata, version: int, password: bytes
+    ) -> None:
+        super().__init__(client, metadata, version, password)
+        self._tracker = AddTracker(
+            metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
+        )
+        self._ensemble = list(metadata.last_ensemble)
+        self._outbox: list[list[PendingAdd]] = [[] for _ in self._ensemble]
+        self._slot_generation = [0] * len(self._ensemble)
+        self._replacing: set[int] = set()
+        self._replaced_bookies: set[str] = set()
+        self._change_lock = asyncio.Lock()
+        self._flush_scheduled = False
+        self._length_bytes = 0
+        self._confirmed_length_bytes = 0
+        self._payload_offset = ENTRY_HEADER_SIZE + metadata.digest_type.digest_size
+        self._failure: BKError | None = None
+        self._closing = False
+        self._lac_sent = -1  # largest LAC the bookies were told (piggybacked or explicit)
+        self._lac_timer: asyncio.TimerHandle | None = None
+        self._capacity_waiters: deque[asyncio.Future[None]] = deque()
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._tracker.lac
+
+    @property
+    def outstanding_adds(self) -> int:
+        return len(self._tracker)
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        """The bookies of the current (last) fragment."""
+        return tuple(self._ensemble)
+
+    def _read_limit(self) -> int:
+        return self.metadata.last_entry_id if self.metadata.is_closed else self._tracker.lac
+
+    def _learn_lac(self, lac: int) -> None:
+        # The writer is the source of the LAC; reads never move it.
+        return
+
+    # ------------------------------------------------------------ adding
+
+    def append(self, data: bytes) -> asyncio.Future[int]:
+        """Send an entry without waiting; the future gives its entry id once confirmed.
+
+        Raises at once if the handle is closed or lost the ledger. Pipelined callers
+        should bound what they have in flight (see :meth:`wait_for_capacity`).
+        """
+        if self._failure is not None:
+            raise self._failure
+        if self._closing or self.metadata.is_closed:
+            raise LedgerClosedError(f"ledger {self.ledger_id}: closed, cannot add")
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        future: asyncio.Future[int] = self._loop.create_future()
+        tracker = self._tracker
+        self._length_bytes += len(data)
+        lac = tracker.lac
+        blob = self._codec.encode(
+            self.ledger_id, tracker.next_entry_id, lac, self._length_bytes, data
+        )
+        pending = tracker.add(blob, future)
+        self._lac_sent = lac
+        outbox = self._outbox
+        for index in pending.write_set:
+            outbox[index].append(pending)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return future
+
+    async def add_entry(self, data: bytes) -> int:
+        """Add one entry and wait until it is confirmed; returns its entry id."""
+        if len(self._tracker) >= self._config.max_outstanding_adds:
+            await self.wait_for_capacity()
+        return await self.append(data)
+
+    async def wait_for_capacity(self) -> None:
+        """Wait until fewer than ``max_outstanding_adds`` adds are unconfirmed."""
+        while len(self._tracker) >= self._config.max_outstanding_adds:
+            if self._failure is not None:
+                raise self._failure
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._capacity_waiters.append(waiter)
+            await waiter
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._failure is not None:
+            return
+        max_entries = self._config.add_batch_max_entries
+        max_bytes = self._config.add_batch_max_bytes
+        for index, queue in enumerate(self._outbox):
+            if not queue or index in self._replacing:
+                continue
+            self._outbox[index] = []
+            batch: list[PendingAdd] = []
+            size = 0
+            for pending in queue:
+                batch.append(pending)
+                size += len(pending.blob)
+                if len(batch) >= max_entries or size >= max_bytes:
+                    self._send_batch(index, batch)
+                    batch, size = [], 0
+            if batch:
+                self._send_batch(index, batch)
+
+    def _send_batch(self, index: int, batch: list[PendingAdd]) -> None:
+        request = AddRequest(0, self.ledger_id, self._master_key, [p.blob for p in batch])
+        callback = partial(
+            self._on_add_response, index, self._slot_generation[index], [p.entry_id for p in batch]
+        )
+        self._pool.get(self._ensemble[index]).send(request, callback, self._config.add_timeout_ms)
+
+    def _on_add_response(
+        self, index: int, generation: int, entry_ids: list[int], response: Response | BKError
+    ) -> None:
+        if generation != self._slot_generation[index] or self._failure is not None:
+            return  # a late answer from a bookie that was already replaced
+        if isinstance(response, AddResponse) and response.status == Status.OK:
+            if self._tracker.ack(entry_ids, index):
+                confirmed = self._tracker.confirm()
+                if confirmed:
+                    self._complete(confirmed)
+            return
+        address = self._ensemble[index]
+        if isinstance(response, BKError):
+            error = response
+        else:
+            status = getattr(response, "status", Status.IO_ERROR)
+            error = error_for_status(status, f"ledger {self.ledger_id} on bookie {address}")
+        if error.status == Status.FENCED:
+            self._fail(
+                LedgerFencedError(
+                    f"ledger {self.ledger_id}: fenced by a recovery (bookie {address}); "
+                    "unconfirmed adds may or may not be stored and must be treated as lost"
+                )
+            )
+        elif error.status == Status.UNAUTHORIZED:
+            self._fail(UnauthorizedError(f"ledger {self.ledger_id}: bookie {address} refused key"))
+        elif error.status == Status.NO_SUCH_LEDGER:
+            self._fail(NoSuchLedgerError(f"ledger {self.ledger_id}: deleted (bookie {address})"))
+        else:
+            log.warning("ledger %d: bookie %s failed: %s", self.ledger_id, address, error.message)
+            self._start_replacement(index)
+
+    def _complete(self, confirmed: list[PendingAdd]) -> None:
+        offset = self._payload_offset
+        for pending in confirmed:
+            future = pending.token
+            if not future.done():
+                future.set_result(pending.entry_id)
+        last = confirmed[-1]
+        self._confirmed_length_bytes += sum(len(p.blob) - offset for p in confirmed)
+        self._lac = last.entry_id
+        waiters = self._capacity_waiters
+        while waiters and len(self._tracker) < self._config.max_outstanding_adds:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+        if self._lac_timer is None and self._tracker.lac > self._lac_sent:
+            self._lac_timer = self._loop.call_later(
+                self._config.explicit_lac_delay_ms / 1000, self._send_explicit_lac
+            )
+
+    def _send_explicit_lac(self) -> None:
+        """R4: tell the bookies the LAC when no add carried it, so tailing readers see it."""
+        self._lac_timer = None
+        lac = self._tracker.lac
+        if self._failure is not None or lac <= self._lac_sent:
+            return
+        self._lac_sent = lac
+        for index, address in enumerate(self._ensemble):
+            if index in self._replacing:
+                continue
+            request = WriteLacRequest(0, self.ledger_id, self._master_key, lac)
+            self._pool.get(address).send(request, _ignore, self._config.add_timeout_ms)
+
+    # ------------------------------------------------------------ failures
+
+    def _fail(self, error: BKError) -> None:
+        if self._failure is None:
+            self._failure = error
+        for pending in self._tracker.fail_all():
+            if not pending.token.done():
+                pending.token.set_exception(error)
+        for waiter in self._capacity_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._capacity_waiters.clear()
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+
+    def _start_replacement(self, index: int) -> None:
+        if index in self._replacing:
+            return
+        self._replacing.add(index)
+        self._slot_generation[index] += 1  # drop whatever the failed bookie still sends
+        task = self._loop.create_task(self._replace_bookies())
+        task.add_done_callback(_log_task_error)
+
+    async def _replace_bookies(self) -> None:
+        async with self._change_lock:
+            slots = sorted(self._replacing)
+            if not slots or self._failure is not None:
+                return
+            try:
+                first_entry_id, new_ensemble = await self._write_new_fragment(slots)
+            except BKError as exc:
+                self._fail(exc)
+                return
+            for index in slots:
+                self._replaced_bookies.add(self._ensemble[index])
+                self._ensemble[index] = new_ensemble[index]
+                self._outbox[index] = self._tracker.replace_bookie(index, first_entry_id)
+                self._replacing.discard(index)
+                self._slot_generation[index] += 1
+            log.info(
+                "ledger %d: ensemble changed from entry %d: %s",
+                self.ledger_id,
+                first_entry_id,
+                ",".join(new_ensemble),
+            )
+            self._flush()
+
+    async def _write_new_fragment(self, slots: list[int]) -> tuple[int, list[str]]:
+        client = self._client
+        for _ in range(self._config.metadata_cas_retries):
+            writable = await client.registry.writable_bookies()
+            excluded = set(self._ensemble) | self._replaced_bookies
+            candidates = [b for b in writable if b not in excluded]
+            if len(candidates) < len(slots):
+                failed = ", ".join(self._ensemble[i] for i in slots)
+                raise NotEnoughBookiesError(
+                    f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}: "
+                    f"{len(candidates)} writable bookie(s) outside the ensemble"
+                )
+            chosen = random.sample(candidates, len(slots))
+            new_ensemble = list(self._ensemble)
+            for index, bookie in zip(slots, chosen, strict=True):
+                new_ensemble[index] = bookie
+            first_entry_id = self._tracker.lac + 1
+            updated = self.metadata.with_new_fragment(first_entry_id, tuple(new_ensemble))
+            try:
+                version = await client.ledgers.write(updated, self._metadata_version)
+            except MetadataVersionError:
+                current, version = await client.ledgers.read(self.ledger_id)
+                if current.state is not LedgerState.OPEN:
+                    raise LedgerFencedError(
+                        f"ledger {self.ledger_id}: metadata is {current.state.value} "
+                        "(another client is recovering or closed it); adds in flight are lost"
+                    ) from None
+                self.metadata, self._metadata_version = current, version
+                continue
+            self.metadata, self._metadata_version = updated, version
+            return first_entry_id, new_ensemble
+        raise MetadataError(f"ledger {self.ledger_id}: too many conflicting metadata updates")
+
+    # ------------------------------------------------------------ closing
+
+    async def close(self) -> None:
+        """R6: wait for outstanding adds, then record the ledger CLOSED at the LAC."""
+        if self.metadata.is_closed:
+            await super().close()
+            return
+        self._closing = True
+        outstanding = [p.token for p in self._tracker.outstanding()]
+        if outstanding:
+            await asyncio.gather(*outstanding, return_exceptions=True)
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+        lac = self._tracker.lac
+        client = self._client
+        try:
+            for _ in range(self._config.metadata_cas_retries):
+                closed = dataclasses.replace(
+                    self.metadata,
+                    state=LedgerState.CLOSED,
+                    last_entry_id=lac,
+                    length=self._confirmed_length_bytes,
+                )
+                try:
+                    version = await client.ledgers.write(closed, self._metadata_version)
+                except MetadataVersionError:
+                    current, version = await client.ledgers.read(self.ledger_id)
+                    if current.state is LedgerState.OPEN:
+                        self.metadata, self._metadata_version = current, version
+                        continue
+                    if current.state is LedgerState.IN_RECOVERY:
+                        raise LedgerFencedError(
+                            f"ledger {self.ledger_id}: another client is recovering it; "
+                            "cannot close"
+                        ) from None
+                    if current.last_entry_id == lac:
+                        self.metadata, self._metadata_version = current, version
+                        return
+                    raise LedgerClosedError(
+                        f"ledger {self.ledger_id}: closed by another client at entry "
+                        f"{current.last_entry_id}, while this writer confirmed up to {lac}"
+                    ) from None
+                self.metadata, self._metadata_version = closed, version
+                return
+            raise MetadataError(f"ledger {self.ledger_id}: too many conflicting metadata updates")
+        finally:
+            if self._failure is None and not self.metadata.is_closed:
+                self._failure = LedgerClosedError(f"ledger {self.ledger_id}: close failed")
+            await super().close()
+
+
+def _ignore(_: object) -> None:
+    return
+
+
+def _log_task_error(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("ensemble change failed", exc_info=task.exception())
