@@ -397,7 +397,15 @@ def decode_message(op: int, request_id: int, body: memoryview) -> Message:
             if flags & ~_READ_FLAGS_KNOWN:
                 raise ProtocolError(f"{name}: unknown flags {flags}")
             return ReadRequest(
-                request_id, ledger_id, first, count, ReadFlag(flags), key, prev, timeout_ms, max_bytes
+                request_id,
+                ledger_id,
+                first,
+                count,
+                ReadFlag(flags),
+                key,
+                prev,
+                timeout_ms,
+                max_bytes,
             )
         if kind is Op.READ_LAC:
             (ledger_id,) = _fixed(_LEDGER, body, name)
