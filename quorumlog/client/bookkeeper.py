@@ -16,7 +16,7 @@ import asyncio
 import hashlib
 import random
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.connection import ConnectionPool
@@ -27,6 +27,7 @@ from quorumlog.core.quorum import check_quorum_shape
 from quorumlog.errors import (
     BKError,
     ClientClosedError,
+    InvalidArgumentError,
     NoSuchLedgerError,
     NotEnoughBookiesError,
     Status,
@@ -48,13 +49,20 @@ def password_digest(password: bytes) -> str:
 class BookKeeper:
     """A BookKeeper client bound to one metadata store and the running event loop."""
 
-    def __init__(self, store: MetadataStore, config: ClientConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        config: ClientConfig | None = None,
+        *,
+        pool: ConnectionPool | None = None,
+    ) -> None:
+        """Use :meth:`connect` unless you bring your own store (or, in the simulator, pool)."""
         self.loop = asyncio.get_running_loop()
         self.config = config or ClientConfig()
         self.store = store
         self.ledgers = LedgerManager(store)
         self.registry = BookieRegistry(store)
-        self.pool = ConnectionPool(
+        self.pool = pool or ConnectionPool(
             self.loop,
             connect_timeout_ms=self.config.connect_timeout_ms,
             max_frame_size_bytes=self.config.max_frame_size_bytes,
@@ -107,11 +115,24 @@ class BookKeeper:
         digest_type: DigestType = DigestType.CRC32C,
         password: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
+        *,
+        ensemble_bookies: Sequence[str] | None = None,
     ) -> LedgerHandle:
-        """Create a ledger on ``ensemble`` bookies and return its writer handle (R1)."""
+        """Create a ledger on ``ensemble`` bookies and return its writer handle (R1).
+
+        Bookies are chosen at random among the writable ones, unless
+        ``ensemble_bookies`` names them (placement for tools and tests).
+        """
         self._check_open()
         check_quorum_shape(ensemble, write_quorum, ack_quorum)
-        bookies = await self._choose_ensemble(ensemble)
+        if ensemble_bookies is not None:
+            if len(ensemble_bookies) != ensemble or len(set(ensemble_bookies)) != ensemble:
+                raise InvalidArgumentError(
+                    f"ensemble_bookies must name {ensemble} distinct bookies: {ensemble_bookies}"
+                )
+            bookies = tuple(ensemble_bookies)
+        else:
+            bookies = await self._choose_ensemble(ensemble)
         ledger_id = await self.ledgers.new_ledger_id()
         metadata = new_ledger_metadata(
             ledger_id,

@@ -1,0 +1,208 @@
+"""``quorumlog shell``: the operator's commands, after BookKeeper's shell.
+
+    quorumlog shell [--metadata URI] listbookies
+    quorumlog shell listledgers
+    quorumlog shell ledgermetadata ID
+    quorumlog shell readledger ID [--first N] [--last M]
+    quorumlog shell deleteledger ID
+    quorumlog shell simpletest [--ensemble E] [--write-quorum W] [--ack-quorum A] [--entries N]
+    quorumlog shell bookiesanity [--bookie ADDR]
+
+Every failure is one line on stderr and a non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+from quorumlog.errors import BKError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    shell = subparsers.add_parser("shell", help="inspect and test a cluster")
+    shell.add_argument(
+        "--metadata", help="metadata URI (default: $QUORUMLOG_METADATA, else ./.quorumlog)"
+    )
+    commands = shell.add_subparsers(dest="shell_command", metavar="COMMAND", required=True)
+    commands.add_parser("listbookies", help="list available bookies (writable and read-only)")
+    commands.add_parser("listledgers", help="list ledger ids")
+    meta = commands.add_parser("ledgermetadata", help="print a ledger's metadata as JSON")
+    meta.add_argument("ledger_id", type=int)
+    read = commands.add_parser("readledger", help="print a ledger's entries")
+    read.add_argument("ledger_id", type=int)
+    read.add_argument("--first", type=int, default=0)
+    read.add_argument("--last", type=int, default=None)
+    read.add_argument("--password", default="", help="ledger password (text)")
+    read.add_argument("--no-recovery", action="store_true", help="do not fence an open ledger")
+    delete = commands.add_parser("deleteledger", help="delete a ledger")
+    delete.add_argument("ledger_id", type=int)
+    simple = commands.add_parser("simpletest", help="write, read back, verify, print throughput")
+    simple.add_argument("--ensemble", type=int, default=3)
+    simple.add_argument("--write-quorum", type=int, default=3)
+    simple.add_argument("--ack-quorum", type=int, default=2)
+    simple.add_argument("--entries", type=int, default=1000)
+    simple.add_argument("--entry-size", type=int, default=100)
+    simple.add_argument("--outstanding", type=int, default=10_000, help="max adds in flight")
+    sanity = commands.add_parser("bookiesanity", help="write and read a ledger on each bookie")
+    sanity.add_argument("--bookie", help="check only this bookie (host:port)")
+    shell.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from quorumlog.client.sync import new_event_loop
+
+    handlers: dict[str, Callable[..., Awaitable[int]]] = {
+        "listbookies": _listbookies,
+        "listledgers": _listledgers,
+        "ledgermetadata": _ledgermetadata,
+        "readledger": _readledger,
+        "deleteledger": _deleteledger,
+        "simpletest": _simpletest,
+        "bookiesanity": _bookiesanity,
+    }
+    handler = handlers[args.shell_command]
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(_with_client(args, handler))
+    except (BKError, OSError, ValueError) as exc:
+        print(f"quorumlog shell {args.shell_command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        loop.close()
+
+
+async def _with_client(args: argparse.Namespace, handler: Callable[..., Awaitable[int]]) -> int:
+    from quorumlog.client.bookkeeper import BookKeeper
+    from quorumlog.client.config import ClientConfig
+
+    config = ClientConfig(metadata_session_timeout_ms=10_000)
+    bk = await asyncio.wait_for(BookKeeper.connect(args.metadata, config=config), 30)
+    try:
+        return await handler(bk, args)
+    finally:
+        await bk.close()
+
+
+async def _listbookies(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    writable = sorted(await bk.registry.writable_bookies())
+    read_only = sorted(await bk.registry.readonly_bookies())
+    for address in writable:
+        print(f"{address} writable")
+    for address in read_only:
+        print(f"{address} read-only")
+    if not writable and not read_only:
+        print("no bookies available", file=sys.stderr)
+    return 0
+
+
+async def _listledgers(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    for ledger_id in await bk.list_ledgers():
+        print(ledger_id)
+    return 0
+
+
+async def _ledgermetadata(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    metadata = await bk.ledger_metadata(args.ledger_id)
+    print(json.dumps(metadata.to_display(), indent=2, sort_keys=True))
+    return 0
+
+
+async def _readledger(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    password = args.password.encode()
+    if args.no_recovery:
+        handle = await bk.open_ledger_no_recovery(args.ledger_id, password)
+    else:
+        handle = await bk.open_ledger(args.ledger_id, password)
+    last = handle.last_add_confirmed if args.last is None else args.last
+    if last < args.first:
+        print(f"ledger {args.ledger_id}: no entries to read (last confirmed {last})")
+        return 0
+    for entry in await handle.read_entries(args.first, last):
+        text = entry.data.decode("utf-8", "backslashreplace")
+        print(f"{entry.ledger_id}:{entry.entry_id}\t{text}")
+    return 0
+
+
+async def _deleteledger(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    await bk.delete_ledger(args.ledger_id)
+    print(f"ledger {args.ledger_id} deleted")
+    return 0
+
+
+async def _simpletest(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    if args.entries < 1 or args.entry_size < 0:
+        raise ValueError("--entries must be at least 1 and --entry-size at least 0")
+    payload_base = os.urandom(max(args.entry_size, 1))[: args.entry_size]
+    handle = await bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
+    print(
+        f"ledger {handle.ledger_id} on {', '.join(handle.ensemble)} "
+        f"({args.ensemble}/{args.write_quorum}/{args.ack_quorum}), "
+        f"{args.entries} entries of {args.entry_size} bytes",
+        flush=True,
+    )
+    outstanding = max(1, args.outstanding)
+    started = time.perf_counter()
+    futures = []
+    for _ in range(args.entries):
+        if len(futures) >= outstanding:
+            # Confirmations come in entry-id order: once this one is done, at most
+            # ``outstanding`` adds are in flight.
+            await futures[len(futures) - outstanding]
+        futures.append(handle.append(payload_base))
+    await asyncio.gather(*futures)
+    write_s = time.perf_counter() - started
+    await handle.close()
+    megabytes = args.entries * args.entry_size / 1e6
+    print(
+        f"wrote {args.entries} entries in {write_s:.3f} s: "
+        f"{args.entries / write_s:,.0f} entries/s, {megabytes / write_s:.2f} MB/s",
+        flush=True,
+    )
+    started = time.perf_counter()
+    reader = await bk.open_ledger(handle.ledger_id)
+    entries = await reader.read_entries(0, args.entries - 1)
+    read_s = time.perf_counter() - started
+    bad = [e.entry_id for e in entries if e.data != payload_base]
+    if len(entries) != args.entries or bad:
+        print(
+            f"verification FAILED: {len(entries)} entries read, {len(bad)} differ", file=sys.stderr
+        )
+        return 1
+    print(
+        f"read back and verified {len(entries)} entries in {read_s:.3f} s: "
+        f"{len(entries) / read_s:,.0f} entries/s"
+    )
+    await bk.delete_ledger(handle.ledger_id)
+    return 0
+
+
+async def _bookiesanity(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    bookies = [args.bookie] if args.bookie else sorted(await bk.registry.writable_bookies())
+    if not bookies:
+        print("bookiesanity: no writable bookies registered", file=sys.stderr)
+        return 1
+    failures = 0
+    for address in bookies:
+        try:
+            handle = await bk.create_ledger(1, 1, 1, ensemble_bookies=(address,))
+            for i in range(10):
+                await handle.add_entry(b"sanity-%d" % i)
+            await handle.close()
+            reader = await bk.open_ledger(handle.ledger_id)
+            entries = await reader.read_entries(0, 9)
+            if [e.data for e in entries] != [b"sanity-%d" % i for i in range(10)]:
+                raise BKError(f"bookie {address}: read back different data")
+            await bk.delete_ledger(handle.ledger_id)
+            print(f"bookie {address}: ok")
+        except BKError as exc:
+            failures += 1
+            print(f"bookie {address}: FAILED: {exc}")
+    return 1 if failures else 0
