@@ -1,0 +1,83 @@
+"""The ``quorumlog`` command (also ``python -m quorumlog``).
+
+Subcommands live in their own modules, listed in :data:`SUBCOMMAND_MODULES`.
+Each module has ``add_parser(subparsers)``, which adds its parser and sets
+``func`` to a function ``(argparse.Namespace) -> int`` returning the exit
+status. To add a subcommand, write such a module and append its name here.
+
+Every failure a user can cause (bad arguments, an unreachable store, a bookie
+that refuses to start) is one line on stderr and a non-zero exit status, never
+a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+# In the order they are listed by ``quorumlog --help``.
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "quorumlog.server.command",  # quorumlog bookie
+    "quorumlog.server.localbookie",  # quorumlog localbookie
+    "quorumlog.shell",  # quorumlog shell
+)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # bad arguments; also a bookie that refuses to start
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is a single line (``prog: error: ...``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineArgumentParser(
+        prog="quorumlog",
+        description="quorumlog: Apache BookKeeper's replicated log in Python.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module_name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            _unavailable(subparsers, module_name, exc)
+            continue
+        module.add_parser(subparsers)
+    return parser
+
+
+def _unavailable(
+    subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
+    module_name: str,
+    exc: ImportError,
+) -> None:
+    name = module_name.rsplit(".", 1)[-1]
+    sub = subparsers.add_parser(name, help=f"(unavailable: {exc})")
+    sub.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(args: argparse.Namespace) -> int:
+        print(f"quorumlog {name}: unavailable: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+    sub.set_defaults(func=run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``), run the subcommand, return its exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

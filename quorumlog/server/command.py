@@ -1,0 +1,186 @@
+"""``quorumlog bookie``: run one bookie in the foreground.
+
+Prints ``bookie 127.0.0.1:PORT ready`` (``ready read-only`` in read-only mode)
+on stdout once it is registered; SIGTERM or SIGINT stop it gracefully (exit
+status 0). A bookie that refuses to start (cookie mismatch, damaged journal,
+port in use) prints one line on stderr and exits with status 2; an unreachable
+metadata store or another runtime failure exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from quorumlog.bookie.config import BookieConfig
+from quorumlog.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from quorumlog.errors import BKError
+from quorumlog.server.config import ServerConfig
+
+_DEFAULTS = BookieConfig(data_dir=Path("."))
+_SERVER_DEFAULTS = ServerConfig()
+_PROG = "quorumlog bookie"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "bookie",
+        help="run one bookie (storage server) in the foreground",
+        description="Run one bookie in the foreground until SIGTERM or SIGINT.",
+    )
+    p.add_argument(
+        "--metadata",
+        metavar="URI",
+        help="metadata store: sqlite:///abs/path.db or zk://host:port[/root] "
+        "(default: $QUORUMLOG_METADATA, else sqlite:// ./.quorumlog/metadata.db)",
+    )
+    p.add_argument("--data-dir", required=True, type=Path, help="entry logs, index, cookie")
+    p.add_argument(
+        "--journal-dir", type=Path, default=None, help="journal (default: DATA_DIR/journal)"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="TCP port on 127.0.0.1 (default: the port the cookie records, else a free one)",
+    )
+    p.add_argument(
+        "--no-journal-sync",
+        action="store_true",
+        help="acknowledge adds before they are fsynced (unsafe: benchmarks only)",
+    )
+    p.add_argument(
+        "--journal-max-group-wait-ms",
+        type=float,
+        default=_DEFAULTS.journal_max_group_wait_ms,
+        help="longest wait to group adds into one fsync (default: %(default)s)",
+    )
+    p.add_argument(
+        "--disk-usage-threshold",
+        type=float,
+        default=_DEFAULTS.disk_usage_threshold,
+        help="go read-only above this fraction of the data disk in use (default: %(default)s)",
+    )
+    p.add_argument(
+        "--gc-interval-ms",
+        type=int,
+        default=_SERVER_DEFAULTS.gc_interval_ms,
+        help="garbage collection interval (default: %(default)s)",
+    )
+    p.add_argument(
+        "--skip-journal-corruption",
+        action="store_true",
+        help="start even if the journal has a damaged record before its tail (loses the "
+        "records after it)",
+    )
+    p.add_argument(
+        "--metadata-session-timeout-ms",
+        type=int,
+        default=_SERVER_DEFAULTS.metadata_session_timeout_ms,
+        help="metadata session timeout (default: %(default)s)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level on stderr (default: %(default)s)",
+    )
+    p.set_defaults(func=run)
+
+
+def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]:
+    """Check arguments and build the configurations; ValueError with a one-line reason."""
+    from quorumlog.meta.store import resolve_metadata_uri
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port}: expected 0..65535")
+    if not 0.0 <= args.disk_usage_threshold <= 1.0:
+        raise ValueError(f"--disk-usage-threshold {args.disk_usage_threshold}: expected 0..1")
+    if args.journal_max_group_wait_ms < 0:
+        raise ValueError("--journal-max-group-wait-ms must not be negative")
+    if args.gc_interval_ms <= 0:
+        raise ValueError("--gc-interval-ms must be positive")
+    if args.metadata_session_timeout_ms <= 0:
+        raise ValueError("--metadata-session-timeout-ms must be positive")
+    data_dir = args.data_dir.absolute()
+    journal_dir = args.journal_dir.absolute() if args.journal_dir is not None else None
+    config = BookieConfig(
+        data_dir=data_dir,
+        journal_dir=journal_dir,
+        journal_sync=not args.no_journal_sync,
+        journal_max_group_wait_ms=args.journal_max_group_wait_ms,
+        journal_skip_corruption=args.skip_journal_corruption,
+        disk_usage_threshold=args.disk_usage_threshold,
+        # The low mark must not be above the high one (0.0 means: read-only from the start).
+        disk_usage_lwm_threshold=min(_DEFAULTS.disk_usage_lwm_threshold, args.disk_usage_threshold),
+    )
+    server_config = ServerConfig(
+        gc_interval_ms=args.gc_interval_ms,
+        metadata_session_timeout_ms=args.metadata_session_timeout_ms,
+    )
+    return config, server_config, resolve_metadata_uri(args.metadata)
+
+
+def run(args: argparse.Namespace) -> int:
+    from quorumlog.bookie.bookie import BookieStartError
+
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config, server_config, uri = _configs(args)
+    except ValueError as exc:  # InvalidArgumentError is a ValueError too
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    loop = _new_event_loop()
+    try:
+        return loop.run_until_complete(_serve(config, server_config, uri, args.port))
+    except BookieStartError as exc:
+        print(f"{_PROG}: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (BKError, OSError) as exc:
+        print(f"{_PROG}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    finally:
+        loop.close()
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a declared dependency
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+async def _serve(config: BookieConfig, server_config: ServerConfig, uri: str, port: int) -> int:
+    from quorumlog.server.server import BookieServer
+
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop_requested.set)
+    server = BookieServer(config, uri, port=port, server_config=server_config)
+    starting = loop.create_task(server.start())
+    stop_wait = loop.create_task(stop_requested.wait())
+    await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        # Stopped while starting: start() releases what it opened when cancelled.
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, BKError, OSError):
+            await starting
+        return EXIT_OK
+    starting.result()  # raises the start-up error, if any
+    mode = " read-only" if server.registered_read_only else ""
+    print(f"bookie {server.address} ready{mode}", flush=True)
+    await stop_wait
+    await server.stop()
+    print(f"bookie {server.address} stopped", flush=True)
+    return EXIT_OK

@@ -1,0 +1,40 @@
+"""Settings of the network side of a bookie. Names carry their units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quorumlog.proto.codec import MAX_FRAME_SIZE_BYTES_DEFAULT
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """How a :class:`~quorumlog.server.BookieServer` listens, registers and collects garbage.
+
+    The storage settings live in :class:`~quorumlog.bookie.config.BookieConfig`.
+    """
+
+    # A frame longer than this is hostile (R12): the connection is closed.
+    max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT
+    # Per connection: beyond either bound the server stops reading from the socket until
+    # answers have been written (back-pressure instead of unbounded queues).
+    max_in_flight_requests: int = 10_000
+    max_queued_response_bytes: int = 16 * 1024 * 1024
+    # Transport write buffer: above the high mark the peer is not reading its answers, so
+    # the server stops reading its requests until the buffer drains below the low mark.
+    write_buffer_high_bytes: int = 8 * 1024 * 1024
+    write_buffer_low_bytes: int = 2 * 1024 * 1024
+    # Garbage collection: how often ledgers deleted from the metadata are dropped.
+    gc_interval_ms: int = 60_000
+    # Metadata session: ephemeral registrations vanish this long after the process dies.
+    metadata_session_timeout_ms: int = 10_000
+    metadata_connect_timeout_ms: int = 30_000
+    # A registration left by a previous run of this bookie (killed before its session
+    # ended) is replaced; registry operations are retried for at most this long.
+    registration_timeout_ms: int = 30_000
+    # How often the read-only state is compared with the registration (the bookie's
+    # listener, when it has one, makes this only a safety net).
+    read_only_poll_interval_ms: int = 1_000
+    # Graceful stop: how long in-flight requests get to be answered.
+    stop_timeout_ms: int = 10_000
+    listen_backlog: int = 1024

@@ -1,0 +1,239 @@
+"""One client connection of a bookie: frames in, requests to the bookie, answers out.
+
+Hot path: bytes arrive, the :class:`~quorumlog.proto.codec.FrameDecoder` turns
+them into requests, each goes to :meth:`Bookie.submit` with this connection's
+``respond`` as callback. Answers are encoded into a list and written with one
+``writelines`` per event-loop turn (the flush is scheduled once per turn), so
+a pipelined client costs one send system call per turn, not one per entry.
+
+Memory stays bounded (R12): the decoder holds at most one maximum-size frame;
+when a connection has too many requests in flight, too many answer bytes
+queued, or a full transport write buffer (its peer is not reading), the
+connection stops reading from the socket until it drains. Any bytes that do
+not decode close this connection only; other connections and the stored state
+are untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from quorumlog.errors import LocalProtocolError, ProtocolError, Status
+from quorumlog.proto.codec import (
+    AddResponse,
+    BookieInfoResponse,
+    FenceResponse,
+    FrameDecoder,
+    ReadLacResponse,
+    ReadResponse,
+    Request,
+    Response,
+    StatusResponse,
+    encode_parts,
+    error_response,
+)
+from quorumlog.server.config import ServerConfig
+
+log = logging.getLogger(__name__)
+
+_CLOSE_GRACE_S = 5.0
+
+_RESPONSE_TYPES = (
+    AddResponse,
+    ReadResponse,
+    ReadLacResponse,
+    FenceResponse,
+    StatusResponse,
+    BookieInfoResponse,
+)
+
+
+class RequestHandler(Protocol):
+    """What a connection needs from a bookie (``Bookie.submit``)."""
+
+    def submit(self, request: Request, respond: Callable[[Response], None]) -> None: ...
+
+
+class BookieProtocol(asyncio.Protocol):
+    """asyncio protocol of one accepted connection."""
+
+    def __init__(
+        self,
+        handler: RequestHandler,
+        config: ServerConfig,
+        loop: asyncio.AbstractEventLoop,
+        on_closed: Callable[[BookieProtocol], None],
+    ) -> None:
+        self._handler = handler
+        self._config = config
+        self._loop = loop
+        self._on_closed = on_closed
+        self._decoder = FrameDecoder(config.max_frame_size_bytes)
+        self._transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._flush_scheduled = False
+        self.in_flight = 0
+        self._writing_paused = False
+        self._reading_paused = False
+        self._draining = False  # server stopping: read nothing more
+        self.closed = False
+        self.peer = "?"
+        self.requests_total = 0
+
+    # ------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self._transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = f"{peer[0]}:{peer[1]}"
+        transport.set_write_buffer_limits(
+            high=self._config.write_buffer_high_bytes, low=self._config.write_buffer_low_bytes
+        )
+        if self._draining:
+            self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            messages = self._decoder.feed(data)
+        except ProtocolError as exc:
+            self._protocol_violation(str(exc))
+            return
+        submit = self._handler.submit
+        respond = self._respond
+        for message in messages:
+            if isinstance(message, _RESPONSE_TYPES):
+                self._protocol_violation(f"a {type(message).__name__} sent to a bookie")
+                return
+            self.in_flight += 1
+            self.requests_total += 1
+            try:
+                submit(message, respond)
+            except Exception:
+                # A bug in request handling must cost one answer, not the process.
+                log.exception("request %r from %s failed", message, self.peer)
+                self._respond(error_response(message, Status.IO_ERROR))
+        if self.in_flight >= self._config.max_in_flight_requests:
+            self._update_reading()
+
+    def eof_received(self) -> bool | None:
+        # The peer will send nothing more; answers still in flight are written, then the
+        # transport closes once the last one is out (see _respond).
+        if self.in_flight == 0:
+            return None  # close now
+        self._draining = True
+        return True  # keep the write side open
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._out.clear()
+        self._out_bytes = 0
+        self._transport = None
+        self._on_closed(self)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    # ------------------------------------------------------------ answers
+
+    def _respond(self, response: Response) -> None:
+        """Called by the bookie, exactly once per request, on the loop."""
+        self.in_flight = max(0, self.in_flight - 1)
+        if self.closed:
+            return
+        try:
+            parts = encode_parts(response)
+        except LocalProtocolError:
+            log.exception("cannot encode an answer for %s; closing the connection", self.peer)
+            self._close()
+            return
+        self._out.extend(parts)
+        self._out_bytes += sum(map(len, parts))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        if self._out_bytes >= self._config.max_queued_response_bytes:
+            self._update_reading()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self._transport
+        if transport is None or self.closed:
+            return
+        if self._out:
+            out = self._out
+            self._out = []
+            self._out_bytes = 0
+            transport.writelines(out)
+        if self._draining and self.in_flight == 0:
+            if transport.can_write_eof():
+                transport.write_eof()
+            transport.close()
+            return
+        self._update_reading()
+
+    # ------------------------------------------------------------ flow control
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None or self.closed or transport.is_closing():
+            return
+        config = self._config
+        should_pause = (
+            self._draining
+            or self._writing_paused
+            or self.in_flight >= config.max_in_flight_requests
+            or self._out_bytes >= config.max_queued_response_bytes
+        )
+        if should_pause and not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+        elif not should_pause and self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+
+    # ------------------------------------------------------------ closing
+
+    def _protocol_violation(self, reason: str) -> None:
+        log.warning("closing connection from %s: %s", self.peer, reason)
+        self._close()
+
+    def _close(self) -> None:
+        """Close now: answers already queued are written first, later ones are dropped."""
+        if self.closed:
+            return
+        self.closed = True
+        transport = self._transport
+        if transport is not None:
+            if self._out:
+                transport.writelines(self._out)
+            transport.close()
+            # close() waits for the write buffer to drain; a peer that never reads must
+            # not keep the socket (and its buffer) forever.
+            self._loop.call_later(_CLOSE_GRACE_S, transport.abort)
+        self._out = []
+        self._out_bytes = 0
+
+    def drain(self) -> None:
+        """Server stopping: read no more requests; close once in-flight ones are answered."""
+        self._draining = True
+        self._update_reading()
+        if self.in_flight == 0 and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def abort(self) -> None:
+        """Close at once (the server's stop deadline passed)."""
+        self._close()

@@ -1,0 +1,178 @@
+"""Keep a bookie's entry in the registry equal to what it is: writable, read-only, or gone.
+
+The registration is an ephemeral node of the metadata session. One task
+reconciles the wanted state with the registered one, so that changes (read-only
+mode on and off, a session lost and a new one made, the stop) are applied in
+order, one at a time, retried while the store is unreachable.
+
+A node under this bookie's address left by an earlier run of the same bookie
+(killed before its session ended) is replaced rather than waited out: the
+server holds the address's port, so that run is certainly gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Protocol
+
+from quorumlog.errors import BKError, NodeExistsError, NoNodeError
+from quorumlog.meta.store import MetadataStore, SessionState
+
+log = logging.getLogger(__name__)
+
+_RETRY_MIN_S = 0.2
+_RETRY_MAX_S = 3.0
+
+
+class Registry(Protocol):
+    async def register(self, address: str, read_only: bool = False) -> None: ...
+
+    async def unregister(self, address: str) -> None: ...
+
+    async def writable_bookies(self) -> list[str]: ...
+
+    async def readonly_bookies(self) -> list[str]: ...
+
+
+class Registration:
+    """The registry entry of one bookie."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        store: MetadataStore,
+        address: str,
+        *,
+        verify_interval_ms: int = 10_000,
+    ) -> None:
+        self._registry = registry
+        self._store = store
+        self.address = address
+        self._verify_interval_s = verify_interval_ms / 1000
+        self._wanted: bool | None = None  # read_only flag, or None: not registered
+        self._current: bool | None = None
+        # True once this process's session made the node: a node found under the address
+        # before that was left by an earlier run and is replaced.
+        self._owned = False
+        self._changed = asyncio.Event()
+        self._applied = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        store.add_session_listener(self._on_session)
+
+    @property
+    def registered_read_only(self) -> bool | None:
+        """What the registry says now (None: not registered)."""
+        return self._current
+
+    async def start(self, read_only: bool, timeout_s: float) -> None:
+        """Register and wait until it is done (BKError after ``timeout_s``)."""
+        self._wanted = read_only
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._changed.set()
+        await self._wait_applied(timeout_s)
+
+    def set_read_only(self, read_only: bool) -> None:
+        """Move the registration (applied in the background)."""
+        if self._stopping or self._wanted == read_only:
+            return
+        log.warning(
+            "bookie %s is now %s", self.address, "read-only" if read_only else "writable again"
+        )
+        self._wanted = read_only
+        self._applied.clear()
+        self._changed.set()
+
+    async def stop(self, timeout_s: float) -> None:
+        """Unregister (best effort within ``timeout_s``) and stop the task."""
+        self._stopping = True
+        self._wanted = None
+        self._applied.clear()
+        self._changed.set()
+        try:
+            await self._wait_applied(timeout_s)
+        except BKError as exc:
+            log.warning("bookie %s: unregistering failed: %s", self.address, exc)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def _wait_applied(self, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(self._applied.wait(), timeout_s)
+        except TimeoutError:
+            raise BKError(
+                f"bookie {self.address}: could not update its registration in the metadata "
+                f"store {self._store.uri} within {timeout_s:.0f} s"
+            ) from None
+
+    # ------------------------------------------------------------ session
+
+    def _on_session(self, state: SessionState) -> None:
+        if state is SessionState.LOST:
+            # The ephemeral node went with the session.
+            self._current = None
+            self._owned = False
+            if not self._stopping:
+                log.warning("bookie %s: metadata session lost; will register again", self.address)
+        if state is SessionState.CONNECTED and self._wanted is not None:
+            self._changed.set()
+
+    # ------------------------------------------------------------ reconciliation
+
+    async def _run(self) -> None:
+        delay_s = _RETRY_MIN_S
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self._verify_interval_s)
+            self._changed.clear()
+            try:
+                await self._reconcile()
+            except asyncio.CancelledError:
+                raise
+            except (BKError, OSError) as exc:
+                log.warning("bookie %s: registration: %s (retrying)", self.address, exc)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, _RETRY_MAX_S)
+                self._changed.set()
+                continue
+            delay_s = _RETRY_MIN_S
+            if self._current == self._wanted:
+                self._applied.set()
+
+    async def _listed_as(self) -> bool | None:
+        if self.address in await self._registry.writable_bookies():
+            return False
+        if self.address in await self._registry.readonly_bookies():
+            return True
+        return None
+
+    async def _reconcile(self) -> None:
+        # Ask the registry rather than trusting memory: a session can be replaced
+        # without this process being told in time.
+        listed = await self._listed_as()
+        self._current = listed
+        wanted = self._wanted
+        if listed == wanted and (self._owned or wanted is None):
+            return
+        if listed is not None:
+            with contextlib.suppress(NoNodeError):
+                await self._registry.unregister(self.address)
+            self._current = None
+            self._owned = False
+        if wanted is None:
+            return
+        try:
+            await self._registry.register(self.address, read_only=wanted)
+        except NodeExistsError:
+            # Left by an earlier run of this bookie whose session has not expired.
+            log.info("bookie %s: replacing a registration left by an earlier run", self.address)
+            with contextlib.suppress(NoNodeError):
+                await self._registry.unregister(self.address)
+            await self._registry.register(self.address, read_only=wanted)
+        self._current = wanted
+        self._owned = True
+        log.info("bookie %s registered as %s", self.address, "read-only" if wanted else "writable")

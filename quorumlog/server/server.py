@@ -1,0 +1,277 @@
+"""The bookie server: a :class:`~quorumlog.bookie.bookie.Bookie` behind a TCP listener.
+
+Start-up, in this order (each step refuses with :class:`BookieStartError` and a
+message that names what is wrong):
+
+1. bind the listening socket on 127.0.0.1 (not yet accepting): the port is the
+   one asked for, else the one the cookie records (a restarted bookie keeps its
+   identity), else a free one; the address ``127.0.0.1:PORT`` is the bookie's id;
+2. open the metadata store;
+3. check the cookies: the copies in the data and journal directories against
+   the metadata store's copy (a wiped or swapped directory refuses to start);
+   the first start writes all of them;
+4. open the bookie (journal replay) and start it;
+5. accept connections;
+6. register as writable (or read-only) in the bookie registry.
+
+Then it follows read-only changes by moving the registration, registers again
+when a lost metadata session comes back, and collects garbage periodically.
+
+Stop (:meth:`BookieServer.stop`): stop accepting, read no more requests, leave
+the registry, let in-flight requests be answered (bounded), close the bookie,
+close the connections, close the store.
+
+Example::
+
+    server = BookieServer(BookieConfig(data_dir=Path("/tmp/b1")), "sqlite:///tmp/m.db")
+    await server.start()
+    print(server.address)
+    ...
+    await server.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+from collections.abc import Iterable
+
+from quorumlog.bookie.bookie import Bookie, BookieStartError
+from quorumlog.bookie.config import BookieConfig
+from quorumlog.errors import BKError
+from quorumlog.meta.store import MetadataStore, open_store
+from quorumlog.server import cookies
+from quorumlog.server.config import ServerConfig
+from quorumlog.server.connection import BookieProtocol
+from quorumlog.server.gc import collect_once, gc_loop
+from quorumlog.server.registration import Registration
+
+log = logging.getLogger(__name__)
+
+LISTEN_HOST = "127.0.0.1"
+
+
+class BookieServer:
+    """One bookie process's network side. See the module docstring for the life cycle."""
+
+    def __init__(
+        self,
+        config: BookieConfig,
+        metadata_uri: str,
+        port: int = 0,
+        host: str = LISTEN_HOST,
+        server_config: ServerConfig | None = None,
+    ) -> None:
+        self.config = config
+        self.metadata_uri = metadata_uri
+        self.server_config = server_config or ServerConfig()
+        self._requested_port = port
+        self._host = host
+        self.address = ""
+        self.bookie: Bookie | None = None
+        self.store: MetadataStore | None = None
+        self._registration: Registration | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[BookieProtocol] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped = asyncio.Event()
+        self._started = False
+        self._stopping = False
+
+    # ------------------------------------------------------------ start
+
+    async def start(self) -> None:
+        """Run the start-up sequence; on failure everything opened so far is closed."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._start()
+        except BaseException:
+            await self._release()
+            raise
+        self._started = True
+
+    async def _start(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        config = self.config
+        sc = self.server_config
+        recorded_port = cookies.recorded_port(config)
+        port = self._requested_port or recorded_port or 0
+        self._server = await self._bind(port, from_cookie=not self._requested_port)
+        bound_port = self._server.sockets[0].getsockname()[1]
+        self.address = f"{self._host}:{bound_port}"
+
+        try:
+            self.store = await asyncio.wait_for(
+                open_store(self.metadata_uri, session_timeout_ms=sc.metadata_session_timeout_ms),
+                sc.metadata_connect_timeout_ms / 1000,
+            )
+        except TimeoutError:
+            raise BKError(
+                f"metadata store {self.metadata_uri} unreachable: no session within "
+                f"{sc.metadata_connect_timeout_ms / 1000:.0f} s"
+            ) from None
+        from quorumlog.meta.bookies import BookieRegistry
+        from quorumlog.meta.ledgers import LedgerManager
+
+        registry = BookieRegistry(self.store)
+        await cookies.verify_or_create(registry, config, self.address)
+
+        if not config.journal_sync:
+            log.warning(
+                "bookie %s: JOURNAL SYNC IS OFF: adds are acknowledged before they are "
+                "durable; a power loss or kill can lose acknowledged entries",
+                self.address,
+            )
+        # Journal replay reads files: keep it off the loop so the metadata session's
+        # heartbeats keep flowing.
+        self.bookie = await asyncio.to_thread(Bookie.open, config)
+        await self.bookie.start(loop)
+
+        await self._server.start_serving()
+        log.info("bookie %s accepting connections", self.address)
+
+        self._registration = Registration(
+            registry, self.store, self.address, verify_interval_ms=10_000
+        )
+        await self._registration.start(
+            self.bookie.read_only, timeout_s=sc.registration_timeout_ms / 1000
+        )
+        self._watch_read_only(self.bookie)
+
+        ledgers = LedgerManager(self.store)
+
+        async def list_live() -> Iterable[int]:
+            return await ledgers.list_ledger_ids()  # type: ignore[no-any-return]
+
+        self._list_live = list_live
+        self._tasks.append(loop.create_task(gc_loop(self.bookie, list_live, sc.gc_interval_ms)))
+
+    async def _bind(self, port: int, *, from_cookie: bool) -> asyncio.AbstractServer:
+        loop = self._loop
+        assert loop is not None
+        try:
+            return await loop.create_server(
+                self._make_protocol,
+                self._host,
+                port,
+                family=socket.AF_INET,
+                backlog=self.server_config.listen_backlog,
+                reuse_address=True,
+                start_serving=False,
+            )
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                why = (
+                    f"the cookie in {self.config.data_dir} records port {port}, which is the "
+                    f"bookie's identity"
+                    if from_cookie and port
+                    else "asked for with --port"
+                )
+                raise BookieStartError(
+                    f"bookie {self._host}:{port}: port {port} is in use ({why}); stop the "
+                    f"process holding it"
+                ) from None
+            raise BookieStartError(f"bookie {self._host}:{port}: cannot listen: {exc}") from None
+
+    def _make_protocol(self) -> BookieProtocol:
+        assert self.bookie is not None and self._loop is not None
+        protocol = BookieProtocol(
+            self.bookie, self.server_config, self._loop, self._connections.discard
+        )
+        self._connections.add(protocol)
+        if self._stopping:
+            protocol.drain()
+        return protocol
+
+    def _watch_read_only(self, bookie: Bookie) -> None:
+        def changed(*_: object) -> None:
+            if self._registration is not None and not self._stopping:
+                self._registration.set_read_only(bookie.read_only)
+
+        add_listener = getattr(bookie, "add_read_only_listener", None)
+        if add_listener is not None:
+            add_listener(changed)
+
+        async def poll() -> None:
+            interval_s = self.server_config.read_only_poll_interval_ms / 1000
+            while True:
+                await asyncio.sleep(interval_s)
+                changed()
+
+        assert self._loop is not None
+        self._tasks.append(self._loop.create_task(poll()))
+
+    # ------------------------------------------------------------ running
+
+    @property
+    def registered_read_only(self) -> bool | None:
+        """How the registry lists this bookie now: False writable, True read-only, None absent."""
+        return self._registration.registered_read_only if self._registration else None
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def collect_garbage(self) -> int:
+        """One garbage-collection round now (tests, operators); returns ledgers dropped."""
+        assert self.bookie is not None
+        return await collect_once(self.bookie, self._list_live)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    # ------------------------------------------------------------ stop
+
+    async def stop(self) -> None:
+        """Graceful stop; safe to call more than once."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        await self._release()
+
+    async def _release(self) -> None:
+        self._stopping = True
+        sc = self.server_config
+        timeout_s = sc.stop_timeout_ms / 1000
+        if self._server is not None:
+            self._server.close()  # stop accepting
+        for protocol in list(self._connections):
+            protocol.drain()  # read no more requests
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self._registration is not None:
+            await self._registration.stop(timeout_s=timeout_s)
+        await self._wait_answered(timeout_s)
+        if self.bookie is not None:
+            try:
+                await self.bookie.close()  # answers what is still queued
+            except Exception:
+                log.exception("bookie %s: error while closing storage", self.address)
+        await self._wait_answered(1.0)
+        for protocol in list(self._connections):
+            protocol.abort()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        if self.store is not None:
+            try:
+                await asyncio.wait_for(self.store.close(), timeout_s)
+            except (TimeoutError, BKError, OSError) as exc:
+                log.warning("bookie %s: closing the metadata store: %s", self.address, exc)
+        self._stopped.set()
+
+    async def _wait_answered(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(p.in_flight for p in self._connections) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
