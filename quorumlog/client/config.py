@@ -32,6 +32,8 @@ class ClientConfig:
     reads_in_flight: int = 4
     recovery_reads_in_flight: int = 16
     fence_timeout_ms: int = 5_000
+    # Recovery writes each entry it found until Qa bookies acknowledged it.
+    recovery_add_attempts: int = 3
     metadata_session_timeout_ms: int = 10_000
     max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT
     # Sessions to the metadata store retry a compare-and-set this many times when a

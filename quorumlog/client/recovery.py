@@ -177,8 +177,11 @@ class LedgerRecovery:
         finally:
             for task in reads.values():
                 task.cancel()
-        if rewrites:
-            await asyncio.gather(*rewrites)
+            # Every rewrite must have finished (or failed) before the ledger may close.
+            outcomes = await asyncio.gather(*rewrites, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
         return last_entry_id, length
 
     async def _length_at(self, entry_id: int) -> int:
@@ -253,34 +256,43 @@ class LedgerRecovery:
         return decision.outcome, decision.found
 
     async def _rewrite(self, entry_id: int, blob: bytes) -> None:
-        """Write a recovered entry to its whole write set; Qa acknowledgements suffice."""
+        """Write a recovered entry to its whole write set; Qa acknowledgements suffice.
+
+        A bookie that fails to answer is asked again (a few times): the entry must
+        reach Qa bookies before the ledger may close at or beyond it.
+        """
         md = self.metadata
         ensemble = md.last_ensemble
-        futures = [
-            self._pool.request(
-                ensemble[index],
-                AddRequest(0, self.ledger_id, self._master_key, [blob], AddFlag.RECOVERY),
-                self._config.add_timeout_ms,
-            )
-            for index in write_set(entry_id, md.ensemble_size, md.write_quorum)
-        ]
+        waiting = [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)]
         acked = 0
         errors: list[str] = []
-        for future in asyncio.as_completed(futures):
-            try:
-                response = await future
-            except BKError as exc:
-                errors.append(exc.message)
-                continue
-            if response.status == Status.OK:
-                acked += 1
-                if acked >= md.ack_quorum:
-                    return
-            else:
-                errors.append(f"status {response.status}")
+        for _ in range(self._config.recovery_add_attempts):
+            futures = {
+                self._pool.request(
+                    address,
+                    AddRequest(0, self.ledger_id, self._master_key, [blob], AddFlag.RECOVERY),
+                    self._config.add_timeout_ms,
+                ): address
+                for address in waiting
+            }
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            waiting = []
+            for (_, address), result in zip(futures.items(), results, strict=True):
+                if isinstance(result, BKError):
+                    errors.append(result.message)
+                    waiting.append(address)
+                elif isinstance(result, BaseException):
+                    raise result
+                elif result.status == Status.OK:
+                    acked += 1
+                else:
+                    errors.append(f"bookie {address}: status {result.status}")
+                    waiting.append(address)
+            if acked >= md.ack_quorum:
+                return
         raise LedgerRecoveryError(
             f"ledger {self.ledger_id}: could not re-replicate entry {entry_id} to "
-            f"{md.ack_quorum} bookies: {'; '.join(errors)}"
+            f"{md.ack_quorum} bookies: {'; '.join(errors[-3:])}"
         )
 
     # ------------------------------------------------------------ step 4

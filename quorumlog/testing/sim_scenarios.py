@@ -122,7 +122,15 @@ async def _scenario(seed: int, loop: asyncio.AbstractEventLoop) -> History:
     async def tail() -> None:
         reader_bk = client()
         try:
-            reader = await reader_bk.open_ledger_no_recovery(ledger_id, b"pw")
+            reader = None
+            for _ in range(20):
+                try:
+                    reader = await reader_bk.open_ledger_no_recovery(ledger_id, b"pw")
+                    break
+                except BKError:
+                    await asyncio.sleep(0.01)
+            if reader is None:
+                return
             next_id = 0
             for _ in range(40):
                 await asyncio.sleep(rng.uniform(0.001, 0.01))
