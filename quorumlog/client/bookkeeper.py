@@ -55,6 +55,7 @@ class BookKeeper:
         config: ClientConfig | None = None,
         *,
         pool: ConnectionPool | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         """Use :meth:`connect` unless you bring your own store (or, in the simulator, pool)."""
         self.loop = asyncio.get_running_loop()
@@ -67,6 +68,8 @@ class BookKeeper:
             connect_timeout_ms=self.config.connect_timeout_ms,
             max_frame_size_bytes=self.config.max_frame_size_bytes,
         )
+        # Bookie placement draws from here; the simulator passes a seeded one.
+        self.rng = rng or random.Random()
         self._closed = False
         self._handles: weakref.WeakSet[ReadHandle] = weakref.WeakSet()
 
@@ -103,7 +106,7 @@ class BookKeeper:
                 f"an ensemble of {size} bookies is needed, {len(writable)} writable bookie(s) "
                 f"available: {', '.join(sorted(writable)) or 'none'}"
             )
-        return tuple(random.sample(sorted(writable), size))
+        return tuple(self.rng.sample(sorted(writable), size))
 
     # ------------------------------------------------------------ ledgers
 

@@ -220,7 +220,7 @@ class ReadHandle:
             if not done:
                 launch()  # speculative read: ask the next replica too
                 continue
-            for future in done:
+            for future in [f for f in in_flight if f in done]:  # in send order
                 address = in_flight.pop(future)
                 try:
                     entries = self._decode_read(future.result(), first, address)
@@ -289,7 +289,7 @@ class ReadHandle:
         errors: list[str] = []
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
+            for future in [f for f in futures if f in done]:  # in send order
                 index = futures[future]
                 try:
                     response = future.result()
@@ -353,7 +353,7 @@ class ReadHandle:
             )
             if not done:
                 break
-            for future in done:
+            for future in [f for f in futures if f in done]:  # in send order
                 try:
                     response = future.result()
                 except BKError:

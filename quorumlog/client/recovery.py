@@ -119,7 +119,7 @@ class LedgerRecovery:
         errors: list[str] = []
         while pending and not progress.is_fenced:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
+            for future in [f for f in futures if f in done]:  # in send order
                 index = futures[future]
                 try:
                     response = future.result()
@@ -226,7 +226,7 @@ class LedgerRecovery:
         pending = set(futures)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
+            for future in [f for f in futures if f in done]:  # in send order
                 index = futures[future]
                 try:
                     response = future.result()

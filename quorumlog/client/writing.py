@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import random
 from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING
@@ -294,7 +293,7 @@ class LedgerHandle(ReadHandle):
                     f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}: "
                     f"{len(candidates)} writable bookie(s) outside the ensemble"
                 )
-            chosen = random.sample(candidates, len(slots))
+            chosen = client.rng.sample(sorted(candidates), len(slots))
             new_ensemble = list(self._ensemble)
             for index, bookie in zip(slots, chosen, strict=True):
                 new_ensemble[index] = bookie

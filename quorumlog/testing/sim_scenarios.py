@@ -81,7 +81,12 @@ async def _scenario(seed: int, loop: asyncio.AbstractEventLoop) -> History:
         await registry.register(bookie.address)
 
     def client() -> BookKeeper:
-        return BookKeeper(MemoryStore(tree), SIM_CONFIG, pool=network)  # type: ignore[arg-type]
+        return BookKeeper(
+            MemoryStore(tree),
+            SIM_CONFIG,
+            pool=network,  # type: ignore[arg-type]
+            rng=random.Random(rng.random()),
+        )
 
     writer_bk = client()
     handle = await writer_bk.create_ledger(ensemble, write_quorum, ack_quorum, password=b"pw")
