@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up everything the tests need on a fresh machine, then run the whole suite.
+#   bash scripts/test.sh            # lint + all tests
+#   bash scripts/test.sh -k fence   # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# ZooKeeper from Debian for the ZooKeeper-driver tests (Java 17 is on the machine).
+if ! dpkg -s zookeeper >/dev/null 2>&1; then
+    echo "installing Debian's zookeeper package"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq zookeeper >/dev/null 2>&1 || {
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq zookeeper >/dev/null
+    }
+fi
+
+python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
+python -c "import quorumlog, kazoo, lmdb, crc32c, uvloop" # fail early if the install did not take
+
+ruff check .
+ruff format --check .
+python -m pytest -q -p no:cacheprovider "$@"
