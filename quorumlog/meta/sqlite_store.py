@@ -1,0 +1,747 @@
+"""The embedded metadata store: one SQLite file shared by the processes of one machine.
+
+``sqlite:///absolute/path.db`` gives ZooKeeper's semantics without a server:
+
+- Nodes live in the ``nodes`` table (path, data, version, owning session).
+  Every write runs in ``BEGIN IMMEDIATE`` (one writer at a time, waits on
+  ``busy_timeout`` instead of failing) with ``synchronous=FULL`` in WAL mode, so
+  a commit that returned is on disk.
+- Sessions: each open store inserts a row in ``sessions`` with an expiry time on
+  the machine's boot clock (``CLOCK_BOOTTIME``, comparable between processes),
+  which a heartbeat thread pushes forward every ``session_timeout / 3``. The
+  same heartbeat expires every *other* session whose time has passed (or that
+  belongs to an earlier boot) and deletes its ephemeral nodes, so a process
+  killed with ``kill -9`` loses its ephemerals within about one session timeout
+  as long as any other process has the store open. A store that finds its own
+  row gone reports ``LOST``; one that could not refresh for two thirds of the
+  timeout reports ``SUSPENDED``.
+- Watches: every write appends (path, kind) rows to ``changes`` (an
+  ``AUTOINCREMENT`` sequence, contiguous in commit order). A poller thread checks
+  ``PRAGMA data_version`` every 25 ms and reads the new rows; callbacks run on
+  the store's event loop. Rows older than a few minutes are pruned; a poller
+  that fell behind the pruning (a process stopped for minutes) cannot know
+  what it missed, so it gives every watch one conservative event.
+
+SQLite work never runs on the event loop: operations go to one dedicated
+thread, the heartbeat and the poller have their own threads, each with its own
+connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from quorumlog.errors import (
+    InvalidArgumentError,
+    MetadataError,
+    MetadataVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+from quorumlog.meta.paths import (
+    ROOT,
+    ancestors_of,
+    check_counter_name,
+    check_path,
+    name_of,
+    parent_of,
+)
+from quorumlog.meta.store import (
+    EventType,
+    MetadataStore,
+    SessionCallback,
+    SessionState,
+    Versioned,
+    Watch,
+    WatchCallback,
+    WatchEvent,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+POLL_INTERVAL_S = 0.025
+MIN_SESSION_TIMEOUT_MS = 200
+BUSY_TIMEOUT_MS = 10_000
+# Change rows are kept while younger than this, and at least the newest KEEP_CHANGES.
+CHANGES_RETENTION_MS = 5 * 60 * 1000
+KEEP_CHANGES = 10_000
+PRUNE_EVERY_HEARTBEATS = 30
+POLL_BATCH_ROWS = 1000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+    path TEXT PRIMARY KEY,
+    parent TEXT NOT NULL,
+    name TEXT NOT NULL,
+    data BLOB NOT NULL,
+    version INTEGER NOT NULL,
+    owner INTEGER,
+    next_seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS nodes_by_parent ON nodes(parent, name);
+CREATE INDEX IF NOT EXISTS nodes_by_owner ON nodes(owner) WHERE owner IS NOT NULL;
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    boot_id TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    timeout_ms INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    opened_wall_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    path TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    wall_ms INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO nodes (path, parent, name, data, version, owner, next_seq)
+    VALUES ('/', '', '', x'', 0, NULL, 0);
+"""
+
+
+def _read_boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+BOOT_ID = _read_boot_id()
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def clock_ms() -> int:
+    """Milliseconds on the machine-wide boot clock that session expiry times use."""
+    return time.clock_gettime_ns(_CLOCK) // 1_000_000
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def db_path_from_uri(uri: str) -> str:
+    """``sqlite:///abs/path.db`` -> ``/abs/path.db``."""
+    prefix = "sqlite://"
+    if not uri.startswith(prefix + "/"):
+        raise InvalidArgumentError(f"metadata URI {uri!r}: expected sqlite:///absolute/path.db")
+    path = uri[len(prefix) :].split("?", 1)[0]
+    if not os.path.isabs(path) or path.endswith("/"):
+        raise InvalidArgumentError(f"metadata URI {uri!r}: expected sqlite:///absolute/path.db")
+    return path
+
+
+def _connect(db_path: str, *, busy_timeout_ms: int, synchronous: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(db_path, isolation_level=None, timeout=busy_timeout_ms / 1000)
+    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    return conn
+
+
+class _Txn:
+    """``with _Txn(conn):`` runs the block in BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
+
+    def __init__(self, conn: sqlite3.Connection, mode: str = "IMMEDIATE") -> None:
+        self.conn = conn
+        self.mode = mode
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute(f"BEGIN {self.mode}")
+        return self.conn
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+        elif self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+
+
+def _log_change(conn: sqlite3.Connection, path: str, kind: EventType) -> None:
+    conn.execute(
+        "INSERT INTO changes (path, kind, wall_ms) VALUES (?, ?, ?)",
+        (path, kind.value, _wall_ms()),
+    )
+
+
+def _delete_session(conn: sqlite3.Connection, session_id: int) -> list[str]:
+    """Delete a session and its ephemeral nodes (inside a write transaction)."""
+    paths = [p for (p,) in conn.execute("SELECT path FROM nodes WHERE owner = ?", (session_id,))]
+    for path in paths:
+        conn.execute("DELETE FROM nodes WHERE path = ?", (path,))
+        _log_change(conn, path, EventType.DELETED)
+    conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+    return paths
+
+
+class _SqliteWatch(Watch):
+    __slots__ = ("active", "callback", "children", "path", "store")
+
+    def __init__(
+        self, store: SqliteStore, path: str, callback: WatchCallback, children: bool
+    ) -> None:
+        self.store = store
+        self.path = path
+        self.callback = callback
+        self.children = children
+        self.active = True
+
+    def cancel(self) -> None:
+        if self.active:
+            self.active = False
+            self.store._remove_watch(self)
+
+
+class SqliteStore(MetadataStore):
+    """A :class:`MetadataStore` on one SQLite file, safe to share between processes.
+
+    Example::
+
+        store = await SqliteStore.open("sqlite:///tmp/q/metadata.db", session_timeout_ms=3000)
+        await store.create("/bookies/available/127.0.0.1:3181", b"", ephemeral=True)
+        await store.close()
+    """
+
+    def __init__(self, uri: str, db_path: str, session_timeout_ms: int) -> None:
+        self.uri = uri
+        self.db_path = db_path
+        self.session_timeout_ms = session_timeout_ms
+        self.session_id = 0
+        self._loop = asyncio.get_running_loop()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="quorumlog-sqlite-ops"
+        )
+        self._conn: sqlite3.Connection | None = None  # used only on the executor thread
+        self._state = SessionState.CONNECTED
+        self._state_lock = threading.Lock()
+        self._listeners: list[SessionCallback] = []
+        self._data_watches: dict[str, list[_SqliteWatch]] = {}
+        self._child_watches: dict[str, list[_SqliteWatch]] = {}
+        self._watch_count = 0
+        self._own_ephemerals: set[str] = set()
+        self._closed = False
+        self._stop = threading.Event()
+        self._poke = threading.Event()
+        self._last_refresh_ms = clock_ms()
+        self._start_seq = 0
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def open(cls, uri: str, *, session_timeout_ms: int = 10_000) -> SqliteStore:
+        """Open (creating file and directory if needed) and start a session."""
+        if session_timeout_ms < MIN_SESSION_TIMEOUT_MS:
+            raise InvalidArgumentError(
+                f"session_timeout_ms={session_timeout_ms}: must be >= {MIN_SESSION_TIMEOUT_MS}"
+            )
+        store = cls(uri, db_path_from_uri(uri), session_timeout_ms)
+        try:
+            await store._in_thread(store._start_session)
+        except BaseException:
+            store._executor.shutdown(wait=False)
+            raise
+        store._start_threads()
+        return store
+
+    def _start_session(self) -> None:
+        directory = os.path.dirname(self.db_path)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            conn = _connect(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, synchronous="FULL")
+        except OSError as exc:
+            raise MetadataError(f"cannot create metadata store {self.db_path}: {exc}") from exc
+        self._conn = conn
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise MetadataError(
+                f"metadata store {self.db_path}: WAL mode unavailable (got {mode!r}); "
+                "use a local file system"
+            )
+        with _Txn(conn):
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise MetadataError(
+                    f"metadata store {self.db_path}: schema version {version}, "
+                    f"this code reads {SCHEMA_VERSION}"
+                )
+            now = clock_ms()
+            cursor = conn.execute(
+                "INSERT INTO sessions (boot_id, expires_ms, timeout_ms, pid, host, opened_wall_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    BOOT_ID,
+                    now + self.session_timeout_ms,
+                    self.session_timeout_ms,
+                    os.getpid(),
+                    socket.gethostname(),
+                    _wall_ms(),
+                ),
+            )
+            assert cursor.lastrowid is not None
+            self.session_id = cursor.lastrowid
+            self._start_seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[
+                0
+            ]
+        self._last_refresh_ms = clock_ms()
+
+    def _start_threads(self) -> None:
+        for name, target in (("heartbeat", self._heartbeat_loop), ("poller", self._poll_loop)):
+            thread = threading.Thread(
+                target=target, name=f"quorumlog-sqlite-{name}-{self.session_id}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    async def close(self) -> None:
+        """Delete this session and its ephemeral nodes, then stop the threads."""
+        if self._closed:
+            return
+        try:
+            await self._in_thread(self._end_session)
+        finally:
+            self._closed = True
+            self._stop.set()
+            self._poke.set()
+            await asyncio.to_thread(self._join_threads)
+            self._executor.shutdown(wait=False)
+            self._data_watches.clear()
+            self._child_watches.clear()
+
+    def _end_session(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            with _Txn(conn):
+                _delete_session(conn, self.session_id)
+        finally:
+            conn.close()
+            self._conn = None
+
+    def _join_threads(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=max(5.0, BUSY_TIMEOUT_MS / 1000 + 1))
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise MetadataError(f"metadata store {self.uri} is closed")
+        return await self._loop.run_in_executor(self._executor, self._guarded, fn, args)
+
+    def _guarded(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        try:
+            return fn(*args)
+        except sqlite3.Error as exc:
+            raise MetadataError(f"metadata store {self.db_path}: {exc}") from exc
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise MetadataError(f"metadata store {self.uri} is closed")
+        return self._conn
+
+    def _committed(self) -> None:
+        # Let the poller pick our own change up now instead of at its next tick.
+        self._poke.set()
+
+    def _check_alive_for(self, path: str) -> None:
+        if self._state is SessionState.LOST and path in self._own_ephemerals:
+            raise SessionExpiredError(
+                f"metadata session {self.session_id} expired: ephemeral {path} is gone"
+            )
+
+    # ------------------------------------------------------------------ operations
+
+    async def get(self, path: str) -> Versioned:
+        check_path(path)
+        self._check_alive_for(path)
+        row = await self._in_thread(self._get, path)
+        if row is None:
+            raise NoNodeError(f"metadata path {path} does not exist")
+        return Versioned(bytes(row[0]), row[1])
+
+    def _get(self, path: str) -> tuple[bytes, int] | None:
+        return (
+            self._db().execute("SELECT data, version FROM nodes WHERE path = ?", (path,)).fetchone()
+        )
+
+    async def exists(self, path: str) -> int | None:
+        check_path(path)
+        row = await self._in_thread(self._get, path)
+        return None if row is None else int(row[1])
+
+    async def create(
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequential: bool = False,
+        make_parents: bool = True,
+    ) -> str:
+        check_path(path)
+        if path == ROOT:
+            raise NodeExistsError("metadata path / already exists")
+        if ephemeral and self._state is SessionState.LOST:
+            raise SessionExpiredError(
+                f"metadata session {self.session_id} expired: cannot create ephemeral {path}"
+            )
+        created = await self._in_thread(
+            self._create, path, bytes(data), ephemeral, sequential, make_parents
+        )
+        if ephemeral:
+            self._own_ephemerals.add(created)
+        return created
+
+    def _create(
+        self, path: str, data: bytes, ephemeral: bool, sequential: bool, make_parents: bool
+    ) -> str:
+        conn = self._db()
+        with _Txn(conn):
+            if ephemeral:
+                alive = conn.execute(
+                    "SELECT 1 FROM sessions WHERE id = ?", (self.session_id,)
+                ).fetchone()
+                if alive is None:
+                    self._set_state(SessionState.LOST)
+                    raise SessionExpiredError(
+                        f"metadata session {self.session_id} expired: "
+                        f"cannot create ephemeral {path}"
+                    )
+            parent = parent_of(path)
+            row = conn.execute("SELECT owner FROM nodes WHERE path = ?", (parent,)).fetchone()
+            if row is None:
+                if not make_parents:
+                    raise NoNodeError(f"metadata path {parent} (parent of {path}) does not exist")
+                self._create_ancestors(conn, path)
+            elif row[0] is not None:
+                raise MetadataError(f"metadata path {parent} is ephemeral: it cannot have children")
+            if sequential:
+                (number,) = conn.execute(
+                    "SELECT next_seq FROM nodes WHERE path = ?", (parent,)
+                ).fetchone()
+                conn.execute("UPDATE nodes SET next_seq = next_seq + 1 WHERE path = ?", (parent,))
+                path = f"{path}{number:010d}"
+            try:
+                conn.execute(
+                    "INSERT INTO nodes (path, parent, name, data, version, owner)"
+                    " VALUES (?, ?, ?, ?, 0, ?)",
+                    (path, parent, name_of(path), data, self.session_id if ephemeral else None),
+                )
+            except sqlite3.IntegrityError:
+                raise NodeExistsError(f"metadata path {path} already exists") from None
+            _log_change(conn, path, EventType.CREATED)
+        self._committed()
+        return path
+
+    def _create_ancestors(self, conn: sqlite3.Connection, path: str) -> None:
+        for ancestor in ancestors_of(path):
+            row = conn.execute("SELECT owner FROM nodes WHERE path = ?", (ancestor,)).fetchone()
+            if row is not None:
+                if row[0] is not None:
+                    raise MetadataError(
+                        f"metadata path {ancestor} is ephemeral: it cannot have children"
+                    )
+                continue
+            conn.execute(
+                "INSERT INTO nodes (path, parent, name, data, version, owner)"
+                " VALUES (?, ?, ?, x'', 0, NULL)",
+                (ancestor, parent_of(ancestor), name_of(ancestor)),
+            )
+            _log_change(conn, ancestor, EventType.CREATED)
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> int:
+        check_path(path)
+        self._check_alive_for(path)
+        return await self._in_thread(self._set, path, bytes(data), version)
+
+    def _set(self, path: str, data: bytes, version: int) -> int:
+        conn = self._db()
+        with _Txn(conn):
+            row = conn.execute("SELECT version FROM nodes WHERE path = ?", (path,)).fetchone()
+            if row is None:
+                raise NoNodeError(f"metadata path {path} does not exist")
+            if version != -1 and row[0] != version:
+                raise MetadataVersionError(
+                    f"metadata path {path}: version is {row[0]}, expected {version}"
+                )
+            conn.execute(
+                "UPDATE nodes SET data = ?, version = version + 1 WHERE path = ?", (data, path)
+            )
+            _log_change(conn, path, EventType.CHANGED)
+        self._committed()
+        return int(row[0]) + 1
+
+    async def delete(self, path: str, version: int = -1) -> None:
+        check_path(path)
+        if path == ROOT:
+            raise MetadataError("metadata path / cannot be deleted")
+        self._check_alive_for(path)
+        await self._in_thread(self._delete, path, version)
+        self._own_ephemerals.discard(path)
+
+    def _delete(self, path: str, version: int) -> None:
+        conn = self._db()
+        with _Txn(conn):
+            row = conn.execute("SELECT version FROM nodes WHERE path = ?", (path,)).fetchone()
+            if row is None:
+                raise NoNodeError(f"metadata path {path} does not exist")
+            if version != -1 and row[0] != version:
+                raise MetadataVersionError(
+                    f"metadata path {path}: version is {row[0]}, expected {version}"
+                )
+            child = conn.execute("SELECT 1 FROM nodes WHERE parent = ? LIMIT 1", (path,)).fetchone()
+            if child is not None:
+                raise NotEmptyError(f"metadata path {path} has children")
+            conn.execute("DELETE FROM nodes WHERE path = ?", (path,))
+            _log_change(conn, path, EventType.DELETED)
+        self._committed()
+
+    async def children(self, path: str) -> list[str]:
+        check_path(path)
+        found = await self._in_thread(self._children, path)
+        if found is None:
+            raise NoNodeError(f"metadata path {path} does not exist")
+        return found
+
+    def _children(self, path: str) -> list[str] | None:
+        conn = self._db()
+        with _Txn(conn, "DEFERRED"):
+            if conn.execute("SELECT 1 FROM nodes WHERE path = ?", (path,)).fetchone() is None:
+                return None
+            rows = conn.execute(
+                "SELECT name FROM nodes WHERE parent = ? ORDER BY name", (path,)
+            ).fetchall()
+        return [name for (name,) in rows]
+
+    async def next_id(self, counter: str) -> int:
+        check_counter_name(counter)
+        return await self._in_thread(self._next_id, counter)
+
+    def _next_id(self, counter: str) -> int:
+        conn = self._db()
+        with _Txn(conn):
+            (value,) = conn.execute(
+                "INSERT INTO counters (name, value) VALUES (?, 1)"
+                " ON CONFLICT(name) DO UPDATE SET value = value + 1 RETURNING value",
+                (counter,),
+            ).fetchone()
+        return int(value)
+
+    # ------------------------------------------------------------------ watches
+
+    def watch(self, path: str, callback: WatchCallback, *, children: bool = False) -> Watch:
+        check_path(path)
+        if self._closed:
+            raise MetadataError(f"metadata store {self.uri} is closed")
+        watch = _SqliteWatch(self, path, callback, children)
+        table = self._child_watches if children else self._data_watches
+        table.setdefault(path, []).append(watch)
+        self._watch_count += 1
+        return watch
+
+    def _remove_watch(self, watch: _SqliteWatch) -> None:
+        table = self._child_watches if watch.children else self._data_watches
+        watches = table.get(watch.path)
+        if watches and watch in watches:
+            watches.remove(watch)
+            self._watch_count -= 1
+            if not watches:
+                del table[watch.path]
+
+    def _dispatch(self, changes: list[tuple[str, str]], resync: bool) -> None:
+        """On the loop: turn change rows into watch events."""
+        if self._closed:
+            return
+        if resync:
+            for table, kind in (
+                (self._data_watches, EventType.CHANGED),
+                (self._child_watches, EventType.CHILDREN),
+            ):
+                for path, watches in list(table.items()):
+                    for watch in list(watches):
+                        _deliver(watch, WatchEvent(kind, path))
+        for path, kind_name in changes:
+            kind = EventType(kind_name)
+            for watch in list(self._data_watches.get(path, ())):
+                _deliver(watch, WatchEvent(kind, path))
+            if kind is not EventType.CHANGED and path != ROOT:
+                parent = parent_of(path)
+                for watch in list(self._child_watches.get(parent, ())):
+                    _deliver(watch, WatchEvent(EventType.CHILDREN, parent))
+
+    def _poll_loop(self) -> None:
+        try:
+            conn = _connect(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, synchronous="NORMAL")
+        except sqlite3.Error:
+            log.exception("metadata store %s: watch poller cannot open the database", self.db_path)
+            return
+        last_seq = self._start_seq
+        last_data_version = -1
+        suspend_after_ms = self.session_timeout_ms * 2 // 3
+        try:
+            while not self._stop.is_set():
+                self._poke.wait(POLL_INTERVAL_S)
+                self._poke.clear()
+                if self._stop.is_set():
+                    break
+                if clock_ms() - self._last_refresh_ms > suspend_after_ms:
+                    self._set_state(SessionState.SUSPENDED)
+                try:
+                    (data_version,) = conn.execute("PRAGMA data_version").fetchone()
+                    if data_version == last_data_version:
+                        continue
+                    last_data_version = data_version
+                    last_seq = self._read_changes(conn, last_seq)
+                except sqlite3.Error as exc:
+                    log.warning("metadata store %s: watch poll failed: %s", self.db_path, exc)
+                    last_data_version = -1
+        finally:
+            conn.close()
+
+    def _read_changes(self, conn: sqlite3.Connection, last_seq: int) -> int:
+        for _ in range(1_000):  # bounded: at most 1M rows per tick, then the next tick goes on
+            rows = conn.execute(
+                "SELECT seq, path, kind FROM changes WHERE seq > ? ORDER BY seq LIMIT ?",
+                (last_seq, POLL_BATCH_ROWS),
+            ).fetchall()
+            if not rows:
+                return last_seq
+            resync = rows[0][0] != last_seq + 1
+            if resync:
+                log.warning(
+                    "metadata store %s: change log pruned past %d; resynchronising watches",
+                    self.db_path,
+                    last_seq,
+                )
+            last_seq = rows[-1][0]
+            if self._watch_count or resync:
+                self._call_on_loop(self._dispatch, [(p, k) for _, p, k in rows], resync)
+            if len(rows) < POLL_BATCH_ROWS:
+                return last_seq
+        return last_seq
+
+    # ------------------------------------------------------------------ session
+
+    def add_session_listener(self, callback: SessionCallback) -> None:
+        self._listeners.append(callback)
+
+    @property
+    def session_state(self) -> SessionState:
+        return self._state
+
+    def _set_state(self, state: SessionState) -> None:
+        """From any thread: record a session state change and tell listeners on the loop."""
+        with self._state_lock:
+            if self._state is state or self._state is SessionState.LOST or self._closed:
+                return
+            self._state = state
+        log.info("metadata store %s session %d: %s", self.db_path, self.session_id, state.value)
+        self._call_on_loop(self._notify, state)
+
+    def _notify(self, state: SessionState) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:
+                log.exception("session listener failed on %s", state.value)
+
+    def _call_on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        # The loop may already be closed when a late thread tick fires.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _heartbeat_loop(self) -> None:
+        interval_s = self.session_timeout_ms / 3000
+        try:
+            conn = _connect(
+                self.db_path,
+                busy_timeout_ms=max(100, self.session_timeout_ms // 3),
+                synchronous="NORMAL",  # a lost heartbeat costs nothing; no fsync per beat
+            )
+        except sqlite3.Error:
+            log.exception("metadata store %s: heartbeat cannot open the database", self.db_path)
+            return
+        beats = 0
+        try:
+            while not self._stop.wait(interval_s):
+                beats += 1
+                try:
+                    self._beat(conn, prune=beats % PRUNE_EVERY_HEARTBEATS == 0)
+                except sqlite3.Error as exc:
+                    log.warning("metadata store %s: heartbeat failed: %s", self.db_path, exc)
+        finally:
+            conn.close()
+
+    def _beat(self, conn: sqlite3.Connection, *, prune: bool) -> None:
+        refreshed = False
+        with _Txn(conn):
+            now = clock_ms()
+            if self._state is not SessionState.LOST and not self._closed:
+                refreshed = (
+                    conn.execute(
+                        "UPDATE sessions SET expires_ms = ? WHERE id = ?",
+                        (now + self.session_timeout_ms, self.session_id),
+                    ).rowcount
+                    == 1
+                )
+                if not refreshed:
+                    self._set_state(SessionState.LOST)
+            expired = conn.execute(
+                "SELECT id FROM sessions WHERE id != ? AND (expires_ms < ? OR boot_id != ?)",
+                (self.session_id, now, BOOT_ID),
+            ).fetchall()
+            for (session_id,) in expired:
+                gone = _delete_session(conn, session_id)
+                log.info(
+                    "metadata store %s: expired session %d (%d ephemeral nodes)",
+                    self.db_path,
+                    session_id,
+                    len(gone),
+                )
+            if prune:
+                conn.execute(
+                    "DELETE FROM changes WHERE seq <= (SELECT MAX(seq) FROM changes) - ?"
+                    " AND wall_ms < ?",
+                    (KEEP_CHANGES, _wall_ms() - CHANGES_RETENTION_MS),
+                )
+        if refreshed:
+            # Counted from the start of the transaction: the row said "now + timeout".
+            self._last_refresh_ms = now
+            self._set_state(SessionState.CONNECTED)
+        if expired:
+            self._poke.set()
+
+
+def _deliver(watch: _SqliteWatch, event: WatchEvent) -> None:
+    if not watch.active:
+        return
+    try:
+        watch.callback(event)
+    except Exception:
+        log.exception("watch callback on %s failed", watch.path)

@@ -1,0 +1,599 @@
+"""The ZooKeeper metadata driver, on kazoo.
+
+``zk://host:port[,host:port...][/root]``: the root (a chroot) is created if
+missing, and every path of the store lives under it.
+
+- Operations use kazoo's ``*_async`` calls; their results are handed to the
+  asyncio loop with ``rawlink`` + ``loop.call_soon_threadsafe``, and kazoo's
+  exceptions become :mod:`quorumlog.errors` ones.
+- Sessions are ZooKeeper sessions. kazoo's SUSPENDED / LOST / CONNECTED become
+  :class:`SessionState`. LOST is final for a store: kazoo goes on with a fresh
+  session (persistent operations and watches keep working), but ephemeral
+  nodes belong to the session that was lost, so creating or touching one
+  after that raises SessionExpiredError. Open a new store to register again.
+- Watches: ZooKeeper's watches fire once and kazoo drops them when the
+  connection drops. Each :class:`Watch` re-arms itself after every event and
+  after every reconnection, and compares what it finds with what it knew
+  (existence, creation and modification zxids, or the children list), so a
+  change that happened while it was not armed still gives an event.
+- ``next_id(counter)``: a counter znode ``/counters/<counter>`` whose data is the
+  last id handed out, advanced with compare-and-set on its version (retried on
+  conflict). Ids are 64-bit and never repeat, since every id is the result of a
+  successful compare-and-set from the previous one.
+
+All bookkeeping of watches happens on the event loop; kazoo's threads only
+forward results and events to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+from kazoo import exceptions as kz
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import AsyncResult
+from kazoo.protocol.states import EventType as KzEventType
+from kazoo.protocol.states import KazooState, WatchedEvent, ZnodeStat
+from kazoo.retry import KazooRetry
+
+from quorumlog.errors import (
+    InvalidArgumentError,
+    MetadataError,
+    MetadataVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+from quorumlog.meta.paths import ROOT, check_counter_name, check_path
+from quorumlog.meta.store import (
+    EventType,
+    MetadataStore,
+    SessionCallback,
+    SessionState,
+    Versioned,
+    Watch,
+    WatchCallback,
+    WatchEvent,
+)
+
+log = logging.getLogger(__name__)
+
+COUNTERS_PATH = "/counters"
+NEXT_ID_MAX_ATTEMPTS = 1_000
+REARM_RETRY_DELAY_S = 0.2
+CONNECT_TIMEOUT_MS = 15_000
+
+
+def parse_zk_uri(uri: str) -> tuple[str, str]:
+    """``zk://h1:p1,h2:p2/root`` -> (``"h1:p1,h2:p2"``, ``"/root"``); root ``""`` if none."""
+    prefix = "zk://"
+    if not uri.startswith(prefix):
+        raise InvalidArgumentError(f"metadata URI {uri!r}: expected zk://host:port[/root]")
+    rest = uri[len(prefix) :]
+    hosts, slash, root = rest.partition("/")
+    if not hosts or any(not h.strip() for h in hosts.split(",")):
+        raise InvalidArgumentError(f"metadata URI {uri!r}: no ZooKeeper host:port")
+    root = ("/" + root).rstrip("/") if slash else ""
+    if root:
+        try:
+            check_path(root)
+        except MetadataError as exc:
+            raise InvalidArgumentError(f"metadata URI {uri!r}: bad root {root!r}") from exc
+    return hosts, root
+
+
+class ZkStore(MetadataStore):
+    """A :class:`MetadataStore` on ZooKeeper.
+
+    Example::
+
+        store = await ZkStore.open("zk://127.0.0.1:2181/quorumlog", session_timeout_ms=6000)
+        await store.create("/ledgers/1", b"{}")
+        await store.close()
+    """
+
+    def __init__(self, uri: str, hosts: str, root: str, session_timeout_ms: int) -> None:
+        self.uri = uri
+        self.hosts = hosts
+        self.root = root
+        self.session_timeout_ms = session_timeout_ms
+        self.operation_timeout_ms = max(2 * session_timeout_ms, 5_000)
+        self._loop = asyncio.get_running_loop()
+        self._client = KazooClient(
+            hosts=hosts,
+            timeout=session_timeout_ms / 1000,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
+            command_retry=None,
+        )
+        self._state = SessionState.CONNECTED
+        self._listeners: list[SessionCallback] = []
+        self._watches: set[_ZkWatch] = set()
+        self._own_ephemerals: set[str] = set()
+        self._closed = False
+        self._closing = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def open(
+        cls,
+        uri: str,
+        *,
+        session_timeout_ms: int = 10_000,
+        connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+    ) -> ZkStore:
+        """Connect, create the root if missing, and start a session."""
+        hosts, root = parse_zk_uri(uri)
+        store = cls(uri, hosts, root, session_timeout_ms)
+        try:
+            await asyncio.to_thread(store._connect, connect_timeout_ms)
+        except BaseException:
+            await asyncio.to_thread(store._shutdown_client)
+            raise
+        store._client.add_listener(store._on_kazoo_state)
+        return store
+
+    def _connect(self, connect_timeout_ms: int) -> None:
+        try:
+            self._client.start(timeout=connect_timeout_ms / 1000)
+            if self.root:
+                self._client.ensure_path(self.root)
+        except (kz.KazooException, OSError) as exc:
+            raise MetadataError(
+                f"cannot reach ZooKeeper at {self.hosts} within {connect_timeout_ms} ms: "
+                f"{type(exc).__name__} {exc}"
+            ) from exc
+        except Exception as exc:  # kazoo raises its handler's timeout type on start()
+            raise MetadataError(
+                f"cannot reach ZooKeeper at {self.hosts} within {connect_timeout_ms} ms: "
+                f"{type(exc).__name__} {exc}"
+            ) from exc
+        # From here on every path is relative to the root (kazoo's chroot).
+        self._client.chroot = self.root
+
+    @property
+    def session_id(self) -> int:
+        """The ZooKeeper session id (0 when not connected)."""
+        client_id = self._client.client_id
+        return int(client_id[0]) if client_id else 0
+
+    async def close(self) -> None:
+        """Close the session (ZooKeeper deletes its ephemeral nodes) and the connection."""
+        if self._closed:
+            return
+        self._closing = True
+        for watch in list(self._watches):
+            watch.cancel()
+        try:
+            await asyncio.to_thread(self._shutdown_client)
+        finally:
+            self._closed = True
+
+    def _shutdown_client(self) -> None:
+        try:
+            self._client.stop()
+        except Exception:
+            log.exception("stopping the ZooKeeper client of %s", self.uri)
+        finally:
+            self._client.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _call(self, what: str, path: str, start: Callable[[], AsyncResult]) -> Any:
+        """Run one kazoo async call; return its value or raise a quorumlog error."""
+        if self._closed or self._closing:
+            raise MetadataError(f"metadata store {self.uri} is closed")
+        future: asyncio.Future[Any] = self._loop.create_future()
+        try:
+            result = start()
+        except Exception as exc:
+            raise self._translate(exc, what, path) from exc
+        result.rawlink(lambda done: self._hand_over(future, done))
+        try:
+            return await asyncio.wait_for(future, self.operation_timeout_ms / 1000)
+        except TimeoutError:
+            raise MetadataError(
+                f"ZooKeeper {what} {path} at {self.hosts}: no answer within "
+                f"{self.operation_timeout_ms} ms (outcome unknown)"
+            ) from None
+        except kz.KazooException as exc:
+            raise self._translate(exc, what, path) from exc
+        except (ValueError, TypeError) as exc:
+            raise MetadataError(f"ZooKeeper {what} {path}: {exc}") from exc
+
+    def _hand_over(self, future: asyncio.Future[Any], done: AsyncResult) -> None:
+        """On a kazoo thread: move the outcome of ``done`` to ``future`` on the loop."""
+        if done.successful():
+            outcome: tuple[bool, Any] = (True, done.value)
+        else:
+            outcome = (False, done.exception)
+        with contextlib.suppress(RuntimeError):  # loop already closed
+            self._loop.call_soon_threadsafe(_settle, future, outcome)
+
+    def _translate(self, exc: BaseException, what: str, path: str) -> BaseException:
+        if isinstance(exc, kz.NoNodeError):
+            return NoNodeError(f"metadata path {path} does not exist ({what})")
+        if isinstance(exc, kz.NodeExistsError):
+            return NodeExistsError(f"metadata path {path} already exists")
+        if isinstance(exc, kz.BadVersionError):
+            return MetadataVersionError(f"metadata path {path}: version moved on ({what})")
+        if isinstance(exc, kz.NotEmptyError):
+            return NotEmptyError(f"metadata path {path} has children")
+        if isinstance(exc, kz.SessionExpiredError):
+            return SessionExpiredError(f"ZooKeeper session expired during {what} {path}")
+        if isinstance(exc, kz.NoChildrenForEphemeralsError):
+            return MetadataError(f"metadata path {path}: the parent is ephemeral")
+        if isinstance(exc, kz.ConnectionClosedError):
+            return MetadataError(f"metadata store {self.uri} is closed ({what} {path})")
+        if isinstance(exc, kz.ConnectionLoss | kz.OperationTimeoutError):
+            return MetadataError(
+                f"connection to ZooKeeper at {self.hosts} lost during {what} {path} "
+                "(outcome unknown)"
+            )
+        if isinstance(exc, ValueError | TypeError):
+            return MetadataError(f"ZooKeeper {what} {path}: {exc}")
+        return MetadataError(f"ZooKeeper {what} {path}: {type(exc).__name__} {exc}")
+
+    def _check_alive_for(self, path: str) -> None:
+        if self._state is SessionState.LOST and path in self._own_ephemerals:
+            raise SessionExpiredError(f"ZooKeeper session expired: ephemeral {path} is gone")
+
+    # ------------------------------------------------------------------ operations
+
+    async def get(self, path: str) -> Versioned:
+        check_path(path)
+        self._check_alive_for(path)
+        data, stat = await self._call("get", path, lambda: self._client.get_async(path))
+        return Versioned(bytes(data or b""), int(stat.version))
+
+    async def exists(self, path: str) -> int | None:
+        check_path(path)
+        stat = await self._call("exists", path, lambda: self._client.exists_async(path))
+        return None if stat is None else int(stat.version)
+
+    async def create(
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequential: bool = False,
+        make_parents: bool = True,
+    ) -> str:
+        check_path(path)
+        if path == ROOT:
+            raise NodeExistsError("metadata path / already exists")
+        if ephemeral and self._state is SessionState.LOST:
+            raise SessionExpiredError(f"ZooKeeper session expired: cannot create ephemeral {path}")
+        try:
+            created = await self._call(
+                "create",
+                path,
+                lambda: self._client.create_async(
+                    path,
+                    bytes(data),
+                    ephemeral=ephemeral,
+                    sequence=sequential,
+                    makepath=make_parents,
+                ),
+            )
+        except NoNodeError:
+            raise NoNodeError(f"metadata path {path}: its parent does not exist") from None
+        if ephemeral:
+            self._own_ephemerals.add(created)
+        return str(created)
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> int:
+        check_path(path)
+        self._check_alive_for(path)
+        try:
+            stat = await self._call(
+                "set", path, lambda: self._client.set_async(path, bytes(data), version)
+            )
+        except MetadataVersionError:
+            raise MetadataVersionError(
+                f"metadata path {path}: version is not {version} any more"
+            ) from None
+        return int(stat.version)
+
+    async def delete(self, path: str, version: int = -1) -> None:
+        check_path(path)
+        if path == ROOT:
+            raise MetadataError("metadata path / cannot be deleted")
+        self._check_alive_for(path)
+        try:
+            await self._call("delete", path, lambda: self._client.delete_async(path, version))
+        except MetadataVersionError:
+            raise MetadataVersionError(
+                f"metadata path {path}: version is not {version} any more"
+            ) from None
+        self._own_ephemerals.discard(path)
+
+    async def children(self, path: str) -> list[str]:
+        check_path(path)
+        names = await self._call("children", path, lambda: self._client.get_children_async(path))
+        return sorted(names)
+
+    async def next_id(self, counter: str) -> int:
+        check_counter_name(counter)
+        path = f"{COUNTERS_PATH}/{counter}"
+        for attempt in range(NEXT_ID_MAX_ATTEMPTS):
+            try:
+                current = await self.get(path)
+            except NoNodeError:
+                try:
+                    await self.create(path, b"1")
+                except NodeExistsError:
+                    continue
+                return 1
+            value = int(current.data or b"0") + 1
+            try:
+                await self.set(path, str(value).encode("ascii"), current.version)
+            except MetadataVersionError:
+                if attempt >= 3:  # heavy contention: spread the retries out a little
+                    await asyncio.sleep(random.uniform(0, 0.002 * min(attempt, 50)))
+                continue
+            return value
+        raise MetadataError(
+            f"next_id({counter!r}): {NEXT_ID_MAX_ATTEMPTS} compare-and-set conflicts on {path}"
+        )
+
+    # ------------------------------------------------------------------ watches
+
+    def watch(self, path: str, callback: WatchCallback, *, children: bool = False) -> Watch:
+        check_path(path)
+        if self._closed or self._closing:
+            raise MetadataError(f"metadata store {self.uri} is closed")
+        watch = _ZkWatch(self, path, callback, children)
+        self._watches.add(watch)
+        watch.arm()
+        return watch
+
+    # ------------------------------------------------------------------ session
+
+    def add_session_listener(self, callback: SessionCallback) -> None:
+        self._listeners.append(callback)
+
+    @property
+    def session_state(self) -> SessionState:
+        return self._state
+
+    def _on_kazoo_state(self, state: KazooState) -> None:
+        """On a kazoo thread (must not block): forward to the loop."""
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._on_state, state)
+
+    def _on_state(self, state: KazooState) -> None:
+        if self._closed or self._closing:
+            return
+        if state == KazooState.CONNECTED:
+            for watch in list(self._watches):
+                watch.rearm_after_reconnect()
+            new = SessionState.CONNECTED
+        elif state == KazooState.SUSPENDED:
+            for watch in list(self._watches):
+                watch.disarm()
+            new = SessionState.SUSPENDED
+        else:
+            for watch in list(self._watches):
+                watch.disarm()
+            new = SessionState.LOST
+        if self._state is SessionState.LOST or new is self._state:
+            return  # LOST is final for this store's session
+        self._state = new
+        log.info("ZooKeeper session of %s: %s", self.uri, new.value)
+        for listener in list(self._listeners):
+            try:
+                listener(new)
+            except Exception:
+                log.exception("session listener failed on %s", new.value)
+
+
+def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    if future.done():
+        return
+    ok, value = outcome
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+class _Known:
+    """What a data watch last knew about its node (None: not known)."""
+
+    __slots__ = ("czxid", "exists", "mzxid")
+
+    def __init__(self, exists: bool, czxid: int | None, mzxid: int | None) -> None:
+        self.exists = exists
+        self.czxid = czxid
+        self.mzxid = mzxid
+
+    @classmethod
+    def of(cls, stat: ZnodeStat | None) -> _Known:
+        if stat is None:
+            return cls(False, None, None)
+        return cls(True, stat.czxid, stat.mzxid)
+
+
+_KZ_TO_EVENT = {
+    KzEventType.CREATED: EventType.CREATED,
+    KzEventType.CHANGED: EventType.CHANGED,
+    KzEventType.DELETED: EventType.DELETED,
+}
+
+
+class _ZkWatch(Watch):
+    """One persistent watch, re-armed after each one-shot ZooKeeper watch fires.
+
+    ``generation`` numbers each arming; events and results of an older arming
+    are ignored, so at most one arming is live at a time.
+    """
+
+    def __init__(self, store: ZkStore, path: str, callback: WatchCallback, children: bool) -> None:
+        self.store = store
+        self.path = path
+        self.callback = callback
+        self.children = children
+        self.active = True
+        self.generation = 0
+        self.armed = False
+        self.known: _Known | None = None
+        self.known_children: list[str] | None = None
+
+    def cancel(self) -> None:
+        self.active = False
+        self.armed = False
+        self.generation += 1
+        self.store._watches.discard(self)
+
+    def disarm(self) -> None:
+        self.armed = False
+        self.generation += 1
+
+    def rearm_after_reconnect(self) -> None:
+        if self.active and not self.armed:
+            self.arm()
+
+    # -- arming (on the loop)
+
+    def arm(self) -> None:
+        if not self.active:
+            return
+        self.generation += 1
+        self.armed = True
+        generation = self.generation
+        client = self.store._client
+
+        def on_event(event: WatchedEvent) -> None:  # kazoo thread
+            self._to_loop(self._on_event, generation, event)
+
+        try:
+            if self.children:
+                result = client.get_children_async(self.path, watch=on_event)
+            else:
+                result = client.exists_async(self.path, watch=on_event)
+        except Exception as exc:
+            self._on_arm_failed(generation, exc)
+            return
+        result.rawlink(lambda done: self._to_loop(self._on_armed, generation, done, on_event))
+
+    def _to_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.store._loop.call_soon_threadsafe(fn, *args)
+
+    def _on_armed(self, generation: int, done: AsyncResult, on_event: Any) -> None:
+        if generation != self.generation or not self.active:
+            return
+        if not done.successful():
+            exc = done.exception
+            if self.children and isinstance(exc, kz.NoNodeError):
+                self._arm_children_fallback(generation, on_event)
+                return
+            self._on_arm_failed(generation, exc)
+            return
+        if self.children:
+            names = sorted(done.value)
+            previous = self.known_children
+            self.known_children = names
+            if previous is not None and previous != names:
+                self._deliver(EventType.CHILDREN)
+        else:
+            self._compare_and_report(_Known.of(done.value))
+
+    def _arm_children_fallback(self, generation: int, on_event: Any) -> None:
+        """The node of a children watch does not exist: watch for its creation instead."""
+        try:
+            result = self.store._client.exists_async(self.path, watch=on_event)
+        except Exception as exc:
+            self._on_arm_failed(generation, exc)
+            return
+
+        def on_exists(done: AsyncResult) -> None:
+            if generation != self.generation or not self.active:
+                return
+            if not done.successful():
+                self._on_arm_failed(generation, done.exception)
+                return
+            if done.value is not None:  # created meanwhile: list its children
+                self.arm()
+                return
+            previous = self.known_children
+            self.known_children = []
+            if previous:
+                self._deliver(EventType.CHILDREN)
+
+        result.rawlink(lambda done: self._to_loop(on_exists, done))
+
+    def _on_arm_failed(self, generation: int, exc: BaseException | None) -> None:
+        if generation != self.generation or not self.active:
+            return
+        self.armed = False
+        if self.store._closed or self.store._closing:
+            return
+        log.debug("re-arming watch on %s after %r", self.path, exc)
+        if self.store._client.connected:
+            # A transient failure while connected: try again shortly. Otherwise
+            # the CONNECTED state change re-arms every watch.
+            self.store._loop.call_later(REARM_RETRY_DELAY_S, self.rearm_after_reconnect)
+
+    def _compare_and_report(self, now: _Known) -> None:
+        before = self.known
+        self.known = now
+        if before is None:
+            return
+        if before.exists and not now.exists:
+            self._deliver(EventType.DELETED)
+        elif not before.exists and now.exists:
+            self._deliver(EventType.CREATED)
+        elif before.exists and now.exists:
+            if before.czxid is not None and before.czxid != now.czxid:
+                self._deliver(EventType.DELETED)
+                self._deliver(EventType.CREATED)
+            elif before.mzxid is not None and before.mzxid != now.mzxid:
+                self._deliver(EventType.CHANGED)
+
+    # -- events (on the loop)
+
+    def _on_event(self, generation: int, event: WatchedEvent) -> None:
+        if generation != self.generation or not self.active:
+            return
+        if event.type == KzEventType.NONE:
+            return  # connection state: the session listener disarms and re-arms
+        # Re-arm before telling the callback, so that any read the callback makes
+        # is queued after the new watch and no later change can slip through.
+        if self.children:
+            if event.type == KzEventType.CHILD:
+                self.known_children = None
+                self.arm()
+                self._deliver(EventType.CHILDREN)
+            else:  # the node itself was created or deleted
+                self.arm()
+            return
+        kind = _KZ_TO_EVENT.get(event.type)
+        if kind is None:
+            self.arm()
+            return
+        before = self.known
+        if kind is EventType.DELETED:
+            self.known = _Known(False, None, None)
+        elif kind is EventType.CREATED:
+            self.known = _Known(True, None, None)
+        else:
+            self.known = _Known(True, before.czxid if before else None, None)
+        self.arm()
+        self._deliver(kind)
+
+    def _deliver(self, kind: EventType) -> None:
+        if not self.active:
+            return
+        try:
+            self.callback(WatchEvent(kind, self.path))
+        except Exception:
+            log.exception("watch callback on %s failed", self.path)

@@ -1,0 +1,46 @@
+"""Fixtures shared by every test directory.
+
+- ``zookeeper_server``: one real ZooKeeper (Debian package ``zookeeper``) per test
+  session, started the first time a test asks for it, stopped by pid at the end.
+- ``metadata_uri``: a fresh metadata store URI per test, once for each driver:
+  ``sqlite`` (a file under ``tmp_path``) and ``zk`` (a chroot of its own on the
+  shared ZooKeeper; those cases carry the ``zookeeper`` marker, so
+  ``-m "not zookeeper"`` leaves them out).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from quorumlog.testing.zookeeper import (
+    ZooKeeperServer,
+    missing_zookeeper_message,
+    zookeeper_installed,
+)
+
+_chroot_numbers = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """A standalone ZooKeeper on 127.0.0.1 (tickTime 100 ms: sessions down to 200 ms)."""
+    if not zookeeper_installed():
+        pytest.fail(missing_zookeeper_message(), pytrace=False)
+    server = ZooKeeperServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("zk", marks=pytest.mark.zookeeper)])
+def metadata_uri(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> str:
+    """A metadata URI nobody else uses: ``sqlite:///<tmp>/metadata.db`` or ``zk://.../<chroot>``."""
+    if request.param == "sqlite":
+        return f"sqlite://{os.path.join(os.fspath(tmp_path), 'metadata.db')}"
+    server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+    return server.uri(f"/test-{os.getpid()}-{next(_chroot_numbers)}")
