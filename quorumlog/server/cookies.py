@@ -28,14 +28,15 @@ from typing import Protocol
 
 from quorumlog.bookie.bookie import BookieStartError
 from quorumlog.bookie.config import BookieConfig
-from quorumlog.errors import NodeExistsError
+from quorumlog.errors import MetadataVersionError, NodeExistsError
+from quorumlog.meta.store import Versioned
 
 COOKIE_FILE_NAME = "COOKIE"
 LAYOUT_VERSION = 1
 
 
 class CookieRegistry(Protocol):
-    async def read_cookie(self, address: str) -> tuple[bytes, int] | None: ...
+    async def read_cookie(self, address: str) -> Versioned | None: ...
 
     async def write_cookie(self, address: str, data: bytes, version: int) -> int: ...
 
@@ -160,7 +161,7 @@ async def verify_or_create(registry: CookieRegistry, config: BookieConfig, addre
         cookie = _new_cookie(config, address)
         try:
             await registry.write_cookie(address, cookie.to_bytes(), -1)
-        except NodeExistsError:
+        except (MetadataVersionError, NodeExistsError):
             raise BookieStartError(
                 f"bookie {address}: another process wrote this bookie's cookie at the same "
                 f"time; is a second bookie starting with the same address?"
@@ -169,8 +170,7 @@ async def verify_or_create(registry: CookieRegistry, config: BookieConfig, addre
             write_local(directory, cookie)
         return
 
-    data, _version = stored
-    remote = Cookie.from_bytes(data, f"of bookie {address} in the metadata store")
+    remote = Cookie.from_bytes(stored.data, f"of bookie {address} in the metadata store")
     expected = _expected(config, address, remote.instance_id)
     problems = []
     for name, (directory, cookie) in local.items():

@@ -26,9 +26,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 READY_LINE = re.compile(rb"^bookie (\S+) ready", re.MULTILINE)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -347,6 +348,19 @@ class LocalCluster:
                 except (OSError, subprocess.TimeoutExpired):
                     pass
             self._reap(bookie)
+
+
+def running_cluster(
+    metadata_uri: str, base_dir: Path | str, num_bookies: int, **options: Any
+) -> Iterator[LocalCluster]:
+    """A started :class:`LocalCluster`, stopped when the generator is closed (for fixtures:
+    ``yield from running_cluster(uri, tmp_path, 3)``)."""
+    cluster = LocalCluster(metadata_uri, base_dir, num_bookies, **options)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop_all()
 
 
 def _tail(text: str, lines: int = 30) -> str:
