@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
+import itertools
 import json
 import time
 from collections.abc import Mapping
@@ -118,9 +119,11 @@ class LedgerMetadata:
     def from_bytes(cls, data: bytes) -> LedgerMetadata:
         try:
             doc = json.loads(data)
+            if not isinstance(doc, dict):
+                raise MetadataError(f"ledger metadata is not a JSON object: {type(doc).__name__}")
             if doc.get("format") != METADATA_FORMAT_VERSION:
                 raise MetadataError(f"unsupported ledger metadata format {doc.get('format')!r}")
-            return cls(
+            metadata = cls(
                 ledger_id=int(doc["ledger_id"]),
                 state=LedgerState(doc["state"]),
                 ensemble_size=int(doc["ensemble_size"]),
@@ -139,10 +142,12 @@ class LedgerMetadata:
                 creation_time_ms=int(doc["creation_time_ms"]),
                 password_digest=str(doc.get("password_digest", "")),
             )
+            _check_fragments(metadata)
+            return metadata
         except MetadataError:
             raise
-        except (ValueError, KeyError, TypeError) as exc:
-            raise MetadataError(f"ledger metadata does not decode: {exc}") from exc
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise MetadataError(f"ledger metadata does not decode: {exc!r}") from exc
 
     def to_display(self) -> dict[str, object]:
         """A JSON-friendly view for the shell and logs."""
@@ -152,6 +157,15 @@ class LedgerMetadata:
         }
         doc.pop("password_digest", None)
         return doc
+
+
+def _check_fragments(metadata: LedgerMetadata) -> None:
+    """Fragments must start at entry 0 and at strictly increasing entries."""
+    firsts = [first for first, _ in metadata.ensembles]
+    if not firsts or firsts[0] != 0 or any(a >= b for a, b in itertools.pairwise(firsts)):
+        raise MetadataError(
+            f"ledger {metadata.ledger_id}: fragments must start at 0 and increase, got {firsts}"
+        )
 
 
 def new_ledger_metadata(
