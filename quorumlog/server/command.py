@@ -170,17 +170,20 @@ async def _serve(config: BookieConfig, server_config: ServerConfig, uri: str, po
     server = BookieServer(config, uri, port=port, server_config=server_config)
     starting = loop.create_task(server.start())
     stop_wait = loop.create_task(stop_requested.wait())
-    await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-    if not starting.done():
-        # Stopped while starting: start() releases what it opened when cancelled.
-        starting.cancel()
-        with contextlib.suppress(asyncio.CancelledError, BKError, OSError):
-            await starting
-        return EXIT_OK
-    starting.result()  # raises the start-up error, if any
-    mode = " read-only" if server.registered_read_only else ""
-    print(f"bookie {server.address} ready{mode}", flush=True)
-    await stop_wait
+    try:
+        await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            # Stopped while starting: start() releases what it opened when cancelled.
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, BKError, OSError):
+                await starting
+            return EXIT_OK
+        starting.result()  # raises the start-up error, if any
+        mode = " read-only" if server.registered_read_only else ""
+        print(f"bookie {server.address} ready{mode}", flush=True)
+        await stop_wait
+    finally:
+        stop_wait.cancel()
     await server.stop()
     print(f"bookie {server.address} stopped", flush=True)
     return EXIT_OK

@@ -126,10 +126,10 @@ class BookieProtocol(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         # The peer will send nothing more; answers still in flight are written, then the
         # transport closes once the last one is out (see _respond).
-        if self.in_flight == 0:
-            return None  # close now
+        if self.in_flight == 0 and not self._out:
+            return None  # nothing left to say: close now
         self._draining = True
-        return True  # keep the write side open
+        return True  # keep the write side open until the last answer is out
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -190,4 +190,4 @@ async def verify_or_create(registry: CookieRegistry, config: BookieConfig, addre
         if diff:
             problems.append(f"{name} {directory}: cookie records " + "; ".join(diff))
     if problems:
-        raise BookieStartError(f"bookie {address}: refusing to start: " + " | ".join(problems))
+        raise BookieStartError(f"bookie {address}: " + " | ".join(problems))

@@ -1,0 +1,276 @@
+"""Real bookie processes over real sockets: registration, adds and reads, pipelining,
+graceful stop, the cookie check, read-only mode, and ``quorumlog localbookie``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from quorumlog.errors import Status
+from quorumlog.meta.store import open_store
+from quorumlog.proto.codec import (
+    AddRequest,
+    AddResponse,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+)
+from quorumlog.testing.cluster import LocalCluster
+from quorumlog.testing.raw_client import RawClient, make_entry, master_key
+
+T = TypeVar("T")
+KEY = master_key(b"password")
+
+
+def run(coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+async def _listed(metadata_uri: str) -> tuple[set[str], set[str]]:
+    from quorumlog.meta.bookies import BookieRegistry
+
+    store = await open_store(metadata_uri)
+    try:
+        registry = BookieRegistry(store)
+        return set(await registry.writable_bookies()), set(await registry.readonly_bookies())
+    finally:
+        await store.close()
+
+
+def wait_listed(
+    metadata_uri: str, writable: set[str], read_only: set[str] = frozenset(), timeout_s: float = 20
+) -> tuple[set[str], set[str]]:
+    """Poll the registry until it lists exactly these bookies (bounded); returns the last view."""
+    deadline = time.monotonic() + timeout_s
+    seen = run(_listed(metadata_uri))
+    while seen != (writable, set(read_only)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        seen = run(_listed(metadata_uri))
+    return seen
+
+
+def test_bookies_register_and_are_listed(cluster3: LocalCluster, metadata_uri: str) -> None:
+    addresses = set(cluster3.addresses)
+    assert len(addresses) == 3
+    assert all(re.fullmatch(r"127\.0\.0\.1:\d+", a) for a in addresses)
+    assert run(_listed(metadata_uri)) == (addresses, set())
+
+
+def test_r2_add_with_journal_sync_then_read_back(cluster3: LocalCluster) -> None:
+    ledger_id = 101
+    payloads = [os.urandom(random.randint(0, 3000)) for _ in range(50)]
+    blobs = [make_entry(ledger_id, i, p, lac=i - 1) for i, p in enumerate(payloads)]
+
+    async def scenario() -> None:
+        for address in cluster3.addresses:
+            client = await RawClient.connect(address)
+            try:
+                # One entry per frame for the first half, a batch frame for the rest.
+                for blob in blobs[:25]:
+                    answer = await client.add(ledger_id, KEY, [blob])
+                    assert (answer.status, answer.ledger_id) == (Status.OK, ledger_id)
+                answer = await client.add(ledger_id, KEY, blobs[25:])
+                assert (answer.status, answer.entry_count) == (Status.OK, 25)
+                read = await client.read(ledger_id, 0, count=len(blobs))
+                assert read.status == Status.OK
+                assert read.entries == blobs
+                lac = await client.request(ReadLacRequest(0, ledger_id))
+                assert isinstance(lac, ReadLacResponse)
+                assert (lac.status, lac.last_entry_id, lac.lac) == (Status.OK, 49, 48)
+                missing = await client.read(ledger_id, 50)
+                assert missing.status == Status.NO_SUCH_ENTRY
+            finally:
+                await client.close()
+
+    run(scenario())
+
+
+def test_many_requests_in_flight_are_answered_by_request_id(cluster3: LocalCluster) -> None:
+    """Thousands of adds and reads pipelined on one connection, with ids chosen out of order:
+    each answer carries its request's id and is that request's answer."""
+    rng = random.Random(7)
+    num_ledgers = 20
+    per_ledger = 100
+
+    async def scenario() -> None:
+        client = await RawClient.connect(cluster3.addresses[0])
+        try:
+            ids = rng.sample(range(1, 10**12), num_ledgers * per_ledger * 2)
+            adds: dict[int, tuple[int, int, bytes]] = {}
+            futures = []
+            for n in range(num_ledgers * per_ledger):
+                ledger_id, entry_id = 1000 + n % num_ledgers, n // num_ledgers
+                blob = make_entry(ledger_id, entry_id, b"%d/%d" % (ledger_id, entry_id))
+                request = AddRequest(ids[n], ledger_id, KEY, [blob])
+                adds[ids[n]] = (ledger_id, entry_id, blob)
+                futures.append(client.send(request, assign_id=False))
+            answers = await asyncio.gather(*futures)
+            for answer in answers:
+                assert isinstance(answer, AddResponse)
+                assert answer.status == Status.OK
+                assert answer.ledger_id == adds[answer.request_id][0]
+            read_futures = []
+            for k, (request_id, (ledger_id, entry_id, _)) in enumerate(adds.items()):
+                read_id = ids[len(adds) + k]
+                future = client.send(ReadRequest(read_id, ledger_id, entry_id), assign_id=False)
+                read_futures.append((read_id, request_id, future))
+            for read_id, request_id, future in read_futures:
+                answer = await asyncio.wait_for(future, 30)
+                assert isinstance(answer, ReadResponse)
+                assert answer.request_id == read_id
+                assert answer.status == Status.OK
+                assert answer.entries == [adds[request_id][2]]
+            assert client.unmatched == []
+        finally:
+            await client.close()
+
+    run(scenario(), timeout_s=120)
+
+
+def test_sigterm_stop_deregisters_and_exits_0(cluster3: LocalCluster, metadata_uri: str) -> None:
+    stopped = cluster3.bookies[1].address
+    assert cluster3.stop(1) == 0
+    assert "Traceback" not in cluster3.bookies[1].stderr_text()
+    remaining = set(cluster3.addresses)
+    assert stopped not in remaining
+    assert wait_listed(metadata_uri, remaining) == (remaining, set())
+
+
+def test_restart_without_port_keeps_identity_from_cookie(
+    cluster3: LocalCluster, metadata_uri: str
+) -> None:
+    address = cluster3.bookies[0].address
+    assert cluster3.stop(0) == 0
+    # port=0: no --port on the command line; the cookie's recorded port is reused.
+    assert cluster3.restart(0, port=0) == address
+    assert wait_listed(metadata_uri, set(cluster3.addresses))[0] == set(cluster3.addresses)
+
+
+@pytest.mark.parametrize("wiped", ["journal", "data"])
+def test_cookie_refuses_start_after_a_directory_is_wiped(
+    cluster3: LocalCluster, metadata_uri: str, wiped: str
+) -> None:
+    bookie = cluster3.bookies[2]
+
+    async def put_entry() -> None:
+        client = await RawClient.connect(bookie.address)
+        try:
+            assert (await client.add(5, KEY, [make_entry(5, 0, b"acked")])).status == Status.OK
+        finally:
+            await client.close()
+
+    run(put_entry())
+    assert cluster3.stop(2) == 0
+    directory = bookie.journal_dir if wiped == "journal" else bookie.data_dir
+    shutil.rmtree(directory)
+    directory.mkdir()
+    cluster3.restart(2, wait=False)
+    assert cluster3.wait_exit(2, timeout_s=60) == 2
+    stderr = cluster3.bookies[2].stderr_text()
+    assert f"{wiped} directory" in stderr
+    assert str(directory) in stderr
+    assert "cookie" in stderr
+    assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert bookie.address not in run(_listed(metadata_uri))[0]
+
+
+def test_cookie_refuses_swapped_journal_directory(cluster3: LocalCluster) -> None:
+    a, b = cluster3.bookies[0], cluster3.bookies[1]
+    assert cluster3.stop(0) == 0
+    assert cluster3.stop(1) == 0
+    # Bookie 0 starts with bookie 1's journal.
+    a.journal_dir, b.journal_dir = b.journal_dir, a.journal_dir
+    cluster3.restart(0, wait=False)
+    assert cluster3.wait_exit(0, timeout_s=60) == 2
+    stderr = a.stderr_text()
+    assert "journal directory" in stderr and "instance_id" in stderr
+    a.journal_dir, b.journal_dir = b.journal_dir, a.journal_dir
+    cluster3.restart(0)
+    cluster3.restart(1)
+
+
+def test_read_only_bookie_refuses_adds_and_serves_reads(
+    cluster3: LocalCluster, metadata_uri: str
+) -> None:
+    bookie = cluster3.bookies[0]
+    blobs = [make_entry(9, i, b"before read-only %d" % i) for i in range(5)]
+
+    async def write() -> None:
+        client = await RawClient.connect(bookie.address)
+        try:
+            assert (await client.add(9, KEY, blobs)).status == Status.OK
+        finally:
+            await client.close()
+
+    run(write())
+    assert cluster3.stop(0) == 0
+    cluster3.restart(0, extra_args=["--disk-usage-threshold", "0.0"])
+    assert "ready read-only" in bookie.stdout_text()
+    others = {b.address for b in cluster3.bookies[1:]}
+    assert wait_listed(metadata_uri, others, {bookie.address}) == (others, {bookie.address})
+
+    async def check() -> None:
+        client = await RawClient.connect(bookie.address)
+        try:
+            refused = await client.add(9, KEY, [make_entry(9, 5, b"after")])
+            assert refused.status == Status.READ_ONLY
+            read = await client.read(9, 0, count=10)
+            assert (read.status, read.entries) == (Status.OK, blobs)
+        finally:
+            await client.close()
+
+    run(check())
+
+
+def test_localbookie_3_prints_metadata_and_ready_then_stops_on_sigint(tmp_path: Path) -> None:
+    data_dir = tmp_path / "local"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "quorumlog", "localbookie", "3", "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    try:
+        assert process.stdout is not None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = process.stdout.readline().decode()
+            if not line:
+                break
+            lines.append(line.rstrip("\n"))
+            if "ready" in line:
+                break
+        assert lines and lines[0] == f"metadata: sqlite://{data_dir.absolute() / 'metadata.db'}"
+        assert "ready" in lines[-1], lines
+        pids = [int(m.group(1)) for line in lines if (m := re.search(r" pid (\d+) ", line))]
+        addresses = [line.split()[1] for line in lines if line.startswith("bookie ")]
+        assert len(pids) == 3 and len(set(addresses)) == 3
+        assert run(_listed(lines[0].split(" ", 1)[1]))[0] == set(addresses)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        _, stderr = process.communicate(timeout=10)
+        assert b"Traceback" not in stderr
