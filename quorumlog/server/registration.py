@@ -100,6 +100,14 @@ class Registration:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
+    async def abandon(self) -> None:
+        """Stop without unregistering (the session, and with it the node, is gone)."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
     async def _wait_applied(self, timeout_s: float) -> None:
         try:
             await asyncio.wait_for(self._applied.wait(), timeout_s)
@@ -117,7 +125,7 @@ class Registration:
             self._current = None
             self._owned = False
             if not self._stopping:
-                log.warning("bookie %s: metadata session lost; will register again", self.address)
+                log.info("bookie %s: registration gone with the metadata session", self.address)
         if state is SessionState.CONNECTED and self._wanted is not None:
             self._changed.set()
 

@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from quorumlog.bookie.bookie import Bookie, BookieStartError
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.errors import BKError
-from quorumlog.meta.store import MetadataStore, open_store
+from quorumlog.meta.store import MetadataStore, SessionState, open_store
 from quorumlog.server import cookies
 from quorumlog.server.config import ServerConfig
 from quorumlog.server.connection import BookieProtocol
@@ -79,6 +79,7 @@ class BookieServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
+        self._session_task: asyncio.Task[None] | None = None
         self._started = False
         self._stopping = False
 
@@ -105,21 +106,10 @@ class BookieServer:
         bound_port = self._server.sockets[0].getsockname()[1]
         self.address = f"{self._host}:{bound_port}"
 
-        try:
-            self.store = await asyncio.wait_for(
-                open_store(self.metadata_uri, session_timeout_ms=sc.metadata_session_timeout_ms),
-                sc.metadata_connect_timeout_ms / 1000,
-            )
-        except TimeoutError:
-            raise BKError(
-                f"metadata store {self.metadata_uri} unreachable: no session within "
-                f"{sc.metadata_connect_timeout_ms / 1000:.0f} s"
-            ) from None
+        self.store = await self._open_store()
         from quorumlog.meta.bookies import BookieRegistry
-        from quorumlog.meta.ledgers import LedgerManager
 
-        registry = BookieRegistry(self.store)
-        await cookies.verify_or_create(registry, config, self.address)
+        await cookies.verify_or_create(BookieRegistry(self.store), config, self.address)
 
         if not config.journal_sync:
             log.warning(
@@ -135,21 +125,84 @@ class BookieServer:
         await self._server.start_serving()
         log.info("bookie %s accepting connections", self.address)
 
+        await self._register(self.store)
+        self._watch_read_only(self.bookie)
+        self._tasks.append(
+            loop.create_task(gc_loop(self.bookie, self._list_live, sc.gc_interval_ms))
+        )
+
+    async def _open_store(self) -> MetadataStore:
+        sc = self.server_config
+        try:
+            return await asyncio.wait_for(
+                open_store(self.metadata_uri, session_timeout_ms=sc.metadata_session_timeout_ms),
+                sc.metadata_connect_timeout_ms / 1000,
+            )
+        except TimeoutError:
+            raise BKError(
+                f"metadata store {self.metadata_uri} unreachable: no session within "
+                f"{sc.metadata_connect_timeout_ms / 1000:.0f} s"
+            ) from None
+
+    async def _register(self, store: MetadataStore) -> None:
+        """Register on ``store``'s session and follow that session."""
+        from quorumlog.meta.bookies import BookieRegistry
+
+        assert self.bookie is not None
+        store.add_session_listener(self._on_session)
         self._registration = Registration(
-            registry, self.store, self.address, verify_interval_ms=10_000
+            BookieRegistry(store), store, self.address, verify_interval_ms=10_000
         )
         await self._registration.start(
-            self.bookie.read_only, timeout_s=sc.registration_timeout_ms / 1000
+            self.bookie.read_only, timeout_s=self.server_config.registration_timeout_ms / 1000
         )
-        self._watch_read_only(self.bookie)
 
-        ledgers = LedgerManager(self.store)
+    async def _list_live(self) -> Iterable[int]:
+        from quorumlog.meta.ledgers import LedgerManager
 
-        async def list_live() -> Iterable[int]:
-            return await ledgers.list_ledger_ids()  # type: ignore[no-any-return]
+        assert self.store is not None
+        return await LedgerManager(self.store).list_ledger_ids()
 
-        self._list_live = list_live
-        self._tasks.append(loop.create_task(gc_loop(self.bookie, list_live, sc.gc_interval_ms)))
+    # ------------------------------------------------------------ session loss
+
+    def _on_session(self, state: SessionState) -> None:
+        if state is not SessionState.LOST or self._stopping or self._session_task is not None:
+            return
+        log.warning("bookie %s: metadata session lost; opening a new one", self.address)
+        assert self._loop is not None
+        self._session_task = self._loop.create_task(self._new_session())
+
+    async def _new_session(self) -> None:
+        """A lost session is final for its store (its ephemeral registration is gone):
+        open a new store, register on it, and close the old one."""
+        old_store, old_registration = self.store, self._registration
+        if old_registration is not None:
+            await old_registration.abandon()
+        delay_s = 0.2
+        store: MetadataStore | None = None
+        for _ in range(1_000_000):  # until it works or the server stops
+            if self._stopping:
+                return
+            try:
+                store = await self._open_store()
+                break
+            except (BKError, OSError) as exc:
+                log.warning("bookie %s: metadata store: %s (retrying)", self.address, exc)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 5.0)
+        if store is None:
+            return
+        self.store = store
+        try:
+            await self._register(store)
+        except BKError as exc:
+            log.warning("bookie %s: %s (still trying)", self.address, exc)
+        finally:
+            self._session_task = None
+            if old_store is not None:
+                with contextlib.suppress(TimeoutError, BKError, OSError):
+                    await asyncio.wait_for(old_store.close(), 5.0)
+        log.warning("bookie %s: registered again on a new metadata session", self.address)
 
     async def _bind(self, port: int, *, from_cookie: bool) -> asyncio.AbstractServer:
         loop = self._loop
@@ -243,6 +296,8 @@ class BookieServer:
             self._server.close()  # stop accepting
         for protocol in list(self._connections):
             protocol.drain()  # read no more requests
+        if self._session_task is not None:
+            self._tasks.append(self._session_task)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

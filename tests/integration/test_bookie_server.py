@@ -274,3 +274,44 @@ def test_localbookie_3_prints_metadata_and_ready_then_stops_on_sigint(tmp_path: 
             process.wait(timeout=10)
         _, stderr = process.communicate(timeout=10)
         assert b"Traceback" not in stderr
+
+
+def test_lost_metadata_session_registers_again(tmp_path: Path) -> None:
+    """The bookie's session is expired behind its back (as a long pause would): its
+    registration vanishes; it opens a new session and registers again, still serving."""
+    import sqlite3
+
+    from quorumlog.meta.sqlite_store import _delete_session
+
+    db_path = tmp_path / "metadata.db"
+    uri = f"sqlite://{db_path}"
+    with LocalCluster(uri, tmp_path / "cluster", 1) as cluster:
+        address, pid = cluster.addresses[0], cluster.bookies[0].pid
+        conn = sqlite3.connect(db_path, isolation_level=None, timeout=10)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            old_sessions = [
+                r[0] for r in conn.execute("SELECT id FROM sessions WHERE pid = ?", (pid,))
+            ]
+            assert old_sessions
+            for session_id in old_sessions:
+                _delete_session(conn, session_id)
+            conn.execute("COMMIT")
+            assert run(_listed(uri)) == (set(), set())
+            assert wait_listed(uri, {address}) == ({address}, set())
+            new_sessions = [
+                r[0] for r in conn.execute("SELECT id FROM sessions WHERE pid = ?", (pid,))
+            ]
+            assert new_sessions and not set(new_sessions) & set(old_sessions)
+        finally:
+            conn.close()
+
+        async def still_serving() -> None:
+            client = await RawClient.connect(address)
+            try:
+                assert (await client.add(3, KEY, [make_entry(3, 0, b"after")])).status == Status.OK
+            finally:
+                await client.close()
+
+        run(still_serving())
+        assert cluster.bookies[0].alive()
