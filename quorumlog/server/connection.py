@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 from quorumlog.errors import LocalProtocolError, ProtocolError, Status
 from quorumlog.proto.codec import (
@@ -88,7 +88,7 @@ class BookieProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"

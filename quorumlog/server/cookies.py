@@ -158,16 +158,16 @@ async def verify_or_create(registry: CookieRegistry, config: BookieConfig, addre
                 f"store has none for this bookie: wrong metadata store, or its record was "
                 f"removed"
             )
-        cookie = _new_cookie(config, address)
+        new = _new_cookie(config, address)
         try:
-            await registry.write_cookie(address, cookie.to_bytes(), -1)
+            await registry.write_cookie(address, new.to_bytes(), -1)
         except (MetadataVersionError, NodeExistsError):
             raise BookieStartError(
                 f"bookie {address}: another process wrote this bookie's cookie at the same "
                 f"time; is a second bookie starting with the same address?"
             ) from None
-        for _, (directory, _) in local.items():
-            write_local(directory, cookie)
+        for directory, _ in local.values():
+            write_local(directory, new)
         return
 
     remote = Cookie.from_bytes(stored.data, f"of bookie {address} in the metadata store")

@@ -74,7 +74,7 @@ class BookieServer:
         self.bookie: Bookie | None = None
         self.store: MetadataStore | None = None
         self._registration: Registration | None = None
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._connections: set[BookieProtocol] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -204,7 +204,7 @@ class BookieServer:
                     await asyncio.wait_for(old_store.close(), 5.0)
         log.warning("bookie %s: registered again on a new metadata session", self.address)
 
-    async def _bind(self, port: int, *, from_cookie: bool) -> asyncio.AbstractServer:
+    async def _bind(self, port: int, *, from_cookie: bool) -> asyncio.Server:
         loop = self._loop
         assert loop is not None
         try:
