@@ -20,6 +20,8 @@ class ServerConfig:
     # answers have been written (back-pressure instead of unbounded queues).
     max_in_flight_requests: int = 10_000
     max_queued_response_bytes: int = 16 * 1024 * 1024
+    # Reads in flight count their max_bytes (the largest answer they may get) until answered.
+    max_in_flight_read_bytes: int = 64 * 1024 * 1024
     # Transport write buffer: above the high mark the peer is not reading its answers, so
     # the server stops reading its requests until the buffer drains below the low mark.
     write_buffer_high_bytes: int = 8 * 1024 * 1024

@@ -8,8 +8,9 @@ a pipelined client costs one send system call per turn, not one per entry.
 
 Memory stays bounded (R12): the decoder holds at most one maximum-size frame;
 when a connection has too many requests in flight, too many answer bytes
-queued, or a full transport write buffer (its peer is not reading), the
-connection stops reading from the socket until it drains. Any bytes that do
+queued, too many bytes of read answers announced (each read counts its
+``max_bytes`` until answered), or a full transport write buffer (its peer is
+not reading), the connection stops reading from the socket until it drains. Any bytes that do
 not decode close this connection only; other connections and the stored state
 are untouched.
 """
@@ -28,6 +29,7 @@ from quorumlog.proto.codec import (
     FenceResponse,
     FrameDecoder,
     ReadLacResponse,
+    ReadRequest,
     ReadResponse,
     Request,
     Response,
@@ -77,6 +79,8 @@ class BookieProtocol(asyncio.Protocol):
         self._out_bytes = 0
         self._flush_scheduled = False
         self.in_flight = 0
+        self._read_reserved_bytes = 0
+        self._read_reservations: dict[int, int] = {}
         self._writing_paused = False
         self._reading_paused = False
         self._draining = False  # server stopping: read nothing more
@@ -112,6 +116,8 @@ class BookieProtocol(asyncio.Protocol):
             if isinstance(message, _RESPONSE_TYPES):
                 self._protocol_violation(f"a {type(message).__name__} sent to a bookie")
                 return
+            if type(message) is ReadRequest:
+                self._reserve_read(message)
             self.in_flight += 1
             self.requests_total += 1
             try:
@@ -120,8 +126,20 @@ class BookieProtocol(asyncio.Protocol):
                 # A bug in request handling must cost one answer, not the process.
                 log.exception("request %r from %s failed", message, self.peer)
                 self._respond(error_response(message, Status.IO_ERROR))
-        if self.in_flight >= self._config.max_in_flight_requests:
+        if (
+            self.in_flight >= self._config.max_in_flight_requests
+            or self._read_reserved_bytes >= self._config.max_in_flight_read_bytes
+        ):
             self._update_reading()
+
+    def _reserve_read(self, request: ReadRequest) -> None:
+        # A read's answer may be as large as its max_bytes: count that against the
+        # connection before the bookie answers, or a peer could ask for many large
+        # answers and never read them.
+        size = min(request.max_bytes, self._config.max_frame_size_bytes)
+        self._read_reserved_bytes += size
+        reservations = self._read_reservations
+        reservations[request.request_id] = reservations.get(request.request_id, 0) + size
 
     def eof_received(self) -> bool | None:
         # The peer will send nothing more; answers still in flight are written, then the
@@ -151,6 +169,8 @@ class BookieProtocol(asyncio.Protocol):
     def _respond(self, response: Response) -> None:
         """Called by the bookie, exactly once per request, on the loop."""
         self.in_flight = max(0, self.in_flight - 1)
+        if type(response) is ReadResponse and self._read_reservations:
+            self._read_reserved_bytes -= self._read_reservations.pop(response.request_id, 0)
         if self.closed:
             return
         try:
@@ -196,6 +216,7 @@ class BookieProtocol(asyncio.Protocol):
             or self._writing_paused
             or self.in_flight >= config.max_in_flight_requests
             or self._out_bytes >= config.max_queued_response_bytes
+            or self._read_reserved_bytes >= config.max_in_flight_read_bytes
         )
         if should_pause and not self._reading_paused:
             self._reading_paused = True

@@ -251,3 +251,43 @@ def test_r12_random_bytes_and_memory_stays_bounded(bookie: LocalCluster) -> None
     assert bookie.bookies[0].alive()
     growth_kib = _rss_kib(pid) - rss_before_kib
     assert growth_kib < 32 * 1024, f"bookie RSS grew by {growth_kib} KiB"
+
+
+def test_r12_peer_that_never_reads_its_answers_is_throttled(bookie: LocalCluster) -> None:
+    """Thousands of large reads from a peer that reads no answers: the bookie stops reading
+    that connection instead of queueing answers without bound."""
+    import socket
+    import time
+
+    from quorumlog.proto.codec import ReadRequest
+
+    pid = bookie.bookies[0].pid
+    assert pid is not None
+    address = bookie.addresses[0]
+    host, _, port = address.rpartition(":")
+    # Each read asks for every stored entry (about 30 KB of answer).
+    request = encode(ReadRequest(1, STORED_LEDGER, 0, count=len(STORED)))
+    burst = request * 1000
+    rss_before_kib = _rss_kib(pid)
+
+    async def attack(address: str) -> None:
+        sock = socket.create_connection((host, int(port)))
+        sock.setblocking(False)
+        sent = 0
+        deadline = time.monotonic() + 3
+        try:
+            while time.monotonic() < deadline and sent < 200 * len(burst):
+                try:
+                    sent += sock.send(burst[sent % len(burst) :])
+                except BlockingIOError:
+                    await asyncio.sleep(0.01)
+            # Unthrottled, the bookie would now hold sent/len(request) answers of ~30 KB.
+            assert sent < 200 * len(burst), "the bookie read everything: no back-pressure"
+            await asyncio.sleep(0.5)
+            growth_kib = _rss_kib(pid) - rss_before_kib
+            assert growth_kib < 64 * 1024, f"bookie RSS grew by {growth_kib} KiB"
+        finally:
+            sock.close()
+
+    run(_with_good_client(bookie, 2005, attack))
+    assert bookie.bookies[0].alive()
