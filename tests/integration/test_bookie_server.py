@@ -315,3 +315,46 @@ def test_lost_metadata_session_registers_again(tmp_path: Path) -> None:
 
         run(still_serving())
         assert cluster.bookies[0].alive()
+
+
+def test_garbage_collection_drops_ledgers_without_metadata(
+    metadata_uri: str, tmp_path: Path
+) -> None:
+    """Entries of a ledger with metadata stay; those of a ledger the metadata store does
+    not know (deleted) are dropped by the periodic collection."""
+    from quorumlog.meta.ledger_metadata import new_ledger_metadata
+    from quorumlog.meta.ledgers import LedgerManager
+    from quorumlog.proto.entry import DigestType
+
+    with LocalCluster(
+        metadata_uri, tmp_path / "cluster", 1, extra_args=["--gc-interval-ms", "200"]
+    ) as cluster:
+        address = cluster.addresses[0]
+
+        async def scenario() -> None:
+            store = await open_store(metadata_uri)
+            client = await RawClient.connect(address)
+            try:
+                ledgers = LedgerManager(store)
+                live_id = await ledgers.new_ledger_id()
+                await ledgers.create(
+                    new_ledger_metadata(live_id, (address,), 1, 1, DigestType.CRC32C, "")
+                )
+                dead_id = live_id + 1000
+                for ledger_id in (live_id, dead_id):
+                    blobs = [make_entry(ledger_id, i, b"gc %d" % i) for i in range(10)]
+                    assert (await client.add(ledger_id, KEY, blobs)).status == Status.OK
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    dead = await client.read(dead_id, 0)
+                    if dead.status != Status.OK:
+                        break
+                    await asyncio.sleep(0.1)
+                assert dead.status in (Status.NO_SUCH_LEDGER, Status.NO_SUCH_ENTRY)
+                live = await client.read(live_id, 0, count=10)
+                assert (live.status, len(live.entries)) == (Status.OK, 10)
+            finally:
+                await client.close()
+                await store.close()
+
+        run(scenario())
