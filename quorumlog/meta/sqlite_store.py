@@ -239,6 +239,7 @@ class SqliteStore(MetadataStore):
         self._watch_count = 0
         self._own_ephemerals: set[str] = set()
         self._closed = False
+        self._closing = False  # set first in close(): no state reports while closing
         self._stop = threading.Event()
         self._poke = threading.Event()
         self._last_refresh_ms = clock_ms()
@@ -319,8 +320,9 @@ class SqliteStore(MetadataStore):
 
     async def close(self) -> None:
         """Delete this session and its ephemeral nodes, then stop the threads."""
-        if self._closed:
+        if self._closed or self._closing:
             return
+        self._closing = True
         try:
             await self._in_thread(self._end_session)
         finally:
@@ -658,7 +660,7 @@ class SqliteStore(MetadataStore):
     def _set_state(self, state: SessionState) -> None:
         """From any thread: record a session state change and tell listeners on the loop."""
         with self._state_lock:
-            if self._state is state or self._state is SessionState.LOST or self._closed:
+            if self._state is state or self._state is SessionState.LOST or self._closing:
                 return
             self._state = state
         log.info("metadata store %s session %d: %s", self.db_path, self.session_id, state.value)
@@ -702,7 +704,7 @@ class SqliteStore(MetadataStore):
         refreshed = False
         with _Txn(conn):
             now = clock_ms()
-            if self._state is not SessionState.LOST and not self._closed:
+            if self._state is not SessionState.LOST and not self._closing:
                 refreshed = (
                     conn.execute(
                         "UPDATE sessions SET expires_ms = ? WHERE id = ?",

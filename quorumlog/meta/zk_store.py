@@ -332,7 +332,12 @@ class ZkStore(MetadataStore):
                 except NodeExistsError:
                     continue
                 return 1
-            value = int(current.data or b"0") + 1
+            try:
+                value = int(current.data or b"0") + 1
+            except ValueError:
+                raise MetadataError(
+                    f"next_id({counter!r}): {path} holds {current.data[:40]!r}, not a number"
+                ) from None
             try:
                 await self.set(path, str(value).encode("ascii"), current.version)
             except MetadataVersionError:
@@ -406,21 +411,31 @@ def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
 
 
 class _Known:
-    """What a data watch last knew about its node (None: not known)."""
+    """What a watch last knew about its node: existence, creation zxid, data version and
+    children version (None where not known)."""
 
-    __slots__ = ("czxid", "exists", "mzxid")
+    __slots__ = ("cversion", "czxid", "exists", "version")
 
-    def __init__(self, exists: bool, czxid: int | None, mzxid: int | None) -> None:
+    def __init__(
+        self,
+        exists: bool,
+        czxid: int | None = None,
+        version: int | None = None,
+        cversion: int | None = None,
+    ) -> None:
         self.exists = exists
         self.czxid = czxid
-        self.mzxid = mzxid
+        self.version = version
+        self.cversion = cversion
 
     @classmethod
     def of(cls, stat: ZnodeStat | None) -> _Known:
         if stat is None:
-            return cls(False, None, None)
-        return cls(True, stat.czxid, stat.mzxid)
+            return cls(False)
+        return cls(True, stat.czxid, stat.version, stat.cversion)
 
+
+ABSENT = _Known(False)
 
 _KZ_TO_EVENT = {
     KzEventType.CREATED: EventType.CREATED,
@@ -430,10 +445,18 @@ _KZ_TO_EVENT = {
 
 
 class _ZkWatch(Watch):
-    """One persistent watch, re-armed after each one-shot ZooKeeper watch fires.
+    """One persistent watch made of ZooKeeper's one-shot watches.
+
+    A one-shot watch fires on the first change after the request that armed it,
+    and that request also returned the node's stat. So after a CHANGED event the
+    node is at exactly the armed version + 1, after a CHILD event at exactly the
+    armed children version + 1. The watch re-arms at once and compares the new
+    stat with that expectation: whatever else changed in between (or while the
+    connection was down) is reported too, so no change goes unreported.
 
     ``generation`` numbers each arming; events and results of an older arming
-    are ignored, so at most one arming is live at a time.
+    are ignored, so at most one arming is live at a time. Everything here runs
+    on the event loop.
     """
 
     def __init__(self, store: ZkStore, path: str, callback: WatchCallback, children: bool) -> None:
@@ -444,8 +467,7 @@ class _ZkWatch(Watch):
         self.active = True
         self.generation = 0
         self.armed = False
-        self.known: _Known | None = None
-        self.known_children: list[str] | None = None
+        self.known: _Known | None = None  # None until the first arming answered
 
     def cancel(self) -> None:
         self.active = False
@@ -461,7 +483,7 @@ class _ZkWatch(Watch):
         if self.active and not self.armed:
             self.arm()
 
-    # -- arming (on the loop)
+    # -- arming
 
     def arm(self) -> None:
         if not self.active:
@@ -476,7 +498,7 @@ class _ZkWatch(Watch):
 
         try:
             if self.children:
-                result = client.get_children_async(self.path, watch=on_event)
+                result = client.get_children_async(self.path, watch=on_event, include_data=True)
             else:
                 result = client.exists_async(self.path, watch=on_event)
         except Exception as exc:
@@ -491,24 +513,19 @@ class _ZkWatch(Watch):
     def _on_armed(self, generation: int, done: AsyncResult, on_event: Any) -> None:
         if generation != self.generation or not self.active:
             return
-        if not done.successful():
-            exc = done.exception
-            if self.children and isinstance(exc, kz.NoNodeError):
-                self._arm_children_fallback(generation, on_event)
-                return
-            self._on_arm_failed(generation, exc)
+        if done.successful():
+            stat = done.value[1] if self.children else done.value
+            self._compare_and_report(_Known.of(stat))
             return
-        if self.children:
-            names = sorted(done.value)
-            previous = self.known_children
-            self.known_children = names
-            if previous is not None and previous != names:
-                self._deliver(EventType.CHILDREN)
-        else:
-            self._compare_and_report(_Known.of(done.value))
+        exc = done.exception
+        if self.children and isinstance(exc, kz.NoNodeError):
+            # No node: watch for its creation instead.
+            self._compare_and_report(ABSENT)
+            self._arm_children_fallback(generation, on_event)
+            return
+        self._on_arm_failed(generation, exc)
 
     def _arm_children_fallback(self, generation: int, on_event: Any) -> None:
-        """The node of a children watch does not exist: watch for its creation instead."""
         try:
             result = self.store._client.exists_async(self.path, watch=on_event)
         except Exception as exc:
@@ -520,14 +537,8 @@ class _ZkWatch(Watch):
                 return
             if not done.successful():
                 self._on_arm_failed(generation, done.exception)
-                return
-            if done.value is not None:  # created meanwhile: list its children
+            elif done.value is not None:  # created meanwhile: list its children
                 self.arm()
-                return
-            previous = self.known_children
-            self.known_children = []
-            if previous:
-                self._deliver(EventType.CHILDREN)
 
         result.rawlink(lambda done: self._to_loop(on_exists, done))
 
@@ -547,48 +558,68 @@ class _ZkWatch(Watch):
         before = self.known
         self.known = now
         if before is None:
-            return
+            return  # first arming: nothing to compare with
+        if self.children:
+            self._report_children(before, now)
+        else:
+            self._report_data(before, now)
+
+    def _report_data(self, before: _Known, now: _Known) -> None:
         if before.exists and not now.exists:
             self._deliver(EventType.DELETED)
-        elif not before.exists and now.exists:
+            return
+        if not now.exists:
+            return
+        recreated = before.exists and before.czxid is not None and before.czxid != now.czxid
+        if recreated:
+            self._deliver(EventType.DELETED)
+        if recreated or not before.exists:
             self._deliver(EventType.CREATED)
-        elif before.exists and now.exists:
-            if before.czxid is not None and before.czxid != now.czxid:
-                self._deliver(EventType.DELETED)
-                self._deliver(EventType.CREATED)
-            elif before.mzxid is not None and before.mzxid != now.mzxid:
+            if now.version:
                 self._deliver(EventType.CHANGED)
+        elif before.version is None or before.version != now.version:
+            self._deliver(EventType.CHANGED)
 
-    # -- events (on the loop)
+    def _report_children(self, before: _Known, now: _Known) -> None:
+        if not now.exists:
+            return  # a node can only go once it has no children
+        if not before.exists or (before.czxid is not None and before.czxid != now.czxid):
+            changed = bool(now.cversion)  # a new node: any child change since its creation
+        else:
+            changed = before.cversion is None or before.cversion != now.cversion
+        if changed:
+            self._deliver(EventType.CHILDREN)
+
+    # -- events
 
     def _on_event(self, generation: int, event: WatchedEvent) -> None:
         if generation != self.generation or not self.active:
             return
         if event.type == KzEventType.NONE:
             return  # connection state: the session listener disarms and re-arms
-        # Re-arm before telling the callback, so that any read the callback makes
-        # is queued after the new watch and no later change can slip through.
+        before = self.known or ABSENT
+        delivered: EventType | None = None
         if self.children:
             if event.type == KzEventType.CHILD:
-                self.known_children = None
-                self.arm()
-                self._deliver(EventType.CHILDREN)
-            else:  # the node itself was created or deleted
-                self.arm()
-            return
-        kind = _KZ_TO_EVENT.get(event.type)
-        if kind is None:
-            self.arm()
-            return
-        before = self.known
-        if kind is EventType.DELETED:
-            self.known = _Known(False, None, None)
-        elif kind is EventType.CREATED:
-            self.known = _Known(True, None, None)
+                self.known = _Known(True, before.czxid, None, _plus_one(before.cversion))
+                delivered = EventType.CHILDREN
+            elif event.type == KzEventType.CREATED:
+                self.known = _Known(True, None, None, 0)
+            elif event.type == KzEventType.DELETED:
+                self.known = ABSENT
         else:
-            self.known = _Known(True, before.czxid if before else None, None)
+            delivered = _KZ_TO_EVENT.get(event.type)
+            if delivered is EventType.CREATED:
+                self.known = _Known(True, None, 0)
+            elif delivered is EventType.CHANGED:
+                self.known = _Known(True, before.czxid, _plus_one(before.version))
+            elif delivered is EventType.DELETED:
+                self.known = ABSENT
+        # Re-arm before telling the callback, so that any read the callback makes
+        # is queued after the new watch.
         self.arm()
-        self._deliver(kind)
+        if delivered is not None:
+            self._deliver(delivered)
 
     def _deliver(self, kind: EventType) -> None:
         if not self.active:
@@ -597,3 +628,7 @@ class _ZkWatch(Watch):
             self.callback(WatchEvent(kind, self.path))
         except Exception:
             log.exception("watch callback on %s failed", self.path)
+
+
+def _plus_one(value: int | None) -> int | None:
+    return None if value is None else value + 1

@@ -114,6 +114,7 @@ class ZooKeeperServer:
     ) -> None:
         self.tick_time_ms = tick_time_ms
         self.port = port or 0
+        self._port_fixed = port is not None
         self.start_timeout_s = start_timeout_s
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="quorumlog-zk-"))
@@ -170,8 +171,8 @@ class ZooKeeperServer:
             raise ZooKeeperUnavailableError(missing_zookeeper_message())
         started = time.monotonic()
         last_error = ""
-        for _attempt in range(3):  # a free port can be taken between the probe and the bind
-            if not self.port or _attempt:
+        for attempt in range(3):  # a free port can be taken between the probe and the bind
+            if not self.port or (attempt and not self._port_fixed):
                 self.port = free_port()
             config = self._write_config()
             with open(self.log_path, "ab") as log_file:
@@ -185,6 +186,7 @@ class ZooKeeperServer:
             error = self._wait_serving(started + self.start_timeout_s)
             if error is None:
                 self.startup_s = time.monotonic() - started
+                self._port_fixed = True  # a restart comes back on the same port
                 atexit.register(self.stop)
                 return self
             last_error = error
@@ -228,6 +230,12 @@ class ZooKeeperServer:
                     os.kill(process.pid, signal.SIGKILL)
                 process.wait(timeout=5)
         self.process = None
+
+    def restart(self) -> None:
+        """Stop the process and start it again on the same port and data (sessions survive
+        if the client reconnects within its session timeout)."""
+        self._kill()
+        self.start()
 
     def stop(self) -> None:
         """Stop the server by its pid and remove its temporary directory."""

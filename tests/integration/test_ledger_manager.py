@@ -155,6 +155,7 @@ def test_watch_reports_each_change_then_none_on_delete(metadata_uri):
             await writer.create(metadata(ledger_id))
             seen: asyncio.Queue[LedgerMetadata | None] = asyncio.Queue()
             watch = watcher.watch(ledger_id, seen.put_nowait)
+            await watcher.read(ledger_id)  # a round trip: the watch is in force after it
             md, version = await writer.read(ledger_id)
             grown = md.with_new_fragment(5, ("127.0.0.1:3184", *BOOKIES[1:]))
             version = await writer.write(grown, version)
@@ -228,6 +229,7 @@ def test_registry_watch_fires_on_any_list_change(metadata_uri):
         ):
             changes: asyncio.Queue[None] = asyncio.Queue()
             watch = BookieRegistry(client_store).watch(lambda: changes.put_nowait(None))
+            await BookieRegistry(client_store).writable_bookies()  # the watch is in force
             registry = BookieRegistry(bookie_store)
             await registry.register(BOOKIES[0])
             await wait_for_value(changes)

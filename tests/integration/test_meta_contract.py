@@ -34,6 +34,11 @@ from quorumlog.errors import (
     SessionExpiredError,
 )
 from quorumlog.meta.store import EventType, MetadataStore, SessionState, WatchEvent, open_store
+from quorumlog.testing.zookeeper import (
+    ZooKeeperServer,
+    missing_zookeeper_message,
+    zookeeper_installed,
+)
 
 T = TypeVar("T")
 
@@ -57,6 +62,13 @@ async def wait_until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> 
             return time.monotonic() - started
         await asyncio.sleep(0.02)
     raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+async def in_force(store: MetadataStore, path: str) -> None:
+    """One round trip on the watching store. The ZooKeeper driver arms a watch with a
+    request of its own; once a later request of the same store has completed, the watch
+    is in force for changes made by any client (see docs/METADATA.md, Watches)."""
+    await store.exists(path)
 
 
 class Recorder:
@@ -384,6 +396,7 @@ def test_ephemeral_expires_when_its_process_is_killed(metadata_uri):
                 assert (await store.get("/live/killed")).data == b"held"
                 events = Recorder()
                 store.watch("/live/killed", events)
+                await in_force(store, "/live/killed")
                 proc.signal(signal.SIGKILL)
                 killed_at = time.monotonic()
 
@@ -453,6 +466,7 @@ def test_data_watch_sees_create_change_delete_within_a_second(metadata_uri):
         try:
             events = Recorder()
             watcher.watch("/w/node", events)
+            await in_force(watcher, "/w/node")
             latencies = []
             for kind, action in (
                 (EventType.CREATED, lambda: writer.create("/w/node", b"1")),
@@ -478,6 +492,7 @@ def test_children_watch_sees_children_come_and_go(metadata_uri):
         try:
             events = Recorder()
             watcher.watch("/parent", events, children=True)  # the node does not exist yet
+            await in_force(watcher, "/parent")
             started = time.monotonic()
             await writer.create("/parent/a", b"")
             await events.wait_for(EventType.CHILDREN, started, WATCH_DEADLINE_S)
@@ -503,6 +518,7 @@ def test_watch_fires_for_a_change_made_by_another_process(metadata_uri):
             await store.create("/remote", b"before")
             events = Recorder()
             store.watch("/remote", events)
+            await in_force(store, "/remote")
             with agent(metadata_uri, 10_000, "set", "/remote", "after") as proc:
                 await proc.aexpect("DONE")
                 done_at = time.monotonic()
@@ -583,3 +599,70 @@ def test_sqlite_session_of_an_earlier_boot_is_expired(tmp_path):
             assert await wait_until(gone, 5.0) < 2.0
 
     run(check())
+
+
+def test_sqlite_session_suspended_while_the_database_is_locked_then_connected(tmp_path):
+    """A heartbeat that cannot write for 2/3 of the timeout reports SUSPENDED; the next
+    successful one reports CONNECTED again (nobody else expired the session meanwhile)."""
+    uri = f"sqlite://{tmp_path}/metadata.db"
+
+    async def body():
+        async with await open_store(uri, session_timeout_ms=600) as store:
+            states: list[SessionState] = []
+            store.add_session_listener(states.append)
+            blocker = sqlite3.connect(tmp_path / "metadata.db", isolation_level=None)
+            try:
+                blocker.execute("BEGIN IMMEDIATE")
+                await asyncio.sleep(0.9)
+                assert states == [SessionState.SUSPENDED]
+            finally:
+                blocker.execute("ROLLBACK")
+                blocker.close()
+
+            async def connected() -> bool:
+                return store.session_state is SessionState.CONNECTED
+
+            await wait_until(connected, 3.0)
+            assert states == [SessionState.SUSPENDED, SessionState.CONNECTED]
+            await store.create("/still-mine", b"", ephemeral=True)
+
+    run(body())
+
+
+# ---------------------------------------------------------------------- ZooKeeper specifics
+
+
+@pytest.mark.zookeeper
+def test_zk_session_and_watches_survive_a_server_restart():
+    """SUSPENDED while the server is down, CONNECTED on the same session after, and the
+    re-armed watch reports a change made by another client around the reconnection."""
+    if not zookeeper_installed():
+        pytest.fail(missing_zookeeper_message(), pytrace=False)
+    with ZooKeeperServer() as server:
+
+        async def body():
+            uri = server.uri("/restart")
+            async with await open_store(uri, session_timeout_ms=10_000) as store:
+                states: list[SessionState] = []
+                store.add_session_listener(states.append)
+                await store.create("/held", b"", ephemeral=True)
+                await store.create("/node", b"1")
+                events = Recorder()
+                store.watch("/node", events)
+                await in_force(store, "/node")
+                await asyncio.to_thread(server.restart)
+                async with await open_store(uri) as other:
+                    changed_at = time.monotonic()
+                    await other.set("/node", b"2")
+                    await events.wait_for(EventType.CHANGED, changed_at, 5.0)
+
+                    async def connected() -> bool:
+                        return store.session_state is SessionState.CONNECTED
+
+                    await wait_until(connected, 5.0)
+                    assert states[0] is SessionState.SUSPENDED
+                    assert states[-1] is SessionState.CONNECTED
+                    assert await other.exists("/held") == 0  # same session: ephemeral kept
+                    assert (await store.get("/node")).data == b"2"
+
+        run(body())
