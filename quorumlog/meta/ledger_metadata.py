@@ -151,7 +151,7 @@ class LedgerMetadata:
 
     def to_display(self) -> dict[str, object]:
         """A JSON-friendly view for the shell and logs."""
-        doc = json.loads(self.to_bytes())
+        doc: dict[str, object] = json.loads(self.to_bytes())
         doc["custom_metadata"] = {
             k: v.decode("utf-8", "replace") for k, v in self.custom_metadata.items()
         }

@@ -388,9 +388,9 @@ class SqliteStore(MetadataStore):
         return Versioned(bytes(row[0]), row[1])
 
     def _get(self, path: str) -> tuple[bytes, int] | None:
-        return (
-            self._db().execute("SELECT data, version FROM nodes WHERE path = ?", (path,)).fetchone()
-        )
+        cursor = self._db().execute("SELECT data, version FROM nodes WHERE path = ?", (path,))
+        found = cursor.fetchone()
+        return None if found is None else (bytes(found[0]), int(found[1]))
 
     async def exists(self, path: str) -> int | None:
         check_path(path)

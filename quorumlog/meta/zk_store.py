@@ -34,12 +34,12 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from kazoo import exceptions as kz
-from kazoo.client import KazooClient
-from kazoo.handlers.threading import AsyncResult
-from kazoo.protocol.states import EventType as KzEventType
+from kazoo import exceptions as kz  # type: ignore[import-untyped]
+from kazoo.client import KazooClient  # type: ignore[import-untyped]
+from kazoo.handlers.threading import AsyncResult  # type: ignore[import-untyped]
+from kazoo.protocol.states import EventType as KzEventType  # type: ignore[import-untyped]
 from kazoo.protocol.states import KazooState, WatchedEvent, ZnodeStat
-from kazoo.retry import KazooRetry
+from kazoo.retry import KazooRetry  # type: ignore[import-untyped]
 
 from quorumlog.errors import (
     InvalidArgumentError,
