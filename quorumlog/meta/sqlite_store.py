@@ -305,10 +305,30 @@ class SqliteStore(MetadataStore):
             )
             assert cursor.lastrowid is not None
             self.session_id = cursor.lastrowid
+            # Leftovers of sessions that died while nobody had the store open go now,
+            # not at the first heartbeat.
+            self._expire_sessions(conn, now)
             self._start_seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[
                 0
             ]
         self._last_refresh_ms = clock_ms()
+
+    def _expire_sessions(self, conn: sqlite3.Connection, now_ms: int) -> int:
+        """Inside a write transaction: end every other session past its expiry time or
+        from an earlier boot, with its ephemeral nodes. Returns how many."""
+        expired = conn.execute(
+            "SELECT id FROM sessions WHERE id != ? AND (expires_ms < ? OR boot_id != ?)",
+            (self.session_id, now_ms, BOOT_ID),
+        ).fetchall()
+        for (session_id,) in expired:
+            gone = _delete_session(conn, session_id)
+            log.info(
+                "metadata store %s: expired session %d (%d ephemeral nodes)",
+                self.db_path,
+                session_id,
+                len(gone),
+            )
+        return len(expired)
 
     def _start_threads(self) -> None:
         for name, target in (("heartbeat", self._heartbeat_loop), ("poller", self._poll_loop)):
@@ -714,18 +734,7 @@ class SqliteStore(MetadataStore):
                 )
                 if not refreshed:
                     self._set_state(SessionState.LOST)
-            expired = conn.execute(
-                "SELECT id FROM sessions WHERE id != ? AND (expires_ms < ? OR boot_id != ?)",
-                (self.session_id, now, BOOT_ID),
-            ).fetchall()
-            for (session_id,) in expired:
-                gone = _delete_session(conn, session_id)
-                log.info(
-                    "metadata store %s: expired session %d (%d ephemeral nodes)",
-                    self.db_path,
-                    session_id,
-                    len(gone),
-                )
+            expired = self._expire_sessions(conn, now)
             if prune:
                 conn.execute(
                     "DELETE FROM changes WHERE seq <= (SELECT MAX(seq) FROM changes) - ?"
