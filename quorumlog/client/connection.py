@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from quorumlog.errors import BKError, BookieUnavailableError, ProtocolError, TimeoutError_
 from quorumlog.proto.codec import (
@@ -65,8 +66,8 @@ class BookieConnection(asyncio.Protocol):
     # ------------------------------------------------------------ protocol callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self._transport = cast(asyncio.Transport, transport)
         if self.closed:
             transport.close()
             return
