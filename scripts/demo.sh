@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 entries="${1:-100000}"
 
-python -m pip install -q --disable-pip-version-check -e . 2>&1 | grep -v '^WARNING: Location' || true
+python -m pip install -q --disable-pip-version-check -e . 2>&1 | grep -v '^WARNING' || true
 
 data_dir=$(mktemp -d -t quorumlog-demo.XXXXXX)
 log="$data_dir/localbookie.log"
