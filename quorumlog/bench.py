@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hdrh.histogram import HdrHistogram
+from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
 from quorumlog.errors import BKError
 
@@ -256,7 +256,7 @@ async def _read(args: argparse.Namespace, metadata_uri: str) -> Result:
     payload = os.urandom(args.entry_size)
     try:
         writer = await bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
-        futures = []
+        futures: list[asyncio.Future[int]] = []
         for _ in range(args.entries):
             if len(futures) >= 1000:
                 await futures[-1000]
@@ -302,7 +302,7 @@ async def _tail(args: argparse.Namespace, metadata_uri: str) -> Result:
 
         async def write() -> None:
             next_send = loop.time()
-            futures = []
+            futures: list[asyncio.Future[int]] = []
             for i in range(total):
                 next_send += 1.0 / rate
                 delay = next_send - loop.time()

@@ -150,7 +150,7 @@ async def _simpletest(bk, args: argparse.Namespace) -> int:  # type: ignore[no-u
     )
     outstanding = max(1, args.outstanding)
     started = time.perf_counter()
-    futures = []
+    futures: list[asyncio.Future[int]] = []
     for _ in range(args.entries):
         if len(futures) >= outstanding:
             # Confirmations come in entry-id order: once this one is done, at most

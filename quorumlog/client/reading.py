@@ -358,7 +358,7 @@ class ReadHandle:
                     response = future.result()
                 except BKError:
                     continue
-                if response.status != Status.OK:  # type: ignore[union-attr]
+                if response.status != Status.OK:
                     continue
                 self._learn_lac(response.lac)  # type: ignore[union-attr]
                 if self._lac >= entry_id:

@@ -178,10 +178,10 @@ class LedgerRecovery:
             for task in reads.values():
                 task.cancel()
             # Every rewrite must have finished (or failed) before the ledger may close.
-            outcomes = await asyncio.gather(*rewrites, return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+            rewritten = await asyncio.gather(*rewrites, return_exceptions=True)
+        for result in rewritten:
+            if isinstance(result, BaseException):
+                raise result
         return last_entry_id, length
 
     async def _length_at(self, entry_id: int) -> int:

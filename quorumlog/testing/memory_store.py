@@ -48,12 +48,17 @@ class MemoryTree:
     nodes: dict[str, _Node] = field(default_factory=lambda: {"/": _Node(b"")})
     counters: dict[str, int] = field(default_factory=dict)
     watches: list[_MemoryWatch] = field(default_factory=list)
-    session_ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    session_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
 
 class _MemoryWatch(Watch):
     def __init__(
-        self, tree: MemoryTree, path: str, callback: WatchCallback, children: bool, loop
+        self,
+        tree: MemoryTree,
+        path: str,
+        callback: WatchCallback,
+        children: bool,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.tree = tree
         self.path = path

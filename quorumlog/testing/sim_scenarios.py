@@ -93,7 +93,7 @@ async def _scenario(seed: int, loop: asyncio.AbstractEventLoop) -> History:
     ledger_id = handle.ledger_id
     recovery_started = False
 
-    def on_confirmed(entry_id: int, future: asyncio.Future[int]) -> None:
+    def on_confirmed(future: asyncio.Future[int]) -> None:
         if future.cancelled() or future.exception() is not None:
             return
         history.confirmed.append(future.result())
@@ -110,7 +110,7 @@ async def _scenario(seed: int, loop: asyncio.AbstractEventLoop) -> History:
                 history.writer_error = type(exc).__name__
                 return
             history.values[entry_id] = payload
-            future.add_done_callback(lambda f, e=entry_id: on_confirmed(e, f))
+            future.add_done_callback(on_confirmed)
             if handle.outstanding_adds >= 50 or rng.random() < 0.3:
                 await asyncio.sleep(rng.uniform(0, 0.004))
 
