@@ -21,11 +21,18 @@ class BookieConfig:
     journal_file_max_bytes: int = 256 * 1024 * 1024
     # Back-pressure: bytes queued for the journal beyond which new adds wait.
     journal_queue_max_bytes: int = 64 * 1024 * 1024
-    # Start even when the journal has a damaged record before its tail (the records
-    # after it are lost). Off by default: a damaged middle stops the start.
+    # Start even when the journal has a damaged record before its tail: the damaged
+    # bytes are skipped (what they held is lost) and replay goes on with the valid
+    # records after them. Off by default: a damaged middle stops the start.
     journal_skip_corruption: bool = False
     entry_log_max_bytes: int = 512 * 1024 * 1024
+    # Entry-log bytes held in memory before one write to the file (reads are served
+    # from this buffer too).
+    entry_log_write_buffer_bytes: int = 4 * 1024 * 1024
     read_cache_max_bytes: int = 64 * 1024 * 1024
+    # LMDB's map: the most the index may grow to (address space only; the file grows
+    # as needed).
+    index_map_size_bytes: int = 64 * 1024 * 1024 * 1024
     checkpoint_interval_ms: int = 10_000
     # Read-only mode when the data disk's usage passes this fraction; writable again
     # below the lower mark.
@@ -33,6 +40,42 @@ class BookieConfig:
     disk_usage_lwm_threshold: float = 0.90
     disk_check_interval_ms: int = 2_000
     long_poll_max_timeout_ms: int = 60_000
+    # Parked long-poll reads beyond these bounds are refused with TOO_MANY_REQUESTS.
+    long_poll_max_per_ledger: int = 1_000
+    long_poll_max_total: int = 10_000
+
+    def problems(self) -> list[str]:
+        """What makes these settings unusable, in words (empty when they are fine)."""
+        out = []
+        if not 0.0 <= self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1.0:
+            out.append(
+                f"disk usage thresholds must satisfy 0 <= disk_usage_lwm_threshold "
+                f"({self.disk_usage_lwm_threshold}) <= disk_usage_threshold "
+                f"({self.disk_usage_threshold}) <= 1"
+            )
+        for name in (
+            "journal_max_batch_bytes",
+            "journal_max_batch_records",
+            "journal_file_max_bytes",
+            "journal_queue_max_bytes",
+            "entry_log_max_bytes",
+            "entry_log_write_buffer_bytes",
+            "index_map_size_bytes",
+            "checkpoint_interval_ms",
+            "disk_check_interval_ms",
+            "long_poll_max_per_ledger",
+            "long_poll_max_total",
+        ):
+            if getattr(self, name) <= 0:
+                out.append(f"{name} must be positive, got {getattr(self, name)}")
+        for name in (
+            "journal_max_group_wait_ms",
+            "read_cache_max_bytes",
+            "long_poll_max_timeout_ms",
+        ):
+            if getattr(self, name) < 0:
+                out.append(f"{name} must not be negative, got {getattr(self, name)}")
+        return out
 
     @property
     def journal_path(self) -> Path:

@@ -1,0 +1,259 @@
+"""Entry logs: append-only files holding the entries of many ledgers, interleaved.
+
+File layout::
+
+    header   8 bytes magic b"QLENTLG1", uint64 log id
+    records  uint32 blob size, uint32 CRC32C of the blob, blob      (big-endian)
+
+Each record carries its own checksum, so a flipped byte is found when that
+entry is read (R9: the read answers an I/O error, never "no such entry"). The
+index says where each entry is: (log id, record offset, blob size).
+
+Writes go to an in-memory buffer that is written to the file when it grows past
+``write_buffer_bytes`` and at every checkpoint; entries still in the buffer are
+read from it. Files are fsynced only at checkpoints: until then the journal is
+what makes an entry durable. A log is never appended to after a restart (the
+bookie starts a new one), so a torn tail of an old log is never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import struct
+from collections.abc import Iterable
+from itertools import accumulate, repeat
+from operator import add
+from pathlib import Path
+
+from crc32c import crc32c
+
+from quorumlog.errors import BookieIOError
+
+log = logging.getLogger(__name__)
+
+LOG_MAGIC = b"QLENTLG1"
+_FILE_HEADER = struct.Struct(">8sQ")
+LOG_HEADER_SIZE = _FILE_HEADER.size
+RECORD_HEADER = struct.Struct(">II")  # blob size, CRC32C of the blob
+RECORD_HEADER_SIZE = RECORD_HEADER.size
+_NAME = re.compile(r"^([0-9a-f]{8})\.log$")
+
+
+def log_file_name(log_id: int) -> str:
+    return f"{log_id:08x}.log"
+
+
+def list_log_ids(directory: Path) -> list[int]:
+    ids = []
+    for name in os.listdir(directory):
+        match = _NAME.match(name)
+        if match:
+            ids.append(int(match.group(1), 16))
+    return sorted(ids)
+
+
+def format_records(entries: list[bytes], sizes: list[int]) -> bytes:
+    """The entry-log bytes of ``entries``: one record (size, CRC32C, blob) each.
+
+    The same bytes go into the journal's add record, so they are built once.
+    """
+    heads = list(map(RECORD_HEADER.pack, sizes, map(crc32c, entries)))
+    parts: list[bytes] = [b""] * (2 * len(entries))
+    parts[::2] = heads
+    parts[1::2] = entries
+    return b"".join(parts)
+
+
+def record_offsets(start: int, sizes: list[int]) -> list[int]:
+    """Offsets of consecutive records whose blobs have ``sizes``, the first at ``start``."""
+    offsets = list(accumulate(map(add, sizes, repeat(RECORD_HEADER_SIZE)), initial=start))
+    offsets.pop()
+    return offsets
+
+
+def parse_records(data: bytes | memoryview, where: str) -> tuple[list[bytes], list[int]]:
+    """Split formatted records back into blobs (journal replay); checks every CRC."""
+    entries: list[bytes] = []
+    sizes: list[int] = []
+    view = memoryview(data)
+    pos, end = 0, len(view)
+    unpack = RECORD_HEADER.unpack_from
+    while pos < end:
+        if end - pos < RECORD_HEADER_SIZE:
+            raise BookieIOError(f"{where}: truncated entry record at byte {pos}")
+        size, crc = unpack(view, pos)
+        start = pos + RECORD_HEADER_SIZE
+        if start + size > end:
+            raise BookieIOError(f"{where}: entry record at byte {pos} runs past its end")
+        blob = bytes(view[start : start + size])
+        if crc32c(blob) != crc:
+            raise BookieIOError(f"{where}: entry record at byte {pos} fails its checksum")
+        entries.append(blob)
+        sizes.append(size)
+        pos = start + size
+    return entries, sizes
+
+
+class EntryLogger:
+    """The entry logs of one data directory. Used on one thread (the event loop),
+    except :meth:`sync` and :meth:`unlink`, which the checkpoint runs on its worker."""
+
+    def __init__(self, directory: Path, max_bytes: int, write_buffer_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.write_buffer_bytes = write_buffer_bytes
+        directory.mkdir(parents=True, exist_ok=True)
+        self._fds: dict[int, int] = {}  # open file descriptors by log id
+        existing = list_log_ids(directory)
+        self.current_id = (existing[-1] + 1) if existing else 1
+        self._buffer = bytearray()
+        self._flushed_end = 0  # file size of the current log (bytes written to it)
+        self._end = 0  # logical end, buffer included
+        self._synced_end = 0
+        self._unsynced: set[int] = set()  # rotated logs not yet fsynced
+        self._open_current()
+
+    # ------------------------------------------------------------ writing
+
+    def _path(self, log_id: int) -> Path:
+        return self.directory / log_file_name(log_id)
+
+    def _open_current(self) -> None:
+        path = self._path(self.current_id)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fds[self.current_id] = fd
+        self._buffer = bytearray(_FILE_HEADER.pack(LOG_MAGIC, self.current_id))
+        self._flushed_end = 0
+        self._end = LOG_HEADER_SIZE
+        self._synced_end = 0
+
+    def existing_ids(self) -> list[int]:
+        return list_log_ids(self.directory)
+
+    def append(self, data: bytes) -> tuple[int, int]:
+        """Append formatted records; returns (log id, offset of the first record)."""
+        size = len(data)
+        if self._end + size > self.max_bytes and self._end > LOG_HEADER_SIZE:
+            self._rotate()
+        start = self._end
+        self._buffer += data
+        self._end = start + size
+        if len(self._buffer) >= self.write_buffer_bytes:
+            self.flush()
+        return self.current_id, start
+
+    def _rotate(self) -> None:
+        self.flush()
+        if self._synced_end < self._end:
+            self._unsynced.add(self.current_id)
+        self.current_id += 1
+        self._open_current()
+
+    def flush(self) -> None:
+        """Write the buffer to the current file (no fsync)."""
+        if not self._buffer:
+            return
+        fd = self._fds[self.current_id]
+        view = memoryview(self._buffer)
+        try:
+            written = 0
+            while written < len(view):
+                written += os.pwrite(fd, view[written:], self._flushed_end + written)
+        finally:
+            view.release()
+        self._flushed_end += len(self._buffer)
+        self._buffer = bytearray()
+
+    def take_unsynced(self) -> list[tuple[int, int]]:
+        """Flush, and hand over (log id, fd) of every log with bytes not yet fsynced."""
+        self.flush()
+        out = [(log_id, self._fds[log_id]) for log_id in sorted(self._unsynced)]
+        self._unsynced.clear()
+        if self._synced_end < self._end:
+            out.append((self.current_id, self._fds[self.current_id]))
+            self._synced_end = self._end
+        return out
+
+    def requeue_unsynced(self, logs: Iterable[tuple[int, int]]) -> None:
+        """A checkpoint failed: these logs still need their fsync."""
+        for log_id, _ in logs:
+            if log_id == self.current_id:
+                self._synced_end = 0
+            else:
+                self._unsynced.add(log_id)
+
+    @staticmethod
+    def sync(fds: Iterable[tuple[int, int]]) -> None:
+        for _, fd in fds:
+            os.fdatasync(fd)
+
+    # ------------------------------------------------------------ reading
+
+    def _fd(self, log_id: int) -> int:
+        fd = self._fds.get(log_id)
+        if fd is None:
+            try:
+                fd = os.open(self._path(log_id), os.O_RDONLY)
+            except OSError as exc:
+                raise BookieIOError(f"entry log {self._path(log_id)}: cannot open: {exc}") from exc
+            self._fds[log_id] = fd
+        return fd
+
+    def is_buffered(self, log_id: int, offset: int) -> bool:
+        """Whether the record at ``offset`` is still in the write buffer (not in the file)."""
+        return log_id == self.current_id and offset >= self._flushed_end
+
+    def read(self, log_id: int, offset: int, size: int) -> bytes:
+        """The blob of the record at ``offset``; BookieIOError if it is damaged or unreadable."""
+        if log_id == self.current_id and offset >= self._flushed_end:
+            start = offset - self._flushed_end + RECORD_HEADER_SIZE
+            return bytes(self._buffer[start : start + size])
+        want = size + RECORD_HEADER_SIZE
+        try:
+            raw = os.pread(self._fd(log_id), want, offset)
+        except OSError as exc:
+            raise BookieIOError(
+                f"entry log {self._path(log_id)}: read of {want} bytes at offset {offset} "
+                f"failed: {exc}"
+            ) from exc
+        if len(raw) != want:
+            raise BookieIOError(
+                f"entry log {self._path(log_id)}: record at offset {offset} is truncated "
+                f"({len(raw)} of {want} bytes)"
+            )
+        got_size, crc = RECORD_HEADER.unpack_from(raw)
+        blob = raw[RECORD_HEADER_SIZE:]
+        if got_size != size or crc32c(blob) != crc:
+            raise BookieIOError(
+                f"entry log {self._path(log_id)}: damaged record at offset {offset} "
+                f"(size or checksum mismatch)"
+            )
+        return blob
+
+    # ------------------------------------------------------------ removal
+
+    def unlink(self, log_id: int) -> None:
+        """Delete a log file (never the current one). Its descriptor is closed by forget()."""
+        if log_id == self.current_id:
+            raise ValueError("the current entry log cannot be deleted")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(log_id))
+
+    def forget(self, log_id: int) -> None:
+        fd = self._fds.pop(log_id, None)
+        if fd is not None:
+            os.close(fd)
+        self._unsynced.discard(log_id)
+
+    def close(self) -> None:
+        self.flush()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    @property
+    def end_offset(self) -> int:
+        return self._end

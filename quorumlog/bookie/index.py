@@ -1,0 +1,184 @@
+"""The durable index and ledger state, in LMDB.
+
+Four named databases in ``<data_dir>/index``:
+
+- ``entries``: key (ledger id, entry id) as two big-endian uint64 (so one
+  ledger's entries are contiguous and ordered), value (entry log id, record
+  offset, blob size) as uint32, uint64, uint32;
+- ``ledgers``: key ledger id, value :meth:`LedgerState.to_bytes`;
+- ``logs``: key entry log id, value the ledger ids it holds (for garbage collection);
+- ``meta``: ``last_mark`` = the journal position (file id, offset) up to which
+  everything is in ledger storage.
+
+Only the checkpoint writes, in one transaction that LMDB syncs on commit, so the
+index, the states and the mark always move together. Reads run on the event
+loop in short read transactions and never wait for a writer (MVCC).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lmdb
+
+from quorumlog.bookie.ledger_state import LedgerState, Location
+from quorumlog.errors import BookieIOError
+
+_ENTRY_KEY = struct.Struct(">QQ")
+_LEDGER_KEY = struct.Struct(">Q")
+_LOG_KEY = struct.Struct(">I")
+_LOCATION = struct.Struct(">IQI")
+_MARK = struct.Struct(">QQ")
+_MARK_KEY = b"last_mark"
+
+
+@dataclass(slots=True)
+class IndexUpdate:
+    """One checkpoint's worth of changes, applied in one transaction."""
+
+    mark: tuple[int, int]
+    purge_ledgers: list[int] = field(default_factory=list)  # drop every entry of these first
+    entries: list[tuple[int, dict[int, Location]]] = field(default_factory=list)
+    states: list[tuple[int, bytes]] = field(default_factory=list)
+    dropped_states: list[int] = field(default_factory=list)
+    logs: list[tuple[int, list[int]]] = field(default_factory=list)
+    dropped_logs: list[int] = field(default_factory=list)
+
+
+class LedgerIndex:
+    """LMDB environment of one bookie."""
+
+    def __init__(self, directory: Path, map_size_bytes: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self._env = lmdb.open(
+                str(directory),
+                map_size=map_size_bytes,
+                max_dbs=4,
+                sync=True,
+                metasync=True,
+                readahead=False,
+                max_readers=64,
+            )
+        except lmdb.Error as exc:
+            raise BookieIOError(f"index {directory}: cannot open LMDB: {exc}") from exc
+        self.directory = directory
+        self._entries = self._env.open_db(b"entries")
+        self._ledgers = self._env.open_db(b"ledgers")
+        self._logs = self._env.open_db(b"logs")
+        self._meta = self._env.open_db(b"meta")
+
+    # ------------------------------------------------------------ loading
+
+    def load_states(self) -> dict[int, LedgerState]:
+        states: dict[int, LedgerState] = {}
+        with self._env.begin(db=self._ledgers) as txn:
+            for key, value in txn.cursor():
+                (ledger_id,) = _LEDGER_KEY.unpack(key)
+                states[ledger_id] = LedgerState.from_bytes(ledger_id, value)
+        return states
+
+    def load_logs(self) -> dict[int, set[int]]:
+        logs: dict[int, set[int]] = {}
+        with self._env.begin(db=self._logs) as txn:
+            for key, value in txn.cursor():
+                (log_id,) = _LOG_KEY.unpack(key)
+                count = len(value) // 8
+                logs[log_id] = set(struct.unpack(f">{count}Q", value))
+        return logs
+
+    def load_mark(self) -> tuple[int, int] | None:
+        with self._env.begin(db=self._meta) as txn:
+            value = txn.get(_MARK_KEY)
+        if value is None:
+            return None
+        file_id, offset = _MARK.unpack(value)
+        return file_id, offset
+
+    # ------------------------------------------------------------ reading
+
+    def get(self, ledger_id: int, entry_id: int) -> Location | None:
+        with self._env.begin(db=self._entries, buffers=False) as txn:
+            value = txn.get(_ENTRY_KEY.pack(ledger_id, entry_id))
+        if value is None:
+            return None
+        return _LOCATION.unpack(value)  # type: ignore[return-value]
+
+    def reader(self) -> IndexReader:
+        """A read transaction for several lookups (close it, or use ``with``)."""
+        return IndexReader(self._env.begin(db=self._entries, buffers=False))
+
+    def count_entries(self, ledger_id: int) -> int:
+        prefix = _LEDGER_KEY.pack(ledger_id)
+        count = 0
+        with self._env.begin(db=self._entries) as txn:
+            cursor = txn.cursor()
+            found = cursor.set_range(prefix + bytes(8))
+            while found and cursor.key()[:8] == prefix:
+                count += 1
+                found = cursor.next()
+        return count
+
+    # ------------------------------------------------------------ writing
+
+    def apply(self, update: IndexUpdate) -> None:
+        """Write one checkpoint's changes and the mark; durable when this returns."""
+        pack_key = _ENTRY_KEY.pack
+        pack_loc = _LOCATION.pack
+        with self._env.begin(write=True) as txn:
+            for ledger_id in update.purge_ledgers:
+                self._purge(txn, ledger_id)
+            for ledger_id, locations in update.entries:
+                items = [
+                    (pack_key(ledger_id, entry_id), pack_loc(*loc))
+                    for entry_id, loc in locations.items()
+                ]
+                txn.cursor(db=self._entries).putmulti(items)
+            for ledger_id in update.dropped_states:
+                txn.delete(_LEDGER_KEY.pack(ledger_id), db=self._ledgers)
+            for ledger_id, state_bytes in update.states:
+                txn.put(_LEDGER_KEY.pack(ledger_id), state_bytes, db=self._ledgers)
+            for log_id in update.dropped_logs:
+                txn.delete(_LOG_KEY.pack(log_id), db=self._logs)
+            for log_id, ledger_ids in update.logs:
+                value = struct.pack(f">{len(ledger_ids)}Q", *ledger_ids)
+                txn.put(_LOG_KEY.pack(log_id), value, db=self._logs)
+            txn.put(_MARK_KEY, _MARK.pack(*update.mark), db=self._meta)
+
+    def _purge(self, txn: lmdb.Transaction, ledger_id: int) -> None:
+        prefix = _LEDGER_KEY.pack(ledger_id)
+        cursor = txn.cursor(db=self._entries)
+        if not cursor.set_range(prefix + bytes(8)):
+            return
+        while cursor.key()[:8] == prefix:
+            if not cursor.delete():  # deletes and moves to the next record
+                break
+
+    def close(self) -> None:
+        self._env.close()
+
+
+class IndexReader:
+    """Several lookups in one read transaction."""
+
+    __slots__ = ("_txn",)
+
+    def __init__(self, txn: lmdb.Transaction) -> None:
+        self._txn = txn
+
+    def get(self, ledger_id: int, entry_id: int) -> Location | None:
+        value = self._txn.get(_ENTRY_KEY.pack(ledger_id, entry_id))
+        if value is None:
+            return None
+        return _LOCATION.unpack(value)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._txn.abort()
+
+    def __enter__(self) -> IndexReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,515 @@
+"""The journal: every change a bookie acknowledges is first appended here and synced (R2).
+
+Files ``<journal dir>/<file id as 16 hex digits>.jnl``::
+
+    header   8 bytes magic b"QLJRNL01", uint64 file id
+    records  uint32 length L (type + payload), uint8 type, payload, uint32 CRC32C
+             of the L + 4 bytes before it                          (big-endian)
+
+Record types: ADD (ledger id + entry-log records, one per entry, so an add
+request is one record), MASTER_KEY, FENCE, LAC (explicit), DELETE.
+
+Group commit: the event loop appends records to a queue; one writer thread takes
+everything queued (up to ``journal_max_batch_records`` / ``_bytes``, and for no
+longer than ``journal_max_group_wait_ms``), writes it with one system call,
+fdatasyncs once, and hands the whole batch's completions back to the loop with
+one ``call_soon_threadsafe``. When the queue is empty it syncs at once: an idle
+journal never waits for company.
+
+Positions (file id, offset) are assigned on the loop when a record is queued,
+so the loop always knows the journal position that covers everything it has
+done so far: that is the mark a checkpoint records.
+
+Replay (:func:`scan`) reads from the last checkpoint mark. A damaged record at
+the very end (short, or a bad checksum with nothing valid after it) is a write
+torn by a crash: the file is cut there. A damaged record followed by valid ones
+is damage in the middle of acknowledged data: replay refuses
+(:class:`JournalCorruptionError`) unless told to skip it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import re
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crc32c import crc32c
+
+from quorumlog.errors import BookieIOError
+
+log = logging.getLogger(__name__)
+
+JOURNAL_MAGIC = b"QLJRNL01"
+_FILE_HEADER = struct.Struct(">8sQ")
+FILE_HEADER_SIZE = _FILE_HEADER.size
+
+RECORD_ADD = 1
+RECORD_MASTER_KEY = 2
+RECORD_FENCE = 3
+RECORD_LAC = 4
+RECORD_DELETE = 5
+RECORD_TYPES = frozenset((RECORD_ADD, RECORD_MASTER_KEY, RECORD_FENCE, RECORD_LAC, RECORD_DELETE))
+
+_LEN = struct.Struct(">I")
+_CRC = _LEN
+_HEAD = struct.Struct(">IB")
+_HEAD_LEDGER = struct.Struct(">IBQ")
+_LEDGER = struct.Struct(">Q")
+_LEDGER_LAC = struct.Struct(">Qq")
+RECORD_OVERHEAD = _HEAD.size + _CRC.size  # bytes around a payload
+_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")
+_NONZERO = re.compile(rb"[^\x00]")
+
+# Looked up at call time so that tests can slow it down or count it.
+fdatasync = os.fdatasync
+
+
+class JournalCorruptionError(BookieIOError):
+    """A damaged journal record with valid records after it."""
+
+    def __init__(self, message: str, path: Path, offset: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+# ---------------------------------------------------------------- records
+
+Record = tuple[list[bytes], int]  # byte strings to write in order, their total size
+
+
+def add_record(ledger_id: int, data: bytes) -> Record:
+    """One add request: ledger id and its entries as entry-log records (``format_records``)."""
+    head = _HEAD_LEDGER.pack(1 + 8 + len(data), RECORD_ADD, ledger_id)
+    crc = crc32c(data, crc32c(head))
+    return [head, data, _CRC.pack(crc)], len(head) + len(data) + 4
+
+
+def _small_record(kind: int, payload: bytes) -> Record:
+    body = _HEAD.pack(1 + len(payload), kind) + payload
+    return [body + _CRC.pack(crc32c(body))], len(body) + 4
+
+
+def master_key_record(ledger_id: int, master_key: bytes) -> Record:
+    return _small_record(RECORD_MASTER_KEY, _LEDGER.pack(ledger_id) + master_key)
+
+
+def fence_record(ledger_id: int) -> Record:
+    return _small_record(RECORD_FENCE, _LEDGER.pack(ledger_id))
+
+
+def lac_record(ledger_id: int, lac: int) -> Record:
+    return _small_record(RECORD_LAC, _LEDGER_LAC.pack(ledger_id, lac))
+
+
+def delete_record(ledger_id: int) -> Record:
+    return _small_record(RECORD_DELETE, _LEDGER.pack(ledger_id))
+
+
+def decode_ledger(payload: memoryview) -> int:
+    return int(_LEDGER.unpack_from(payload)[0])
+
+
+def decode_ledger_lac(payload: memoryview) -> tuple[int, int]:
+    ledger_id, lac = _LEDGER_LAC.unpack_from(payload)
+    return ledger_id, lac
+
+
+# ---------------------------------------------------------------- files
+
+
+def journal_file_name(file_id: int) -> str:
+    return f"{file_id:016x}.jnl"
+
+
+def list_journal_ids(directory: Path) -> list[int]:
+    ids = []
+    for name in os.listdir(directory):
+        match = _NAME.match(name)
+        if match:
+            ids.append(int(match.group(1), 16))
+    return sorted(ids)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_journal_file(directory: Path, file_id: int) -> int:
+    """Create a new journal file with its header, durable (file and directory entry)."""
+    path = directory / journal_file_name(file_id)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, _FILE_HEADER.pack(JOURNAL_MAGIC, file_id))
+        os.fsync(fd)
+        _fsync_directory(directory)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+# ---------------------------------------------------------------- replay
+
+
+@dataclass(slots=True)
+class ScanReport:
+    """What a replay found besides records."""
+
+    records: int = 0
+    truncated: list[tuple[Path, int]] | None = None  # torn tails cut off (path, offset)
+    skipped: list[tuple[Path, int, int]] | None = None  # damaged ranges skipped (path, from, to)
+    last_file_id: int = 0
+
+
+def _record_at(buf: bytes, view: memoryview, pos: int, end: int) -> tuple[int, str]:
+    """(total size, "") for a valid record at ``pos``, else (0, why it is not)."""
+    if end - pos < RECORD_OVERHEAD:
+        return 0, "short record"
+    (length,) = _LEN.unpack_from(buf, pos)
+    if length < 1 or pos + 4 + length + 4 > end:
+        return 0, f"impossible length {length}"
+    (stored,) = _CRC.unpack_from(buf, pos + 4 + length)
+    if crc32c(view[pos : pos + 4 + length]) != stored:
+        return 0, "checksum mismatch"
+    if buf[pos + 4] not in RECORD_TYPES:
+        return 0, f"unknown record type {buf[pos + 4]}"
+    return length + 8, ""
+
+
+def _find_valid_record(buf: bytes, view: memoryview, start: int, end: int) -> int | None:
+    """The first offset >= start where a valid record begins (used only after damage)."""
+    pos = start
+    while pos <= end - RECORD_OVERHEAD:
+        # A record's first 4 bytes (its length) are not all zero: skip zero runs fast.
+        match = _NONZERO.search(buf, pos, end)
+        if match is None:
+            return None
+        nonzero = match.start()
+        pos = max(pos, nonzero - 3)
+        while pos <= nonzero and pos <= end - RECORD_OVERHEAD:
+            size, _ = _record_at(buf, view, pos, end)
+            if size:
+                return pos
+            pos += 1
+    return None
+
+
+def _read_file(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _file_has_valid_record(path: Path) -> bool:
+    buf = _read_file(path)
+    if len(buf) < FILE_HEADER_SIZE:
+        return False
+    view = memoryview(buf)
+    return _find_valid_record(buf, view, FILE_HEADER_SIZE, len(buf)) is not None
+
+
+def scan(
+    directory: Path,
+    mark: tuple[int, int] | None,
+    skip_corruption: bool,
+    report: ScanReport,
+) -> Iterator[tuple[int, memoryview]]:
+    """Yield (record type, payload) of every record from ``mark`` on, in order.
+
+    Cuts torn tails off (truncating the file); raises JournalCorruptionError for
+    damage followed by valid records, unless ``skip_corruption``.
+    """
+    ids = list_journal_ids(directory)
+    start_id, start_offset = mark if mark is not None else (0, FILE_HEADER_SIZE)
+    ids = [i for i in ids if i >= start_id]
+    report.last_file_id = ids[-1] if ids else start_id
+    for n, file_id in enumerate(ids):
+        path = directory / journal_file_name(file_id)
+        later = [directory / journal_file_name(i) for i in ids[n + 1 :]]
+        buf = _read_file(path)
+        end = len(buf)
+        view = memoryview(buf)
+        header_ok = end >= FILE_HEADER_SIZE and _FILE_HEADER.unpack_from(buf) == (
+            JOURNAL_MAGIC,
+            file_id,
+        )
+        pos = start_offset if file_id == start_id else FILE_HEADER_SIZE
+        if not header_ok:
+            pos = 0
+            why = "bad file header"
+        else:
+            why = ""
+        while not why and pos < end:
+            size, why = _record_at(buf, view, pos, end)
+            if not size:
+                break
+            report.records += 1
+            yield buf[pos + 4], view[pos + 5 : pos + 4 + size - 8]
+            pos += size
+        if not why:
+            continue
+        # Damage at ``pos``: torn tail, or damage in the middle?
+        resume = _find_valid_record(buf, view, max(pos + 1, FILE_HEADER_SIZE), end)
+        in_later = resume is None and any(_file_has_valid_record(p) for p in later)
+        if resume is None and not in_later:
+            if pos == 0:
+                log.warning("journal %s: incomplete file header; removing the file", path)
+                os.unlink(path)
+            else:
+                log.warning(
+                    "journal %s: torn record at offset %d (%s); cutting the file there",
+                    path,
+                    pos,
+                    why,
+                )
+                os.truncate(path, pos)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            report.truncated = [*(report.truncated or []), (path, pos)]
+            continue
+        where = f"offset {resume}" if resume is not None else f"file {later[0].name}"
+        message = (
+            f"journal {path}: damaged record at offset {pos} ({why}) followed by valid "
+            f"records (at {where}): acknowledged data may be lost; refusing to start. "
+            f"Restore the file, or start with journal_skip_corruption to skip the damaged bytes"
+        )
+        if not skip_corruption:
+            raise JournalCorruptionError(message, path, pos)
+        skip_to = resume if resume is not None else end
+        log.error("%s; skipping bytes %d..%d as asked", message.split(";")[0], pos, skip_to)
+        report.skipped = [*(report.skipped or []), (path, pos, skip_to)]
+        pos = skip_to
+        while pos < end:
+            size, why = _record_at(buf, view, pos, end)
+            if not size:
+                nxt = _find_valid_record(buf, view, pos + 1, end)
+                log.error("journal %s: damaged record at offset %d (%s); skipping", path, pos, why)
+                skip_to = nxt if nxt is not None else end
+                report.skipped.append((path, pos, skip_to))
+                pos = skip_to
+                continue
+            report.records += 1
+            yield buf[pos + 4], view[pos + 5 : pos + 4 + size - 8]
+            pos += size
+
+
+# ---------------------------------------------------------------- writer
+
+Done = tuple[Callable[[Any], None], Any]  # called as done[0](done[1]) on the loop
+BatchCallback = Callable[[list[Done], int, BaseException | None], None]
+
+
+class Journal:
+    """The journal writer: positions on the loop, writes and syncs on its own thread."""
+
+    def __init__(
+        self,
+        directory: Path,
+        first_file_id: int,
+        *,
+        sync: bool,
+        max_group_wait_ms: float,
+        max_batch_bytes: int,
+        max_batch_records: int,
+        file_max_bytes: int,
+    ) -> None:
+        self.directory = directory
+        self.sync_enabled = sync
+        self.max_group_wait_s = max_group_wait_ms / 1000
+        self.max_batch_bytes = max_batch_bytes
+        self.max_batch_records = max_batch_records
+        self.file_max_bytes = file_max_bytes
+        # The first file exists (header durable) before any record is queued, so a
+        # checkpoint mark can always name an existing file.
+        self._fd = create_journal_file(directory, first_file_id)
+        self._fd_file_id = first_file_id
+        self._unsynced = False
+        self._file_id = first_file_id  # loop side: file of the next record
+        self._offset = FILE_HEADER_SIZE  # loop side: offset of the next record
+        self._queue: collections.deque[tuple[int, list[bytes], int, Done | None]] = (
+            collections.deque()
+        )
+        self.queued_bytes = 0  # loop side: queued and not yet completed
+        self._wake = threading.Event()
+        self._idle = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_batch: BatchCallback | None = None
+        self._failure: BaseException | None = None
+        self._stopped: asyncio.Future[None] | None = None
+        # Counters, written by the writer thread only.
+        self.sync_count = 0
+        self.batch_count = 0
+        self.records_written = 0
+
+    @property
+    def mark(self) -> tuple[int, int]:
+        """The position just after the last record queued (loop side)."""
+        return self._file_id, self._offset
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failure
+
+    def start(self, loop: asyncio.AbstractEventLoop, on_batch: BatchCallback) -> None:
+        """Start the writer thread; ``on_batch(dones, nbytes, error)`` runs on ``loop``."""
+        self._loop = loop
+        self._on_batch = on_batch
+        self._stopped = loop.create_future()
+        self._thread = threading.Thread(target=self._run, name="bookie-journal", daemon=True)
+        self._thread.start()
+
+    def append(self, record: Record, done: Done | None) -> None:
+        """Queue one record (loop thread). ``done`` is completed once it is durable."""
+        parts, size = record
+        if self._offset + size > self.file_max_bytes and self._offset > FILE_HEADER_SIZE:
+            self._file_id += 1
+            self._offset = FILE_HEADER_SIZE
+        self._offset += size
+        self.queued_bytes += size
+        self._queue.append((self._file_id, parts, size, done))
+        if self._idle:
+            self._wake.set()
+
+    async def close(self) -> None:
+        """Write and sync what is queued, deliver its completions, stop the thread."""
+        if self._thread is None:
+            os.close(self._fd)
+            return
+        self._stopping = True
+        self._wake.set()
+        assert self._stopped is not None
+        await self._stopped
+        self._thread.join()
+        self._thread = None
+
+    # ------------------------------------------------------------ writer thread
+
+    def _run(self) -> None:
+        queue = self._queue
+        loop = self._loop
+        assert loop is not None
+        try:
+            while True:
+                if not queue:
+                    self._idle = True
+                    if not queue and not self._stopping:
+                        self._wake.wait(0.1)
+                    self._wake.clear()
+                    self._idle = False
+                    if not queue:
+                        if self._stopping:
+                            break
+                        continue
+                self._write_batch(queue, loop)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            with contextlib.suppress(RuntimeError):  # the loop was closed under us
+                loop.call_soon_threadsafe(self._finish)
+
+    def _finish(self) -> None:
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)
+
+    def _write_batch(
+        self,
+        queue: collections.deque[tuple[int, list[bytes], int, Done | None]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        max_records = self.max_batch_records
+        max_bytes = self.max_batch_bytes
+        deadline = time.monotonic() + self.max_group_wait_s
+        dones: list[Done] = []
+        chunks: list[tuple[int, list[bytes]]] = []  # (file id, parts) in order
+        parts: list[bytes] = []
+        file_id = self._fd_file_id
+        total = 0
+        count = 0
+        popleft = queue.popleft
+        while queue and count < max_records and total < max_bytes:
+            rec_file, rec_parts, size, done = popleft()
+            if rec_file != file_id:
+                if parts:
+                    chunks.append((file_id, parts))
+                parts = []
+                file_id = rec_file
+            parts += rec_parts
+            total += size
+            count += 1
+            if done is not None:
+                dones.append(done)
+            if count & 63 == 0 and time.monotonic() >= deadline:
+                break
+        if parts:
+            chunks.append((file_id, parts))
+        error: BaseException | None = self._failure
+        if error is None:
+            try:
+                for chunk_file, chunk_parts in chunks:
+                    if chunk_file != self._fd_file_id:
+                        self._sync_current()
+                        self._next_file(chunk_file)
+                    self._write_all(b"".join(chunk_parts))
+                self._sync_current()
+                self.records_written += count
+            except BaseException as exc:  # reported to every waiter
+                log.error("journal %s: write failed: %s", self.directory, exc)
+                self._failure = error = exc
+        self.batch_count += 1
+        loop.call_soon_threadsafe(self._deliver, dones, total, error)
+
+    def _deliver(self, dones: list[Done], size: int, error: BaseException | None) -> None:
+        self.queued_bytes -= size
+        assert self._on_batch is not None
+        self._on_batch(dones, size, error)
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            written += os.write(self._fd, view[written:])
+        self._unsynced = True
+
+    def _sync_current(self) -> None:
+        if self.sync_enabled and self._unsynced:
+            fdatasync(self._fd)
+            self.sync_count += 1
+        self._unsynced = False
+
+    def _next_file(self, file_id: int) -> None:
+        os.close(self._fd)
+        self._fd = create_journal_file(self.directory, file_id)
+        self._fd_file_id = file_id
+
+
+def delete_journal_files_before(directory: Path, file_id: int) -> list[int]:
+    """Remove journal files wholly before the mark's file; returns their ids."""
+    removed = []
+    for old in list_journal_ids(directory):
+        if old >= file_id:
+            break
+        try:
+            os.unlink(directory / journal_file_name(old))
+        except FileNotFoundError:
+            continue
+        removed.append(old)
+    return removed

@@ -1,0 +1,347 @@
+"""Ledger storage: entry logs + index + per-ledger state, and checkpoints.
+
+This is what the journal protects. Adds land here at once (entry-log buffer and
+an in-memory index), so they are readable right away; a checkpoint later makes
+them durable here, after which the journal before the checkpoint's mark can go.
+
+Checkpoint, in three steps:
+
+1. ``capture`` (event loop): note the journal mark (everything queued so far
+   is already applied here), write the entry-log buffer to its file, and take
+   the index updates, changed ledger states and the entry-log table collected
+   since the last checkpoint;
+2. ``commit`` (worker thread): fdatasync every entry log written since, then
+   one LMDB transaction with the index updates, states, table and mark (synced
+   on commit), then delete the entry logs no ledger needs and the journal files
+   wholly before the mark;
+3. ``finish`` (event loop): forget what was committed from memory.
+
+Used from one thread at a time: the event loop once the bookie runs, the
+opening thread before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import repeat
+from pathlib import Path
+
+from crc32c import crc32c
+
+from quorumlog.bookie.entry_log import (
+    RECORD_HEADER,
+    EntryLogger,
+    format_records,
+    list_log_ids,
+    log_file_name,
+    parse_records,
+    record_offsets,
+)
+from quorumlog.bookie.index import IndexUpdate, LedgerIndex
+from quorumlog.bookie.journal import delete_journal_files_before
+from quorumlog.bookie.ledger_state import LedgerState, Location
+from quorumlog.bookie.read_cache import ReadCache
+from quorumlog.errors import BookieIOError
+from quorumlog.proto.entry import ENTRY_HEADER
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class CheckpointWork:
+    update: IndexUpdate
+    sync_logs: list[tuple[int, int]]  # (log id, fd)
+    free_logs: list[int]
+    journal_dir: Path
+    flushed: list[LedgerState] = field(default_factory=list)
+    removed_journal_files: list[int] = field(default_factory=list)
+
+
+class LedgerStorage:
+    """Entries, index and ledger state of one data directory."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        entry_log_max_bytes: int,
+        entry_log_write_buffer_bytes: int,
+        read_cache_max_bytes: int,
+        index_map_size_bytes: int,
+    ) -> None:
+        self.data_dir = data_dir
+        self.index = LedgerIndex(data_dir / "index", index_map_size_bytes)
+        try:
+            self.states: dict[int, LedgerState] = self.index.load_states()
+            self.log_ledgers: dict[int, set[int]] = self.index.load_logs()
+            self.mark = self.index.load_mark()
+            logs_dir = data_dir / "entrylogs"
+            logs_dir.mkdir(parents=True, exist_ok=True)
+            self._remove_unreferenced_logs(logs_dir)
+            self.entry_log = EntryLogger(
+                logs_dir, entry_log_max_bytes, entry_log_write_buffer_bytes
+            )
+        except BaseException:
+            self.index.close()
+            raise
+        self.log_ledgers.setdefault(self.entry_log.current_id, set())
+        self.read_cache = ReadCache(read_cache_max_bytes)
+        self._dirty_states: set[int] = set()
+        self._dropped_states: set[int] = set()
+        self._purge: set[int] = set()
+        self._dirty_logs: set[int] = {self.entry_log.current_id}
+
+    def _remove_unreferenced_logs(self, logs_dir: Path) -> None:
+        # A log missing from the durable table was created after the last checkpoint:
+        # no committed index entry points into it, and the journal still holds all of
+        # its content (replay writes it again), so it is dead weight.
+        for log_id in list_log_ids(logs_dir):
+            if log_id not in self.log_ledgers:
+                log.info("removing entry log %s, written after the last checkpoint", log_id)
+                os.unlink(logs_dir / log_file_name(log_id))
+
+    # ------------------------------------------------------------ state
+
+    def state(self, ledger_id: int) -> LedgerState | None:
+        return self.states.get(ledger_id)
+
+    def create_state(self, ledger_id: int) -> LedgerState:
+        st = LedgerState(ledger_id)
+        self.states[ledger_id] = st
+        self._dropped_states.discard(ledger_id)
+        self.mark_dirty(st)
+        return st
+
+    def mark_dirty(self, st: LedgerState) -> None:
+        if not st.dirty:
+            st.dirty = True
+            self._dirty_states.add(st.ledger_id)
+
+    def ledger_ids(self) -> set[int]:
+        return {lid for lid, st in self.states.items() if not st.deleted}
+
+    # ------------------------------------------------------------ entries
+
+    def add_entries(
+        self,
+        st: LedgerState,
+        entries: list[bytes],
+        sizes: list[int],
+        entry_ids: Iterable[int],
+        max_entry_id: int,
+        data: bytes | None = None,
+    ) -> bytes:
+        """Store validated entries of ``st``'s ledger; returns their formatted bytes
+        (``data`` if given), which the journal's add record reuses."""
+        if data is None:
+            data = format_records(entries, sizes)
+        log_id, start = self.entry_log.append(data)
+        offsets = record_offsets(start, sizes)
+        st.recent.update(zip(entry_ids, zip(repeat(log_id), offsets, sizes), strict=True))
+        if max_entry_id > st.last_entry_id:
+            st.last_entry_id = max_entry_id
+        if not st.dirty:
+            st.dirty = True
+            self._dirty_states.add(st.ledger_id)
+        ledgers = self.log_ledgers.get(log_id)
+        if ledgers is None:
+            ledgers = self.log_ledgers[log_id] = set()
+        if st.ledger_id not in ledgers:
+            ledgers.add(st.ledger_id)
+            self._dirty_logs.add(log_id)
+        return data
+
+    def add_one(self, st: LedgerState, blob: bytes, size: int, entry_id: int) -> bytes:
+        """:meth:`add_entries` for one entry, with less machinery."""
+        data = RECORD_HEADER.pack(size, crc32c(blob)) + blob
+        log_id, start = self.entry_log.append(data)
+        st.recent[entry_id] = (log_id, start, size)
+        if entry_id > st.last_entry_id:
+            st.last_entry_id = entry_id
+        if not st.dirty:
+            st.dirty = True
+            self._dirty_states.add(st.ledger_id)
+        ledgers = self.log_ledgers.get(log_id)
+        if ledgers is None or st.ledger_id not in ledgers:
+            self.log_ledgers.setdefault(log_id, set()).add(st.ledger_id)
+            self._dirty_logs.add(log_id)
+        return data
+
+    def replay_add(self, st: LedgerState, data: bytes | memoryview, where: str) -> int:
+        """Apply a journaled add record's entries; returns the largest LAC they carry."""
+        entries, sizes = parse_records(data, where)
+        if not entries:
+            return -1
+        headers = [ENTRY_HEADER.unpack_from(b) for b in entries]
+        entry_ids = [h[1] for h in headers]
+        self.add_entries(st, entries, sizes, entry_ids, max(entry_ids), bytes(data))
+        return max(h[2] for h in headers)
+
+    def _read_location(self, loc: Location) -> bytes:
+        log_id, offset, size = loc
+        entry_log = self.entry_log
+        if entry_log.is_buffered(log_id, offset):
+            return entry_log.read(log_id, offset, size)
+        key = (log_id, offset)
+        blob = self.read_cache.get(key)
+        if blob is None:
+            blob = entry_log.read(log_id, offset, size)
+            self.read_cache.put(key, blob)
+        return blob
+
+    def read_entries(
+        self, st: LedgerState, first_entry_id: int, count: int, max_bytes: int
+    ) -> list[bytes]:
+        """Entries from ``first_entry_id`` on, stopping at the first missing one, after
+        ``count``, or before passing ``max_bytes`` (always at least one).
+
+        BookieIOError if the first entry is damaged; a damaged later entry ends the
+        batch (the reader asks for it next and gets the error then).
+        """
+        out: list[bytes] = []
+        total = 0
+        reader = None
+        ledger_id = st.ledger_id
+        try:
+            for entry_id in range(first_entry_id, first_entry_id + max(count, 1)):
+                loc = st.location(entry_id)
+                if loc is None:
+                    if reader is None:
+                        reader = self.index.reader()
+                    loc = reader.get(ledger_id, entry_id)
+                    if loc is None:
+                        break
+                try:
+                    blob = self._read_location(loc)
+                except BookieIOError as exc:
+                    if out:
+                        break
+                    raise BookieIOError(
+                        f"ledger {ledger_id} entry {entry_id}: {exc.message}"
+                    ) from exc
+                if out and total + len(blob) > max_bytes:
+                    break
+                out.append(blob)
+                total += len(blob)
+        finally:
+            if reader is not None:
+                reader.close()
+        return out
+
+    def has_entry(self, st: LedgerState, entry_id: int) -> bool:
+        if st.location(entry_id) is not None:
+            return True
+        return self.index.get(st.ledger_id, entry_id) is not None
+
+    # ------------------------------------------------------------ dropping ledgers
+
+    def drop_ledger(self, ledger_id: int, tombstone: bool) -> None:
+        """Forget a ledger's entries; keep a tombstone (deleted) or nothing (collected)."""
+        if tombstone:
+            st = LedgerState(ledger_id)
+            st.deleted = True
+            self.states[ledger_id] = st
+            self._dropped_states.discard(ledger_id)
+            self.mark_dirty(st)
+        else:
+            self.states.pop(ledger_id, None)
+            self._dirty_states.discard(ledger_id)
+            self._dropped_states.add(ledger_id)
+        self._purge.add(ledger_id)
+        for log_id, ledgers in self.log_ledgers.items():
+            if ledger_id in ledgers:
+                ledgers.discard(ledger_id)
+                self._dirty_logs.add(log_id)
+
+    # ------------------------------------------------------------ checkpoint
+
+    def capture(self, mark: tuple[int, int], journal_dir: Path) -> CheckpointWork:
+        """Step 1, on the loop: everything applied so far, as of journal position ``mark``."""
+        sync_logs = self.entry_log.take_unsynced()
+        update = IndexUpdate(mark=mark)
+        update.purge_ledgers = sorted(self._purge)
+        self._purge.clear()
+        flushed: list[LedgerState] = []
+        for ledger_id in sorted(self._dirty_states):
+            st = self.states.get(ledger_id)
+            if st is None:
+                continue
+            st.dirty = False
+            update.states.append((ledger_id, st.to_bytes()))
+            if st.recent or st.flushing:
+                if st.flushing:  # a previous commit failed: write both, newest last
+                    st.flushing.update(st.recent)
+                else:
+                    st.flushing = st.recent
+                st.recent = {}
+                update.entries.append((ledger_id, st.flushing))
+                flushed.append(st)
+        self._dirty_states.clear()
+        update.dropped_states = sorted(self._dropped_states)
+        self._dropped_states.clear()
+        current = self.entry_log.current_id
+        free_logs = [
+            log_id
+            for log_id, ledgers in self.log_ledgers.items()
+            if not ledgers and log_id != current
+        ]
+        for log_id in free_logs:
+            del self.log_ledgers[log_id]
+            self._dirty_logs.discard(log_id)
+        update.dropped_logs = free_logs
+        for log_id in sorted(self._dirty_logs):
+            ledgers = self.log_ledgers.get(log_id)
+            if ledgers is not None:
+                update.logs.append((log_id, sorted(ledgers)))
+        self._dirty_logs.clear()
+        return CheckpointWork(update, sync_logs, free_logs, journal_dir, flushed)
+
+    def commit(self, work: CheckpointWork) -> None:
+        """Step 2, on a worker thread (or the opening thread): make it durable."""
+        EntryLogger.sync(work.sync_logs)
+        self.index.apply(work.update)
+        # Committed. What follows only frees space; a failure is retried next time.
+        try:
+            for log_id in work.free_logs:
+                self.entry_log.unlink(log_id)
+            work.removed_journal_files = delete_journal_files_before(
+                work.journal_dir, work.update.mark[0]
+            )
+        except OSError as exc:
+            log.warning("checkpoint: could not remove old files: %s", exc)
+
+    def finish(self, work: CheckpointWork, ok: bool) -> None:
+        """Step 3, on the loop: drop what the index now holds from memory."""
+        if ok:
+            for st in work.flushed:
+                st.flushing = None
+            self.mark = work.update.mark
+            for log_id in work.free_logs:
+                self.entry_log.forget(log_id)
+                self.read_cache.drop_log(log_id)
+            return
+        # Put everything back so that the next checkpoint writes it again.
+        for st in work.flushed:
+            self.mark_dirty(st)
+        self._purge.update(work.update.purge_ledgers)
+        self._dropped_states.update(
+            lid for lid in work.update.dropped_states if lid not in self.states
+        )
+        for ledger_id, _ in work.update.states:
+            st = self.states.get(ledger_id)
+            if st is not None:
+                self.mark_dirty(st)
+        for log_id in work.free_logs:
+            self.log_ledgers.setdefault(log_id, set())
+        self._dirty_logs.update(log_id for log_id, _ in work.update.logs)
+        self._dirty_logs.update(work.free_logs)
+        self.entry_log.requeue_unsynced(work.sync_logs)
+
+    def close(self) -> None:
+        try:
+            self.entry_log.close()
+        finally:
+            self.index.close()
