@@ -1,0 +1,142 @@
+"""The journal on its own: record format, group-commit writer, rotation, and replay's
+handling of torn tails and damage in the middle."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from quorumlog.bookie import journal as jm
+from quorumlog.bookie.entry_log import format_records, parse_records
+from quorumlog.testing.raw_client import make_entry
+
+
+def write_journal(directory: Path, records: list[jm.Record], file_max_bytes: int = 1 << 20) -> int:
+    """Write records through the real writer thread; returns how many batches it made."""
+
+    async def scenario() -> int:
+        journal = jm.Journal(
+            directory,
+            1,
+            sync=True,
+            max_group_wait_ms=1.0,
+            max_batch_bytes=1 << 20,
+            max_batch_records=1000,
+            file_max_bytes=file_max_bytes,
+        )
+        done: list[int] = []
+        loop = asyncio.get_running_loop()
+        journal.start(loop, lambda dones, size, error: done.append(len(dones)))
+        for n, record in enumerate(records):
+            journal.append(record, (lambda _: None, n))
+        await journal.close()
+        assert sum(done) == len(records)
+        return journal.batch_count
+
+    return asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+def sample_records() -> list[jm.Record]:
+    blobs = [make_entry(7, i, b"payload %d" % i) for i in range(3)]
+    return [
+        jm.master_key_record(7, b"k" * 20),
+        jm.add_record(7, format_records(blobs, [len(b) for b in blobs])),
+        jm.fence_record(7),
+        jm.lac_record(7, 2),
+        jm.delete_record(8),
+    ]
+
+
+def scan_all(directory: Path, skip: bool = False) -> tuple[list[tuple[int, bytes]], jm.ScanReport]:
+    report = jm.ScanReport()
+    records = [(kind, bytes(payload)) for kind, payload in jm.scan(directory, None, skip, report)]
+    return records, report
+
+
+def test_records_round_trip_through_writer_and_scan(tmp_path):
+    write_journal(tmp_path, sample_records())
+    records, report = scan_all(tmp_path)
+    kinds = [kind for kind, _ in records]
+    assert kinds == [
+        jm.RECORD_MASTER_KEY,
+        jm.RECORD_ADD,
+        jm.RECORD_FENCE,
+        jm.RECORD_LAC,
+        jm.RECORD_DELETE,
+    ]
+    assert records[0][1] == (7).to_bytes(8, "big") + b"k" * 20
+    entries, _ = parse_records(records[1][1][8:], "test")
+    assert entries == [make_entry(7, i, b"payload %d" % i) for i in range(3)]
+    assert jm.decode_ledger_lac(memoryview(records[3][1])) == (7, 2)
+    assert jm.decode_ledger(memoryview(records[4][1])) == 8
+    assert report.records == 5 and report.truncated is None
+
+
+def test_writer_rotates_files_and_scan_reads_them_in_order(tmp_path):
+    records = [jm.lac_record(1, n) for n in range(200)]
+    write_journal(tmp_path, records, file_max_bytes=1000)
+    ids = jm.list_journal_ids(tmp_path)
+    assert len(ids) >= 6
+    for file_id in ids:
+        assert (tmp_path / jm.journal_file_name(file_id)).stat().st_size <= 1000
+    scanned, _ = scan_all(tmp_path)
+    assert [jm.decode_ledger_lac(memoryview(p))[1] for _, p in scanned] == list(range(200))
+    assert jm.delete_journal_files_before(tmp_path, ids[-1]) == ids[:-1]
+    assert jm.list_journal_ids(tmp_path) == ids[-1:]
+
+
+def test_zero_filled_tail_is_cut_quickly(tmp_path):
+    write_journal(tmp_path, sample_records())
+    path = tmp_path / jm.journal_file_name(1)
+    size = path.stat().st_size
+    with open(path, "ab") as f:
+        f.write(bytes(4 << 20))  # a file extended by the filesystem, never written
+    started = time.monotonic()
+    records, report = scan_all(tmp_path)
+    assert time.monotonic() - started < 5
+    assert len(records) == 5
+    assert report.truncated == [(path, size)]
+    assert path.stat().st_size == size
+
+
+def test_file_with_torn_header_at_the_end_is_removed(tmp_path):
+    write_journal(tmp_path, sample_records())
+    (tmp_path / jm.journal_file_name(2)).write_bytes(b"QLJR")  # created, header torn
+    records, _report = scan_all(tmp_path)
+    assert len(records) == 5
+    assert jm.list_journal_ids(tmp_path) == [1]
+
+
+def test_damage_at_the_end_of_a_file_followed_by_a_later_file_is_in_the_middle(tmp_path):
+    records = [jm.lac_record(1, n) for n in range(100)]
+    write_journal(tmp_path, records, file_max_bytes=1000)
+    first = tmp_path / jm.journal_file_name(jm.list_journal_ids(tmp_path)[0])
+    data = bytearray(first.read_bytes())
+    data[-2] ^= 0xFF  # the last record of the first file
+    first.write_bytes(bytes(data))
+    with pytest.raises(jm.JournalCorruptionError) as info:
+        scan_all(tmp_path)
+    assert info.value.path == first
+    size = jm.lac_record(1, 0)[1]
+    assert info.value.offset == len(data) - size
+    assert "followed by valid records" in info.value.message
+    scanned, report = scan_all(tmp_path, skip=True)
+    assert len(scanned) == 99  # all but the damaged one
+    assert report.skipped == [(first, len(data) - size, len(data))]
+
+
+def test_scan_starts_at_the_mark(tmp_path):
+    records = [jm.lac_record(1, n) for n in range(10)]
+    write_journal(tmp_path, records)
+    mark = (1, jm.FILE_HEADER_SIZE + 4 * jm.lac_record(1, 0)[1])
+    report = jm.ScanReport()
+    scanned = [jm.decode_ledger_lac(p)[1] for _, p in jm.scan(tmp_path, mark, False, report)]
+    assert scanned == list(range(4, 10))
+
+
+def test_group_commit_writer_batches_a_burst(tmp_path):
+    batches = write_journal(tmp_path, [jm.lac_record(1, n) for n in range(5000)])
+    assert batches <= 50  # 5000 records queued at once: a few batches, not 5000
