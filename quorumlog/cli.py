@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "quorumlog.server.command",  # quorumlog bookie
     "quorumlog.server.localbookie",  # quorumlog localbookie
     "quorumlog.shell",  # quorumlog shell
+    "quorumlog.bench",  # quorumlog bench
 )
 
 EXIT_OK = 0
