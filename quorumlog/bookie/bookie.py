@@ -274,6 +274,12 @@ class Bookie:
                 self.data_dir,
             )
         self._journal.start(loop, self._on_journal_batch)
+        executor = self._executor
+
+        def write_chunk(fn: Callable[..., None], *args: Any) -> asyncio.Future[None]:
+            return loop.run_in_executor(executor, fn, *args)
+
+        self.storage.entry_log.writer = write_chunk
         self._schedule(config.checkpoint_interval_ms, self._checkpoint_tick)
         self._schedule(config.disk_check_interval_ms, self._disk_tick)
         if self._read_only:

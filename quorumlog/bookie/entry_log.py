@@ -9,21 +9,23 @@ Each record carries its own checksum, so a flipped byte is found when that
 entry is read (R9: the read answers an I/O error, never "no such entry"). The
 index says where each entry is: (log id, record offset, blob size).
 
-Writes go to an in-memory buffer that is written to the file when it grows past
-``write_buffer_bytes`` and at every checkpoint; entries still in the buffer are
-read from it. Files are fsynced only at checkpoints: until then the journal is
-what makes an entry durable. A log is never appended to after a restart (the
+Writes go to an in-memory buffer that is written to the file (by the checkpoint
+worker thread, off the event loop) when it grows past ``write_buffer_bytes`` and
+at every checkpoint; entries not yet in the file are read from memory. Files
+are fsynced only at checkpoints: until then the journal is what makes an entry
+durable. A log is never appended to after a restart (the
 bookie starts a new one), so a torn tail of an old log is never read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import accumulate, repeat
 from operator import add
 from pathlib import Path
@@ -97,9 +99,22 @@ def parse_records(data: bytes | memoryview, where: str) -> tuple[list[bytes], li
     return entries, sizes
 
 
+# Hands a chunk write to a worker thread; the returned future completes on the loop.
+ChunkWriter = Callable[
+    [Callable[[int, bytearray, int], None], int, bytearray, int], "asyncio.Future[None]"
+]
+_MAX_PENDING_CHUNKS = 4
+
+
 class EntryLogger:
     """The entry logs of one data directory. Used on one thread (the event loop),
-    except :meth:`sync` and :meth:`unlink`, which the checkpoint runs on its worker."""
+    except :meth:`sync` and :meth:`unlink`, which the checkpoint runs on its worker.
+
+    With a ``writer`` (set once the bookie runs) full buffers are written by the
+    checkpoint worker, so the loop never waits for the page cache; the worker runs
+    jobs in order, so a checkpoint's fsync always follows the writes before it.
+    Without one (journal replay at open) writes are synchronous.
+    """
 
     def __init__(self, directory: Path, max_bytes: int, write_buffer_bytes: int) -> None:
         self.directory = directory
@@ -110,10 +125,14 @@ class EntryLogger:
         existing = list_log_ids(directory)
         self.current_id = (existing[-1] + 1) if existing else 1
         self._buffer = bytearray()
-        self._flushed_end = 0  # file size of the current log (bytes written to it)
-        self._end = 0  # logical end, buffer included
+        self._buffer_start = 0  # file offset of the buffer's first byte
+        self._end = 0  # logical end of the current log, buffer included
         self._synced_end = 0
         self._unsynced: set[int] = set()  # rotated logs not yet fsynced
+        # Chunks handed to the writer and not known to be written: (log id, offset, bytes).
+        self._pending: list[tuple[int, int, bytearray]] = []
+        self.writer: ChunkWriter | None = None
+        self.write_error: OSError | None = None
         self._open_current()
 
     # ------------------------------------------------------------ writing
@@ -126,12 +145,9 @@ class EntryLogger:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         self._fds[self.current_id] = fd
         self._buffer = bytearray(_FILE_HEADER.pack(LOG_MAGIC, self.current_id))
-        self._flushed_end = 0
+        self._buffer_start = 0
         self._end = LOG_HEADER_SIZE
         self._synced_end = 0
-
-    def existing_ids(self) -> list[int]:
-        return list_log_ids(self.directory)
 
     def append(self, data: bytes) -> tuple[int, int]:
         """Append formatted records; returns (log id, offset of the first record)."""
@@ -153,19 +169,45 @@ class EntryLogger:
         self._open_current()
 
     def flush(self) -> None:
-        """Write the buffer to the current file (no fsync)."""
+        """Hand the buffer to the writer (or write it now); no fsync."""
         if not self._buffer:
             return
+        chunk = self._buffer
+        offset = self._buffer_start
         fd = self._fds[self.current_id]
-        view = memoryview(self._buffer)
+        self._buffer = bytearray()
+        self._buffer_start = offset + len(chunk)
+        if self.writer is None or len(self._pending) >= _MAX_PENDING_CHUNKS:
+            # No worker, or it is behind: write here (back-pressure on the loop).
+            self._write_chunk(fd, chunk, offset)
+            return
+        entry = (self.current_id, offset, chunk)
+        self._pending.append(entry)
+        future = self.writer(self._write_chunk, fd, chunk, offset)
+        future.add_done_callback(lambda f: self._chunk_written(entry, f))
+
+    def _write_chunk(self, fd: int, chunk: bytearray, offset: int) -> None:
+        view = memoryview(chunk)
         try:
             written = 0
             while written < len(view):
-                written += os.pwrite(fd, view[written:], self._flushed_end + written)
+                written += os.pwrite(fd, view[written:], offset + written)
+        except OSError as exc:
+            # The journal still holds these entries; the checkpoint must not pretend
+            # otherwise, so it fails while this is set (and the journal is kept).
+            self.write_error = exc
+            log.error("entry log %s: write at offset %d failed: %s", self.directory, offset, exc)
+            raise
         finally:
             view.release()
-        self._flushed_end += len(self._buffer)
-        self._buffer = bytearray()
+
+    def _chunk_written(
+        self, entry: tuple[int, int, bytearray], future: asyncio.Future[None]
+    ) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return  # keep the chunk readable from memory
+        with contextlib.suppress(ValueError):
+            self._pending.remove(entry)
 
     def take_unsynced(self) -> list[tuple[int, int]]:
         """Flush, and hand over (log id, fd) of every log with bytes not yet fsynced."""
@@ -185,8 +227,10 @@ class EntryLogger:
             else:
                 self._unsynced.add(log_id)
 
-    @staticmethod
-    def sync(fds: Iterable[tuple[int, int]]) -> None:
+    def sync(self, fds: Iterable[tuple[int, int]]) -> None:
+        """fdatasync the given logs (checkpoint worker, after the writes queued before)."""
+        if self.write_error is not None:
+            raise OSError(f"entry log {self.directory}: a write failed: {self.write_error}")
         for _, fd in fds:
             os.fdatasync(fd)
 
@@ -202,15 +246,15 @@ class EntryLogger:
             self._fds[log_id] = fd
         return fd
 
-    def is_buffered(self, log_id: int, offset: int) -> bool:
-        """Whether the record at ``offset`` is still in the write buffer (not in the file)."""
-        return log_id == self.current_id and offset >= self._flushed_end
-
     def read(self, log_id: int, offset: int, size: int) -> bytes:
         """The blob of the record at ``offset``; BookieIOError if it is damaged or unreadable."""
-        if log_id == self.current_id and offset >= self._flushed_end:
-            start = offset - self._flushed_end + RECORD_HEADER_SIZE
+        if log_id == self.current_id and offset >= self._buffer_start:
+            start = offset - self._buffer_start + RECORD_HEADER_SIZE
             return bytes(self._buffer[start : start + size])
+        for chunk_log, chunk_offset, chunk in self._pending:
+            if chunk_log == log_id and chunk_offset <= offset < chunk_offset + len(chunk):
+                start = offset - chunk_offset + RECORD_HEADER_SIZE
+                return bytes(chunk[start : start + size])
         want = size + RECORD_HEADER_SIZE
         try:
             raw = os.pread(self._fd(log_id), want, offset)
@@ -249,6 +293,8 @@ class EntryLogger:
         self._unsynced.discard(log_id)
 
     def close(self) -> None:
+        """Write what is buffered and close every file (the worker must be idle)."""
+        self.writer = None
         self.flush()
         for fd in self._fds.values():
             os.close(fd)

@@ -104,7 +104,8 @@ class LedgerIndex:
             value = txn.get(_ENTRY_KEY.pack(ledger_id, entry_id))
         if value is None:
             return None
-        return _LOCATION.unpack(value)  # type: ignore[return-value]
+        log_id, offset, size = _LOCATION.unpack(value)
+        return log_id, offset, size
 
     def reader(self) -> IndexReader:
         """A read transaction for several lookups (close it, or use ``with``)."""
@@ -172,7 +173,8 @@ class IndexReader:
         value = self._txn.get(_ENTRY_KEY.pack(ledger_id, entry_id))
         if value is None:
             return None
-        return _LOCATION.unpack(value)  # type: ignore[return-value]
+        log_id, offset, size = _LOCATION.unpack(value)
+        return log_id, offset, size
 
     def close(self) -> None:
         self._txn.abort()

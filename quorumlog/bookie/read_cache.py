@@ -1,9 +1,11 @@
-"""A bounded LRU cache of entries read from entry-log files.
+"""A bounded LRU cache of entries read from entry logs.
 
-Keyed by location (log id, offset), not by (ledger, entry): an entry that a
-recovery add rewrites gets a new location, so the cache never serves a stale
-copy and needs no invalidation. Entries still in the entry log's write buffer
-are read from that buffer and never enter this cache.
+Keyed by location (log id, offset), not by (ledger, entry): a record never
+changes once written, and an entry that a recovery add rewrites gets a new
+location, so the cache never serves a stale copy and needs no invalidation.
+Entries read out of the entry log's write buffer go through it too, so that
+many readers of one entry (tailing readers, a peer repeating a read) share one
+bytes object instead of each holding its own copy.
 """
 
 from __future__ import annotations

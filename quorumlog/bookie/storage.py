@@ -178,17 +178,16 @@ class LedgerStorage:
         headers = [ENTRY_HEADER.unpack_from(b) for b in entries]
         entry_ids = [h[1] for h in headers]
         self.add_entries(st, entries, sizes, entry_ids, max(entry_ids), bytes(data))
-        return max(h[2] for h in headers)
+        return int(max(h[2] for h in headers))
 
     def _read_location(self, loc: Location) -> bytes:
-        log_id, offset, size = loc
-        entry_log = self.entry_log
-        if entry_log.is_buffered(log_id, offset):
-            return entry_log.read(log_id, offset, size)
-        key = (log_id, offset)
+        # Records never change once written, so a location is a safe cache key, and the
+        # cache also spares copies out of the write buffer: many readers of one entry
+        # share one bytes object.
+        key = (loc[0], loc[1])
         blob = self.read_cache.get(key)
         if blob is None:
-            blob = entry_log.read(log_id, offset, size)
+            blob = self.entry_log.read(*loc)
             self.read_cache.put(key, blob)
         return blob
 
@@ -301,7 +300,7 @@ class LedgerStorage:
 
     def commit(self, work: CheckpointWork) -> None:
         """Step 2, on a worker thread (or the opening thread): make it durable."""
-        EntryLogger.sync(work.sync_logs)
+        self.entry_log.sync(work.sync_logs)
         self.index.apply(work.update)
         # Committed. What follows only frees space; a failure is retried next time.
         try:
@@ -331,9 +330,9 @@ class LedgerStorage:
             lid for lid in work.update.dropped_states if lid not in self.states
         )
         for ledger_id, _ in work.update.states:
-            st = self.states.get(ledger_id)
-            if st is not None:
-                self.mark_dirty(st)
+            current = self.states.get(ledger_id)
+            if current is not None:
+                self.mark_dirty(current)
         for log_id in work.free_logs:
             self.log_ledgers.setdefault(log_id, set())
         self._dirty_logs.update(log_id for log_id, _ in work.update.logs)

@@ -65,13 +65,13 @@ class Driver:
         if bookie._checkpoint_running is not None:
             with contextlib.suppress(Exception):
                 await bookie._checkpoint_running
+        if bookie._executor is not None:
+            bookie._executor.shutdown(wait=True)  # entry-log writes already handed over
         storage = bookie.storage
         for fd in storage.entry_log._fds.values():
             os.close(fd)  # no flush: buffered entry-log bytes vanish
         storage.entry_log._fds.clear()
         storage.index.close()
-        if bookie._executor is not None:
-            bookie._executor.shutdown(wait=True)
         bookie._release_locks()
         bookie._closed = True
         self.bookie = None
