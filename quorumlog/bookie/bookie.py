@@ -114,6 +114,7 @@ class Bookie:
         self._checkpoint_running: asyncio.Future[None] | None = None
         self._closing = False
         self._closed = False
+        self._serving = False  # between start() and close()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.checkpoints_done = 0
         self.replay_report = ScanReport()
@@ -156,11 +157,12 @@ class Bookie:
         except (BKError, OSError) as exc:
             raise BookieStartError(f"ledger storage in {self.data_dir}: {exc}") from None
         self._states = self.storage.states
+        journal: Journal | None = None
         try:
             self._replay()
             existing = list_journal_ids(self.journal_dir)
             last = max([*existing, self.storage.mark[0] if self.storage.mark else 0])
-            self._journal = Journal(
+            journal = Journal(
                 self.journal_dir,
                 last + 1,
                 sync=config.journal_sync,
@@ -170,27 +172,28 @@ class Bookie:
                 file_max_bytes=config.journal_file_max_bytes,
             )
             # Everything replayed goes to ledger storage now, and the old journal files go.
-            work = self.storage.capture(self._journal.mark, self.journal_dir)
+            work = self.storage.capture(journal.mark, self.journal_dir)
             self.storage.commit(work)
             self.storage.finish(work, True)
             self.checkpoints_done += 1
-        except JournalCorruptionError as exc:
+            self._disk_checker = DiskChecker(
+                [self.data_dir, self.journal_dir],
+                config.disk_usage_threshold,
+                config.disk_usage_lwm_threshold,
+            )
+            self._disk_checker.check()
+        except BaseException as exc:
+            if journal is not None:
+                journal.abandon()
             self.storage.close()
-            raise BookieStartError(exc.message) from None
-        except (BKError, OSError) as exc:
-            self.storage.close()
-            raise BookieStartError(f"bookie {self.data_dir}: opening failed: {exc}") from None
-        except BaseException:
-            self.storage.close()
+            if isinstance(exc, JournalCorruptionError):
+                raise BookieStartError(exc.message) from None
+            if isinstance(exc, BKError | OSError):
+                raise BookieStartError(f"bookie {self.data_dir}: opening failed: {exc}") from None
             raise
+        self._journal = journal
         for st in self._states.values():
             st.fence_durable = st.fenced
-        self._disk_checker = DiskChecker(
-            [self.data_dir, self.journal_dir],
-            config.disk_usage_threshold,
-            config.disk_usage_lwm_threshold,
-        )
-        self._disk_checker.check()
         self._journal_failed = False
         self._read_only = self._disk_checker.full
 
@@ -284,6 +287,7 @@ class Bookie:
         self._schedule(config.disk_check_interval_ms, self._disk_tick)
         if self._read_only:
             log.warning("bookie %s starts read-only (disk usage)", self.data_dir)
+        self._serving = True
 
     def _schedule(self, delay_ms: float, callback: Callable[[], None]) -> None:
         assert self._loop is not None
@@ -296,6 +300,7 @@ class Bookie:
         if self._closed or self._closing:
             return
         self._closing = True
+        self._serving = False
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
@@ -366,7 +371,7 @@ class Bookie:
 
     def submit(self, request: Request, respond: Respond) -> None:
         """Handle one request; ``respond`` is called exactly once, on the loop."""
-        if self._closing:
+        if not self._serving:
             respond(error_response(request, Status.SHUTTING_DOWN))
             return
         handler = self._handlers.get(request.__class__)
@@ -608,7 +613,7 @@ class Bookie:
             respond(error_response(request, Status.NO_SUCH_LEDGER))
             return
         entries = self.storage.read_entries(
-            st, request.first_entry_id, request.count, request.max_bytes
+            st, request.first_entry_id, request.count, self._max_bytes(request)
         )
         status = _OK if entries else Status.NO_SUCH_ENTRY
         respond(
@@ -616,6 +621,9 @@ class Bookie:
                 request.request_id, status, ledger_id, request.first_entry_id, st.lac, entries
             )
         )
+
+    def _max_bytes(self, request: ReadRequest) -> int:
+        return min(request.max_bytes, self.config.read_response_max_bytes)
 
     def _long_poll(self, request: ReadRequest, respond: Respond, st: LedgerState | None) -> None:
         lac = st.lac if st is not None else -1
@@ -644,7 +652,7 @@ class Bookie:
             entries: list[bytes] = []
             if with_entries and st is not None:
                 entries = self.storage.read_entries(
-                    st, request.first_entry_id, request.count, request.max_bytes
+                    st, request.first_entry_id, request.count, self._max_bytes(request)
                 )
             poll.respond(
                 ReadResponse(

@@ -30,6 +30,9 @@ class BookieConfig:
     # from this buffer too).
     entry_log_write_buffer_bytes: int = 4 * 1024 * 1024
     read_cache_max_bytes: int = 64 * 1024 * 1024
+    # A read answer carries at most this many entry bytes, whatever the request asks
+    # (at least one entry), so that it stays well under the frame size limit.
+    read_response_max_bytes: int = 4 * 1024 * 1024
     # LMDB's map: the most the index may grow to (address space only; the file grows
     # as needed).
     index_map_size_bytes: int = 64 * 1024 * 1024 * 1024
@@ -60,6 +63,7 @@ class BookieConfig:
             "journal_queue_max_bytes",
             "entry_log_max_bytes",
             "entry_log_write_buffer_bytes",
+            "read_response_max_bytes",
             "index_map_size_bytes",
             "checkpoint_interval_ms",
             "disk_check_interval_ms",

@@ -389,6 +389,12 @@ class Journal:
         if self._idle:
             self._wake.set()
 
+    def abandon(self) -> None:
+        """Close the file of a journal that was never started."""
+        if self._thread is None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
     async def close(self) -> None:
         """Write and sync what is queued, deliver its completions, stop the thread."""
         if self._thread is None:

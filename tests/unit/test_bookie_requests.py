@@ -518,3 +518,56 @@ def test_read_only_follows_disk_usage_with_hysteresis(make_driver):
         await driver.close()
 
     run(scenario())
+
+
+# ---------------------------------------------------------------- failures of one request
+
+
+def test_an_exception_answers_that_request_only(driver, monkeypatch):
+    async def scenario():
+        bookie = await driver.start()
+        await driver.call(add(50, [blob(50, 0)]))
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("simulated bug")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(bookie.storage, "read_entries", broken)
+            assert (await driver.call(ReadRequest(0, 50, 0))).status == Status.IO_ERROR
+            # Other requests are unaffected.
+            assert (await driver.call(ReadLacRequest(0, 50))).status == Status.OK
+            assert (await driver.call(add(50, [blob(50, 1)]))).status == Status.OK
+        assert (await driver.call(ReadRequest(0, 50, 0, 2))).entries == [
+            blob(50, 0),
+            blob(50, 1),
+        ]
+        await driver.close()
+
+    run(scenario())
+
+
+def test_requests_outside_start_and_close_are_refused(driver):
+    async def scenario():
+        await driver.start()
+        bookie = driver.bookie
+        await driver.close()
+        answers = []
+        bookie.submit(add(51, [blob(51, 0)]), answers.append)
+        bookie.submit(ReadRequest(0, 51, 0), answers.append)
+        assert [a.status for a in answers] == [Status.SHUTTING_DOWN] * 2
+
+    run(scenario())
+
+
+def test_read_answers_are_capped_whatever_max_bytes_asks(make_driver):
+    driver = make_driver(read_response_max_bytes=5_000)
+
+    async def scenario():
+        await driver.start()
+        blobs = [blob(52, i, size=1000) for i in range(20)]
+        await driver.call(add(52, blobs))
+        read = await driver.call(ReadRequest(0, 52, 0, 20, max_bytes=1 << 30))
+        assert read.entries == blobs[: 5_000 // len(blobs[0])]
+        await driver.close()
+
+    run(scenario())
