@@ -137,12 +137,15 @@ class Bookie:
 
     def _open(self) -> None:
         config = self.config
+        locked: set[Path] = set()
         for name, directory in (("data", self.data_dir), ("journal", self.journal_dir)):
             try:
                 directory.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise BookieStartError(f"{name} directory {directory}: {exc}") from None
-            self._lock(directory)
+            if directory.resolve() not in locked:  # the journal may share the data directory
+                self._lock(directory)
+                locked.add(directory.resolve())
         problem = check_directories(self.data_dir, self.journal_dir)
         if problem:
             raise BookieStartError(f"bookie {self.data_dir}: {problem}")

@@ -466,3 +466,17 @@ def test_a_second_bookie_on_the_same_directories_is_refused(driver):
 def test_bad_settings_refuse_to_start(make_config):
     with pytest.raises(BookieStartError, match="disk usage thresholds"):
         Bookie.open(make_config(disk_usage_threshold=0.5, disk_usage_lwm_threshold=0.8))
+
+
+def test_journal_in_the_data_directory_itself(make_driver, tmp_path):
+    driver = make_driver(journal_dir=tmp_path / "data")
+
+    async def scenario():
+        await driver.start()
+        await driver.call(add(60, [blob(60, 0)]))
+        await driver.crash()
+        await driver.start()
+        assert (await driver.call(ReadRequest(0, 60, 0))).entries == [blob(60, 0)]
+        await driver.close()
+
+    run(scenario())
