@@ -257,12 +257,34 @@ class SqliteStore(MetadataStore):
             )
         store = cls(uri, db_path_from_uri(uri), session_timeout_ms)
         try:
-            await store._in_thread(store._start_session)
+            await store._in_thread(store._start_session_retrying)
         except BaseException:
             store._executor.shutdown(wait=False)
             raise
         store._start_threads()
         return store
+
+    def _start_session_retrying(self) -> None:
+        # Turning a new database to WAL needs an exclusive lock, and SQLite answers
+        # "database is locked" at once (no busy handler) when several processes open a
+        # fresh store together, as a local cluster's bookies do. Retry for a while.
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        delay_s = 0.01
+        while True:
+            try:
+                self._start_session()
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if self._conn is not None:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.close()
+                    self._conn = None
+                if time.monotonic() + delay_s > deadline:
+                    raise
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, 0.2)
 
     def _start_session(self) -> None:
         directory = os.path.dirname(self.db_path)
