@@ -319,7 +319,6 @@ class LedgerHandle(ReadHandle):
     async def close(self) -> None:
         """R6: wait for outstanding adds, then record the ledger CLOSED at the LAC."""
         if self.metadata.is_closed:
-            await super().close()
             return
         self._closing = True
         outstanding = [p.token for p in self._tracker.outstanding()]
@@ -361,9 +360,9 @@ class LedgerHandle(ReadHandle):
                 return
             raise MetadataError(f"ledger {self.ledger_id}: too many conflicting metadata updates")
         finally:
+            # The handle stays readable (up to the last entry) once closed.
             if self._failure is None and not self.metadata.is_closed:
                 self._failure = LedgerClosedError(f"ledger {self.ledger_id}: close failed")
-            await super().close()
 
 
 def _ignore(_: object) -> None:

@@ -151,6 +151,7 @@ def test_r6_close_twice_and_add_after_close(bk):
     lh.close()
     with pytest.raises(LedgerClosedError, match=f"ledger {lh.ledger_id}"):
         lh.add_entry(b"b")
+    assert [e.data for e in lh.read_entries(0, 0)] == [b"a"]  # still readable
 
 
 def test_delete_ledger_and_add_after_delete_fails(bk):
