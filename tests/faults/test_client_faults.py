@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog import BookKeeper, LedgerFencedError
+from quorumlog import BookKeeper, ClientConfig, LedgerFencedError
 from quorumlog.aio import BookKeeper as AsyncBookKeeper
 from quorumlog.errors import Status
 from quorumlog.testing.raw_client import RawClient
@@ -208,3 +208,50 @@ def test_r7_a_hung_bookie_does_not_stall_fencing(cluster3):
                 lh.add_entry(b"zombie")
         finally:
             cluster3.resume(hung.index)
+
+
+def test_speculative_read_goes_around_a_hung_replica(cluster3):
+    config = ClientConfig(speculative_read_timeout_ms=100, read_timeout_ms=30_000)
+    with BookKeeper(cluster3.metadata_uri, config=config) as bk:
+        lh = bk.create_ledger(3, 3, 3)
+        for i in range(30):
+            lh.add_entry(payload(i))
+        lh.close()
+        cluster3.pause(0)  # answers nothing, keeps its sockets: only speculation helps
+        try:
+            rh = bk.open_ledger(lh.ledger_id)
+            for first in range(0, 30, 3):  # reads rotate, so some start at the hung bookie
+                started = time.monotonic()
+                entries = rh.read_entries(first, first + 2)
+                assert [e.data for e in entries] == [payload(i) for i in range(first, first + 3)]
+                assert time.monotonic() - started < 5, "waited for the hung replica"
+        finally:
+            cluster3.resume(0)
+
+
+async def _plant_forged_entry(address: str, ledger_id: int, password: bytes) -> int:
+    """Overwrite entry 1 on one bookie with a blob whose digest does not match (a lying
+    replica: its own storage checksum is fine, the writer's digest is not)."""
+    from quorumlog.proto.entry import DigestType, EntryCodec, master_key
+
+    good = EntryCodec(DigestType.CRC32C, password).encode(ledger_id, 1, 0, 10, b"original")
+    forged = good[:-8] + b"tampered"
+    raw = await RawClient.connect(address)
+    try:
+        answer = await raw.add(ledger_id, master_key(password), [forged], recovery=True)
+        return answer.status
+    finally:
+        await raw.close()
+
+
+def test_r9_digest_mismatch_on_one_replica_is_read_from_another(cluster3):
+    with BookKeeper(cluster3.metadata_uri) as bk:
+        lh = bk.create_ledger(3, 3, 3, password=b"pw")
+        for data in (b"zeroth", b"original", b"second"):
+            lh.add_entry(data)
+        lh.close()
+        liar = lh.ensemble[0]
+        assert asyncio.run(_plant_forged_entry(liar, lh.ledger_id, b"pw")) == Status.OK
+        rh = bk.open_ledger(lh.ledger_id, b"pw")
+        for _ in range(6):  # every replica gets to be first
+            assert [e.data for e in rh.read_entries(0, 2)] == [b"zeroth", b"original", b"second"]
