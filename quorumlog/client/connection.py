@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 
 from quorumlog.errors import BKError, BookieUnavailableError, ProtocolError, TimeoutError_
 from quorumlog.proto.codec import (
@@ -159,6 +159,36 @@ def _mark_retrieved(future: asyncio.Future[Response]) -> None:
         future.exception()
 
 
+class Sender(Protocol):
+    def send(
+        self, request: Request, callback: ResponseCallback, timeout_ms: float | None
+    ) -> None: ...
+
+
+def request_future(
+    loop: asyncio.AbstractEventLoop,
+    connection: Sender,
+    request: Request,
+    timeout_ms: float | None,
+) -> asyncio.Future[Response]:
+    """Send ``request`` on ``connection``; the future gets the answer or the error."""
+    future: asyncio.Future[Response] = loop.create_future()
+
+    def done(result: Response | BKError) -> None:
+        if future.done():
+            return
+        if isinstance(result, BKError):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+    connection.send(request, done, timeout_ms)
+    # Speculative and fan-out requests are often left unawaited once another answer
+    # won; marking the outcome as seen keeps asyncio from logging it as lost.
+    future.add_done_callback(_mark_retrieved)
+    return future
+
+
 class ConnectionPool:
     """One live connection per bookie, reopened on demand after a failure."""
 
@@ -195,21 +225,7 @@ class ConnectionPool:
         self, address: str, request: Request, timeout_ms: float | None
     ) -> asyncio.Future[Response]:
         """Send ``request`` and get a future of the answer (errors set as exceptions)."""
-        future: asyncio.Future[Response] = self._loop.create_future()
-
-        def done(result: Response | BKError) -> None:
-            if future.done():
-                return
-            if isinstance(result, BKError):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-
-        self.get(address).send(request, done, timeout_ms)
-        # Speculative and fan-out requests are often left unawaited once another answer
-        # won; marking the outcome as seen keeps asyncio from logging it as lost.
-        future.add_done_callback(_mark_retrieved)
-        return future
+        return request_future(self._loop, self.get(address), request, timeout_ms)
 
     def close(self) -> None:
         for conn in list(self._connections.values()):

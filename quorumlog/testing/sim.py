@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from quorumlog.client.connection import request_future
 from quorumlog.errors import (
     BKError,
     BookieUnavailableError,
@@ -296,19 +297,7 @@ class SimNetwork:
     def request(
         self, address: str, request: Request, timeout_ms: float | None
     ) -> asyncio.Future[Response]:
-        future: asyncio.Future[Response] = self.loop.create_future()
-
-        def done(result: Response | BKError) -> None:
-            if future.done():
-                return
-            if isinstance(result, BKError):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self.get(address).send(request, done, timeout_ms)
-        return future
+        return request_future(self.loop, self.get(address), request, timeout_ms)
 
     def close(self) -> None:
         self._connections.clear()
