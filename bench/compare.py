@@ -1,0 +1,485 @@
+"""Side-by-side comparison: quorumlog, ZooKeeper, etcd and PySyncObj on one workload.
+
+The workload: appends of 100-byte records, three replicas, each durable before it is
+confirmed (PySyncObj excepted: it never fsyncs, see bench/peers/pysyncobj_peer.py),
+one client, everything on 127.0.0.1. Each system is measured one append at a time and
+pipelined (a bounded window of appends in flight), after a warm-up that is not timed:
+
+- quorumlog: ``quorumlog bench write``, 3 bookies, ensemble 3, write quorum 3, ack
+  quorum 2, journal sync on; medians of ``--repeat`` runs;
+- ZooKeeper 3.8 (Debian ``zookeeper``): 3 servers, persistent sequential znodes (kazoo);
+- etcd 3.4 (Debian ``etcd-server``): 3 members, puts over gRPC (etcd-sdk-python);
+- PySyncObj (PyPI): 3 nodes, a replicated list.
+
+Missing peers are installed (pip, apt-get), started in temporary directories, measured
+and stopped by pid, also on failure. The same run measures the disk (``dd ...
+conv=fdatasync``), quorumlog's 64 KiB appends, sequential reads and tailing, and checks
+the performance targets. One table goes to stdout, every raw figure to
+``bench/results/compare-<date>.json``.
+
+    python bench/compare.py                        # about 2-3 minutes on 2 cores
+    python bench/compare.py --entries 50000 --sync-entries 5000 --repeat 5
+    python bench/compare.py --systems quorumlog,etcd --json-out /tmp/c.json
+    python bench/compare.py --scaling              # also entry size / bookies / ledgers
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # ``peers``
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # ``quorumlog`` from a clone
+
+from peers.common import log
+
+SYSTEMS = ("quorumlog", "zookeeper", "etcd", "pysyncobj")
+DISPLAY = {
+    "quorumlog": "quorumlog",
+    "zookeeper": "ZooKeeper 3.8",
+    "etcd": "etcd 3.4",
+    "pysyncobj": "PySyncObj",
+}
+MODES = ("one-at-a-time", "pipelined")
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+# Targets of issue 3 (figures from quorumlog bench, medians of 3 runs).
+PIPELINED_MIN_ENTRIES_PER_S = 50_000
+PIPELINED_MIN_RATIO_TO_ZOOKEEPER = 10.0
+SYNC_MAX_P50_MS = 1.0
+SYNC_MAX_P99_MS = 5.0
+LARGE_MIN_SHARE_OF_DISK = 0.6  # of the disk's bandwidth divided by the 3 replicas
+READ_MIN_ENTRIES_PER_S = 100_000
+TAIL_MAX_P99_MS = 10.0
+
+
+# ------------------------------------------------------------------ table and targets
+
+
+def comparison_rows(systems: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per system and mode, with quorumlog's ratio to that row.
+
+    ``systems`` maps a system name to ``{"modes": {mode: summary}}`` or ``{"error": ...}``.
+    ``throughput_ratio`` is quorumlog's appends/s over the row's (how many times more
+    quorumlog confirms); ``p50_ratio`` the row's p50 over quorumlog's (how many times
+    longer the row waits for one confirmation). Both are None where either side is
+    missing or zero.
+    """
+    ours = systems.get("quorumlog", {}).get("modes", {})
+    rows = []
+    for system, data in systems.items():
+        base_modes = {} if system == "quorumlog" else ours
+        for mode in MODES:
+            summary = data.get("modes", {}).get(mode)
+            row: dict[str, Any] = {"system": system, "mode": mode, "error": data.get("error")}
+            if summary is None:
+                row.update(entries_per_s=None, p50_ms=None, p99_ms=None)
+            else:
+                row.update(
+                    entries_per_s=summary["entries_per_s"],
+                    p50_ms=summary["latency_ms"]["p50"],
+                    p99_ms=summary["latency_ms"]["p99"],
+                )
+            base = base_modes.get(mode)
+            row["throughput_ratio"] = _ratio(
+                base["entries_per_s"] if base else None, row["entries_per_s"]
+            )
+            row["p50_ratio"] = _ratio(row["p50_ms"], base["latency_ms"]["p50"] if base else None)
+            rows.append(row)
+    return rows
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if not numerator or not denominator:
+        return None
+    return round(numerator / denominator, 2)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The comparison as a Markdown table (readable on a terminal too)."""
+    lines = [
+        "| system | mode | appends/s | p50 ms | p99 ms | quorumlog x appends/s | "
+        "p50 / quorumlog p50 |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        name = DISPLAY.get(row["system"], row["system"])
+        if row["entries_per_s"] is None:
+            why = "failed: " + str(row["error"])[:60] if row["error"] else "not run"
+            lines.append(f"| {name} | {row['mode']} | {why} | | | | |")
+            continue
+        lines.append(
+            f"| {name} | {row['mode']} | {row['entries_per_s']:,.0f} | {row['p50_ms']:.3f} | "
+            f"{row['p99_ms']:.3f} | {_times(row['throughput_ratio'])} | "
+            f"{_times(row['p50_ratio'])} |"
+        )
+    return "\n".join(lines)
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:,.2f}x"
+
+
+def evaluate_targets(
+    systems: dict[str, dict[str, Any]],
+    extra: dict[str, Any],
+    disk_mb_per_s: float | None,
+) -> list[dict[str, Any]]:
+    """Each target of the issue: what it asks, what was measured, and whether it is met
+    (None where the figure is missing)."""
+    ours = systems.get("quorumlog", {}).get("modes", {})
+    zk = systems.get("zookeeper", {}).get("modes", {})
+    pipelined = ours.get("pipelined")
+    sync = ours.get("one-at-a-time")
+    large = extra.get("write_64k")
+    read = extra.get("read")
+    tail = extra.get("tail")
+
+    def target(
+        name: str, wanted: str, measured: float | None, met: bool | None, unit: str = ""
+    ) -> dict[str, Any]:
+        return {"target": name, "wanted": wanted, "measured": measured, "unit": unit, "met": met}
+
+    pipe_rate = pipelined["entries_per_s"] if pipelined else None
+    zk_rate = zk["pipelined"]["entries_per_s"] if zk.get("pipelined") else None
+    ratio = _ratio(pipe_rate, zk_rate)
+    share = None
+    if large and disk_mb_per_s:
+        share = round(large["mb_per_s"] / (disk_mb_per_s / 3), 3)
+    results = [
+        target(
+            "pipelined 3/3/2 100 B, entries/s",
+            f">= {PIPELINED_MIN_ENTRIES_PER_S:,}",
+            pipe_rate,
+            None if pipe_rate is None else pipe_rate >= PIPELINED_MIN_ENTRIES_PER_S,
+        ),
+        target(
+            "pipelined, times ZooKeeper pipelined",
+            f">= {PIPELINED_MIN_RATIO_TO_ZOOKEEPER:g}x",
+            ratio,
+            None if ratio is None else ratio >= PIPELINED_MIN_RATIO_TO_ZOOKEEPER,
+            "x",
+        ),
+    ]
+    for key, limit in (("p50", SYNC_MAX_P50_MS), ("p99", SYNC_MAX_P99_MS)):
+        value = sync["latency_ms"][key] if sync else None
+        results.append(
+            target(
+                f"one at a time, {key} ms",
+                f"<= {limit:g}",
+                value,
+                None if value is None else value <= limit,
+            )
+        )
+    results += [
+        target(
+            "64 KiB pipelined, share of disk bandwidth / 3",
+            f">= {LARGE_MIN_SHARE_OF_DISK:.0%}",
+            share,
+            None if share is None else share >= LARGE_MIN_SHARE_OF_DISK,
+            "%",
+        ),
+        target(
+            "sequential read, entries/s",
+            f">= {READ_MIN_ENTRIES_PER_S:,}",
+            read["entries_per_s"] if read else None,
+            None if not read else read["entries_per_s"] >= READ_MIN_ENTRIES_PER_S,
+        ),
+        target(
+            "tail at 1,000/s, p99 ms",
+            f"<= {TAIL_MAX_P99_MS:g}",
+            tail["latency_ms"]["p99"] if tail else None,
+            None if not tail else tail["latency_ms"]["p99"] <= TAIL_MAX_P99_MS,
+        ),
+    ]
+    return results
+
+
+def format_targets(targets: list[dict[str, Any]]) -> str:
+    lines = ["| target | wanted | measured | met |", "|---|---|---:|---|"]
+    for t in targets:
+        measured = _format_measured(t["measured"], t.get("unit", ""))
+        met = {True: "yes", False: "NO", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['target']} | {t['wanted']} | {measured} | {met} |")
+    return "\n".join(lines)
+
+
+def _format_measured(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "%":
+        return f"{value:.0%}"
+    if value >= 100:
+        return f"{value:,.0f}{unit}"
+    return f"{value:.3f}".rstrip("0").rstrip(".") + unit
+
+
+def format_scaling(runs: list[dict[str, Any]]) -> str:
+    lines = [
+        "| varied | setting | entries/s | MB/s | p50 ms | p99 ms |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        if "error" in run:
+            lines.append(f"| {run['varied']} | {run['setting']} | failed | | | |")
+            continue
+        lat = run["result"]["latency_ms"]
+        lines.append(
+            f"| {run['varied']} | {run['setting']} | {run['result']['entries_per_s']:,.0f} | "
+            f"{run['result']['mb_per_s']:.2f} | {lat['p50']:.3f} | {lat['p99']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the run
+
+
+def machine_facts() -> dict[str, Any]:
+    cpu_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+    }
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_peer(name: str, modes: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict:
+    """Measure one system; an exception becomes ``{"error": ...}`` so the others still run."""
+    started = time.monotonic()
+    try:
+        if name == "quorumlog":
+            from peers import quorumlog_peer
+
+            results, setup = quorumlog_peer.measure(modes, args.repeat)
+        elif name == "zookeeper":
+            from peers import zookeeper_peer
+
+            results, setup = zookeeper_peer.measure(modes, args.time_limit_s)
+        elif name == "etcd":
+            from peers import etcd_peer
+
+            results, setup = etcd_peer.measure(modes, args.time_limit_s)
+        else:
+            from peers import pysyncobj_peer
+
+            results, setup = pysyncobj_peer.measure(modes, args.time_limit_s)
+    except Exception as exc:
+        log(f"{name} failed: {exc!r}")
+        return {"error": f"{exc!r}", "traceback": traceback.format_exc()[-2000:]}
+    return {"setup": setup, "modes": results, "wall_s": round(time.monotonic() - started, 1)}
+
+
+def run_quorumlog_extra(args: argparse.Namespace) -> dict[str, Any]:
+    """64 KiB appends (medians), a sequential read and a tail at 1,000/s."""
+    from peers import quorumlog_peer as q
+
+    extra: dict[str, Any] = {}
+    steps = {
+        "write_64k": lambda: q.bench_median(
+            "write",
+            q.write_args(args.large_entries, 100, 64, entry_size=65536),
+            args.repeat,
+            "64 KiB write",
+        ),
+        "read": lambda: q.bench(
+            "read", [*q.QUORUM_ARGS, "--entry-size", "100", "--entries", str(args.read_entries)]
+        ),
+        "tail": lambda: q.bench(
+            "tail",
+            [
+                *q.QUORUM_ARGS,
+                "--rate",
+                "1000",
+                "--entries",
+                str(args.tail_entries),
+                "--warmup",
+                "500",
+            ],
+        ),
+    }
+    for key, step in steps.items():
+        try:
+            extra[key] = step()
+            log(f"quorumlog {key}: {extra[key]['entries_per_s']:,.0f} entries/s")
+        except Exception as exc:
+            log(f"quorumlog {key} failed: {exc!r}")
+            extra[key] = None
+            extra.setdefault("errors", {})[key] = repr(exc)
+    return extra
+
+
+def scaling_plan(entries: int) -> list[tuple[str, str, list[str]]]:
+    """(varied, setting, quorumlog bench write arguments) for the cost-growth table."""
+    from peers import quorumlog_peer as q
+
+    def args(bookies: int, quorum: str, size: int, count: int, ledgers: int, window: int):
+        e, w, a = quorum.split("/")
+        base = ["--bookies", str(bookies), "--ensemble", e, "--write-quorum", w, "--ack-quorum", a]
+        run = q.write_args(count, min(1000, count // 10), window, size, extra=tuple(base))
+        return [*run, "--ledgers", str(ledgers)]
+
+    plan = []
+    for size, count, window in (
+        (100, entries, 1000),
+        (1024, entries, 1000),
+        (16384, entries // 4, 256),
+        (65536, entries // 10, 64),
+    ):
+        plan.append(
+            (
+                "entry size",
+                f"{size:,} B, {window} outstanding",
+                args(3, "3/3/2", size, count, 1, window),
+            )
+        )
+    for bookies, quorum in ((3, "3/3/2"), (4, "3/3/2"), (4, "4/3/2"), (5, "3/3/2"), (5, "5/3/2")):
+        plan.append(
+            (
+                "bookies",
+                f"{bookies} bookies, {quorum}",
+                args(bookies, quorum, 100, entries, 1, 1000),
+            )
+        )
+    for ledgers in (1, 4, 16):
+        # The same 1,000 adds in flight in all, spread over the ledgers.
+        plan.append(
+            (
+                "ledgers",
+                f"{ledgers} ledger(s), {1000 // ledgers} outstanding each",
+                args(3, "3/3/2", 100, entries, ledgers, 1000 // ledgers),
+            )
+        )
+    return plan
+
+
+def run_scaling(entries: int) -> list[dict[str, Any]]:
+    from peers import quorumlog_peer as q
+
+    runs = []
+    for varied, setting, bench_args in scaling_plan(entries):
+        try:
+            result = q.bench("write", bench_args)
+            runs.append(
+                {"varied": varied, "setting": setting, "args": bench_args, "result": result}
+            )
+            log(f"scaling {setting}: {result['entries_per_s']:,.0f} entries/s")
+        except Exception as exc:
+            runs.append(
+                {"varied": varied, "setting": setting, "args": bench_args, "error": repr(exc)}
+            )
+    return runs
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="quorumlog vs ZooKeeper, etcd and PySyncObj: durable replicated appends"
+    )
+    parser.add_argument("--entries", type=int, default=20_000, help="pipelined appends measured")
+    parser.add_argument("--sync-entries", type=int, default=2_000, help="one-at-a-time appends")
+    parser.add_argument("--window", type=int, default=1000, help="pipelined: appends in flight")
+    parser.add_argument("--repeat", type=int, default=3, help="quorumlog runs per figure (median)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
+    parser.add_argument("--large-entries", type=int, default=2_000, help="64 KiB appends")
+    parser.add_argument("--read-entries", type=int, default=50_000)
+    parser.add_argument("--tail-entries", type=int, default=5_000)
+    parser.add_argument("--time-limit-s", type=float, default=60.0, help="per peer measurement")
+    parser.add_argument("--scaling", action="store_true", help="also the cost-growth runs")
+    parser.add_argument("--json-out", type=Path, help="default: bench/results/compare-<date>.json")
+    args = parser.parse_args(argv)
+    unknown = set(args.systems.split(",")) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    if min(args.entries, args.sync_entries, args.window, args.repeat) < 1:
+        parser.error("--entries, --sync-entries, --window and --repeat must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # A SIGTERM unwinds like Ctrl-C, so every peer's servers are stopped by pid.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    from peers import disk
+
+    started = time.monotonic()
+    report: dict[str, Any] = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine_facts(),
+        "load_average_before": load_average(),
+        "workload": {
+            "entry_size_bytes": 100,
+            "replicas": 3,
+            "pipelined_entries": args.entries,
+            "one_at_a_time_entries": args.sync_entries,
+            "window": args.window,
+            "quorumlog_repeat": args.repeat,
+        },
+    }
+    log(f"load average {report['load_average_before']}; measuring the disk")
+    report["disk"] = {**disk.dd_bandwidth(), "fdatasync": disk.fdatasync_latency()}
+    log(f"disk: {report['disk']['mb_per_s']} MB/s sequential (dd conv=fdatasync)")
+    modes = {
+        "one-at-a-time": {"entries": args.sync_entries, "warmup": 200, "window": 1},
+        "pipelined": {"entries": args.entries, "warmup": 1000, "window": args.window},
+    }
+    systems: dict[str, dict[str, Any]] = {}
+    chosen = [s for s in SYSTEMS if s in args.systems.split(",")]
+    for name in chosen:
+        systems[name] = run_peer(name, modes, args)
+        if name == "quorumlog":
+            report["quorumlog_extra"] = run_quorumlog_extra(args)
+    report["systems"] = systems
+    if args.scaling:
+        report["scaling"] = run_scaling(args.entries)
+    report["load_average_after"] = load_average()
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    rows = comparison_rows(systems)
+    targets = evaluate_targets(
+        systems, report.get("quorumlog_extra", {}), report["disk"]["mb_per_s"]
+    )
+    report["table"] = rows
+    report["targets"] = targets
+
+    machine = report["machine"]
+    print(
+        f"\n{machine['nproc']} x {machine['cpu_model']}, disk {report['disk']['mb_per_s']} MB/s, "
+        f"load {report['load_average_before']} -> {report['load_average_after']}, "
+        f"{report['wall_s']:.0f} s\n"
+    )
+    print(format_table(rows))
+    print()
+    print(format_targets(targets))
+    if args.scaling:
+        print()
+        print(format_scaling(report["scaling"]))
+    out = args.json_out or RESULTS_DIR / f"compare-{datetime.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nraw figures: {out}")
+    failed = [name for name, data in systems.items() if "error" in data]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The disk under the temporary directory: sequential write bandwidth and fdatasync latency.
+
+Bandwidth is what ``dd if=/dev/zero of=FILE bs=1M count=256 conv=fdatasync`` reports
+(bytes over seconds, including the final fdatasync); the latency is that of
+``fdatasync`` after each small append, the cost a journal pays per group commit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+_DD_LINE = re.compile(r"^(\d+) bytes .* copied, ([\d.]+) s", re.MULTILINE)
+
+
+def parse_dd(stderr: str) -> float:
+    """MB/s (10^6 bytes) from dd's summary line, e.g.
+    ``268435456 bytes (268 MB, 256 MiB) copied, 1.07 s, 250 MB/s``."""
+    match = _DD_LINE.search(stderr)
+    if not match:
+        raise ValueError(f"no dd summary line in {stderr!r}")
+    return int(match.group(1)) / float(match.group(2)) / 1e6
+
+
+def dd_bandwidth(directory: str | None = None, count_mib: int = 256) -> dict[str, Any]:
+    directory = directory or tempfile.gettempdir()
+    fd, path = tempfile.mkstemp(prefix="compare-dd-", dir=directory)
+    os.close(fd)
+    command = ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={count_mib}", "conv=fdatasync"]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
+    finally:
+        os.unlink(path)
+    return {
+        "command": " ".join([*command[:2], "of=<tmp file>", *command[3:]]),
+        "directory": directory,
+        "mb_per_s": round(parse_dd(proc.stderr), 1),
+        "dd_output": proc.stderr.strip().splitlines()[-1],
+    }
+
+
+def fdatasync_latency(directory: str | None = None, count: int = 500) -> dict[str, Any]:
+    """p50/p99 in ms of fdatasync after each 100-byte append to one file."""
+    fd, path = tempfile.mkstemp(prefix="compare-sync-", dir=directory)
+    samples = []
+    try:
+        for _ in range(count):
+            os.write(fd, b"x" * 100)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            samples.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    samples.sort()
+    return {
+        "samples": count,
+        "p50_ms": round(samples[count // 2] * 1e3, 3),
+        "p99_ms": round(samples[min(count - 1, count * 99 // 100)] * 1e3, 3),
+    }

@@ -1,0 +1,200 @@
+"""etcd 3.4 (Debian's ``etcd-server``) as a 3-member cluster, written over gRPC from Python.
+
+Each member has its own data directory and client/peer ports on 127.0.0.1. etcd
+fsyncs its write-ahead log before a member acknowledges an entry (there is no
+``--unsafe-no-fsync`` here), and a put is confirmed once a majority (2 of 3) has it.
+The client is ``etcd-sdk-python`` (the maintained successor of ``python-etcd3``,
+module ``pyetcd``) on one gRPC channel to the leader (a follower would forward):
+
+- one at a time: ``client.put(key, value)``;
+- pipelined: ``KV.Put`` calls issued as gRPC futures on the same channel (HTTP/2
+  streams), at most ``--window`` in flight.
+
+Keys are ``/bench/<pid>/<index>`` (distinct keys: each put is a new record, not an
+overwrite), values ``--entry-size`` bytes.
+
+    python bench/peers/etcd_peer.py client --endpoint 127.0.0.1:PORT --mode pipelined ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ``peers`` when run as a script
+
+from peers.common import (
+    Processes,
+    add_client_arguments,
+    client_arguments,
+    ensure_binary,
+    ensure_module,
+    free_ports,
+    log,
+    log_tail,
+    print_json,
+    run_client,
+    run_one_at_a_time,
+    run_windowed,
+    wait_until,
+)
+
+MEMBERS = 3
+CLIENT_PACKAGES = (
+    ("pyetcd", "etcd-sdk-python"),
+    ("grpc", "grpcio"),
+    ("google.protobuf", "protobuf"),
+)
+
+
+class EtcdCluster:
+    """Three etcd members on 127.0.0.1 in a temporary directory."""
+
+    def __init__(self, base_dir: Path | None = None) -> None:
+        self._own_dir = base_dir is None
+        self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="compare-etcd-"))
+        self.procs = Processes("etcd")
+        self.client_ports: list[int] = []
+        self.version = ""
+
+    def start(self, timeout_s: float = 60.0) -> EtcdCluster:
+        etcd = ensure_binary("etcd", "etcd-server")
+        self.version = subprocess.run(
+            [etcd, "--version"], capture_output=True, text=True, check=False
+        ).stdout.splitlines()[0]
+        ports = free_ports(2 * MEMBERS)
+        self.client_ports, peer_ports = ports[:MEMBERS], ports[MEMBERS:]
+        cluster = ",".join(f"m{i}=http://127.0.0.1:{peer_ports[i]}" for i in range(MEMBERS))
+        for i in range(MEMBERS):
+            home = self.base_dir / f"m{i}"
+            home.mkdir(parents=True, exist_ok=True)
+            client_url = f"http://127.0.0.1:{self.client_ports[i]}"
+            peer_url = f"http://127.0.0.1:{peer_ports[i]}"
+            self.procs.start(
+                [
+                    etcd,
+                    f"--name=m{i}",
+                    f"--data-dir={home / 'data'}",
+                    f"--listen-client-urls={client_url}",
+                    f"--advertise-client-urls={client_url}",
+                    f"--listen-peer-urls={peer_url}",
+                    f"--initial-advertise-peer-urls={peer_url}",
+                    f"--initial-cluster={cluster}",
+                    "--initial-cluster-token=compare",
+                    "--initial-cluster-state=new",
+                    "--logger=zap",
+                    "--log-level=warn",
+                ],
+                home / "etcd.log",
+                cwd=home,
+            )
+        try:
+            wait_until(lambda: self.leader_port() is not None, timeout_s, "etcd cluster")
+        except RuntimeError as exc:
+            tail = log_tail(self.base_dir / "m0" / "etcd.log")
+            self.stop()
+            raise RuntimeError(f"{exc}\n{tail}") from exc
+        return self
+
+    def leader_port(self) -> int | None:
+        """The client port of the member that is leader, once all members answer."""
+        import pyetcd
+
+        leader = None
+        for port in self.client_ports:
+            client = pyetcd.client(host="127.0.0.1", port=port, timeout=2)
+            try:
+                status = client.maintenancestub.Status(pyetcd.etcdrpc.StatusRequest(), 2)
+            finally:
+                client.close()
+            if status.leader == 0:
+                return None
+            if status.header.member_id == status.leader:
+                leader = port
+        return leader
+
+    def stop(self) -> None:
+        self.procs.stop_all()
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> EtcdCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def measure(
+    modes: dict[str, dict[str, Any]], time_limit_s: float = 60.0
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Start a cluster, run each mode's client (``{mode: {entries, warmup, window}}``),
+    stop it. Returns ({mode: summary}, facts about the setup)."""
+    for module, package in CLIENT_PACKAGES:
+        ensure_module(module, package)
+    results: dict[str, dict[str, Any]] = {}
+    with EtcdCluster() as cluster:
+        leader = cluster.leader_port()
+        log(f"etcd cluster up ({cluster.version}); leader on port {leader}")
+        for mode, spec in modes.items():
+            args = ["--endpoint", f"127.0.0.1:{leader}"]
+            args += client_arguments(mode, time_limit_s=time_limit_s, **spec)
+            results[mode] = run_client(Path(__file__), args, timeout_s=time_limit_s + 60)
+            log(f"etcd {mode}: {results[mode]['entries_per_s']:,.0f} appends/s")
+    setup = {
+        "version": cluster.version,
+        "members": MEMBERS,
+        "config": "default (WAL fsynced before acknowledging), majority ack 2/3",
+        "client": "etcd-sdk-python (pyetcd) over gRPC, connected to the leader",
+    }
+    return results, setup
+
+
+def client_main(args: argparse.Namespace) -> None:
+    import pyetcd
+
+    host, port = args.endpoint.rsplit(":", 1)
+    client = pyetcd.client(host=host, port=int(port), timeout=30)
+    try:
+        value = os.urandom(args.entry_size)
+        prefix = f"/bench/{os.getpid()}/"
+        if args.mode == "one-at-a-time":
+
+            def op(i: int) -> None:
+                client.put(prefix + str(i), value)
+
+            result = run_one_at_a_time(op, args.entries, args.warmup, args.time_limit_s)
+        else:
+            put = client.kvstub.Put
+
+            def start(i: int, done: Any) -> None:
+                request = pyetcd.etcdrpc.PutRequest(key=(prefix + str(i)).encode(), value=value)
+                put.future(request, 30).add_done_callback(lambda f: done(f.exception()))
+
+            result = run_windowed(start, args.entries, args.warmup, args.window, args.time_limit_s)
+        result["client_version"] = "etcd-sdk-python " + importlib.metadata.version(
+            "etcd-sdk-python"
+        )
+        print_json(result)
+    finally:
+        client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    client = sub.add_parser("client", help="run one measurement against a running cluster")
+    client.add_argument("--endpoint", required=True)
+    add_client_arguments(client)
+    client_main(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

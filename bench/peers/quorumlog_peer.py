@@ -1,0 +1,105 @@
+"""quorumlog through its own benchmark, ``quorumlog bench``, one process per run.
+
+Every run starts its own local cluster (``--bookies``, journal sync on) in a temporary
+directory and removes it, so repeated runs are independent. Figures that are reported
+as one number are medians over ``repeat`` runs, each metric on its own; the raw runs
+are kept next to them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+from peers.common import client_env, last_json_line, log
+
+# The comparison's common workload: 3 bookies, ensemble 3, write quorum 3, ack quorum 2.
+QUORUM_ARGS = ("--bookies", "3", "--ensemble", "3", "--write-quorum", "3", "--ack-quorum", "2")
+
+
+def bench(workload: str, args: list[str], timeout_s: float = 300.0) -> dict[str, Any]:
+    """One ``quorumlog bench WORKLOAD ARGS --json --quiet`` run; its JSON summary."""
+    command = [sys.executable, "-m", "quorumlog", "bench", workload, *args, "--json", "--quiet"]
+    proc = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout_s, env=client_env(), check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"quorumlog bench {workload} {' '.join(args)} failed ({proc.returncode}): "
+            f"{proc.stderr[-800:]}"
+        )
+    return last_json_line(proc.stdout)
+
+
+def median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each throughput and latency figure over ``runs`` (raw runs kept)."""
+    first = runs[0]
+    merged = {k: v for k, v in first.items() if k not in ("latency_ms",)}
+    for key in ("entries_per_s", "mb_per_s", "seconds"):
+        if key in first:
+            merged[key] = round(statistics.median(r[key] for r in runs), 3)
+    merged["latency_ms"] = {
+        key: statistics.median(r["latency_ms"][key] for r in runs) for key in first["latency_ms"]
+    }
+    merged["repeat"] = len(runs)
+    merged["runs"] = [
+        {"entries_per_s": r["entries_per_s"], "latency_ms": r["latency_ms"]} for r in runs
+    ]
+    return merged
+
+
+def bench_median(workload: str, args: list[str], repeat: int, label: str) -> dict[str, Any]:
+    runs = []
+    for i in range(repeat):
+        runs.append(bench(workload, args))
+        log(f"quorumlog {label} run {i + 1}/{repeat}: {runs[-1]['entries_per_s']:,.0f} entries/s")
+    return median_summary(runs)
+
+
+def write_args(
+    entries: int,
+    warmup: int,
+    max_outstanding: int,
+    entry_size: int = 100,
+    extra: tuple[str, ...] = QUORUM_ARGS,
+) -> list[str]:
+    return [
+        *extra,
+        "--entry-size",
+        str(entry_size),
+        "--entries",
+        str(entries),
+        "--warmup",
+        str(warmup),
+        "--max-outstanding",
+        str(max_outstanding),
+    ]
+
+
+def measure(
+    modes: dict[str, dict[str, Any]], repeat: int
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Each mode (``{mode: {entries, warmup, window}}``) ``repeat`` times; medians."""
+    results = {}
+    for mode, spec in modes.items():
+        args = write_args(spec["entries"], spec["warmup"], spec["window"])
+        results[mode] = bench_median("write", args, repeat, mode)
+    setup = {
+        "version": _version(),
+        "bookies": 3,
+        "config": "ensemble 3, write quorum 3, ack quorum 2; journal fdatasynced before "
+        "a bookie acknowledges (group commit)",
+        "client": "quorumlog bench write (asyncio client, one connection per bookie)",
+    }
+    return results, setup
+
+
+def _version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("quorumlog")
+    except importlib.metadata.PackageNotFoundError:
+        return "source tree"

@@ -1,0 +1,129 @@
+"""bench/compare.py: the comparison table, quorumlog's ratios and the target verdicts.
+
+Only the arithmetic on given figures; nothing here starts a server or times anything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def compare() -> ModuleType:
+    return _load("bench_compare", BENCH_DIR / "compare.py")
+
+
+def summary(rate: float, p50: float, p99: float, **extra: Any) -> dict[str, Any]:
+    return {"entries_per_s": rate, "latency_ms": {"p50": p50, "p99": p99}, **extra}
+
+
+def systems(zk_pipelined_rate: float = 2_000.0) -> dict[str, dict[str, Any]]:
+    return {
+        "quorumlog": {
+            "modes": {
+                "one-at-a-time": summary(1_500.0, 0.6, 1.5),
+                "pipelined": summary(60_000.0, 15.0, 20.0),
+            }
+        },
+        "zookeeper": {
+            "modes": {
+                "one-at-a-time": summary(300.0, 3.0, 12.0),
+                "pipelined": summary(zk_pipelined_rate, 300.0, 500.0),
+            }
+        },
+        "etcd": {"error": "RuntimeError('etcd cluster: not ready after 60 s')"},
+    }
+
+
+def test_rows_carry_quorumlogs_ratio_to_each_peer_per_mode(compare: ModuleType) -> None:
+    rows = {(r["system"], r["mode"]): r for r in compare.comparison_rows(systems())}
+    zk_sync = rows[("zookeeper", "one-at-a-time")]
+    assert zk_sync["throughput_ratio"] == 5.0  # 1,500 / 300
+    assert zk_sync["p50_ratio"] == 5.0  # 3.0 ms / 0.6 ms
+    zk_pipe = rows[("zookeeper", "pipelined")]
+    assert zk_pipe["throughput_ratio"] == 30.0
+    assert zk_pipe["p50_ratio"] == 20.0
+    assert rows[("quorumlog", "pipelined")]["throughput_ratio"] is None  # not against itself
+
+
+def test_a_failed_peer_is_a_row_without_figures(compare: ModuleType) -> None:
+    rows = [r for r in compare.comparison_rows(systems()) if r["system"] == "etcd"]
+    assert [r["mode"] for r in rows] == ["one-at-a-time", "pipelined"]
+    assert all(r["entries_per_s"] is None and r["throughput_ratio"] is None for r in rows)
+    table = compare.format_table(compare.comparison_rows(systems()))
+    assert "| etcd 3.4 | pipelined | failed: RuntimeError('etcd cluster" in table
+    assert "| ZooKeeper 3.8 | pipelined | 2,000 | 300.000 | 500.000 | 30.00x | 20.00x |" in table
+
+
+def test_ratio_is_none_when_a_side_is_zero_or_missing(compare: ModuleType) -> None:
+    assert compare._ratio(10.0, 0.0) is None
+    assert compare._ratio(None, 4.0) is None
+    assert compare._ratio(10.0, 4.0) == 2.5
+
+
+def extra(mb_per_s: float = 60.0, read_rate: float = 150_000.0, tail_p99: float = 8.0) -> dict:
+    return {
+        "write_64k": {"mb_per_s": mb_per_s},
+        "read": {"entries_per_s": read_rate},
+        "tail": {"latency_ms": {"p99": tail_p99}},
+    }
+
+
+def verdicts(targets: list[dict[str, Any]]) -> dict[str, bool | None]:
+    return {t["target"]: t["met"] for t in targets}
+
+
+def test_targets_met(compare: ModuleType) -> None:
+    # 64 KiB: 60 MB/s against 60% of 270 / 3 = 54 MB/s.
+    targets = compare.evaluate_targets(systems(), extra(), disk_mb_per_s=270.0)
+    assert all(verdicts(targets).values()), targets
+    share = next(t for t in targets if t["target"].startswith("64 KiB"))
+    assert share["measured"] == pytest.approx(60.0 / 90.0, abs=1e-3)
+
+
+def test_targets_missed_are_reported_as_missed(compare: ModuleType) -> None:
+    targets = compare.evaluate_targets(
+        systems(zk_pipelined_rate=7_000.0),  # 60,000 / 7,000 = 8.6x < 10x
+        extra(mb_per_s=50.0, read_rate=90_000.0, tail_p99=12.0),
+        disk_mb_per_s=270.0,
+    )
+    got = verdicts(targets)
+    assert got["pipelined, times ZooKeeper pipelined"] is False
+    assert got["64 KiB pipelined, share of disk bandwidth / 3"] is False
+    assert got["sequential read, entries/s"] is False
+    assert got["tail at 1,000/s, p99 ms"] is False
+    assert got["pipelined 3/3/2 100 B, entries/s"] is True
+    assert "| tail at 1,000/s, p99 ms | <= 10 | 12 | NO |" in compare.format_targets(targets)
+
+
+def test_targets_without_figures_are_not_measured(compare: ModuleType) -> None:
+    targets = compare.evaluate_targets({}, {}, disk_mb_per_s=None)
+    assert set(verdicts(targets).values()) == {None}
+    assert "not measured" in compare.format_targets(targets)
+
+
+def test_dd_summary_line_is_parsed_in_decimal_megabytes() -> None:
+    disk = _load("bench_peers_disk", BENCH_DIR / "peers" / "disk.py")
+    line = "268435456 bytes (268 MB, 256 MiB) copied, 1.07523 s, 250 MB/s\n"
+    assert disk.parse_dd("256+0 records in\n256+0 records out\n" + line) == pytest.approx(
+        268435456 / 1.07523 / 1e6
+    )
+    with pytest.raises(ValueError):
+        disk.parse_dd("dd: error writing: No space left on device")
