@@ -17,10 +17,10 @@ conv=fdatasync``), quorumlog's 64 KiB appends, sequential reads and tailing, and
 the performance targets. One table goes to stdout, every raw figure to
 ``bench/results/compare-<date>.json``.
 
-    python bench/compare.py                        # about 2-3 minutes on 2 cores
+    python bench/compare.py                        # about 2 minutes on 2 cores
     python bench/compare.py --entries 50000 --sync-entries 5000 --repeat 5
     python bench/compare.py --systems quorumlog,etcd --json-out /tmp/c.json
-    python bench/compare.py --scaling              # also entry size / bookies / ledgers
+    python bench/compare.py --scaling              # + entry size / bookies / ledgers: 5 min
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -261,6 +262,20 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
+def source_version() -> dict[str, Any]:
+    """The commit of the quorumlog tree measured, and whether it had local changes."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=False
+        )
+        return proc.stdout.strip()
+
+    changed = [line[3:] for line in git("status", "--porcelain", "quorumlog").splitlines()]
+    return {"commit": git("rev-parse", "HEAD"), "changed_under_quorumlog": changed}
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -374,13 +389,14 @@ def scaling_plan(entries: int) -> list[tuple[str, str, list[str]]]:
     return plan
 
 
-def run_scaling(entries: int) -> list[dict[str, Any]]:
+def run_scaling(entries: int, repeat: int) -> list[dict[str, Any]]:
+    """Each run of :func:`scaling_plan`, medians of ``repeat``."""
     from peers import quorumlog_peer as q
 
     runs = []
     for varied, setting, bench_args in scaling_plan(entries):
         try:
-            result = q.bench("write", bench_args)
+            result = q.bench_median("write", bench_args, repeat, setting)
             runs.append(
                 {"varied": varied, "setting": setting, "args": bench_args, "result": result}
             )
@@ -396,7 +412,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="quorumlog vs ZooKeeper, etcd and PySyncObj: durable replicated appends"
     )
-    parser.add_argument("--entries", type=int, default=20_000, help="pipelined appends measured")
+    parser.add_argument("--entries", type=int, default=50_000, help="pipelined appends measured")
     parser.add_argument("--sync-entries", type=int, default=2_000, help="one-at-a-time appends")
     parser.add_argument("--window", type=int, default=1000, help="pipelined: appends in flight")
     parser.add_argument("--repeat", type=int, default=3, help="quorumlog runs per figure (median)")
@@ -406,6 +422,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tail-entries", type=int, default=5_000)
     parser.add_argument("--time-limit-s", type=float, default=60.0, help="per peer measurement")
     parser.add_argument("--scaling", action="store_true", help="also the cost-growth runs")
+    parser.add_argument(
+        "--scaling-entries", type=int, default=100_000, help="100 B appends per cost-growth run"
+    )
     parser.add_argument("--json-out", type=Path, help="default: bench/results/compare-<date>.json")
     args = parser.parse_args(argv)
     unknown = set(args.systems.split(",")) - set(SYSTEMS)
@@ -426,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_facts(),
+        "quorumlog_source": source_version(),
         "load_average_before": load_average(),
         "workload": {
             "entry_size_bytes": 100,
@@ -451,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             report["quorumlog_extra"] = run_quorumlog_extra(args)
     report["systems"] = systems
     if args.scaling:
-        report["scaling"] = run_scaling(args.entries)
+        report["scaling"] = run_scaling(args.scaling_entries, args.repeat)
     report["load_average_after"] = load_average()
     report["wall_s"] = round(time.monotonic() - started, 1)
     rows = comparison_rows(systems)

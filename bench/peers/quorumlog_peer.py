@@ -30,7 +30,9 @@ def bench(workload: str, args: list[str], timeout_s: float = 300.0) -> dict[str,
             f"quorumlog bench {workload} {' '.join(args)} failed ({proc.returncode}): "
             f"{proc.stderr[-800:]}"
         )
-    return last_json_line(proc.stdout)
+    result = last_json_line(proc.stdout)
+    result["command"] = " ".join(["quorumlog", "bench", workload, *args, "--json"])
+    return result
 
 
 def median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -44,6 +46,8 @@ def median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         key: statistics.median(r["latency_ms"][key] for r in runs) for key in first["latency_ms"]
     }
     merged["repeat"] = len(runs)
+    if "command" in first:
+        merged["command"] = first["command"]
     merged["runs"] = [
         {"entries_per_s": r["entries_per_s"], "latency_ms": r["latency_ms"]} for r in runs
     ]
