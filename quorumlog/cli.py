@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "quorumlog.server.localbookie",  # quorumlog localbookie
     "quorumlog.shell",  # quorumlog shell
     "quorumlog.bench",  # quorumlog bench
+    "quorumlog.apps.dice_command",  # quorumlog dice
 )
 
 EXIT_OK = 0

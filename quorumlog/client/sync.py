@@ -13,7 +13,7 @@ import concurrent.futures
 import threading
 from collections.abc import Coroutine, Mapping
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from quorumlog.client import bookkeeper as _aio
 from quorumlog.client.config import ClientConfig
@@ -22,6 +22,10 @@ from quorumlog.client.writing import LedgerHandle as _AioLedgerHandle
 from quorumlog.errors import BKError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.entry import DigestType, Entry
+
+if TYPE_CHECKING:
+    from quorumlog.log.config import LogConfig
+    from quorumlog.log.sync import Log
 
 T = TypeVar("T")
 
@@ -259,6 +263,18 @@ class BookKeeper:
 
     def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         return self._runner.run(self._client.ledger_metadata(ledger_id))
+
+    def open_log(self, name: str, config: LogConfig | None = None) -> Log:
+        """The named log stream ``name`` (created empty on first use); see quorumlog.log."""
+        from quorumlog.log.sync import Log
+
+        return Log(self._runner, self._runner.run(self._client.open_log(name, config)))
+
+    def list_logs(self) -> list[str]:
+        return self._runner.run(self._client.list_logs())
+
+    def delete_log(self, name: str) -> list[int]:
+        return self._runner.run(self._client.delete_log(name))
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine of the asyncio API on this client's loop and wait for it."""

@@ -1,0 +1,51 @@
+"""Errors of named log streams. All are :class:`~quorumlog.errors.BKError` subclasses."""
+
+from __future__ import annotations
+
+from quorumlog.errors import BKError, InvalidArgumentError, Status
+
+
+class LogError(BKError):
+    """Base of the log stream errors."""
+
+
+class LogFencedError(LogError):
+    """This writer lost the log: a newer writer fenced its ledger, or appended to the
+    ledger list before it (its compare-and-set failed). Appends that got this error may
+    or may not be in the log; nothing appended through this writer afterwards is."""
+
+    status = Status.FENCED
+
+
+class NoSuchLogError(LogError):
+    """The log does not exist (it was never opened, or it was deleted)."""
+
+    status = Status.NO_SUCH_LEDGER
+
+
+class LogTruncatedError(LogError):
+    """A reader asked for records that :meth:`Log.truncate` removed."""
+
+    status = Status.NO_SUCH_ENTRY
+
+
+class LogClosedError(LogError):
+    """The writer or reader was closed by its owner."""
+
+    status = Status.BAD_REQUEST
+
+
+class InvalidLogNameError(LogError, InvalidArgumentError):
+    """A log name that cannot be one metadata path component."""
+
+    status = Status.BAD_REQUEST
+
+
+__all__ = [
+    "InvalidLogNameError",
+    "LogClosedError",
+    "LogError",
+    "LogFencedError",
+    "LogTruncatedError",
+    "NoSuchLogError",
+]

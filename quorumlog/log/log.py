@@ -1,0 +1,231 @@
+"""Named log streams: a log is an ordered list of ledgers kept in the metadata store.
+
+Example::
+
+    async with await BookKeeper.connect(uri) as bk:
+        log = await bk.open_log("orders")           # created on first use
+        writer = await log.open_writer()            # fences any previous writer (R11)
+        position = await writer.append(b"first")    # Position(ledger_id, entry_id)
+        reader = await log.open_reader()            # from the beginning, never fences
+        record = await reader.read_next(timeout_ms=1000)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from quorumlog.errors import (
+    BKError,
+    InvalidArgumentError,
+    MetadataVersionError,
+    NoNodeError,
+    NoSuchLedgerError,
+)
+from quorumlog.log.config import LogConfig
+from quorumlog.log.errors import NoSuchLogError
+from quorumlog.log.metadata import (
+    LogMetadata,
+    check_log_name,
+    create_log_if_absent,
+    list_log_names,
+    log_path,
+    read_log,
+)
+from quorumlog.log.position import LogPositions, Position, Record
+from quorumlog.log.reader import LogReader
+from quorumlog.log.writer import LogWriter, fence_previous_ledgers, open_writer
+
+if TYPE_CHECKING:
+    from quorumlog.client.bookkeeper import BookKeeper
+    from quorumlog.client.writing import LedgerHandle
+    from quorumlog.meta.store import MetadataStore
+
+log = logging.getLogger(__name__)
+
+# Compare-and-set attempts of truncate and delete against concurrent list changes.
+_CAS_ATTEMPTS = 50
+
+
+class Log:
+    """One named log on a :class:`~quorumlog.client.bookkeeper.BookKeeper` client."""
+
+    def __init__(self, bk: BookKeeper, name: str, config: LogConfig | None = None) -> None:
+        self.bk = bk
+        self.name = check_log_name(name)
+        self.config = config or LogConfig()
+
+    @property
+    def store(self) -> MetadataStore:
+        return self.bk.store
+
+    @property
+    def path(self) -> str:
+        """Where the ledger list lives in the metadata store."""
+        return log_path(self.name)
+
+    async def metadata(self) -> tuple[LogMetadata, int]:
+        """The ledger list (and truncation point) with its version."""
+        return await read_log(self.store, self.name)
+
+    async def ledgers(self) -> list[int]:
+        """The log's ledgers, oldest first."""
+        metadata, _ = await self.metadata()
+        return list(metadata.ledgers)
+
+    async def create_ledger(self) -> LedgerHandle:
+        """A new ledger with this log's settings (tagged with the log's name)."""
+        config = self.config
+        return await self.bk.create_ledger(
+            config.ensemble,
+            config.write_quorum,
+            config.ack_quorum,
+            config.digest_type,
+            config.password,
+            {"log": self.name.encode()},
+        )
+
+    # ------------------------------------------------------------ writing and reading
+
+    async def open_writer(self) -> LogWriter:
+        """Become the log's writer: fence the previous one, add a ledger (R11)."""
+        return await open_writer(self)
+
+    async def open_reader(self, start: Position | tuple[int, int] | None = None) -> LogReader:
+        """A tailing reader of every record at or after ``start`` (None: the beginning)."""
+        reader = LogReader(self, None if start is None else Position.of(start))
+        await reader._open()
+        return reader
+
+    async def fence(self) -> list[int]:
+        """Fence and close the ledgers a writer may still hold, without becoming the writer.
+
+        Afterwards the log holds exactly what it will hold until a next writer opens:
+        the current writer (if any) gets LogFencedError on its next append.
+        Returns the ledgers fenced.
+        """
+        metadata, _ = await self.metadata()
+        return await fence_previous_ledgers(self, metadata)
+
+    async def read_all(self, *, fence: bool = False) -> list[Record]:
+        """Every record of the log, read ledger by ledger (up to each ledger's LAC when
+        it is still open). With ``fence``, :meth:`fence` first, so the result is final."""
+        if fence:
+            await self.fence()
+        metadata, _ = await self.metadata()
+        cut = metadata.truncated_before
+        out: list[Record] = []
+        for ledger_id in metadata.ledgers:
+            handle = await self.bk.open_ledger_no_recovery(ledger_id, self.config.password)
+            try:
+                md = handle.metadata
+                last = md.last_entry_id if md.is_closed else handle.last_add_confirmed
+                first = cut.entry_id if cut is not None and cut.ledger_id == ledger_id else 0
+                step = self.config.read_batch_entries
+                for low in range(first, last + 1, step):
+                    for entry in await handle.read_entries(low, min(last, low + step - 1)):
+                        out.append(Record(Position(ledger_id, entry.entry_id), entry.data))
+            finally:
+                await handle.close()
+        return out
+
+    async def positions(self) -> LogPositions:
+        """The first and last positions and the number of records between them."""
+        metadata, _ = await self.metadata()
+        cut = metadata.truncated_before
+        first: Position | None = None
+        last: Position | None = None
+        count = 0
+        exact = True
+        for ledger_id in metadata.ledgers:
+            try:
+                md = await self.bk.ledger_metadata(ledger_id)
+            except NoSuchLedgerError:
+                continue
+            if md.is_closed:
+                top = md.last_entry_id
+            else:
+                exact = False
+                handle = await self.bk.open_ledger_no_recovery(ledger_id, self.config.password)
+                top = handle.last_add_confirmed
+                await handle.close()
+            bottom = cut.entry_id if cut is not None and cut.ledger_id == ledger_id else 0
+            if top >= bottom:
+                if first is None:
+                    first = Position(ledger_id, bottom)
+                last = Position(ledger_id, top)
+                count += top - bottom + 1
+        return LogPositions(first, last, count, exact, metadata.ledgers)
+
+    # ------------------------------------------------------------ truncation
+
+    async def truncate(self, before: Position | tuple[int, int]) -> list[int]:
+        """Remove the ledgers that lie wholly before ``before`` from the list (CAS), then
+        delete them. ``before``'s ledger must be in the log; its records before
+        ``before`` stay stored but readers no longer return them. Returns the ledgers
+        removed. Readers asking for a removed position get LogTruncatedError."""
+        cut = Position.of(before)
+        for _ in range(_CAS_ATTEMPTS):
+            metadata, version = await self.metadata()
+            if cut.ledger_id not in metadata.ledgers:
+                done = metadata.truncated_before
+                if done is not None and cut <= done:
+                    return []
+                raise InvalidArgumentError(
+                    f"log {self.name}: cannot truncate before {cut}: ledger {cut.ledger_id} "
+                    f"is not in the log {list(metadata.ledgers)}"
+                )
+            updated = metadata.truncated(cut)
+            if updated == metadata:
+                return []
+            try:
+                await self.store.set(self.path, updated.to_bytes(), version)
+            except MetadataVersionError:
+                continue
+            removed = [x for x in metadata.ledgers if x not in updated.ledgers]
+            await self._delete_ledgers(removed)
+            return removed
+        raise BKError(f"log {self.name}: the ledger list kept changing; truncation not done")
+
+    async def _delete_ledgers(self, ledger_ids: list[int]) -> None:
+        for ledger_id in ledger_ids:
+            try:
+                await self.bk.delete_ledger(ledger_id)
+            except NoSuchLedgerError:
+                continue
+            except BKError as exc:
+                log.warning("log %s: ledger %d not deleted: %s", self.name, ledger_id, exc)
+
+    def __repr__(self) -> str:
+        return f"<Log {self.name}>"
+
+
+async def open_log(bk: BookKeeper, name: str, config: LogConfig | None = None) -> Log:
+    """The log ``name`` on ``bk``, created (empty) if it does not exist."""
+    check_log_name(name)
+    await create_log_if_absent(bk.store, name)
+    return Log(bk, name, config)
+
+
+async def list_logs(bk: BookKeeper) -> list[str]:
+    """Names of the logs in the store, sorted."""
+    return await list_log_names(bk.store)
+
+
+async def delete_log(bk: BookKeeper, name: str) -> list[int]:
+    """Delete a log: its list first (a writer then fails), then its ledgers.
+
+    Returns the ledgers deleted. NoSuchLogError if the log does not exist.
+    """
+    path = log_path(name)
+    for _ in range(_CAS_ATTEMPTS):
+        metadata, version = await read_log(bk.store, name)
+        try:
+            await bk.store.delete(path, version)
+        except MetadataVersionError:
+            continue
+        except NoNodeError:
+            raise NoSuchLogError(f"log {name} does not exist ({path})") from None
+        await Log(bk, name)._delete_ledgers(list(metadata.ledgers))
+        return list(metadata.ledgers)
+    raise BKError(f"log {name}: could not be deleted ({path} kept changing)")

@@ -1,0 +1,156 @@
+"""How a log stream is kept in the metadata store.
+
+Layout (see docs/LOGS.md)::
+
+    /logs/<name>    JSON: {"format": 1, "ledgers": [12, 15, 19],
+                           "truncated_before": [15, 0] or null, "created_ms": ...}
+
+The node's version is what writers compare-and-set on (R11): appending a ledger
+and truncating are both a ``set`` with the version that was read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from quorumlog.errors import MetadataError, NodeExistsError, NoNodeError
+from quorumlog.log.errors import InvalidLogNameError, NoSuchLogError
+from quorumlog.log.position import Position
+from quorumlog.meta.store import MetadataStore
+
+LOGS_PATH = "/logs"
+FORMAT = 1
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+
+
+def check_log_name(name: str) -> str:
+    """``name`` if it can name a log: 1-200 of ``A-Z a-z 0-9 . _ -``, not starting with . or -."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidLogNameError(
+            f"bad log name {name!r}: use 1 to 200 letters, digits, '.', '_' or '-' "
+            "(not starting with '.' or '-')"
+        )
+    return name
+
+
+def log_path(name: str) -> str:
+    """The metadata path of a log."""
+    return f"{LOGS_PATH}/{check_log_name(name)}"
+
+
+@dataclass(frozen=True, slots=True)
+class LogMetadata:
+    """The ledger list of one log, oldest first, and where it was truncated."""
+
+    name: str
+    ledgers: tuple[int, ...] = ()
+    truncated_before: Position | None = None
+    created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "ledgers": list(self.ledgers),
+                "truncated_before": (
+                    None if self.truncated_before is None else list(self.truncated_before)
+                ),
+                "created_ms": self.created_ms,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, name: str, data: bytes) -> LogMetadata:
+        try:
+            raw = json.loads(data)
+            if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+                raise ValueError(f"format {raw.get('format') if isinstance(raw, dict) else '?'}")
+            ledgers = tuple(int(x) for x in raw["ledgers"])
+            cut = raw.get("truncated_before")
+            truncated = None if cut is None else Position(int(cut[0]), int(cut[1]))
+            created_ms = int(raw.get("created_ms", 0))
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise MetadataError(
+                f"log {name}: metadata at {log_path(name)} is damaged: {exc}"
+            ) from None
+        if any(b <= a for a, b in itertools.pairwise(ledgers)):
+            raise MetadataError(f"log {name}: ledger list is not increasing: {list(ledgers)}")
+        return cls(name, ledgers, truncated, created_ms)
+
+    def with_ledger(self, ledger_id: int) -> LogMetadata:
+        if self.ledgers and ledger_id <= self.ledgers[-1]:
+            raise MetadataError(
+                f"log {self.name}: ledger {ledger_id} would not come after ledger "
+                f"{self.ledgers[-1]}"
+            )
+        return replace(self, ledgers=(*self.ledgers, ledger_id))
+
+    def truncated(self, before: Position) -> LogMetadata:
+        kept = tuple(x for x in self.ledgers if x >= before.ledger_id)
+        cut = before if self.truncated_before is None else max(before, self.truncated_before)
+        return replace(self, ledgers=kept, truncated_before=cut)
+
+    def only_truncated_since(self, older: LogMetadata) -> bool:
+        """Whether this list is ``older``'s with some of its first ledgers removed (a
+        truncation happened, but no ledger was appended)."""
+        drop = len(older.ledgers) - len(self.ledgers)
+        return drop >= 0 and tuple(older.ledgers[drop:]) == self.ledgers
+
+    def next_ledger(self, after: int) -> int | None:
+        """The first ledger of the list with an id above ``after``."""
+        for ledger_id in self.ledgers:
+            if ledger_id > after:
+                return ledger_id
+        return None
+
+    def first_ledger_from(self, ledger_id: int) -> int | None:
+        """The first ledger of the list with an id at or above ``ledger_id``."""
+        for candidate in self.ledgers:
+            if candidate >= ledger_id:
+                return candidate
+        return None
+
+
+async def read_log(store: MetadataStore, name: str) -> tuple[LogMetadata, int]:
+    """The log's metadata and its version; NoSuchLogError if absent."""
+    path = log_path(name)
+    try:
+        found = await store.get(path)
+    except NoNodeError:
+        raise NoSuchLogError(f"log {name} does not exist ({path})") from None
+    return LogMetadata.from_bytes(name, found.data), found.version
+
+
+async def create_log_if_absent(store: MetadataStore, name: str) -> tuple[LogMetadata, int]:
+    """Create an empty log unless it exists; returns its metadata and version."""
+    path = log_path(name)
+    for _ in range(10):  # bounded: a create racing a delete at worst repeats a few times
+        try:
+            return await read_log(store, name)
+        except NoSuchLogError:
+            pass
+        metadata = LogMetadata(name)
+        try:
+            await store.create(path, metadata.to_bytes())
+        except NodeExistsError:
+            continue
+        return metadata, 0
+    raise MetadataError(f"log {name}: created and deleted concurrently too many times ({path})")
+
+
+async def list_log_names(store: MetadataStore) -> list[str]:
+    try:
+        return sorted(await store.children(LOGS_PATH))
+    except NoNodeError:
+        return []
+
+
+def ledger_ids_text(ledgers: Sequence[int]) -> str:
+    return "[" + ", ".join(str(x) for x in ledgers) + "]"

@@ -1,0 +1,208 @@
+"""The synchronous log API: the same names as the asyncio one, run on the client's loop.
+
+Example::
+
+    from quorumlog import BookKeeper
+
+    with BookKeeper() as bk:
+        log = bk.open_log("orders")
+        writer = log.open_writer()
+        position = writer.append(b"first")
+        futures = [writer.append_nowait(b"x") for _ in range(1000)]   # pipelined
+        writer.close()
+        for record in log.open_reader():      # blocks for new records; Ctrl-C to stop
+            print(record.position, record.data)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Iterator
+from functools import partial
+
+from quorumlog.client.sync import LoopThread
+from quorumlog.errors import BKError
+from quorumlog.log import log as _aio
+from quorumlog.log.config import LogConfig
+from quorumlog.log.errors import LogClosedError
+from quorumlog.log.metadata import LogMetadata
+from quorumlog.log.position import LogPositions, Position, Record
+from quorumlog.log.reader import LogReader as _AioLogReader
+from quorumlog.log.writer import LogWriter as _AioLogWriter
+
+
+class Log:
+    """One named log. See :class:`quorumlog.log.log.Log`."""
+
+    def __init__(self, runner: LoopThread, log: _aio.Log) -> None:
+        self._runner = runner
+        self._log = log
+
+    @property
+    def aio(self) -> _aio.Log:
+        """The asyncio log underneath (use it only on the client's loop)."""
+        return self._log
+
+    @property
+    def name(self) -> str:
+        return self._log.name
+
+    @property
+    def config(self) -> LogConfig:
+        return self._log.config
+
+    def metadata(self) -> tuple[LogMetadata, int]:
+        return self._runner.run(self._log.metadata())
+
+    def ledgers(self) -> list[int]:
+        return self._runner.run(self._log.ledgers())
+
+    def open_writer(self) -> LogWriter:
+        return LogWriter(self._runner, self._runner.run(self._log.open_writer()))
+
+    def open_reader(self, start: Position | tuple[int, int] | None = None) -> LogReader:
+        return LogReader(self._runner, self._runner.run(self._log.open_reader(start)))
+
+    def fence(self) -> list[int]:
+        return self._runner.run(self._log.fence())
+
+    def read_all(self, *, fence: bool = False) -> list[Record]:
+        return self._runner.run(self._log.read_all(fence=fence))
+
+    def positions(self) -> LogPositions:
+        return self._runner.run(self._log.positions())
+
+    def truncate(self, before: Position | tuple[int, int]) -> list[int]:
+        return self._runner.run(self._log.truncate(before))
+
+    def __repr__(self) -> str:
+        return repr(self._log)
+
+
+class LogWriter:
+    """The log's writer. ``append`` waits; ``append_nowait`` returns a Future."""
+
+    def __init__(self, runner: LoopThread, writer: _AioLogWriter) -> None:
+        self._runner = runner
+        self._writer = writer
+        self._lock = threading.Lock()
+        self._queue: list[tuple[bytes, concurrent.futures.Future[Position]]] = []
+        self._wake_pending = False
+
+    @property
+    def ledger_id(self) -> int:
+        return self._writer.ledger_id
+
+    @property
+    def last_position(self) -> Position | None:
+        return self._writer.last_position
+
+    @property
+    def is_fenced(self) -> bool:
+        return self._writer.is_fenced
+
+    @property
+    def failure(self) -> BKError | None:
+        return self._writer.failure
+
+    def append(self, data: bytes) -> Position:
+        """Append one record and wait until it is confirmed; returns its position."""
+        return self._runner.run(self._writer.append(bytes(data)))
+
+    def append_nowait(self, data: bytes) -> concurrent.futures.Future[Position]:
+        """Send a record; the future gives its position once confirmed, in append order."""
+        future: concurrent.futures.Future[Position] = concurrent.futures.Future()
+        with self._lock:
+            self._queue.append((bytes(data), future))
+            wake = not self._wake_pending
+            self._wake_pending = True
+        if wake:
+            self._runner.loop.call_soon_threadsafe(self._drain)
+        return future
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._queue = self._queue, []
+            self._wake_pending = False
+        for data, future in items:
+            try:
+                sent = self._writer.append_nowait(data)
+            except BKError as exc:
+                future.set_exception(exc)
+                continue
+            sent.add_done_callback(partial(_transfer, future))
+
+    def rollover(self) -> int:
+        return self._runner.run(self._writer.rollover())
+
+    def close(self) -> None:
+        """Wait for the appends sent so far, then close the current ledger."""
+
+        async def drain_then_close() -> None:
+            self._drain()
+            await self._writer.close()
+
+        self._runner.run(drain_then_close())
+
+    def __enter__(self) -> LogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._writer)
+
+
+def _transfer(future: concurrent.futures.Future[Position], sent: asyncio.Future[Position]) -> None:
+    if sent.cancelled():
+        future.cancel()
+        return
+    exc = sent.exception()
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(sent.result())
+
+
+class LogReader:
+    """A tailing reader; iterating it blocks for new records until it is closed."""
+
+    def __init__(self, runner: LoopThread, reader: _AioLogReader) -> None:
+        self._runner = runner
+        self._reader = reader
+
+    @property
+    def position(self) -> Position:
+        return self._reader.position
+
+    def read_next(self, timeout_ms: float | None = None) -> Record | None:
+        """The next record, or None after ``timeout_ms`` (None: wait as long as needed)."""
+        return self._runner.run(self._reader.read_next(timeout_ms))
+
+    def read_available(self, max_records: int = 10_000) -> list[Record]:
+        return self._runner.run(self._reader.read_available(max_records))
+
+    def __iter__(self) -> Iterator[Record]:
+        while True:
+            try:
+                record = self.read_next(None)
+            except LogClosedError:
+                return
+            if record is None:  # pragma: no cover - read_next(None) waits for a record
+                return
+            yield record
+
+    def close(self) -> None:
+        self._runner.run(self._reader.close())
+
+    def __enter__(self) -> LogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._reader)

@@ -1,0 +1,441 @@
+"""The single writer of a log stream (R11).
+
+Opening (:func:`open_writer`):
+
+1. read the ledger list and its version;
+2. fence the ledgers a previous writer may still hold: walking back from the end,
+   every ledger not yet closed is opened with recovery (fenced, recovered, closed);
+   the walk stops at the first closed ledger, because a writer closes its previous
+   ledger before anyone can see a later one closed;
+3. create a new ledger;
+4. append it to the list with a compare-and-set on the version read in 1;
+5. only then accept appends.
+
+If the compare-and-set of step 4 loses because another writer appended a ledger,
+this writer lost the race: its new ledger is deleted and :class:`LogFencedError`
+raised. If it lost only to a truncation (ledgers removed from the front), it
+tries again on the new version.
+
+Rolling over (by size or age, checked on each append): create a ledger, append
+it to the list with a compare-and-set, wait for the adds still in flight on the
+old ledger, close it, then send the appends that queued meanwhile to the new
+ledger. Waiting before sending keeps the log's order strict: if an add in the old
+ledger fails, nothing sent after it can succeed.
+
+A writer that is fenced on an add, or whose compare-and-set loses to another
+writer, fails that append and every later one with :class:`LogFencedError`. An
+append reported done is confirmed in a ledger that is in the list, so it is in
+the log for every reader and every later writer (recovery keeps it, R7/R8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from functools import partial
+from typing import TYPE_CHECKING
+
+from quorumlog.errors import (
+    BKError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataVersionError,
+    NoNodeError,
+    NoSuchLedgerError,
+)
+from quorumlog.log.errors import LogClosedError, LogFencedError, NoSuchLogError
+from quorumlog.log.metadata import LogMetadata, log_path, read_log
+from quorumlog.log.position import Position
+
+if TYPE_CHECKING:
+    from quorumlog.client.writing import LedgerHandle
+    from quorumlog.log.log import Log
+
+log = logging.getLogger(__name__)
+
+
+async def append_ledger_to_list(
+    log_obj: Log, metadata: LogMetadata, version: int, ledger_id: int
+) -> tuple[LogMetadata, int]:
+    """Compare-and-set ``ledger_id`` onto the end of the list read at ``version``.
+
+    Retries only when the list changed by truncation; a ledger appended by someone
+    else means another writer owns the log now: LogFencedError.
+    """
+    store = log_obj.store
+    path = log_path(log_obj.name)
+    for _ in range(log_obj.config.list_cas_retries):
+        updated = metadata.with_ledger(ledger_id)
+        try:
+            new_version = await store.set(path, updated.to_bytes(), version)
+        except NoNodeError:
+            raise LogFencedError(
+                f"log {log_obj.name}: deleted while ledger {ledger_id} was being added ({path})"
+            ) from None
+        except MetadataVersionError:
+            try:
+                current, current_version = await read_log(store, log_obj.name)
+            except NoSuchLogError:
+                raise LogFencedError(
+                    f"log {log_obj.name}: deleted while ledger {ledger_id} was being added"
+                ) from None
+            if not current.only_truncated_since(metadata):
+                raise LogFencedError(
+                    f"log {log_obj.name}: another writer changed the ledger list "
+                    f"(now {list(current.ledgers)[-3:]} at version {current_version}, "
+                    f"this writer read version {version}); ledger {ledger_id} was not added"
+                ) from None
+            metadata, version = current, current_version
+            continue
+        return updated, new_version
+    raise LogFencedError(
+        f"log {log_obj.name}: the ledger list kept changing; ledger {ledger_id} was not added"
+    )
+
+
+async def _delete_quietly(log_obj: Log, ledger_id: int) -> None:
+    try:
+        await log_obj.bk.delete_ledger(ledger_id)
+    except BKError as exc:
+        log.warning("log %s: could not delete unused ledger %d: %s", log_obj.name, ledger_id, exc)
+
+
+async def fence_previous_ledgers(log_obj: Log, metadata: LogMetadata) -> list[int]:
+    """Step 2 of R11: open with recovery every trailing ledger that is not closed.
+
+    Returns the ledgers fenced (newest first).
+    """
+    fenced: list[int] = []
+    password = log_obj.config.password
+    for ledger_id in reversed(metadata.ledgers):
+        try:
+            ledger_md = await log_obj.bk.ledger_metadata(ledger_id)
+        except NoSuchLedgerError:
+            log.warning("log %s: ledger %d is listed but does not exist", log_obj.name, ledger_id)
+            continue
+        if ledger_md.is_closed:
+            break
+        handle = await log_obj.bk.open_ledger(ledger_id, password)
+        await handle.close()
+        fenced.append(ledger_id)
+    return fenced
+
+
+async def open_writer(log_obj: Log) -> LogWriter:
+    """Become the log's writer (R11). See the module docstring for the steps."""
+    metadata, version = await read_log(log_obj.store, log_obj.name)
+    fenced = await fence_previous_ledgers(log_obj, metadata)
+    handle = await log_obj.create_ledger()
+    try:
+        metadata, version = await append_ledger_to_list(
+            log_obj, metadata, version, handle.ledger_id
+        )
+    except BaseException:
+        await handle.close()
+        await _delete_quietly(log_obj, handle.ledger_id)
+        raise
+    if fenced:
+        log.info("log %s: fenced ledger(s) %s", log_obj.name, fenced)
+    return LogWriter(log_obj, metadata, version, handle)
+
+
+def _transfer(target: asyncio.Future[Position], source: asyncio.Future[Position]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())  # type: ignore[arg-type]
+    else:
+        target.set_result(source.result())
+
+
+class LogWriter:
+    """Appends records to a log; the only writer as long as it is not fenced.
+
+    Example::
+
+        writer = await log.open_writer()
+        position = await writer.append(b"hello")          # waits for confirmation
+        futures = [writer.append_nowait(b"x") for _ in range(100)]  # pipelined
+        await asyncio.gather(*futures)
+        await writer.close()
+    """
+
+    def __init__(
+        self, log_obj: Log, metadata: LogMetadata, version: int, handle: LedgerHandle
+    ) -> None:
+        self._log = log_obj
+        self._loop = asyncio.get_running_loop()
+        self._metadata = metadata
+        self._version = version
+        self._handle = handle
+        self._ledger_opened_at = self._loop.time()
+        self._ledger_bytes = 0
+        self._failure: BKError | None = None
+        self._closed = False
+        self._rolling: asyncio.Task[None] | None = None
+        self._queue: deque[tuple[bytes, asyncio.Future[Position]]] = deque()
+        self._no_roll_before = 0.0
+        self._last_position: Position | None = None
+        self.rollovers = 0
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def name(self) -> str:
+        return self._log.name
+
+    @property
+    def ledger_id(self) -> int:
+        """The ledger appends go to now (the last of the list)."""
+        return self._handle.ledger_id
+
+    @property
+    def last_position(self) -> Position | None:
+        """The last position confirmed through this writer."""
+        return self._last_position
+
+    @property
+    def is_fenced(self) -> bool:
+        return isinstance(self._failure, LogFencedError)
+
+    @property
+    def failure(self) -> BKError | None:
+        """Why this writer stopped (None while it can append)."""
+        return self._failure
+
+    @property
+    def outstanding(self) -> int:
+        """Appends sent or queued and not yet confirmed."""
+        return self._handle.outstanding_adds + len(self._queue)
+
+    # ------------------------------------------------------------ appending
+
+    def append_nowait(self, data: bytes) -> asyncio.Future[Position]:
+        """Send a record without waiting; the future gives its position once confirmed.
+
+        Futures complete in append order. Raises at once if the writer lost the log
+        (LogFencedError) or was closed.
+        """
+        self._check_usable()
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        if self._rolling is None and self._should_roll():
+            self._start_rollover()
+        if self._rolling is not None:
+            future: asyncio.Future[Position] = self._loop.create_future()
+            self._queue.append((data, future))
+            return future
+        return self._send(data)
+
+    async def append(self, data: bytes) -> Position:
+        """Append one record and wait until it is confirmed; returns its position."""
+        await self.wait_for_capacity()
+        return await self.append_nowait(data)
+
+    async def wait_for_capacity(self) -> None:
+        """Wait for a rollover in progress, then for the ledger's in-flight bound."""
+        self._check_usable()
+        if self._rolling is not None:
+            await asyncio.shield(self._rolling)
+            self._check_usable()
+        await self._handle.wait_for_capacity()
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._closed:
+            raise LogClosedError(f"log {self.name}: writer is closed")
+
+    def _send(self, data: bytes) -> asyncio.Future[Position]:
+        handle = self._handle
+        try:
+            added = handle.append(data)
+        except BKError as exc:
+            error = self._lose(exc, handle.ledger_id)
+            raise error from None
+        self._ledger_bytes += len(data)
+        out: asyncio.Future[Position] = self._loop.create_future()
+        added.add_done_callback(partial(self._on_added, handle.ledger_id, out))
+        return out
+
+    def _on_added(
+        self, ledger_id: int, out: asyncio.Future[Position], added: asyncio.Future[int]
+    ) -> None:
+        if added.cancelled():
+            error: BKError = LogClosedError(f"log {self.name}: append to ledger {ledger_id} lost")
+            self._lose(error, ledger_id)
+            if not out.done():
+                out.set_exception(self._failure or error)
+            return
+        exc = added.exception()
+        if exc is not None:
+            error = self._lose(exc, ledger_id)
+            if not out.done():
+                out.set_exception(error)
+            return
+        position = Position(ledger_id, added.result())
+        if self._last_position is None or position > self._last_position:
+            self._last_position = position
+        if not out.done():
+            out.set_result(position)
+
+    def _lose(self, exc: BaseException, ledger_id: int) -> BKError:
+        """Record why the writer stops; a fencing becomes LogFencedError."""
+        if self._failure is not None:
+            return self._failure
+        if isinstance(exc, LedgerFencedError):
+            error: BKError = LogFencedError(
+                f"log {self.name}: ledger {ledger_id} was fenced by another writer; "
+                "this writer lost the log (appends not confirmed may or may not be in it)"
+            )
+        elif isinstance(exc, NoSuchLedgerError):
+            error = LogFencedError(
+                f"log {self.name}: ledger {ledger_id} was deleted (the log was deleted?)"
+            )
+        elif isinstance(exc, LogFencedError | BKError):
+            error = exc
+        else:
+            error = LogClosedError(f"log {self.name}: ledger {ledger_id}: {exc!r}")
+        self._failure = error
+        self._fail_queue(error)
+        log.warning("log %s: writer stops: %s", self.name, error.message)
+        return error
+
+    def _fail_queue(self, error: BKError) -> None:
+        while self._queue:
+            _, future = self._queue.popleft()
+            if not future.done():
+                future.set_exception(error)
+
+    # ------------------------------------------------------------ rolling over
+
+    def _should_roll(self) -> bool:
+        config = self._log.config
+        now = self._loop.time()
+        if now < self._no_roll_before:
+            return False
+        if config.rollover_size_bytes and self._ledger_bytes >= config.rollover_size_bytes:
+            return True
+        age_ms = (now - self._ledger_opened_at) * 1000
+        return bool(config.rollover_age_ms) and age_ms >= config.rollover_age_ms
+
+    def _start_rollover(self) -> None:
+        self._rolling = self._loop.create_task(self._rollover())
+        self._rolling.add_done_callback(self._rollover_done)
+
+    def _rollover_done(self, task: asyncio.Task[None]) -> None:
+        self._rolling = None
+        if task.cancelled():
+            self._lose(LogClosedError(f"log {self.name}: rollover cancelled"), self.ledger_id)
+        elif task.exception() is not None:
+            exc = task.exception()
+            assert exc is not None
+            self._lose(exc, self.ledger_id)
+        self._flush_queue()
+
+    def _flush_queue(self) -> None:
+        while self._queue and self._failure is None and self._rolling is None:
+            data, future = self._queue.popleft()
+            if future.done():
+                continue
+            try:
+                sent = self._send(data)
+            except BKError as exc:
+                future.set_exception(exc)
+                continue
+            sent.add_done_callback(partial(_transfer, future))
+        if self._failure is not None:
+            self._fail_queue(self._failure)
+
+    async def rollover(self) -> int:
+        """Start a new ledger now (create, append to the list, close the old one).
+
+        Returns the new ledger id. Appends made meanwhile wait for the new ledger.
+        """
+        self._check_usable()
+        if self._rolling is None:
+            self._start_rollover()
+        assert self._rolling is not None
+        await asyncio.shield(self._rolling)
+        self._check_usable()
+        return self.ledger_id
+
+    async def _rollover(self) -> None:
+        old = self._handle
+        try:
+            new = await self._log.create_ledger()
+        except BKError as exc:
+            if isinstance(exc, LogFencedError):
+                raise
+            # No new ledger now (too few bookies?): keep writing to the current one.
+            retry_ms = self._log.config.rollover_retry_ms
+            self._no_roll_before = self._loop.time() + retry_ms / 1000
+            log.warning(
+                "log %s: rollover from ledger %d failed, retry in %d ms: %s",
+                self.name,
+                old.ledger_id,
+                retry_ms,
+                exc.message,
+            )
+            return
+        try:
+            self._metadata, self._version = await append_ledger_to_list(
+                self._log, self._metadata, self._version, new.ledger_id
+            )
+        except BaseException:
+            await new.close()
+            await _delete_quietly(self._log, new.ledger_id)
+            raise
+        # The new ledger is in the list: close the old one once its adds settled (R11).
+        try:
+            await old.close()
+        except (LedgerFencedError, LedgerClosedError) as exc:
+            # Someone fenced the old ledger: a newer writer fences the new one too.
+            raise self._lose(LedgerFencedError(exc.message), old.ledger_id) from None
+        # An add of the old ledger that failed has stopped the writer (see _on_added).
+        if self._failure is not None:
+            with contextlib.suppress(BKError):
+                await new.close()
+            raise self._failure
+        self._handle = new
+        self._ledger_bytes = 0
+        self._ledger_opened_at = self._loop.time()
+        self.rollovers += 1
+        log.debug("log %s: rolled over %d -> %d", self.name, old.ledger_id, new.ledger_id)
+
+    # ------------------------------------------------------------ closing
+
+    async def close(self) -> None:
+        """Wait for the appends sent so far, then close the current ledger.
+
+        The log stays open for a next writer (which finds the ledger closed and
+        has nothing to fence). A fenced writer's close only releases it.
+        """
+        if self._closed:
+            return
+        if self._rolling is not None:
+            with contextlib.suppress(BKError, asyncio.CancelledError):
+                await asyncio.shield(self._rolling)
+        self._closed = True
+        if self._failure is not None:
+            with contextlib.suppress(BKError):
+                await self._handle.close()
+            return
+        try:
+            await self._handle.close()
+        except (LedgerFencedError, LedgerClosedError) as exc:
+            raise self._lose(LedgerFencedError(exc.message), self._handle.ledger_id) from None
+
+    async def __aenter__(self) -> LogWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        state = "fenced" if self.is_fenced else "closed" if self._closed else "open"
+        return f"<LogWriter log={self.name} ledger={self.ledger_id} {state}>"
