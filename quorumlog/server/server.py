@@ -111,12 +111,7 @@ class BookieServer:
 
         await cookies.verify_or_create(BookieRegistry(self.store), config, self.address)
 
-        if not config.journal_sync:
-            log.warning(
-                "bookie %s: JOURNAL SYNC IS OFF: adds are acknowledged before they are "
-                "durable; a power loss or kill can lose acknowledged entries",
-                self.address,
-            )
+        # The bookie itself warns loudly at start when journal sync is off (R2).
         # Journal replay reads files: keep it off the loop so the metadata session's
         # heartbeats keep flowing.
         self.bookie = await asyncio.to_thread(Bookie.open, config)
