@@ -426,6 +426,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--scaling-entries", type=int, default=100_000, help="100 B appends per cost-growth run"
     )
     parser.add_argument("--json-out", type=Path, help="default: bench/results/compare-<date>.json")
+    parser.add_argument(
+        "--show", type=Path, metavar="JSON", help="print the tables of a stored run; run nothing"
+    )
     args = parser.parse_args(argv)
     unknown = set(args.systems.split(",")) - set(SYSTEMS)
     if unknown:
@@ -435,8 +438,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def print_report(report: dict[str, Any]) -> None:
+    """The machine line and the tables of a run (a fresh one, or one read back)."""
+    machine, disk_facts = report["machine"], report["disk"]
+    parallel = disk_facts.get("parallel", {}).get("mb_per_s")
+    print(
+        f"\n{report['date']}: {machine['nproc']} x {machine['cpu_model']}, disk "
+        f"{disk_facts['mb_per_s']} MB/s (dd, one stream)"
+        + (f", {parallel} MB/s (3 streams)" if parallel else "")
+        + f", load {report['load_average_before']} -> {report['load_average_after']}, "
+        f"{report['wall_s']:.0f} s\n"
+    )
+    print(format_table(report["table"]))
+    print()
+    print(format_targets(report["targets"]))
+    extra = report.get("quorumlog_extra", {})
+    lines = []
+    for key, label in (("write_64k", "64 KiB write"), ("read", "read"), ("tail", "tail 1,000/s")):
+        figures = extra.get(key)
+        if figures:
+            lat = figures["latency_ms"]
+            lines.append(
+                f"| {label} | {figures['entries_per_s']:,.0f} | {figures['mb_per_s']:.2f} | "
+                f"{lat['p50']:.3f} | {lat['p99']:.3f} | {lat['p99.9']:.3f} |"
+            )
+    if lines:
+        print("\n| quorumlog | entries/s | MB/s | p50 ms | p99 ms | p99.9 ms |")
+        print("|---|---:|---:|---:|---:|---:|")
+        print("\n".join(lines))
+    if report.get("scaling"):
+        print()
+        print(format_scaling(report["scaling"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.show:
+        print_report(json.loads(args.show.read_text()))
+        return 0
     # A SIGTERM unwinds like Ctrl-C, so every peer's servers are stopped by pid.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from peers import disk
@@ -457,8 +496,15 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     log(f"load average {report['load_average_before']}; measuring the disk")
-    report["disk"] = {**disk.dd_bandwidth(), "fdatasync": disk.fdatasync_latency()}
-    log(f"disk: {report['disk']['mb_per_s']} MB/s sequential (dd conv=fdatasync)")
+    report["disk"] = {
+        **disk.dd_bandwidth(),
+        "parallel": disk.dd_parallel(3),
+        "fdatasync": disk.fdatasync_latency(),
+    }
+    log(
+        f"disk: {report['disk']['mb_per_s']} MB/s sequential (dd conv=fdatasync), "
+        f"{report['disk']['parallel']['mb_per_s']} MB/s as 3 streams"
+    )
     modes = {
         "one-at-a-time": {"entries": args.sync_entries, "warmup": 200, "window": 1},
         "pipelined": {"entries": args.entries, "warmup": 1000, "window": args.window},
@@ -481,18 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     report["table"] = rows
     report["targets"] = targets
 
-    machine = report["machine"]
-    print(
-        f"\n{machine['nproc']} x {machine['cpu_model']}, disk {report['disk']['mb_per_s']} MB/s, "
-        f"load {report['load_average_before']} -> {report['load_average_after']}, "
-        f"{report['wall_s']:.0f} s\n"
-    )
-    print(format_table(rows))
-    print()
-    print(format_targets(targets))
-    if args.scaling:
-        print()
-        print(format_scaling(report["scaling"]))
+    print_report(report)
     out = args.json_out or RESULTS_DIR / f"compare-{datetime.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
