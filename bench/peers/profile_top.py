@@ -50,8 +50,14 @@ def _short(frame: str) -> str:
     return f"{name} ({path.rsplit('/', 1)[-1]})"
 
 
-# Stacks outside the timed part of a run: imports at start-up, the summary at the end.
-DEFAULT_EXCLUDE = ("_find_and_load (", "Result.summary (", "_print_summary (")
+# Stacks outside the timed part of a run: imports at start-up, the summary and the
+# removal of the temporary cluster at the end.
+DEFAULT_EXCLUDE = (
+    "_find_and_load (",
+    "Result.summary (",
+    "_print_summary (",
+    "TemporaryDirectory.cleanup (",
+)
 
 
 def summarize(
