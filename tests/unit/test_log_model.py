@@ -1,0 +1,114 @@
+"""Positions, log names, the ledger list format and the history checker (no I/O)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from quorumlog.errors import BKError, InvalidArgumentError, MetadataError
+from quorumlog.log import InvalidLogNameError, LogConfig, LogMetadata, Position
+from quorumlog.log.checker import check_observations
+from quorumlog.log.metadata import check_log_name, log_path
+
+
+def test_position_is_ordered_hashable_printable_and_json_able() -> None:
+    a, b, c = Position(3, 9), Position(4, 0), Position(4, 1)
+    assert a < b < c
+    assert sorted([c, a, b]) == [a, b, c]
+    assert len({a, Position(3, 9)}) == 1
+    assert str(b) == "4:0"
+    assert json.loads(json.dumps(c)) == [4, 1]
+    assert c.to_dict() == {"ledger": 4, "entry": 1}
+    assert Position.parse("12:7") == Position(12, 7) == Position.parse("12,7")
+    assert Position.of([12, 7]) == Position.of({"ledger": 12, "entry": 7}) == Position(12, 7)
+    assert a.next() == Position(3, 10)
+
+
+@pytest.mark.parametrize("text", ["", "12", "a:b", "-1:0", "1:-2"])
+def test_position_parse_refuses_bad_text(text: str) -> None:
+    with pytest.raises(InvalidArgumentError):
+        Position.parse(text)
+
+
+@pytest.mark.parametrize("name", ["dice", "orders.v2", "a_b-c", "0"])
+def test_log_names_accepted(name: str) -> None:
+    assert check_log_name(name) == name
+    assert log_path(name) == f"/logs/{name}"
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", ".hidden", "-x", "a b", "x" * 201, "é"])
+def test_log_names_refused_with_a_bk_error(name: str) -> None:
+    with pytest.raises(InvalidLogNameError) as info:
+        check_log_name(name)
+    assert isinstance(info.value, BKError)
+
+
+def test_ledger_list_round_trips_and_appends_in_order() -> None:
+    md = LogMetadata("x", (3, 8), Position(3, 2), 1234)
+    again = LogMetadata.from_bytes("x", md.to_bytes())
+    assert again == md
+    assert md.with_ledger(9).ledgers == (3, 8, 9)
+    with pytest.raises(MetadataError):
+        md.with_ledger(8)  # ledger ids only grow along the list
+
+
+def test_damaged_ledger_list_is_a_metadata_error_naming_the_log() -> None:
+    for data in (b"{", b"[]", b'{"format": 2, "ledgers": []}', b'{"format": 1}'):
+        with pytest.raises(MetadataError, match="log x"):
+            LogMetadata.from_bytes("x", data)
+    with pytest.raises(MetadataError, match="not increasing"):
+        LogMetadata.from_bytes("x", b'{"format": 1, "ledgers": [5, 4]}')
+
+
+def test_truncation_keeps_ledgers_from_the_position_and_never_moves_back() -> None:
+    md = LogMetadata("x", (3, 8, 9))
+    cut = md.truncated(Position(8, 4))
+    assert cut.ledgers == (8, 9)
+    assert cut.truncated_before == Position(8, 4)
+    assert cut.truncated(Position(8, 1)).truncated_before == Position(8, 4)
+    assert cut.only_truncated_since(md)
+    assert not md.with_ledger(10).only_truncated_since(md)
+    assert md.only_truncated_since(md)
+
+
+def test_log_config_checks_quorum_shape_r1() -> None:
+    with pytest.raises(InvalidArgumentError):
+        LogConfig(ensemble=2, write_quorum=3, ack_quorum=2)
+    with pytest.raises(InvalidArgumentError):
+        LogConfig(long_poll_ms=0)
+
+
+# ---------------------------------------------------------------- the checker
+
+LOG = [(Position(1, 0), 4), (Position(1, 1), 2), (Position(3, 0), 6)]
+
+
+def test_checker_accepts_prefixes_and_subsets_of_the_log() -> None:
+    report = check_observations(
+        LOG,
+        prefixes={"a": LOG, "b": LOG[:2], "late": []},
+        subsets={"w1": LOG[:2], "w2": LOG[2:]},
+    )
+    assert report.ok, report.problems
+    assert report.divergent_positions == 0
+    assert report.log_records == 3 and report.observers == 5
+
+
+def test_checker_finds_a_gap_a_repeat_and_a_divergence() -> None:
+    gap = check_observations(LOG, prefixes={"a": [LOG[0], LOG[2]]})
+    assert not gap.ok and "not a prefix" in gap.problems[0]
+    repeat = check_observations(LOG, prefixes={"a": [LOG[0], LOG[0]]})
+    assert any("twice" in p for p in repeat.problems)
+    divergent = check_observations(LOG, prefixes={"a": LOG[:1], "b": [(Position(1, 0), 5)]})
+    assert divergent.divergent_positions == 1
+
+
+def test_checker_finds_a_confirmed_write_missing_from_the_log() -> None:
+    report = check_observations(LOG, subsets={"w": [(Position(2, 0), 1)]})
+    assert report.problems == ["w: 2:0 was reported done but is not in the log"]
+
+
+def test_checker_finds_an_observer_beyond_the_log() -> None:
+    report = check_observations(LOG[:1], prefixes={"stale": LOG[:2]})
+    assert any("beyond the end" in p for p in report.problems)
