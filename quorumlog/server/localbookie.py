@@ -107,9 +107,11 @@ def _watch(cluster: object, stop_signal: list[int]) -> int:
         for bookie in cluster.bookies:
             if bookie.index not in reported and not bookie.alive():
                 reported.add(bookie.index)
+                code = bookie.returncode or 0
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
                 print(
-                    f"{_PROG}: bookie {bookie.address} (pid {bookie.pid}) exited with status "
-                    f"{bookie.returncode}; see {bookie.stderr_path}",
+                    f"{_PROG}: bookie {bookie.address} (pid {bookie.pid}) {how}; "
+                    f"see {bookie.stderr_path}",
                     file=sys.stderr,
                     flush=True,
                 )
