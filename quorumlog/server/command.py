@@ -134,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.log_level != "DEBUG":
+        # kazoo warns on every failed connection attempt; the store reports what matters
+        # (session suspended, lost, or unreachable) in one line.
+        logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
         config, server_config, uri = _configs(args)
     except ValueError as exc:  # InvalidArgumentError is a ValueError too

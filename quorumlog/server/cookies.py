@@ -79,6 +79,14 @@ async def verify_or_create(registry: CookieRegistry, config: BookieConfig, addre
                 f"{local.instance_id}) but the metadata store has none for this bookie: "
                 f"wrong metadata store, or its record was removed"
             )
+        # Directories first: an unusable one must refuse before the store records a cookie.
+        for directory in (data_dir, journal_dir):
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise BookieStartError(
+                    f"bookie {address}: cannot create {directory}: {exc}"
+                ) from None
         cookie = new_cookie(address, data_dir, journal_dir)
         try:
             await registry.write_cookie(address, cookie.to_bytes(), -1)
@@ -87,9 +95,16 @@ async def verify_or_create(registry: CookieRegistry, config: BookieConfig, addre
                 f"bookie {address}: another process wrote this bookie's cookie at the same "
                 f"time; is a second bookie starting with the same address?"
             ) from None
-        write_cookie(data_dir, cookie)
+        directories = [data_dir]
         if journal_dir.resolve() != data_dir.resolve():
-            write_cookie(journal_dir, cookie)
+            directories.append(journal_dir)
+        for directory in directories:
+            try:
+                write_cookie(directory, cookie)
+            except OSError as exc:
+                raise BookieStartError(
+                    f"bookie {address}: cannot write the cookie into {directory}: {exc}"
+                ) from None
         return
 
     expected = Cookie.from_bytes(
