@@ -69,6 +69,7 @@ class LogReader:
         self._list_watch: Watch | None = None
         self._ledger_watch: Watch | None = None
         self._closed = False
+        self._last_look = self._loop.time()
         self.records_read = 0
 
     async def _open(self) -> None:
@@ -217,16 +218,27 @@ class LogReader:
             poll.cancel()
             with contextlib.suppress(asyncio.CancelledError, BKError):
                 await poll
-            await self._refresh_handle(handle)
+            await self._look_again(forced=True)  # the list or the ledger changed
             return
         _, entry = poll.result()  # a BKError here is handled by read_next
         if entry is not None and self._next == Position(handle.ledger_id, entry_id):
             self._buffer.append(Record(Position(handle.ledger_id, entry_id), entry.data))
             self._next = Position(handle.ledger_id, entry_id + 1)
         elif entry is None:
-            # No news within the poll: look at the ledger's state and the list again.
-            await self._refresh_handle(handle)
-            self._list_stale = True
+            # No news within the poll: now and then, look at the ledger and the list
+            # again in case a watch event was missed.
+            await self._look_again(forced=False)
+
+    async def _look_again(self, *, forced: bool) -> None:
+        """Re-read the current ledger's metadata and mark the list stale: at once after
+        an event, else at most once per ``long_poll_ms``."""
+        now = self._loop.time()
+        if not forced and now - self._last_look < self._log.config.long_poll_ms / 1000:
+            return
+        self._last_look = now
+        self._list_stale = True
+        if self._handle is not None:
+            await self._refresh_handle(self._handle)
 
     async def _refresh_handle(self, handle: ReadHandle) -> None:
         try:
@@ -243,9 +255,7 @@ class LogReader:
         if wait_s > 0 and not self._changed.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), wait_s)
-        self._list_stale = True
-        if self._handle is not None:
-            await self._refresh_handle(self._handle)
+        await self._look_again(forced=self._changed.is_set())
 
     async def _sleep_until(self, deadline: float | None, delay_s: float) -> None:
         if deadline is not None:

@@ -90,6 +90,8 @@ class LogWriter:
         self._lock = threading.Lock()
         self._queue: list[tuple[bytes, concurrent.futures.Future[Position]]] = []
         self._wake_pending = False
+        # Back-pressure for threads: at most this many appends unconfirmed at once.
+        self._slots = threading.BoundedSemaphore(writer._log.bk.config.max_outstanding_adds)
 
     @property
     def ledger_id(self) -> int:
@@ -114,6 +116,7 @@ class LogWriter:
     def append_nowait(self, data: bytes) -> concurrent.futures.Future[Position]:
         """Send a record; the future gives its position once confirmed, in append order."""
         future: concurrent.futures.Future[Position] = concurrent.futures.Future()
+        self._slots.acquire()
         with self._lock:
             self._queue.append((bytes(data), future))
             wake = not self._wake_pending
@@ -130,9 +133,16 @@ class LogWriter:
             try:
                 sent = self._writer.append_nowait(data)
             except BKError as exc:
+                self._slots.release()
                 future.set_exception(exc)
                 continue
-            sent.add_done_callback(partial(_transfer, future))
+            sent.add_done_callback(partial(self._transfer, future))
+
+    def _transfer(
+        self, future: concurrent.futures.Future[Position], sent: asyncio.Future[Position]
+    ) -> None:
+        self._slots.release()
+        _transfer(future, sent)
 
     def rollover(self) -> int:
         return self._runner.run(self._writer.rollover())
