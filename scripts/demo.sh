@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Set up quorumlog and run the main job on one machine: a local cluster of three bookies
-# on the embedded metadata store, a client example, and the simpletest throughput check.
+# on the embedded metadata store, three instances of the replicated dice application (one
+# leads, two follow: all print the same sequence), a client example, and the simpletest
+# throughput check.
 #   bash scripts/demo.sh [ENTRIES]     (default 100000 entries for simpletest)
+#   DICE_SECONDS=30 bash scripts/demo.sh   (how long the dice instances run; default 10)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 entries="${1:-100000}"
+dice_seconds="${DICE_SECONDS:-10}"
 
 python -m pip install -q --disable-pip-version-check -e . 2>&1 | grep -v '^WARNING' || true
 
@@ -12,7 +16,9 @@ data_dir=$(mktemp -d -t quorumlog-demo.XXXXXX)
 log="$data_dir/localbookie.log"
 quorumlog localbookie 3 --data-dir "$data_dir" >"$log" 2>&1 &
 cluster_pid=$!
+dice_pids=()
 cleanup() {
+    for pid in "${dice_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     kill -TERM "$cluster_pid" 2>/dev/null || true
     wait "$cluster_pid" 2>/dev/null || true
     rm -rf "$data_dir"
@@ -28,6 +34,18 @@ grep -q ready "$log" || { echo "local cluster did not start"; cat "$log"; exit 1
 cat "$log"
 export QUORUMLOG_METADATA
 QUORUMLOG_METADATA=$(sed -n 's/^metadata: //p' "$log" | head -n 1)
+
+echo "--- three dice instances for ${dice_seconds} s (more: quorumlog dice --metadata \$QUORUMLOG_METADATA)"
+for n in 1 2 3; do
+    quorumlog dice --interval-ms 500 >"$data_dir/dice-$n.log" 2>&1 &
+    dice_pids+=("$!")
+    sleep 0.5
+done
+sleep "$dice_seconds"
+for pid in "${dice_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+wait "${dice_pids[@]}" 2>/dev/null || true
+dice_pids=()
+for n in 1 2 3; do sed "s/^/[dice-$n] /" "$data_dir/dice-$n.log"; done
 
 echo "--- client example (examples/hello_ledger.py)"
 python examples/hello_ledger.py
