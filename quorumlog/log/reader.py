@@ -27,7 +27,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from quorumlog.errors import BKError, NoSuchLedgerError
+from quorumlog.errors import BKError, InvalidArgumentError, NoSuchLedgerError, UnauthorizedError
 from quorumlog.log.errors import LogClosedError, LogTruncatedError, NoSuchLogError
 from quorumlog.log.metadata import LogMetadata, log_path, read_log
 from quorumlog.log.position import Position, Record
@@ -121,8 +121,14 @@ class LogReader:
                 return None
             try:
                 await self._step(deadline)
-            except (LogTruncatedError, NoSuchLogError, LogClosedError):
-                raise
+            except (
+                LogTruncatedError,
+                NoSuchLogError,
+                LogClosedError,
+                UnauthorizedError,
+                InvalidArgumentError,
+            ):
+                raise  # retrying cannot help
             except BKError as exc:
                 # A bookie or the store failed for now: try again, within the time allowed.
                 log.debug("log %s: read at %s failed: %s", self._log.name, self._next, exc)

@@ -95,11 +95,16 @@ async def append_ledger_to_list(
     )
 
 
-async def _delete_quietly(log_obj: Log, ledger_id: int) -> None:
+async def _discard(log_obj: Log, handle: LedgerHandle) -> None:
+    """Close and delete a ledger that never made it into the list (best effort)."""
+    with contextlib.suppress(BKError):
+        await handle.close()
     try:
-        await log_obj.bk.delete_ledger(ledger_id)
+        await log_obj.bk.delete_ledger(handle.ledger_id)
     except BKError as exc:
-        log.warning("log %s: could not delete unused ledger %d: %s", log_obj.name, ledger_id, exc)
+        log.warning(
+            "log %s: could not delete unused ledger %d: %s", log_obj.name, handle.ledger_id, exc
+        )
 
 
 async def fence_previous_ledgers(log_obj: Log, metadata: LogMetadata) -> list[int]:
@@ -133,8 +138,7 @@ async def open_writer(log_obj: Log) -> LogWriter:
             log_obj, metadata, version, handle.ledger_id
         )
     except BaseException:
-        await handle.close()
-        await _delete_quietly(log_obj, handle.ledger_id)
+        await _discard(log_obj, handle)
         raise
     if fenced:
         log.info("log %s: fenced ledger(s) %s", log_obj.name, fenced)
@@ -387,8 +391,7 @@ class LogWriter:
                 self._log, self._metadata, self._version, new.ledger_id
             )
         except BaseException:
-            await new.close()
-            await _delete_quietly(self._log, new.ledger_id)
+            await _discard(self._log, new)
             raise
         # The new ledger is in the list: close the old one once its adds settled (R11).
         try:

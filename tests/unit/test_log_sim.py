@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from quorumlog.client.bookkeeper import BookKeeper
-from quorumlog.errors import BKError, InvalidArgumentError
+from quorumlog.errors import BKError, InvalidArgumentError, UnauthorizedError
 from quorumlog.log import (
     LogConfig,
     LogFencedError,
@@ -381,3 +381,18 @@ def test_r11_competing_writers_seeded_history_is_consistent(seed: int) -> None:
     assert result["fenced"] >= 1  # the writers did take the log from each other
     all_confirmed = sum(len(v) for v in result["confirmed"].values())
     assert all_confirmed <= len(final) and all_confirmed > 0
+
+
+def test_r10_reader_with_the_wrong_password_gets_an_error_not_silence() -> None:
+    async def body(sim: Sim) -> None:
+        writer = await (
+            await sim.client().open_log("secret", LogConfig(password=b"pw"))
+        ).open_writer()
+        await writer.append(b"hidden")
+        reader = await (
+            await sim.client().open_log("secret", LogConfig(password=b"wrong"))
+        ).open_reader()
+        with pytest.raises(UnauthorizedError, match="wrong password"):
+            await reader.read_next(1000)
+
+    run_sim(body)
