@@ -26,15 +26,18 @@ the performance targets. One table goes to stdout, every raw figure to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
+import resource
 import signal
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +279,55 @@ def source_version() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "changed_under_quorumlog": changed}
 
 
+class Interference:
+    """CPU time that processes outside this run used while a phase ran.
+
+    The machine's busy time (``/proc/stat``) minus this process's and its waited-for
+    descendants' (every server and client it starts is waited for, so their time is in
+    ``RUSAGE_CHILDREN`` by the end of the phase). Well above zero means other work
+    shared the cores and the phase's figures are low.
+    """
+
+    def __init__(self) -> None:
+        self.phases: dict[str, dict[str, float]] = {}
+
+    @staticmethod
+    def _machine_busy_s() -> float:
+        try:
+            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        except OSError:
+            return 0.0
+        ticks = [int(x) for x in fields]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own_s() -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        wall0, busy0, own0 = time.monotonic(), self._machine_busy_s(), self._own_s()
+        try:
+            yield
+        finally:
+            wall_s = time.monotonic() - wall0
+            foreign_s = max(0.0, (self._machine_busy_s() - busy0) - (self._own_s() - own0))
+            self.phases[name] = {
+                "wall_s": round(wall_s, 1),
+                "foreign_cpu_s": round(foreign_s, 1),
+                "foreign_cores": round(foreign_s / wall_s, 2) if wall_s else 0.0,
+            }
+
+    def worst(self) -> tuple[str, float]:
+        if not self.phases:
+            return "", 0.0
+        name = max(self.phases, key=lambda k: self.phases[k]["foreign_cores"])
+        return name, self.phases[name]["foreign_cores"]
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -447,8 +499,15 @@ def print_report(report: dict[str, Any]) -> None:
         f"{disk_facts['mb_per_s']} MB/s (dd, one stream)"
         + (f", {parallel} MB/s (3 streams)" if parallel else "")
         + f", load {report['load_average_before']} -> {report['load_average_after']}, "
-        f"{report['wall_s']:.0f} s\n"
+        f"{report['wall_s']:.0f} s"
     )
+    phases = report.get("interference", {})
+    if phases:
+        print(
+            "CPU used by other processes during each phase (cores): "
+            + ", ".join(f"{name} {p['foreign_cores']:.2f}" for name, p in phases.items())
+        )
+    print()
     print(format_table(report["table"]))
     print()
     print(format_targets(report["targets"]))
@@ -511,13 +570,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     systems: dict[str, dict[str, Any]] = {}
     chosen = [s for s in SYSTEMS if s in args.systems.split(",")]
+    interference = Interference()
     for name in chosen:
-        systems[name] = run_peer(name, modes, args)
+        with interference.phase(name):
+            systems[name] = run_peer(name, modes, args)
         if name == "quorumlog":
-            report["quorumlog_extra"] = run_quorumlog_extra(args)
+            with interference.phase("quorumlog extra"):
+                report["quorumlog_extra"] = run_quorumlog_extra(args)
     report["systems"] = systems
     if args.scaling:
-        report["scaling"] = run_scaling(args.scaling_entries, args.repeat)
+        with interference.phase("scaling"):
+            report["scaling"] = run_scaling(args.scaling_entries, args.repeat)
+    report["interference"] = interference.phases
     report["load_average_after"] = load_average()
     report["wall_s"] = round(time.monotonic() - started, 1)
     rows = comparison_rows(systems)
@@ -532,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nraw figures: {out}")
+    phase, cores = interference.worst()
+    if cores > 0.2:
+        log(f"warning: other processes used {cores:.2f} cores during {phase}: figures are low")
     failed = [name for name, data in systems.items() if "error" in data]
     return 1 if failed else 0
 
