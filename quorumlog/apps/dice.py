@@ -33,7 +33,7 @@ from quorumlog.errors import BKError
 from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogFencedError
 from quorumlog.log.position import Position, Record
-from quorumlog.recipes.election import LeaderElection
+from quorumlog.recipes.election import LeaderElection, StoreFactory
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -124,12 +124,15 @@ class Dice:
         rng: random.Random | None = None,
         identifier: str | None = None,
         status: Callable[[str], None] | None = None,
+        election_source: str | StoreFactory | None = None,
     ) -> None:
         self.bk = bk
         self.config = config or DiceConfig()
         self.emit = emit
         self.rng = rng or random.Random()
         self.identifier = identifier
+        # Where the election opens its sessions: the client's store URI by default.
+        self.election_source = election_source
         self.status = status or (lambda message: log.info("%s", message))
         self.last_shown: Position | None = None
         self.shown = 0
@@ -151,7 +154,7 @@ class Dice:
         """Play until :meth:`stop` (or ``max_values`` shown)."""
         config = self.config
         election = LeaderElection(
-            self.bk,
+            self.election_source or self.bk,
             config.group or config.log_name,
             identifier=self.identifier,
             session_timeout_ms=config.session_timeout_ms,
