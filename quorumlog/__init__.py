@@ -30,6 +30,8 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from quorumlog.client.config import ClientConfig
     from quorumlog.client.sync import BookKeeper, LedgerHandle, ReadHandle
+    from quorumlog.log import LogConfig, LogFencedError, Position, Record
+    from quorumlog.recipes import LeaderElection
 
 # The client is imported on first use, so that a bookie process (which imports
 # quorumlog.proto and quorumlog.bookie) does not load it.
@@ -38,6 +40,11 @@ _LAZY = {
     "LedgerHandle": "quorumlog.client.sync",
     "ReadHandle": "quorumlog.client.sync",
     "ClientConfig": "quorumlog.client.config",
+    "LogConfig": "quorumlog.log",
+    "LogFencedError": "quorumlog.log",
+    "Position": "quorumlog.log",
+    "Record": "quorumlog.log",
+    "LeaderElection": "quorumlog.recipes",
 }
 
 
@@ -61,18 +68,23 @@ __all__ = [
     "DigestType",
     "Entry",
     "InvalidArgumentError",
+    "LeaderElection",
     "LedgerClosedError",
     "LedgerFencedError",
     "LedgerHandle",
     "LedgerMetadata",
     "LedgerRecoveryError",
     "LedgerState",
+    "LogConfig",
+    "LogFencedError",
     "MetadataError",
     "NoSuchEntryError",
     "NoSuchLedgerError",
     "NotEnoughBookiesError",
+    "Position",
     "ProtocolError",
     "ReadHandle",
+    "Record",
     "Status",
     "UnauthorizedError",
 ]
