@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from quorumlog.client.config import ClientConfig
     from quorumlog.client.sync import BookKeeper, LedgerHandle, ReadHandle
     from quorumlog.log import LogConfig, LogFencedError, Position, Record
-    from quorumlog.recipes import LeaderElection
 
 # The client is imported on first use, so that a bookie process (which imports
 # quorumlog.proto and quorumlog.bookie) does not load it.
@@ -44,7 +43,6 @@ _LAZY = {
     "LogFencedError": "quorumlog.log",
     "Position": "quorumlog.log",
     "Record": "quorumlog.log",
-    "LeaderElection": "quorumlog.recipes",
 }
 
 
@@ -68,7 +66,6 @@ __all__ = [
     "DigestType",
     "Entry",
     "InvalidArgumentError",
-    "LeaderElection",
     "LedgerClosedError",
     "LedgerFencedError",
     "LedgerHandle",
