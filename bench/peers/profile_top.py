@@ -50,6 +50,15 @@ def _short(frame: str) -> str:
     return f"{name} ({path.rsplit('/', 1)[-1]})"
 
 
+# Frames at the bottom of every thread's stack.
+ENTRY_POINTS = (
+    "_run_module_as_main (",
+    "_run_code (",
+    "<module> (__main__.py)",
+    "main (cli.py)",
+    "Thread._bootstrap",
+    "Thread.run (",
+)
 # Stacks outside the timed part of a run: imports at start-up, the summary and the
 # removal of the temporary cluster at the end.
 DEFAULT_EXCLUDE = (
@@ -60,10 +69,31 @@ DEFAULT_EXCLUDE = (
 )
 
 
+def _pid_roles(lines: list[str]) -> dict[str, str]:
+    """pid -> role. py-spy can label a freshly forked child with its parent's command
+    line, so a bookie is also recognised by its frames (the bookie server's module)."""
+    labels: dict[str, str] = {}
+    for line in lines:
+        frames = line.rpartition(" ")[0].split(";")
+        processes = [m for m in map(_PROCESS.match, frames) if m]
+        if not processes:
+            continue
+        pid, command = processes[-1].group(1), processes[-1].group(2)
+        role = _role(command)
+        if role.startswith("bookie"):
+            labels[pid] = role
+        elif "quorumlog/server/command.py" in line and not labels.get(pid, "").startswith("b"):
+            labels[pid] = f"bookie (pid {pid})"
+        else:
+            labels.setdefault(pid, role)
+    return labels
+
+
 def summarize(
     lines: list[str], exclude: tuple[str, ...] = DEFAULT_EXCLUDE
 ) -> dict[str, dict[str, Counter[str]]]:
     """{role: {"self": Counter, "total": Counter, "all": Counter(busy=, idle=, excluded=)}}."""
+    pid_roles = _pid_roles(lines)
     roles: dict[str, dict[str, Counter[str]]] = defaultdict(
         lambda: {"self": Counter(), "total": Counter(), "all": Counter()}
     )
@@ -74,13 +104,11 @@ def summarize(
         stack_text, _, count_text = line.rpartition(" ")
         count = int(count_text)
         frames = stack_text.split(";")
-        processes = [f for f in frames if _PROCESS.match(f)]
+        processes = [m for m in map(_PROCESS.match, frames) if m]
         code = [f for f in frames if not _PROCESS.match(f)]
         if not processes or not code:
             continue
-        match = _PROCESS.match(processes[-1])
-        assert match is not None
-        role = roles[_role(match.group(2))]
+        role = roles[pid_roles[processes[-1].group(1)]]
         if any(marker in stack_text for marker in exclude):
             role["all"]["excluded"] += count
             continue
@@ -122,8 +150,13 @@ def main() -> None:
             print(f"| {100 * count / busy:.1f} | {name} |")
         print("\n| total % | function |")
         print("|---:|---|")
-        for name, count in data["total"].most_common(args.top + 8)[8:]:
-            # The first few are the entry points every sample passes through.
+        # Frames (nearly) every sample passes through are entry points: left out.
+        inner = [
+            (n, c)
+            for n, c in data["total"].most_common()
+            if c < 0.9 * busy and not n.startswith(ENTRY_POINTS)
+        ]
+        for name, count in inner[: args.top]:
             print(f"| {100 * count / busy:.1f} | {name} |")
 
 
