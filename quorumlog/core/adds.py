@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from quorumlog.core.quorum import write_set
+from quorumlog.core.quorum import all_write_sets
 
 
 class PendingAdd:
@@ -35,7 +35,15 @@ class PendingAdd:
 class AddTracker:
     """Pending adds of one writer, from LAC + 1 up to the last entry sent."""
 
-    __slots__ = ("_pending", "ack_quorum", "ensemble_size", "lac", "next_entry_id", "write_quorum")
+    __slots__ = (
+        "_pending",
+        "_write_sets",
+        "ack_quorum",
+        "ensemble_size",
+        "lac",
+        "next_entry_id",
+        "write_quorum",
+    )
 
     def __init__(self, ensemble_size: int, write_quorum: int, ack_quorum: int, lac: int = -1):
         self.ensemble_size = ensemble_size
@@ -44,6 +52,8 @@ class AddTracker:
         self.lac = lac
         self.next_entry_id = lac + 1
         self._pending: dict[int, PendingAdd] = {}
+        # The E write sets of the ensemble, computed once: entry e uses write set e mod E.
+        self._write_sets = all_write_sets(ensemble_size, write_quorum)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -52,9 +62,7 @@ class AddTracker:
         """Register the next entry (its id is ``next_entry_id`` before the call)."""
         entry_id = self.next_entry_id
         self.next_entry_id = entry_id + 1
-        pending = PendingAdd(
-            entry_id, blob, write_set(entry_id, self.ensemble_size, self.write_quorum), token
-        )
+        pending = PendingAdd(entry_id, blob, self._write_sets[entry_id % self.ensemble_size], token)
         self._pending[entry_id] = pending
         return pending
 
