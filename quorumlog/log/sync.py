@@ -16,13 +16,10 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import threading
 from collections.abc import Iterator
-from functools import partial
 
-from quorumlog.client.sync import LoopThread
+from quorumlog.client.sync import LoopThread, ThreadedSubmitter
 from quorumlog.errors import BKError
 from quorumlog.log import log as _aio
 from quorumlog.log.config import LogConfig
@@ -87,11 +84,9 @@ class LogWriter:
     def __init__(self, runner: LoopThread, writer: _AioLogWriter) -> None:
         self._runner = runner
         self._writer = writer
-        self._lock = threading.Lock()
-        self._queue: list[tuple[bytes, concurrent.futures.Future[Position]]] = []
-        self._wake_pending = False
-        # Back-pressure for threads: at most this many appends unconfirmed at once.
-        self._slots = threading.BoundedSemaphore(writer._log.bk.config.max_outstanding_adds)
+        self._submitter: ThreadedSubmitter[Position] = ThreadedSubmitter(
+            runner.loop, writer.append_nowait, writer._log.bk.config.max_outstanding_adds
+        )
 
     @property
     def ledger_id(self) -> int:
@@ -115,34 +110,7 @@ class LogWriter:
 
     def append_nowait(self, data: bytes) -> concurrent.futures.Future[Position]:
         """Send a record; the future gives its position once confirmed, in append order."""
-        future: concurrent.futures.Future[Position] = concurrent.futures.Future()
-        self._slots.acquire()
-        with self._lock:
-            self._queue.append((bytes(data), future))
-            wake = not self._wake_pending
-            self._wake_pending = True
-        if wake:
-            self._runner.loop.call_soon_threadsafe(self._drain)
-        return future
-
-    def _drain(self) -> None:
-        with self._lock:
-            items, self._queue = self._queue, []
-            self._wake_pending = False
-        for data, future in items:
-            try:
-                sent = self._writer.append_nowait(data)
-            except BKError as exc:
-                self._slots.release()
-                future.set_exception(exc)
-                continue
-            sent.add_done_callback(partial(self._transfer, future))
-
-    def _transfer(
-        self, future: concurrent.futures.Future[Position], sent: asyncio.Future[Position]
-    ) -> None:
-        self._slots.release()
-        _transfer(future, sent)
+        return self._submitter.submit(data)
 
     def rollover(self) -> int:
         return self._runner.run(self._writer.rollover())
@@ -151,7 +119,7 @@ class LogWriter:
         """Wait for the appends sent so far, then close the current ledger."""
 
         async def drain_then_close() -> None:
-            self._drain()
+            self._submitter.drain()
             await self._writer.close()
 
         self._runner.run(drain_then_close())
@@ -164,17 +132,6 @@ class LogWriter:
 
     def __repr__(self) -> str:
         return repr(self._writer)
-
-
-def _transfer(future: concurrent.futures.Future[Position], sent: asyncio.Future[Position]) -> None:
-    if sent.cancelled():
-        future.cancel()
-        return
-    exc = sent.exception()
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(sent.result())
 
 
 class LogReader:
