@@ -526,6 +526,36 @@ class Bookie:
         if self._deferred:
             self._drain_deferred()
 
+    def _keyed_state(
+        self, request: FenceRequest | ReadRequest | WriteLacRequest, key: bytes, respond: Respond
+    ) -> LedgerState | None:
+        """The ledger's state for a keyed request that changes it (fence, explicit LAC).
+
+        Answers the request and returns None when the journal has failed, the ledger was
+        deleted here, or ``key`` is not the ledger's master key (R10: nothing changes).
+        Otherwise creates the state if this bookie never saw the ledger, and records the
+        key on first use (journaled before the request that follows it is answered).
+        """
+        if self._journal_failed:
+            respond(error_response(request, Status.IO_ERROR))
+            return None
+        ledger_id = request.ledger_id
+        st = self._states.get(ledger_id)
+        if st is not None:
+            if st.deleted:
+                respond(error_response(request, Status.NO_SUCH_LEDGER))
+                return None
+            if st.master_key is not None and st.master_key != key:
+                respond(error_response(request, Status.UNAUTHORIZED))  # R10
+                return None
+        else:
+            st = self.storage.create_state(ledger_id)
+        if st.master_key is None:
+            st.master_key = key
+            self.storage.mark_dirty(st)
+            self._journal.append(master_key_record(ledger_id, key), None)
+        return st
+
     # -------------------------------------------------------------- fencing
 
     def _fence(
@@ -535,33 +565,18 @@ class Bookie:
         then: Callable[[tuple[Any, Respond]], None],
     ) -> None:
         """Fence (R7): in memory at once, answered through ``then`` once durable."""
-        ledger_id = request.ledger_id
-        key = request.master_key
-        if self._journal_failed:
-            respond(error_response(request, Status.IO_ERROR))
-            return
-        st = self._states.get(ledger_id)
-        if st is not None:
-            if st.deleted:
-                respond(error_response(request, Status.NO_SUCH_LEDGER))
-                return
-            if st.master_key is not None and st.master_key != key:
-                respond(error_response(request, Status.UNAUTHORIZED))  # R10
-                return
-        journal = self._journal
+        st = self._keyed_state(request, request.master_key, respond)
         if st is None:
-            st = self.storage.create_state(ledger_id)
-        if st.master_key is None:
-            st.master_key = key
-            self.storage.mark_dirty(st)
-            journal.append(master_key_record(ledger_id, key), None)
+            return
         if st.fenced and st.fence_durable:
             then((request, respond))
             return
         if not st.fenced:
             st.fenced = True
             self.storage.mark_dirty(st)
-        journal.append(fence_record(ledger_id), (self._fence_durable, (request, respond, then)))
+        self._journal.append(
+            fence_record(st.ledger_id), (self._fence_durable, (request, respond, then))
+        )
 
     def _fence_durable(self, arg: tuple[Any, Respond, Callable[[Any], None]]) -> None:
         request, respond, then = arg
@@ -692,26 +707,11 @@ class Bookie:
 
     def _on_write_lac(self, request: WriteLacRequest, respond: Respond) -> None:
         ledger_id = request.ledger_id
-        if self._journal_failed:
-            respond(error_response(request, Status.IO_ERROR))
-            return
-        st = self._states.get(ledger_id)
-        if st is not None:
-            if st.deleted:
-                respond(error_response(request, Status.NO_SUCH_LEDGER))
-                return
-            if st.master_key is not None and st.master_key != request.master_key:
-                respond(error_response(request, Status.UNAUTHORIZED))  # R10
-                return
-        journal = self._journal
+        st = self._keyed_state(request, request.master_key, respond)
         if st is None:
-            st = self.storage.create_state(ledger_id)
-        if st.master_key is None:
-            st.master_key = request.master_key
-            self.storage.mark_dirty(st)
-            journal.append(master_key_record(ledger_id, request.master_key), None)
+            return
         self._set_explicit_lac(st, request.lac)
-        journal.append(
+        self._journal.append(
             lac_record(ledger_id, request.lac),
             (respond, StatusResponse(request.request_id, Op.WRITE_LAC, _OK, ledger_id)),
         )
