@@ -363,3 +363,20 @@ def client_arguments(
         "--time-limit-s",
         str(time_limit_s),
     ]
+
+
+def run_modes(
+    system: str,
+    peer_file: Path,
+    target_args: list[str],
+    modes: dict[str, dict[str, Any]],
+    time_limit_s: float,
+) -> dict[str, dict[str, Any]]:
+    """Run a peer's client once per mode (``{mode: {entries, warmup, window}}``) against
+    the server named by ``target_args``; returns ``{mode: summary}``."""
+    results: dict[str, dict[str, Any]] = {}
+    for mode, spec in modes.items():
+        args = [*target_args, *client_arguments(mode, time_limit_s=time_limit_s, **spec)]
+        results[mode] = run_client(peer_file, args, timeout_s=time_limit_s + 60)
+        log(f"{system} {mode}: {results[mode]['entries_per_s']:,.0f} appends/s")
+    return results

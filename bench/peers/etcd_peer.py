@@ -33,14 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ``peers`` when r
 from peers.common import (
     Processes,
     add_client_arguments,
-    client_arguments,
     ensure_binary,
     ensure_module,
     free_ports,
     log,
     log_tail,
     print_json,
-    run_client,
+    run_modes,
     run_one_at_a_time,
     run_windowed,
     wait_until,
@@ -139,15 +138,11 @@ def measure(
     stop it. Returns ({mode: summary}, facts about the setup)."""
     for module, package in CLIENT_PACKAGES:
         ensure_module(module, package)
-    results: dict[str, dict[str, Any]] = {}
     with EtcdCluster() as cluster:
         leader = cluster.leader_port()
         log(f"etcd cluster up ({cluster.version}); leader on port {leader}")
-        for mode, spec in modes.items():
-            args = ["--endpoint", f"127.0.0.1:{leader}"]
-            args += client_arguments(mode, time_limit_s=time_limit_s, **spec)
-            results[mode] = run_client(Path(__file__), args, timeout_s=time_limit_s + 60)
-            log(f"etcd {mode}: {results[mode]['entries_per_s']:,.0f} appends/s")
+        target = ["--endpoint", f"127.0.0.1:{leader}"]
+        results = run_modes("etcd", Path(__file__), target, modes, time_limit_s)
     setup = {
         "version": cluster.version,
         "members": MEMBERS,

@@ -30,7 +30,6 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # ``quorumlog``
 from peers.common import (
     Processes,
     add_client_arguments,
-    client_arguments,
     ensure_binary,
     ensure_debian,
     ensure_module,
@@ -38,7 +37,7 @@ from peers.common import (
     log,
     log_tail,
     print_json,
-    run_client,
+    run_modes,
     run_one_at_a_time,
     run_windowed,
     wait_until,
@@ -161,15 +160,11 @@ def measure(
     """Start an ensemble, run each mode's client (``{mode: {entries, warmup, window}}``),
     stop it. Returns ({mode: summary}, facts about the setup)."""
     ensure_module("kazoo", "kazoo")
-    results: dict[str, dict[str, Any]] = {}
     with ZooKeeperEnsemble() as ensemble:
         leader = ensemble.leader_port()
         log(f"ZooKeeper ensemble up ({ensemble.version}); leader on port {leader}")
-        for mode, spec in modes.items():
-            args = ["--hosts", f"127.0.0.1:{leader}"]
-            args += client_arguments(mode, time_limit_s=time_limit_s, **spec)
-            results[mode] = run_client(Path(__file__), args, timeout_s=time_limit_s + 60)
-            log(f"ZooKeeper {mode}: {results[mode]['entries_per_s']:,.0f} appends/s")
+        target = ["--hosts", f"127.0.0.1:{leader}"]
+        results = run_modes("ZooKeeper", Path(__file__), target, modes, time_limit_s)
     setup = {
         "version": ensemble.version,
         "servers": SERVERS,
