@@ -125,11 +125,16 @@ class BookKeeper:
         custom_metadata: Mapping[str, bytes] | None = None,
         *,
         ensemble_bookies: Sequence[str] | None = None,
+        ledger_id: int | None = None,
     ) -> LedgerHandle:
         """Create a ledger on ``ensemble`` bookies and return its writer handle (R1).
 
         Bookies are chosen at random among the writable ones, unless
         ``ensemble_bookies`` names them (placement for tools and tests).
+
+        ``ledger_id`` asks for a given id (BookKeeper's ``createLedgerAdv`` with an
+        id): for callers that reserved ids with ``LedgerManager.reserve_ledger_ids``
+        so that their ledgers sort in an order they choose. NodeExistsError if taken.
         """
         self._check_open()
         check_quorum_shape(ensemble, write_quorum, ack_quorum)
@@ -141,7 +146,10 @@ class BookKeeper:
             bookies = tuple(ensemble_bookies)
         else:
             bookies = await self._choose_ensemble(ensemble)
-        ledger_id = await self.ledgers.new_ledger_id()
+        if ledger_id is None:
+            ledger_id = await self.ledgers.new_ledger_id()
+        elif not isinstance(ledger_id, int) or ledger_id < 1:
+            raise InvalidArgumentError(f"bad ledger id {ledger_id!r}: must be a positive integer")
         metadata = new_ledger_metadata(
             ledger_id,
             bookies,

@@ -263,10 +263,18 @@ class BookKeeper:
         digest_type: DigestType = DigestType.CRC32C,
         password: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
+        *,
+        ledger_id: int | None = None,
     ) -> LedgerHandle:
         handle = self._runner.run(
             self._client.create_ledger(
-                ensemble, write_quorum, ack_quorum, digest_type, password, custom_metadata
+                ensemble,
+                write_quorum,
+                ack_quorum,
+                digest_type,
+                password,
+                custom_metadata,
+                ledger_id=ledger_id,
             )
         )
         return LedgerHandle(self._runner, handle)

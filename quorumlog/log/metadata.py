@@ -3,7 +3,8 @@
 Layout (see docs/LOGS.md)::
 
     /logs/<name>    JSON: {"format": 1, "ledgers": [12, 15, 19],
-                           "truncated_before": [15, 0] or null, "created_ms": ...}
+                           "truncated_before": [15, 0] or null, "created_ms": ...,
+                           "sink_batches": {"<sink id>": <last batch id>}}   (optional)
 
 The node's version is what writers compare-and-set on (R11): appending a ledger
 and truncating are both a ``set`` with the version that was read.
@@ -15,7 +16,7 @@ import itertools
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from quorumlog.errors import MetadataError, NodeExistsError, NoNodeError
@@ -51,17 +52,23 @@ class LogMetadata:
     ledgers: tuple[int, ...] = ()
     truncated_before: Position | None = None
     created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    # The last batch each streaming sink appended (see quorumlog.spark.commit): kept
+    # in the node the ledger list is in, so one compare-and-set moves both.
+    sink_batches: Mapping[str, int] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
+        raw: dict[str, object] = {
+            "format": FORMAT,
+            "ledgers": list(self.ledgers),
+            "truncated_before": (
+                None if self.truncated_before is None else list(self.truncated_before)
+            ),
+            "created_ms": self.created_ms,
+        }
+        if self.sink_batches:
+            raw["sink_batches"] = dict(self.sink_batches)
         return json.dumps(
-            {
-                "format": FORMAT,
-                "ledgers": list(self.ledgers),
-                "truncated_before": (
-                    None if self.truncated_before is None else list(self.truncated_before)
-                ),
-                "created_ms": self.created_ms,
-            },
+            raw,
             sort_keys=True,
             separators=(",", ":"),
         ).encode()
@@ -76,21 +83,32 @@ class LogMetadata:
             cut = raw.get("truncated_before")
             truncated = None if cut is None else Position(int(cut[0]), int(cut[1]))
             created_ms = int(raw.get("created_ms", 0))
+            sinks = {str(k): int(v) for k, v in dict(raw.get("sink_batches") or {}).items()}
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise MetadataError(
                 f"log {name}: metadata at {log_path(name)} is damaged: {exc}"
             ) from None
         if any(b <= a for a, b in itertools.pairwise(ledgers)):
             raise MetadataError(f"log {name}: ledger list is not increasing: {list(ledgers)}")
-        return cls(name, ledgers, truncated, created_ms)
+        return cls(name, ledgers, truncated, created_ms, sinks)
 
     def with_ledger(self, ledger_id: int) -> LogMetadata:
-        if self.ledgers and ledger_id <= self.ledgers[-1]:
-            raise MetadataError(
-                f"log {self.name}: ledger {ledger_id} would not come after ledger "
-                f"{self.ledgers[-1]}"
-            )
-        return replace(self, ledgers=(*self.ledgers, ledger_id))
+        return self.with_ledgers((ledger_id,))
+
+    def with_ledgers(self, ledger_ids: Sequence[int]) -> LogMetadata:
+        """The list with ``ledger_ids`` appended, in that order (ids must keep growing)."""
+        previous = self.ledgers[-1] if self.ledgers else 0
+        for ledger_id in ledger_ids:
+            if ledger_id <= previous:
+                raise MetadataError(
+                    f"log {self.name}: ledger {ledger_id} would not come after ledger {previous}"
+                )
+            previous = ledger_id
+        return replace(self, ledgers=(*self.ledgers, *ledger_ids))
+
+    def with_sink_batch(self, sink_id: str, batch_id: int) -> LogMetadata:
+        """The metadata recording that streaming sink ``sink_id`` appended ``batch_id``."""
+        return replace(self, sink_batches={**self.sink_batches, sink_id: batch_id})
 
     def truncated(self, before: Position) -> LogMetadata:
         kept = tuple(x for x in self.ledgers if x >= before.ledger_id)

@@ -58,6 +58,11 @@ class LedgerManager:
         """A ledger id no client ever got before (starts at 1)."""
         return await self.store.next_id(LEDGER_ID_COUNTER)
 
+    async def reserve_ledger_ids(self, count: int) -> int:
+        """Reserve ``count`` consecutive ledger ids no client will get from
+        :meth:`new_ledger_id`; returns the first of them."""
+        return await self.store.next_id(LEDGER_ID_COUNTER, count) - count + 1
+
     async def create(self, metadata: LedgerMetadata) -> int:
         """Store the metadata of a new ledger; returns its version (0).
 

@@ -51,3 +51,10 @@ def check_counter_name(counter: str) -> str:
     if not counter or "/" in counter or "\x00" in counter or counter in (".", ".."):
         raise MetadataError(f"bad counter name {counter!r}: must be one path component")
     return counter
+
+
+def check_id_count(counter: str, count: int) -> int:
+    """How many ids one ``next_id`` call may reserve: 1 to 2**32."""
+    if not isinstance(count, int) or not 1 <= count <= 1 << 32:
+        raise MetadataError(f"next_id({counter!r}): count must be 1 to 2**32, got {count!r}")
+    return count

@@ -54,6 +54,7 @@ from quorumlog.meta.paths import (
     ROOT,
     ancestors_of,
     check_counter_name,
+    check_id_count,
     check_path,
     name_of,
     parent_of,
@@ -583,17 +584,18 @@ class SqliteStore(MetadataStore):
             ).fetchall()
         return [name for (name,) in rows]
 
-    async def next_id(self, counter: str) -> int:
+    async def next_id(self, counter: str, count: int = 1) -> int:
         check_counter_name(counter)
-        return await self._in_thread(self._next_id, counter)
+        check_id_count(counter, count)
+        return await self._in_thread(self._next_id, counter, count)
 
-    def _next_id(self, counter: str) -> int:
+    def _next_id(self, counter: str, count: int) -> int:
         conn = self._db()
         with _Txn(conn):
             (value,) = conn.execute(
-                "INSERT INTO counters (name, value) VALUES (?, 1)"
-                " ON CONFLICT(name) DO UPDATE SET value = value + 1 RETURNING value",
-                (counter,),
+                "INSERT INTO counters (name, value) VALUES (?, ?)"
+                " ON CONFLICT(name) DO UPDATE SET value = value + ? RETURNING value",
+                (counter, count, count),
             ).fetchone()
         return int(value)
 

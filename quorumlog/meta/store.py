@@ -108,8 +108,11 @@ class MetadataStore(abc.ABC):
         """Names (not paths) of the children of ``path``, sorted. NoNodeError if absent."""
 
     @abc.abstractmethod
-    async def next_id(self, counter: str) -> int:
-        """A number from ``counter`` never handed out before, by any client (starts at 1)."""
+    async def next_id(self, counter: str, count: int = 1) -> int:
+        """A number from ``counter`` never handed out before, by any client (starts at 1).
+
+        With ``count`` > 1, reserves ``count`` consecutive numbers at once and returns
+        the last of them (the first is ``result - count + 1``)."""
 
     @abc.abstractmethod
     def watch(self, path: str, callback: WatchCallback, *, children: bool = False) -> Watch:

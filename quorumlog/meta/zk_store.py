@@ -50,7 +50,7 @@ from quorumlog.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from quorumlog.meta.paths import ROOT, check_counter_name, check_path
+from quorumlog.meta.paths import ROOT, check_counter_name, check_id_count, check_path
 from quorumlog.meta.store import (
     EventType,
     MetadataStore,
@@ -320,20 +320,21 @@ class ZkStore(MetadataStore):
         names = await self._call("children", path, lambda: self._client.get_children_async(path))
         return sorted(names)
 
-    async def next_id(self, counter: str) -> int:
+    async def next_id(self, counter: str, count: int = 1) -> int:
         check_counter_name(counter)
+        check_id_count(counter, count)
         path = f"{COUNTERS_PATH}/{counter}"
         for attempt in range(NEXT_ID_MAX_ATTEMPTS):
             try:
                 current = await self.get(path)
             except NoNodeError:
                 try:
-                    await self.create(path, b"1")
+                    await self.create(path, str(count).encode("ascii"))
                 except NodeExistsError:
                     continue
-                return 1
+                return count
             try:
-                value = int(current.data or b"0") + 1
+                value = int(current.data or b"0") + count
             except ValueError:
                 raise MetadataError(
                     f"next_id({counter!r}): {path} holds {current.data[:40]!r}, not a number"

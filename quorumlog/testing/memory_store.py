@@ -188,9 +188,9 @@ class MemoryStore(MetadataStore):
             if p != "/" and p.startswith(prefix) and "/" not in p[len(prefix) :]
         )
 
-    async def next_id(self, counter: str) -> int:
+    async def next_id(self, counter: str, count: int = 1) -> int:
         self._alive()
-        value = self.tree.counters.get(counter, 0) + 1
+        value = self.tree.counters.get(counter, 0) + count
         self.tree.counters[counter] = value
         return value
 

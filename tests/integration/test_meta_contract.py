@@ -348,6 +348,27 @@ def test_next_id_starts_at_one_and_is_unique_across_two_stores(metadata_uri):
     run(body())
 
 
+def test_next_id_reserves_blocks_that_never_overlap(metadata_uri):
+    async def body():
+        first, second = await two_stores(metadata_uri)
+        try:
+            assert await first.next_id("blocks", count=100) == 100  # reserved 1..100
+            lasts = await asyncio.gather(
+                *(store.next_id("blocks", count=10) for store in (first, second) for _ in range(5))
+            )
+            ranges = sorted((last - 9, last) for last in lasts)
+            assert ranges[0][0] == 101 and ranges[-1][1] == 200
+            assert all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+            assert await second.next_id("blocks") == 201
+            with pytest.raises(MetadataError, match="count must be"):
+                await first.next_id("blocks", count=0)
+        finally:
+            await first.close()
+            await second.close()
+
+    run(body())
+
+
 def test_next_id_is_unique_across_processes(metadata_uri):
     async def body():
         async with await open_store(metadata_uri) as store:
