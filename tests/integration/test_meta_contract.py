@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import queue
@@ -358,7 +359,7 @@ def test_next_id_reserves_blocks_that_never_overlap(metadata_uri):
             )
             ranges = sorted((last - 9, last) for last in lasts)
             assert ranges[0][0] == 101 and ranges[-1][1] == 200
-            assert all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+            assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(ranges))
             assert await second.next_id("blocks") == 201
             with pytest.raises(MetadataError, match="count must be"):
                 await first.next_id("blocks", count=0)
