@@ -1,0 +1,304 @@
+"""Exactly-once writes of a Spark job into a log, with no pyspark in sight.
+
+How a write goes (see docs/SPARK.md):
+
+1. Each task writes its rows into a ledger of its own, closes it, and reports
+   ``(ledger id, rows)`` to the driver. Nothing in the log refers to it yet, so
+   a task that fails, or a job that is aborted, leaves no record in the log.
+2. The driver's commit appends the tasks' ledgers to the log's ledger list in one
+   compare-and-set, in partition order, after fencing the ledgers a writer may
+   still hold (the sink takes the log over as ``open_writer`` does, R11). A
+   streaming sink records the batch id in the same compare-and-set, so a batch
+   that Spark runs again after a restart is recognised and not appended twice.
+3. Ledgers that did not make it (failed or duplicate task attempts, aborted jobs,
+   replayed batches) are deleted.
+
+Two details make this work:
+
+- *Order.* A log's ledger ids must grow along its list (positions compare as
+  ``(ledger id, entry id)``), but tasks create their ledgers in any order. So the
+  first task of a stage reserves a block of ledger ids for the whole stage, and
+  task ``p`` uses the ids of slot ``p`` in it: ids then grow with the partition
+  whatever order tasks run in, and each attempt of a task has an id of its own.
+- *Orphans.* Spark may hand ``abort`` a ``None`` even for tasks that succeeded,
+  and a killed task reports nothing. So a task registers its ledger id under
+  ``/spark-staging/<write token>/`` before creating the ledger; the driver's
+  commit or abort deletes every registered ledger that is not in the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from quorumlog.client.bookkeeper import BookKeeper
+from quorumlog.errors import (
+    BKError,
+    InvalidArgumentError,
+    MetadataVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NoSuchLedgerError,
+)
+from quorumlog.log.errors import LogFencedError, NoSuchLogError
+from quorumlog.log.log import Log
+from quorumlog.log.metadata import LogMetadata, create_log_if_absent, log_path, read_log
+from quorumlog.log.writer import fence_previous_ledgers
+
+log = logging.getLogger(__name__)
+
+STAGING_PATH = "/spark-staging"
+# Ledger ids per partition: one per attempt of its task (across stage retries).
+SLOTS_PER_PARTITION = 64
+COMMIT_CAS_ATTEMPTS = 20
+# Staging left by a driver that died mid-write is swept by a later commit to the
+# same log once it is this old (no live write runs that long between its first
+# task and its commit).
+STALE_STAGING_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    """What a write task reports: its partition, its ledger (None: it had no rows)."""
+
+    partition: int
+    ledger_id: int | None
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOutcome:
+    """What a commit did: the ledgers appended (in order) and the rows they hold;
+    ``replayed`` when the batch was already in the log and nothing was appended."""
+
+    appended: tuple[int, ...]
+    rows: int
+    replayed: bool
+    deleted: tuple[int, ...]
+
+
+def new_write_token() -> str:
+    return uuid.uuid4().hex
+
+
+def staging_path(token: str) -> str:
+    return f"{STAGING_PATH}/{token}"
+
+
+async def prepare_log(bk: BookKeeper, name: str) -> None:
+    """Create the log if it does not exist (a sink, like ``open_log``, creates on first use)."""
+    await create_log_if_absent(bk.store, name)
+
+
+# ---------------------------------------------------------------- tasks
+
+
+async def task_ledger_id(
+    bk: BookKeeper,
+    token: str,
+    log_name: str,
+    stage_id: int,
+    partition: int,
+    task_attempt: int,
+    max_partitions: int,
+) -> int:
+    """The ledger id this task attempt writes to, registered for clean-up.
+
+    Slot ``task_attempt`` of the partition's slots, or the next free one: a stage
+    that Spark runs again numbers its task attempts from 0 again, and the
+    registration (a create) is what tells which ids are taken.
+    """
+    if partition >= max_partitions:
+        raise InvalidArgumentError(
+            f"log {log_name}: partition {partition} of the write is beyond the option "
+            f"maxWritePartitions={max_partitions}; raise it or coalesce the DataFrame"
+        )
+    base = await _stage_block(bk, token, log_name, stage_id, max_partitions)
+    first_id = base + partition * SLOTS_PER_PARTITION
+    for slot in range(min(task_attempt, SLOTS_PER_PARTITION - 1), SLOTS_PER_PARTITION):
+        ledger_id = first_id + slot
+        try:
+            # Registered before the ledger exists, so no ledger escapes the clean-up.
+            await bk.store.create(f"{staging_path(token)}/l{ledger_id}", str(partition).encode())
+        except NodeExistsError:
+            continue
+        return ledger_id
+    raise InvalidArgumentError(
+        f"log {log_name}: partition {partition} of stage {stage_id} was tried more than "
+        f"{SLOTS_PER_PARTITION} times; no ledger id is left for it in this write"
+    )
+
+
+async def _stage_block(
+    bk: BookKeeper, token: str, log_name: str, stage_id: int, max_partitions: int
+) -> int:
+    path = f"{staging_path(token)}/b{stage_id}"
+    try:
+        return int((await bk.store.get(path)).data)
+    except NoNodeError:
+        pass
+    first = await bk.ledgers.reserve_ledger_ids(max_partitions * SLOTS_PER_PARTITION)
+    header = json.dumps({"log": log_name, "created_ms": int(time.time() * 1000)}).encode()
+    with contextlib.suppress(NodeExistsError):
+        await bk.store.create(staging_path(token), header)
+    try:
+        await bk.store.create(path, str(first).encode())
+        return first
+    except NodeExistsError:
+        # Another task of the stage got there first; our reserved block goes unused.
+        return int((await bk.store.get(path)).data)
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def ledgers_in_order(results: Sequence[TaskResult | None]) -> tuple[list[int], int]:
+    """The ledgers to append (partition order) and their rows, from the tasks' reports."""
+    reported = sorted((r for r in results if r is not None), key=lambda r: r.partition)
+    ledgers = [r.ledger_id for r in reported if r.ledger_id is not None and r.rows > 0]
+    return ledgers, sum(r.rows for r in reported if r.ledger_id is not None)
+
+
+async def commit(
+    bk: BookKeeper,
+    log_name: str,
+    token: str,
+    results: Sequence[TaskResult | None],
+    *,
+    password: bytes = b"",
+    sink: tuple[str, int] | None = None,
+) -> CommitOutcome:
+    """Append the tasks' ledgers to the log in one compare-and-set (see the module
+    docstring); with ``sink=(sink id, batch id)``, at most once per batch id."""
+    ledgers, rows = ledgers_in_order(results)
+    log_obj = Log(bk, log_name)
+    for _ in range(COMMIT_CAS_ATTEMPTS):
+        try:
+            metadata, version = await read_log(bk.store, log_name)
+        except NoSuchLogError:
+            raise LogFencedError(
+                f"log {log_name} was deleted before the write was committed"
+            ) from None
+        if sink is not None and _already_committed(log_name, metadata, *sink):
+            deleted = await clean_up(bk, log_name, token, keep=())
+            return CommitOutcome((), 0, True, deleted)
+        if ledgers and metadata.ledgers and metadata.ledgers[-1] >= ledgers[0]:
+            raise LogFencedError(
+                f"log {log_name}: ledger {metadata.ledgers[-1]} was added by another writer "
+                f"after this write began; its ledgers {ledgers} were not added"
+            )
+        await fence_previous_ledgers(log_obj, metadata)
+        updated = metadata.with_ledgers(ledgers)
+        if sink is not None:
+            updated = updated.with_sink_batch(*sink)
+        try:
+            await bk.store.set(log_path(log_name), updated.to_bytes(), version)
+        except MetadataVersionError:
+            current, _ = await read_log(bk.store, log_name)
+            if current.only_truncated_since(metadata):
+                continue  # a truncation got in between: nothing else changed
+            raise LogFencedError(
+                f"log {log_name}: another writer appended to it while the Spark write was "
+                f"being committed; ledgers {ledgers} were not added"
+            ) from None
+        except NoNodeError:
+            raise LogFencedError(
+                f"log {log_name} was deleted while the write was being committed"
+            ) from None
+        deleted = await clean_up(bk, log_name, token, keep=updated.ledgers)
+        deleted += await sweep_stale(bk, log_name, updated.ledgers)
+        log.info(
+            "log %s: appended ledgers %s (%d rows)%s",
+            log_name,
+            ledgers,
+            rows,
+            "" if sink is None else f" for sink {sink[0]} batch {sink[1]}",
+        )
+        return CommitOutcome(tuple(ledgers), rows, False, deleted)
+    raise LogFencedError(f"log {log_name}: the ledger list kept changing; the write was not added")
+
+
+def _already_committed(log_name: str, metadata: LogMetadata, sink_id: str, batch_id: int) -> bool:
+    last = metadata.sink_batches.get(sink_id)
+    if last is None or batch_id > last:
+        return False
+    if batch_id == last:
+        return True  # Spark runs the last batch again after a restart: done already
+    raise InvalidArgumentError(
+        f"log {log_name}: sink {sink_id!r} already committed batch {last}, and now batch "
+        f"{batch_id} arrives; a restarted query only repeats its last batch, so this looks "
+        "like a new query (new checkpoint) using the same sinkId: give it another sinkId"
+    )
+
+
+async def abort(bk: BookKeeper, log_name: str, token: str) -> tuple[int, ...]:
+    """Delete every ledger the write's tasks registered that is not in the log."""
+    try:
+        metadata, _ = await read_log(bk.store, log_name)
+        keep: Sequence[int] = metadata.ledgers
+    except NoSuchLogError:
+        keep = ()
+    return await clean_up(bk, log_name, token, keep=keep)
+
+
+async def clean_up(
+    bk: BookKeeper, log_name: str, token: str, keep: Sequence[int]
+) -> tuple[int, ...]:
+    """Delete the write's registered ledgers that are not in ``keep``, then its staging nodes."""
+    root = staging_path(token)
+    try:
+        names = await bk.store.children(root)
+    except NoNodeError:
+        return ()
+    kept = set(keep)
+    deleted: list[int] = []
+    for name in names:
+        if name.startswith("l") and name[1:].isdigit():
+            ledger_id = int(name[1:])
+            if ledger_id not in kept:
+                try:
+                    await bk.delete_ledger(ledger_id)
+                    deleted.append(ledger_id)
+                except NoSuchLedgerError:
+                    pass  # registered, but the task died before creating it
+                except BKError as exc:
+                    log.warning("log %s: could not delete ledger %d: %s", log_name, ledger_id, exc)
+                    continue  # keep its registration: a later clean-up tries again
+        with contextlib.suppress(NoNodeError):
+            await bk.store.delete(f"{root}/{name}")
+    # A straggling task may have registered something meanwhile: a later clean-up's.
+    with contextlib.suppress(BKError):
+        await bk.store.delete(root)
+    if deleted:
+        log.info("log %s: deleted %d ledger(s) the write did not keep", log_name, len(deleted))
+    return tuple(sorted(deleted))
+
+
+async def sweep_stale(
+    bk: BookKeeper, log_name: str, keep: Sequence[int], older_than_ms: int = STALE_STAGING_MS
+) -> tuple[int, ...]:
+    """Clean up the staging of earlier writes to ``log_name`` whose driver never
+    committed or aborted (it died), once older than ``older_than_ms``."""
+    try:
+        tokens = await bk.store.children(STAGING_PATH)
+    except NoNodeError:
+        return ()
+    now_ms = int(time.time() * 1000)
+    deleted: list[int] = []
+    for token in tokens:
+        try:
+            header = json.loads((await bk.store.get(staging_path(token))).data or b"{}")
+        except (NoNodeError, ValueError):
+            continue
+        if (
+            header.get("log") != log_name
+            or now_ms - int(header.get("created_ms", now_ms)) < older_than_ms
+        ):
+            continue
+        deleted += await clean_up(bk, log_name, token, keep)
+    return tuple(deleted)

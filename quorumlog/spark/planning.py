@@ -1,0 +1,145 @@
+"""Which entries a Spark read covers, and how it splits into partitions.
+
+Pure arithmetic over :class:`LedgerExtent` snapshots (gathered by
+:mod:`quorumlog.spark.scan`), so it is tested without a cluster.
+
+A *bound* is the position of the next record to read: a read covers every
+readable record at or after its start bound and before its end bound. The
+readable part of a log is its ledgers in list order, each from its first kept
+entry (the truncation point may cut into the first ledger) up to its last
+confirmed entry, and it stops after the first ledger that is still open: a
+ledger after an open one exists only while a writer rolls over or after a
+writer died before anyone recovered its ledger, and the open ledger may still
+grow, so nothing after it can be given a place in the log yet (R4, R11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from quorumlog.errors import InvalidArgumentError
+from quorumlog.log.position import Position
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerExtent:
+    """What can be read of one ledger now: entries ``first..last`` (last -1: none)."""
+
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRange:
+    """Entries ``first..last`` (inclusive) of one ledger: one Spark partition's work."""
+
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+
+    @property
+    def entry_count(self) -> int:
+        return self.last_entry_id - self.first_entry_id + 1
+
+
+def readable(extents: Sequence[LedgerExtent]) -> list[LedgerExtent]:
+    """The extents that have a place in the log now: up to and including the first open one."""
+    out: list[LedgerExtent] = []
+    for extent in extents:
+        out.append(extent)
+        if not extent.closed:
+            break
+    return out
+
+
+def earliest(extents: Sequence[LedgerExtent]) -> Position:
+    """The bound before the first readable record."""
+    if not extents:
+        return Position(0, 0)
+    first = extents[0]
+    return Position(first.ledger_id, first.first_entry_id)
+
+
+def latest(extents: Sequence[LedgerExtent]) -> Position:
+    """The bound after the last readable record."""
+    kept = readable(extents)
+    if not kept:
+        return Position(0, 0)
+    last = kept[-1]
+    return Position(last.ledger_id, max(last.first_entry_id, last.last_entry_id + 1))
+
+
+def ranges_between(
+    extents: Sequence[LedgerExtent], start: Position, end: Position
+) -> list[tuple[LedgerExtent, int, int]]:
+    """``(extent, first, last)`` for each ledger with readable records in ``[start, end)``."""
+    out: list[tuple[LedgerExtent, int, int]] = []
+    for extent in readable(extents):
+        ledger_id = extent.ledger_id
+        if ledger_id < start.ledger_id:
+            continue
+        if ledger_id > end.ledger_id:
+            break
+        low = extent.first_entry_id
+        if ledger_id == start.ledger_id:
+            low = max(low, start.entry_id)
+        high = extent.last_entry_id
+        if ledger_id == end.ledger_id:
+            high = min(high, end.entry_id - 1)
+        if low <= high:
+            out.append((extent, low, high))
+    return out
+
+
+def count_between(extents: Sequence[LedgerExtent], start: Position, end: Position) -> int:
+    """How many readable records lie in ``[start, end)``."""
+    return sum(high - low + 1 for _, low, high in ranges_between(extents, start, end))
+
+
+def split(
+    extents: Sequence[LedgerExtent], start: Position, end: Position, entries_per_partition: int
+) -> list[EntryRange]:
+    """The records of ``[start, end)`` as ranges of at most ``entries_per_partition``
+    entries, in log order (executors then read them side by side)."""
+    if entries_per_partition < 1:
+        raise InvalidArgumentError(f"entries per partition must be >= 1: {entries_per_partition}")
+    out: list[EntryRange] = []
+    for extent, low, high in ranges_between(extents, start, end):
+        for first in range(low, high + 1, entries_per_partition):
+            last = min(high, first + entries_per_partition - 1)
+            out.append(EntryRange(extent.ledger_id, first, last))
+    return out
+
+
+def advance(extents: Sequence[LedgerExtent], start: Position, max_records: int | None) -> Position:
+    """The end bound of a micro-batch from ``start``: everything readable, or only the
+    next ``max_records`` records. Never moves backwards."""
+    top = latest(extents)
+    if top < start:
+        return start
+    if max_records is None:
+        return top
+    remaining = max_records
+    for extent, low, high in ranges_between(extents, start, top):
+        available = high - low + 1
+        if available >= remaining:
+            return Position(extent.ledger_id, low + remaining)
+        remaining -= available
+    return top
+
+
+def offset_of(position: Position) -> dict[str, int]:
+    """A bound as Spark stores it in the checkpoint (plain JSON)."""
+    return {"ledger": position.ledger_id, "entry": position.entry_id}
+
+
+def position_of(offset: object) -> Position:
+    """A bound back from a checkpointed offset."""
+    if not isinstance(offset, dict) or set(offset) != {"ledger", "entry"}:
+        raise InvalidArgumentError(
+            f"not a quorumlog streaming offset: {offset!r} (expected ledger and entry)"
+        )
+    return Position(int(offset["ledger"]), int(offset["entry"]))

@@ -1,0 +1,244 @@
+"""The I/O of the Spark data source: snapshots of what is readable, and reading it.
+
+The driver side (:func:`log_snapshot`, :func:`ledger_snapshot`) learns each ledger's
+readable extent without fencing: a closed ledger's last entry from its metadata,
+an open one's last add confirmed from its bookies (the writer carries on).
+
+The executor side (:func:`read_range_batches`) reads one :class:`EntryRange` as
+Arrow record batches, keeping the next chunk's reads in flight while Spark
+consumes the current one. A Python worker process keeps one event loop thread and
+one client per metadata URI across the tasks it runs (Spark reuses its Python
+workers), so a task does not pay for a new metadata session and new bookie
+connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from quorumlog.client.bookkeeper import BookKeeper
+from quorumlog.client.reading import ReadHandle, gather_in_order
+from quorumlog.client.sync import LoopThread
+from quorumlog.errors import BKError, NoSuchLedgerError
+from quorumlog.log.metadata import LogMetadata, read_log
+from quorumlog.proto.entry import Entry
+from quorumlog.spark.planning import EntryRange, LedgerExtent
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Entries per read_entries call on an executor, and how many such calls run ahead.
+READ_CHUNK_ENTRIES = 8_192
+CHUNKS_AHEAD = 2
+METADATA_READS_IN_FLIGHT = 32
+CALL_TIMEOUT_S = 300.0
+
+# ---------------------------------------------------------------- one loop per process
+
+_lock = threading.Lock()
+_runner: LoopThread | None = None
+_clients: dict[str, BookKeeper] = {}
+
+
+def _loop_thread() -> LoopThread:
+    global _runner
+    with _lock:
+        if _runner is None:
+            _runner = LoopThread("quorumlog-spark")
+            atexit.register(shutdown)
+        return _runner
+
+
+def run(coro: Coroutine[Any, Any, T], timeout_s: float = CALL_TIMEOUT_S) -> T:
+    """Run ``coro`` on this process's quorumlog event loop and wait for it."""
+    return _loop_thread().run(coro, timeout_s)
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    return asyncio.run_coroutine_threadsafe(coro, _loop_thread().loop)
+
+
+async def client_for(metadata_uri: str) -> BookKeeper:
+    """This process's client for ``metadata_uri`` (opened on first use)."""
+    client = _clients.get(metadata_uri)
+    if client is None or client._closed:
+        client = await BookKeeper.connect(metadata_uri)
+        _clients[metadata_uri] = client
+    return client
+
+
+def shutdown() -> None:
+    """Close this process's clients and stop its loop (at exit, and in tests)."""
+    global _runner
+    with _lock:
+        runner, _runner = _runner, None
+    if runner is None:
+        return
+    clients = list(_clients.values())
+    _clients.clear()
+
+    async def close_all() -> None:
+        for client in clients:
+            try:
+                await client.close()
+            except Exception:  # closing at exit: nothing more to do about it
+                log.debug("closing a quorumlog client failed", exc_info=True)
+
+    try:
+        runner.run(close_all(), 10.0)
+    except Exception:
+        log.debug("closing quorumlog clients failed", exc_info=True)
+    runner.stop()
+
+
+# ---------------------------------------------------------------- driver: snapshots
+
+
+async def _extent(
+    bk: BookKeeper, ledger_id: int, first_entry_id: int, password: bytes
+) -> LedgerExtent | None:
+    try:
+        metadata = await bk.ledger_metadata(ledger_id)
+    except NoSuchLedgerError:
+        return None
+    if metadata.is_closed:
+        return LedgerExtent(ledger_id, first_entry_id, metadata.last_entry_id, True)
+    handle = await bk.open_ledger_no_recovery(ledger_id, password)
+    try:
+        if handle.is_closed:  # closed between the two reads
+            return LedgerExtent(ledger_id, first_entry_id, handle.metadata.last_entry_id, True)
+        return LedgerExtent(ledger_id, first_entry_id, handle.last_add_confirmed, False)
+    finally:
+        await handle.close()
+
+
+async def log_snapshot(
+    bk: BookKeeper, name: str, password: bytes = b""
+) -> tuple[LogMetadata, list[LedgerExtent]]:
+    """A log's metadata and the extents of its ledgers, in list order, up to the first
+    open one (see :func:`quorumlog.spark.planning.readable`)."""
+    metadata, _ = await read_log(bk.store, name)
+    cut = metadata.truncated_before
+    firsts = {
+        ledger_id: (cut.entry_id if cut is not None and cut.ledger_id == ledger_id else 0)
+        for ledger_id in metadata.ledgers
+    }
+    # Metadata first, many at a time; the LAC only for the first open ledger.
+    closed_or_none = await gather_in_order(
+        [lambda i=ledger_id: _closed_extent(bk, i, firsts[i]) for ledger_id in metadata.ledgers],
+        METADATA_READS_IN_FLIGHT,
+    )
+    extents: list[LedgerExtent] = []
+    for ledger_id, found in zip(metadata.ledgers, closed_or_none, strict=True):
+        if found is False:
+            continue  # listed but deleted: a truncation is under way
+        if found is None:
+            extent = await _extent(bk, ledger_id, firsts[ledger_id], password)
+            if extent is None:
+                continue
+            extents.append(extent)
+            if not extent.closed:
+                break
+            continue
+        extents.append(found)
+    return metadata, extents
+
+
+async def _closed_extent(bk: BookKeeper, ledger_id: int, first: int) -> LedgerExtent | bool | None:
+    """The extent of a closed ledger; None if open; False if it does not exist."""
+    try:
+        metadata = await bk.ledger_metadata(ledger_id)
+    except NoSuchLedgerError:
+        return False
+    if not metadata.is_closed:
+        return None
+    return LedgerExtent(ledger_id, first, metadata.last_entry_id, True)
+
+
+async def ledger_snapshot(
+    bk: BookKeeper, ledger_ids: Sequence[int], password: bytes = b""
+) -> list[LedgerExtent]:
+    """The extents of the given ledgers (each one on its own: an open ledger up to its
+    last add confirmed). NoSuchLedgerError names a ledger that does not exist."""
+    out: list[LedgerExtent] = []
+    for ledger_id in ledger_ids:
+        extent = await _extent(bk, ledger_id, 0, password)
+        if extent is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+        out.append(extent)
+    return out
+
+
+# ---------------------------------------------------------------- executors: reading
+
+
+def _arrow_batch(log_name: str | None, ledger_id: int, entries: Sequence[Entry]) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    count = len(entries)
+    first = entries[0].entry_id
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([log_name] * count, pa.string()),
+            pa.array([ledger_id] * count, pa.int64()),
+            pa.array(range(first, first + count), pa.int64()),
+            pa.array([entry.data for entry in entries], pa.binary()),
+        ],
+        names=["log", "ledger_id", "entry_id", "data"],
+    )
+
+
+async def _open(metadata_uri: str, password: bytes, ledger_id: int) -> ReadHandle:
+    bk = await client_for(metadata_uri)
+    return await bk.open_ledger_no_recovery(ledger_id, password)
+
+
+async def _read_chunk(handle: ReadHandle, first: int, last: int) -> list[Entry]:
+    entries = await handle.read_entries(first, last)
+    if len(entries) != last - first + 1 or (entries and entries[0].entry_id != first):
+        raise BKError(
+            f"ledger {handle.ledger_id}: asked entries {first}..{last}, got {len(entries)}"
+        )
+    return entries
+
+
+def read_range_batches(
+    metadata_uri: str,
+    password: bytes,
+    log_name: str | None,
+    entry_range: EntryRange,
+    chunk_entries: int = READ_CHUNK_ENTRIES,
+) -> Iterator[pa.RecordBatch]:
+    """The entries of ``entry_range`` as record batches (log, ledger_id, entry_id, data),
+    in entry order, with up to ``CHUNKS_AHEAD`` further chunks being read meanwhile."""
+    ledger_id = entry_range.ledger_id
+    bounds = [
+        (low, min(entry_range.last_entry_id, low + chunk_entries - 1))
+        for low in range(entry_range.first_entry_id, entry_range.last_entry_id + 1, chunk_entries)
+    ]
+    if not bounds:
+        return
+    handle = run(_open(metadata_uri, password, ledger_id))
+    pending: list[concurrent.futures.Future[list[Entry]]] = []
+    next_index = 0
+    try:
+        while next_index < len(bounds) or pending:
+            while next_index < len(bounds) and len(pending) <= CHUNKS_AHEAD:
+                low, high = bounds[next_index]
+                pending.append(submit(_read_chunk(handle, low, high)))
+                next_index += 1
+            entries = pending.pop(0).result(CALL_TIMEOUT_S)
+            yield _arrow_batch(log_name, ledger_id, entries)
+    finally:
+        for future in pending:
+            future.cancel()
+        run(handle.close())

@@ -1,0 +1,141 @@
+"""A write task on an executor: its rows into a ledger of its own.
+
+The task's ledger id comes from :func:`quorumlog.spark.commit.task_ledger_id` (so
+ledgers sort in partition order and can be cleaned up); adds are pipelined, a
+record batch at a time, while Spark produces the next batch; the ledger is closed
+before the task reports, so what the driver appends never changes again (R6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from quorumlog.client.writing import LedgerHandle
+from quorumlog.errors import BKError, InvalidArgumentError
+from quorumlog.spark import scan
+from quorumlog.spark.commit import TaskResult, task_ledger_id
+from quorumlog.spark.options import WriteOptions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+SUBMIT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskIdentity:
+    """Where a task sits in its job (from Spark's TaskContext)."""
+
+    stage_id: int
+    partition: int
+    task_attempt: int
+
+
+def data_column(batch: pa.RecordBatch, partition: int) -> list[bytes]:
+    """The ``data`` column of a record batch as bytes (strings are UTF-8 encoded)."""
+    import pyarrow as pa
+
+    index = batch.schema.get_field_index("data")
+    if index < 0:
+        raise InvalidArgumentError(
+            f"quorumlog sink: the DataFrame has no column named data (columns: "
+            f"{', '.join(batch.schema.names)})"
+        )
+    column = batch.column(index)
+    if column.null_count:
+        raise InvalidArgumentError(
+            f"quorumlog sink: partition {partition} has {column.null_count} row(s) whose data is "
+            "null; a log record needs bytes"
+        )
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return [value.encode() for value in column.to_pylist()]
+    return column.to_pylist()
+
+
+async def _open_ledger(opts: WriteOptions, token: str, who: TaskIdentity) -> LedgerHandle:
+    bk = await scan.client_for(opts.metadata_uri)
+    ledger_id = await task_ledger_id(
+        bk,
+        token,
+        opts.log,
+        who.stage_id,
+        who.partition,
+        who.task_attempt,
+        opts.max_write_partitions,
+    )
+    return await bk.create_ledger(
+        opts.ensemble,
+        opts.write_quorum,
+        opts.ack_quorum,
+        password=opts.password,
+        custom_metadata={
+            "log": opts.log.encode(),
+            "spark.write": token.encode(),
+            "spark.partition": str(who.partition).encode(),
+        },
+        ledger_id=ledger_id,
+    )
+
+
+async def _append_all(handle: LedgerHandle, records: list[bytes]) -> None:
+    for data in records:
+        await handle.wait_for_capacity()  # returns at once below the in-flight limit
+        handle.append(data)
+
+
+async def _close(handle: LedgerHandle, rows: int) -> None:
+    await handle.close()
+    last = handle.metadata.last_entry_id
+    if last != rows - 1:
+        raise BKError(
+            f"ledger {handle.ledger_id}: closed with {last + 1} of the task's {rows} records; "
+            "the task fails and its ledger is discarded"
+        )
+
+
+def write_task(
+    opts: WriteOptions, token: str, who: TaskIdentity, batches: Iterable[pa.RecordBatch]
+) -> TaskResult:
+    """Write the task's rows into its ledger and close it; the report for the driver."""
+    handle: LedgerHandle | None = None
+    rows = 0
+    in_flight = None
+    for batch in batches:
+        records = data_column(batch, who.partition)
+        if not records:
+            continue
+        if handle is None:
+            handle = scan.run(_open_ledger(opts, token, who))
+        if in_flight is not None:
+            in_flight.result(SUBMIT_TIMEOUT_S)
+        in_flight = scan.submit(_append_all(handle, records))
+        rows += len(records)
+    if in_flight is not None:
+        in_flight.result(SUBMIT_TIMEOUT_S)
+    if handle is None:
+        return TaskResult(who.partition, None, 0)
+    scan.run(_close(handle, rows))
+    return TaskResult(who.partition, handle.ledger_id, rows)
+
+
+def record_batches_of_rows(
+    rows: Iterator[object], batch_rows: int = 4_096
+) -> Iterator[pa.RecordBatch]:
+    """Rows (with a ``data`` field) as record batches: for Spark versions whose streaming
+    writer hands rows, not Arrow."""
+    import pyarrow as pa
+
+    chunk: list[object] = []
+    for row in rows:
+        value = row["data"] if not isinstance(row, bytes | str) else row  # type: ignore[index]
+        chunk.append(value)
+        if len(chunk) >= batch_rows:
+            yield pa.RecordBatch.from_arrays([pa.array(chunk)], names=["data"])
+            chunk = []
+    if chunk:
+        yield pa.RecordBatch.from_arrays([pa.array(chunk)], names=["data"])
+
+
+__all__ = ["TaskIdentity", "data_column", "record_batches_of_rows", "write_task"]
