@@ -7,6 +7,7 @@
     quorumlog shell deleteledger ID
     quorumlog shell simpletest [--ensemble E] [--write-quorum W] [--ack-quorum A] [--entries N]
     quorumlog shell bookiesanity [--bookie ADDR]
+    quorumlog shell auditledger ID [--json] [--password TEXT]
 
 Every failure is one line on stderr and a non-zero exit status, never a traceback.
 """
@@ -51,6 +52,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     simple.add_argument("--outstanding", type=int, default=10_000, help="max adds in flight")
     sanity = commands.add_parser("bookiesanity", help="write and read a ledger on each bookie")
     sanity.add_argument("--bookie", help="check only this bookie (host:port)")
+    audit = commands.add_parser(
+        "auditledger",
+        help="check every replica of a ledger (never fences); exit 0 if healthy, 1 if not",
+    )
+    audit.add_argument("ledger_id", type=int)
+    audit.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    audit.add_argument("--password", default="", help="ledger password (text)")
     shell.set_defaults(func=run)
 
 
@@ -65,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         "deleteledger": _deleteledger,
         "simpletest": _simpletest,
         "bookiesanity": _bookiesanity,
+        "auditledger": _auditledger,
     }
     handler = handlers[args.shell_command]
     loop = new_event_loop()
@@ -206,3 +215,14 @@ async def _bookiesanity(bk, args: argparse.Namespace) -> int:  # type: ignore[no
             failures += 1
             print(f"bookie {address}: FAILED: {exc}")
     return 1 if failures else 0
+
+
+async def _auditledger(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from quorumlog.audit import audit_ledger
+
+    audit = await audit_ledger(bk, args.ledger_id, password=args.password.encode())
+    if args.json:
+        print(json.dumps(audit.to_dict(), sort_keys=True))
+    else:
+        print(audit.summary())
+    return 0 if audit.healthy else 1

@@ -1,0 +1,534 @@
+"""Ledger audit: is every entry of a ledger stored, intact, on every bookie of its write set?
+
+The first step of auto-recovery: find what is missing or damaged before
+anything is re-replicated. The audit asks each bookie of each fragment directly
+for the entries of that bookie's write sets (R1), in batched READ requests,
+several in flight per bookie, and checks every copy it gets back against the
+entry digest. It changes nothing: it never fences (no recovery open, no FENCE
+flag), so a writer of an open ledger carries on undisturbed; an open ledger is
+audited up to the last add confirmed the bookies know of (R4).
+
+Every request has a timeout. A bookie that cannot be reached, or does not answer
+in time, is listed as unreachable and every entry it should hold and was not
+yet checked counts as a missing replica, so an audit always ends, in about one
+request timeout past the time its reads take.
+
+Example::
+
+    from quorumlog.aio import BookKeeper
+    from quorumlog.audit import audit_ledger
+
+    async with await BookKeeper.connect() as bk:
+        audit = await audit_ledger(bk, 42)
+        if not audit.healthy:
+            print(audit.summary())
+        row = audit.to_dict()  # plain JSON values, lists cut to 100 items
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from quorumlog.errors import (
+    BKError,
+    DigestMismatchError,
+    InvalidArgumentError,
+    MetadataError,
+    Status,
+    UnauthorizedError,
+)
+from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.proto.codec import (
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Response,
+)
+from quorumlog.proto.entry import EntryCodec
+
+if TYPE_CHECKING:
+    from quorumlog.client.bookkeeper import BookKeeper
+
+__all__ = [
+    "ENTRIES_PER_READ_DEFAULT",
+    "READS_IN_FLIGHT_DEFAULT",
+    "REPORT_LIST_LIMIT",
+    "LedgerAudit",
+    "audit_ledger",
+]
+
+ENTRIES_PER_READ_DEFAULT = 1_000
+# Per bookie. With batches of up to read_batch_max_bytes, this also bounds the bytes
+# one audit holds in flight per bookie (8 x 1 MiB by default).
+READS_IN_FLIGHT_DEFAULT = 8
+# How many items of each list ``to_dict`` keeps (the counts are always whole).
+REPORT_LIST_LIMIT = 100
+_SUMMARY_LIST_LIMIT = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerAudit:
+    """What an audit found for one ledger.
+
+    ``missing`` holds ``(entry_id, bookie)`` for each copy a bookie of the entry's
+    write set does not have (or could not be asked for: see ``unreachable_bookies``);
+    ``damaged`` holds ``(entry_id, bookie, reason)`` for each copy that the bookie
+    could not read back or that fails the entry digest. Both are sorted by entry id,
+    then bookie. Every replica checked is exactly one of good, missing or damaged.
+    """
+
+    ledger_id: int
+    closed: bool
+    last_entry_id: int
+    entries_checked: int
+    replicas_checked: int
+    missing: list[tuple[int, str]]
+    damaged: list[tuple[int, str, str]]
+    unreachable_bookies: list[str]
+    state: str = "CLOSED"
+    ensemble_size: int = 0
+    write_quorum: int = 0
+    ack_quorum: int = 0
+    fragments: int = 0
+    # Why each unreachable bookie is listed (connection refused, timed out, ...).
+    unreachable_reasons: dict[str, str] = field(default_factory=dict)
+    elapsed_ms: float = field(default=0.0, compare=False)
+
+    @property
+    def good_replicas(self) -> int:
+        return self.replicas_checked - len(self.missing) - len(self.damaged)
+
+    @cached_property
+    def _bad_copies_per_entry(self) -> collections.Counter[int]:
+        bad: collections.Counter[int] = collections.Counter(e for e, _ in self.missing)
+        bad.update(e for e, _, _ in self.damaged)
+        return bad
+
+    @property
+    def under_replicated(self) -> bool:
+        """Some entry has fewer good copies than the write quorum."""
+        return bool(self.missing or self.damaged)
+
+    @cached_property
+    def under_replicated_entries(self) -> list[int]:
+        """Entries with fewer good copies than the write quorum, in order."""
+        return sorted(self._bad_copies_per_entry)
+
+    @cached_property
+    def unreadable_entries(self) -> list[int]:
+        """Entries with no good copy at all, in order."""
+        quorum = self.write_quorum
+        return sorted(e for e, bad in self._bad_copies_per_entry.items() if bad >= quorum)
+
+    @property
+    def healthy(self) -> bool:
+        """Every checked entry is good on its whole write set and every bookie answered."""
+        return not (self.missing or self.damaged or self.unreachable_bookies)
+
+    def to_dict(self, list_limit: int = REPORT_LIST_LIMIT) -> dict[str, Any]:
+        """Plain JSON values (for a report row); each list keeps its first ``list_limit``
+        items and has a ``*_count`` key with its full length.
+
+        ``missing`` items are ``{"entry_id": int, "bookie": str}``, ``damaged`` items
+        ``{"entry_id": int, "bookie": str, "reason": str}``.
+        """
+        limit = max(0, list_limit)
+        unreadable = self.unreadable_entries
+        return {
+            "ledger_id": self.ledger_id,
+            "state": self.state,
+            "closed": self.closed,
+            "last_entry_id": self.last_entry_id,
+            "ensemble_size": self.ensemble_size,
+            "write_quorum": self.write_quorum,
+            "ack_quorum": self.ack_quorum,
+            "fragments": self.fragments,
+            "entries_checked": self.entries_checked,
+            "replicas_checked": self.replicas_checked,
+            "good_replicas": self.good_replicas,
+            "healthy": self.healthy,
+            "under_replicated": self.under_replicated,
+            "under_replicated_entry_count": len(self.under_replicated_entries),
+            "unreadable_entry_count": len(unreadable),
+            "unreadable_entries": unreadable[:limit],
+            "missing_count": len(self.missing),
+            "missing": [{"entry_id": e, "bookie": b} for e, b in self.missing[:limit]],
+            "damaged_count": len(self.damaged),
+            "damaged": [
+                {"entry_id": e, "bookie": b, "reason": r} for e, b, r in self.damaged[:limit]
+            ],
+            "unreachable_bookie_count": len(self.unreachable_bookies),
+            "unreachable_bookies": self.unreachable_bookies[:limit],
+            "elapsed_ms": round(self.elapsed_ms, 3),
+        }
+
+    def summary(self) -> str:
+        """A few lines for an operator (what ``quorumlog shell auditledger`` prints)."""
+        if self.healthy:
+            verdict = "HEALTHY"
+        elif self.unreadable_entries:
+            verdict = "UNREADABLE ENTRIES"
+        elif self.under_replicated:
+            verdict = "UNDER-REPLICATED"
+        else:
+            verdict = "INCOMPLETE (bookies unreachable)"
+        lines = [
+            f"ledger {self.ledger_id}: {self.state}, last "
+            f"{'entry' if self.closed else 'add confirmed'} {self.last_entry_id}, "
+            f"{self.fragments} fragment(s), ensemble {self.ensemble_size}, "
+            f"write quorum {self.write_quorum}, ack quorum {self.ack_quorum}",
+            f"checked {self.entries_checked} entries, {self.replicas_checked} replicas "
+            f"({self.good_replicas} good) in {self.elapsed_ms / 1000:.3f} s: {verdict}",
+        ]
+        if not self.closed:
+            lines.append("the ledger is open: entries past the last add confirmed are not checked")
+        for bookie in self.unreachable_bookies:
+            why = self.unreachable_reasons.get(bookie, "")
+            lines.append(f"unreachable bookie {bookie}" + (f": {why}" if why else ""))
+        if self.missing:
+            shown = ", ".join(f"{e}@{b}" for e, b in self.missing[:_SUMMARY_LIST_LIMIT])
+            more = " ..." if len(self.missing) > _SUMMARY_LIST_LIMIT else ""
+            lines.append(f"missing replicas: {len(self.missing)}: {shown}{more}")
+        if self.damaged:
+            lines.append(f"damaged replicas: {len(self.damaged)}")
+            for e, b, r in self.damaged[:_SUMMARY_LIST_LIMIT]:
+                lines.append(f"  entry {e} on {b}: {r}")
+            if len(self.damaged) > _SUMMARY_LIST_LIMIT:
+                lines.append("  ...")
+        if self.under_replicated:
+            unreadable = self.unreadable_entries
+            shown = ", ".join(map(str, unreadable[:_SUMMARY_LIST_LIMIT]))
+            more = " ..." if len(unreadable) > _SUMMARY_LIST_LIMIT else ""
+            lines.append(
+                f"under-replicated entries: {len(self.under_replicated_entries)}; "
+                f"with no good copy: {len(unreadable)}" + (f": {shown}{more}" if shown else "")
+            )
+        return "\n".join(lines)
+
+
+async def audit_ledger(
+    bk: BookKeeper,
+    ledger_id: int,
+    *,
+    password: bytes = b"",
+    entries_per_read: int = ENTRIES_PER_READ_DEFAULT,
+    reads_in_flight: int = READS_IN_FLIGHT_DEFAULT,
+    request_timeout_ms: int | None = None,
+) -> LedgerAudit:
+    """Check every replica of ledger ``ledger_id``'s entries 0..last (closed) or
+    0..LAC (open), reading each bookie directly; never fences.
+
+    ``password`` is needed for MAC digests (and must match the ledger's, else
+    UnauthorizedError). ``request_timeout_ms`` (default: the client's
+    ``read_timeout_ms``) bounds each request; a bookie that does not answer in time
+    is unreachable. Raises NoSuchLedgerError for an unknown ledger and
+    MetadataError when its metadata cannot be read; bookie failures are results,
+    never exceptions.
+    """
+    if entries_per_read < 1 or reads_in_flight < 1:
+        raise InvalidArgumentError(
+            f"ledger {ledger_id}: entries_per_read and reads_in_flight must be at least 1"
+        )
+    started = time.monotonic()
+    timeout_ms = request_timeout_ms or bk.config.read_timeout_ms
+    metadata = await _read_metadata(bk, ledger_id, password)
+    run = _AuditRun(bk, metadata, password, entries_per_read, reads_in_flight, timeout_ms)
+    if metadata.is_closed:
+        last = metadata.last_entry_id
+    else:
+        last = await run.learn_lac()
+        # An ensemble change or a close between the two reads would put entries up to
+        # that LAC in fragments the first read did not have. Metadata only moves
+        # forward, so the second read describes every entry up to the LAC.
+        metadata = await _read_metadata(bk, ledger_id, password)
+        if metadata.is_closed:
+            last = metadata.last_entry_id
+        run.metadata = metadata
+    await run.check_entries(last)
+    entries = last + 1
+    return LedgerAudit(
+        ledger_id=ledger_id,
+        closed=metadata.is_closed,
+        state=metadata.state.value,
+        last_entry_id=last,
+        entries_checked=entries,
+        replicas_checked=entries * metadata.write_quorum,
+        missing=sorted(run.missing),
+        damaged=sorted(run.damaged),
+        unreachable_bookies=sorted(run.unreachable),
+        unreachable_reasons=dict(sorted(run.unreachable.items())),
+        ensemble_size=metadata.ensemble_size,
+        write_quorum=metadata.write_quorum,
+        ack_quorum=metadata.ack_quorum,
+        fragments=len(metadata.ensembles),
+        elapsed_ms=(time.monotonic() - started) * 1000,
+    )
+
+
+async def _read_metadata(bk: BookKeeper, ledger_id: int, password: bytes) -> LedgerMetadata:
+    from quorumlog.client.bookkeeper import password_digest
+
+    timeout_s = bk.config.metadata_session_timeout_ms / 1000
+    try:
+        metadata, _ = await asyncio.wait_for(bk.ledgers.read(ledger_id), timeout_s)
+    except TimeoutError:
+        raise MetadataError(
+            f"ledger {ledger_id}: metadata not read within {timeout_s:.1f} s"
+        ) from None
+    if metadata.password_digest and metadata.password_digest != password_digest(password):
+        raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
+    return metadata
+
+
+def _segments(
+    metadata: LedgerMetadata, bookie: str, last: int, entries_per_read: int
+) -> Iterator[tuple[int, int]]:
+    """(first, last) ranges of consecutive entries ``bookie`` must hold, in order.
+
+    A bookie at index i of an ensemble of E holds the entries whose write set
+    starts at one of i-Qw+1 .. i (mod E): runs of Qw consecutive entries every E
+    entries, or every entry when E == Qw. A READ stops at the first entry a bookie
+    lacks, so each request asks for one run (cut to ``entries_per_read``).
+    """
+    size, quorum = metadata.ensemble_size, metadata.write_quorum
+    for frag_first, frag_last, ensemble in metadata.fragment_bounds():
+        hi = last if frag_last is None else min(last, frag_last)
+        if frag_first > hi:
+            continue
+        for index in (i for i, address in enumerate(ensemble) if address == bookie):
+            if size == quorum:
+                runs: Iterator[tuple[int, int]] = iter([(frag_first, hi)])
+            else:
+                runs = _striped_runs(index, size, quorum, frag_first, hi)
+            for run_first, run_last in runs:
+                for first in range(run_first, run_last + 1, entries_per_read):
+                    yield first, min(run_last, first + entries_per_read - 1)
+
+
+def _striped_runs(
+    index: int, size: int, quorum: int, lo: int, hi: int
+) -> Iterator[tuple[int, int]]:
+    run_start_residue = (index - quorum + 1) % size
+    start = lo - (lo - run_start_residue) % size  # the run that holds lo, or ends before it
+    while start <= hi:
+        first, end = max(start, lo), min(start + quorum - 1, hi)
+        if first <= end:
+            yield first, end
+        start += size
+
+
+class _AuditRun:
+    """The state of one audit: what each bookie holds, and who did not answer."""
+
+    def __init__(
+        self,
+        bk: BookKeeper,
+        metadata: LedgerMetadata,
+        password: bytes,
+        entries_per_read: int,
+        reads_in_flight: int,
+        timeout_ms: int,
+    ) -> None:
+        self._pool = bk.pool
+        self._max_bytes = bk.config.read_batch_max_bytes
+        self.metadata = metadata
+        self._ledger_id = metadata.ledger_id
+        self._codec = EntryCodec(metadata.digest_type, password)
+        self._entries_per_read = entries_per_read
+        self._reads_in_flight = reads_in_flight
+        self._timeout_ms = timeout_ms
+        self.missing: list[tuple[int, str]] = []
+        self.damaged: list[tuple[int, str, str]] = []
+        self.unreachable: dict[str, str] = {}
+
+    def _mark_unreachable(self, bookie: str, reason: str) -> None:
+        self.unreachable.setdefault(bookie, reason)
+
+    # ------------------------------------------------------------ the LAC of an open ledger
+
+    async def learn_lac(self) -> int:
+        """The largest LAC the last fragment's bookies report (READ_LAC, which never
+        fences). Entries before the last fragment are confirmed (R5), so the result is
+        at least the entry before it, even if no bookie answers."""
+        md = self.metadata
+        floor = md.last_fragment_first_entry - 1
+        ensemble = md.last_ensemble
+        futures = [
+            self._pool.request(address, ReadLacRequest(0, self._ledger_id), self._timeout_ms)
+            for address in ensemble
+        ]
+        answers = await asyncio.gather(*futures, return_exceptions=True)
+        lac = floor
+        for address, answer in zip(ensemble, answers, strict=True):
+            if isinstance(answer, BKError):
+                self._mark_unreachable(address, answer.message)
+            elif isinstance(answer, BaseException):
+                raise answer
+            elif not isinstance(answer, ReadLacResponse):
+                self._mark_unreachable(address, f"answered READ_LAC with {type(answer).__name__}")
+            elif answer.status == Status.OK:
+                lac = max(lac, answer.lac)
+            elif answer.status not in (Status.NO_SUCH_LEDGER, Status.NO_SUCH_ENTRY):
+                self._mark_unreachable(address, f"answered READ_LAC with {_status_name(answer)}")
+        return lac
+
+    # ------------------------------------------------------------ entries
+
+    async def check_entries(self, last: int) -> None:
+        if last < 0:
+            return
+        loop = asyncio.get_running_loop()
+        checks = [
+            _BookieCheck(
+                self,
+                bookie,
+                _segments(self.metadata, bookie, last, self._entries_per_read),
+                loop,
+            )
+            for bookie in sorted(self.metadata.all_bookies())
+        ]
+        for check in checks:
+            check.start(self._reads_in_flight)
+        await asyncio.gather(*(check.done for check in checks))
+
+    def request_read(
+        self, bookie: str, first: int, last: int, callback: Callable[[Response | BKError], None]
+    ) -> None:
+        request = ReadRequest(
+            0, self._ledger_id, first, last - first + 1, max_bytes=self._max_bytes
+        )
+        self._pool.get(bookie).send(request, callback, self._timeout_ms)
+
+    def settle(self, bookie: str, first: int, last: int, answer: Response | BKError) -> int:
+        """Record what ``answer`` (to a READ of ``first..last``) says; returns the next
+        entry id to ask for (at least ``first + 1`` unless the bookie turned unreachable)."""
+        if isinstance(answer, BKError):
+            self._mark_unreachable(bookie, answer.message)
+            return first
+        if not isinstance(answer, ReadResponse):
+            self._mark_unreachable(bookie, f"answered READ with {type(answer).__name__}")
+            return first
+        status = answer.status
+        if status == Status.OK and answer.entries:
+            return self._verify(bookie, first, answer.entries[: last - first + 1])
+        if status == Status.OK or status == Status.NO_SUCH_ENTRY:
+            self.missing.append((first, bookie))
+            return first + 1
+        if status == Status.NO_SUCH_LEDGER:
+            # The bookie knows nothing of the ledger: none of this range is there.
+            self.missing_range(bookie, first, last)
+            return last + 1
+        if status == Status.IO_ERROR:
+            # R9: a bookie that finds a damaged record answers an I/O error.
+            self.damaged.append((first, bookie, "bookie could not read it (I/O error)"))
+            return first + 1
+        self._mark_unreachable(bookie, f"answered READ with {_status_name(answer)}")
+        return first
+
+    def _verify(self, bookie: str, first: int, blobs: list[bytes]) -> int:
+        """Check each copy against the entry digest; returns the next entry id to ask for."""
+        decode = self._codec.decode
+        ledger_id = self._ledger_id
+        entry_id = first
+        for blob in blobs:
+            try:
+                decode(blob, ledger_id, entry_id)
+            except DigestMismatchError as exc:
+                self.damaged.append((entry_id, bookie, _reason(exc, ledger_id, entry_id)))
+            entry_id += 1
+        return entry_id
+
+    def missing_range(self, bookie: str, first: int, last: int) -> None:
+        self.missing.extend((entry_id, bookie) for entry_id in range(first, last + 1))
+
+
+class _BookieCheck:
+    """Keeps up to ``limit`` READs in flight to one bookie until its ranges are settled.
+
+    Driven by connection callbacks, with no task or future per request: a striped
+    ledger needs one request per run of Qw entries, so per-request cost is what
+    bounds the audit's speed.
+    """
+
+    def __init__(
+        self,
+        run: _AuditRun,
+        bookie: str,
+        segments: Iterator[tuple[int, int]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._run = run
+        self._bookie = bookie
+        self._segments = segments
+        self._in_flight = 0
+        self.done: asyncio.Future[None] = loop.create_future()
+
+    def start(self, limit: int) -> None:
+        if self._bookie in self._run.unreachable:  # it failed to answer READ_LAC already
+            self._give_up()
+        else:
+            for _ in range(limit):
+                if not self._send_next():
+                    break
+        self._finish_if_idle()
+
+    def _give_up(self) -> None:
+        # Whatever was not settled is a replica nobody could check: missing.
+        for first, last in self._segments:
+            self._run.missing_range(self._bookie, first, last)
+
+    def _send_next(self) -> bool:
+        segment = next(self._segments, None)
+        if segment is None:
+            return False
+        self._send(*segment)
+        return True
+
+    def _send(self, first: int, last: int) -> None:
+        self._in_flight += 1
+
+        def on_answer(answer: Response | BKError) -> None:
+            self._on_answer(first, last, answer)
+
+        self._run.request_read(self._bookie, first, last, on_answer)
+
+    def _on_answer(self, first: int, last: int, answer: Response | BKError) -> None:
+        self._in_flight -= 1
+        try:
+            next_id = self._run.settle(self._bookie, first, last, answer)
+            if self._bookie in self._run.unreachable:
+                self._run.missing_range(self._bookie, next_id, last)
+                self._give_up()
+            elif next_id <= last:
+                self._send(next_id, last)
+            else:
+                self._send_next()
+        except Exception as exc:  # a bug here must end the audit, not leave it waiting
+            if not self.done.done():
+                self.done.set_exception(exc)
+            return
+        self._finish_if_idle()
+
+    def _finish_if_idle(self) -> None:
+        if self._in_flight == 0 and not self.done.done():
+            self.done.set_result(None)
+
+
+def _reason(exc: DigestMismatchError, ledger_id: int, entry_id: int) -> str:
+    prefix = f"ledger {ledger_id} entry {entry_id}: "
+    message = exc.message
+    return message[len(prefix) :] if message.startswith(prefix) else message
+
+
+def _status_name(answer: ReadLacResponse | ReadResponse) -> str:
+    try:
+        return f"status {Status(answer.status).name}"
+    except ValueError:
+        return f"status {answer.status}"
