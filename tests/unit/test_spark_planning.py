@@ -1,0 +1,197 @@
+"""The Spark source's options and read planning: pure logic, no Spark, no cluster."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quorumlog.errors import InvalidArgumentError
+from quorumlog.log.position import Position
+from quorumlog.spark.commit import TaskResult, ledgers_in_order
+from quorumlog.spark.options import ReadOptions, WriteOptions, parse_bound
+from quorumlog.spark.planning import (
+    LedgerExtent,
+    advance,
+    count_between,
+    earliest,
+    latest,
+    offset_of,
+    position_of,
+    split,
+)
+
+URI = "sqlite:///tmp/quorumlog-unit/metadata.db"
+
+
+def closed(ledger_id: int, last: int, first: int = 0) -> LedgerExtent:
+    return LedgerExtent(ledger_id, first, last, True)
+
+
+def open_(ledger_id: int, lac: int) -> LedgerExtent:
+    return LedgerExtent(ledger_id, 0, lac, False)
+
+
+# ---------------------------------------------------------------- options
+
+
+def test_read_options_defaults_and_case_insensitive_keys():
+    opts = ReadOptions.parse({"metadata": URI, "LOG": "dice"})
+    assert opts.log == "dice" and opts.ledgers is None
+    assert opts.start == "earliest" and opts.end == "latest"
+    assert opts.entries_per_partition == 100_000 and opts.max_records_per_trigger is None
+
+
+def test_read_options_take_the_log_from_the_load_path():
+    assert ReadOptions.parse({"metadata": URI, "path": "dice"}).log == "dice"
+    with pytest.raises(InvalidArgumentError, match="name different logs"):
+        ReadOptions.parse({"metadata": URI, "path": "a", "log": "b"})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"metadata": URI, "log": "x", "startingposition": "soon"}, "startingPosition"),
+        ({"metadata": URI, "log": "x", "colour": "red"}, "unknown quorumlog read option"),
+        ({"metadata": URI}, "exactly one of the options log"),
+        ({"metadata": URI, "log": "x", "ledgers": "1"}, "got both"),
+        ({"metadata": URI, "ledgers": "1,x"}, "'x' is not a ledger id"),
+        ({"metadata": URI, "ledgers": "1,1"}, "twice"),
+        ({"metadata": URI, "log": "bad/name"}, "bad log name"),
+        ({"metadata": "http://x", "log": "x"}, "option metadata"),
+        ({"metadata": URI, "log": "x", "entriesperpartition": "0"}, "entriesPerPartition"),
+        ({"metadata": URI, "log": "x", "maxrecordspertrigger": "5"}, "only streaming"),
+        (
+            {"metadata": URI, "log": "x", "startingposition": "5:0", "endingposition": "4:0"},
+            "before startingPosition",
+        ),
+    ],
+)
+def test_bad_read_options_name_the_problem(options, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        ReadOptions.parse(options)
+
+
+def test_streaming_read_options():
+    opts = ReadOptions.parse(
+        {"metadata": URI, "log": "x", "maxRecordsPerTrigger": "50"}, streaming=True
+    )
+    assert opts.max_records_per_trigger == 50
+    with pytest.raises(InvalidArgumentError, match="streaming reads have no end"):
+        ReadOptions.parse({"metadata": URI, "log": "x", "endingPosition": "1:0"}, streaming=True)
+    with pytest.raises(InvalidArgumentError, match="streaming reads need a log"):
+        ReadOptions.parse({"metadata": URI, "ledgers": "3"}, streaming=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("earliest", "earliest"),
+        ("LATEST", "latest"),
+        ('{"ledger": 12, "entry": 7}', Position(12, 7)),
+        ("[12, 7]", Position(12, 7)),
+        ("12:7", Position(12, 7)),
+    ],
+)
+def test_positions_in_options(text, expected):
+    assert parse_bound("startingPosition", text, "earliest") == expected
+
+
+def test_write_options():
+    opts = WriteOptions.parse({"metadata": URI, "log": "out", "checkpointLocation": "/tmp/c"})
+    assert (opts.ensemble, opts.write_quorum, opts.ack_quorum) == (3, 3, 2)
+    assert opts.sink_id == "spark" and opts.max_write_partitions == 1024
+    with pytest.raises(InvalidArgumentError, match="option log"):
+        WriteOptions.parse({"metadata": URI})
+    with pytest.raises(InvalidArgumentError, match="unknown quorumlog write option"):
+        WriteOptions.parse({"metadata": URI, "log": "out", "startingPosition": "earliest"})
+    with pytest.raises(InvalidArgumentError, match="quorum"):
+        WriteOptions.parse({"metadata": URI, "log": "out", "ensemble": "2", "writeQuorum": "3"})
+
+
+# ---------------------------------------------------------------- planning
+
+
+def test_latest_stops_after_the_first_open_ledger():
+    extents = [closed(3, 9), open_(5, 4), closed(8, 2)]
+    assert earliest(extents) == Position(3, 0)
+    assert latest(extents) == Position(5, 5)
+    assert count_between(extents, earliest(extents), latest(extents)) == 15
+
+
+def test_truncation_cut_and_empty_ledgers():
+    extents = [closed(3, 9, first=4), closed(4, -1), open_(6, -1)]
+    assert earliest(extents) == Position(3, 4)
+    assert latest(extents) == Position(6, 0)
+    assert count_between(extents, earliest(extents), latest(extents)) == 6
+    assert latest([]) == earliest([]) == Position(0, 0)
+
+
+def test_split_respects_bounds_and_partition_size():
+    extents = [closed(3, 9), closed(5, 4)]
+    ranges = split(extents, Position(3, 2), Position(5, 3), 4)
+    assert [(r.ledger_id, r.first_entry_id, r.last_entry_id) for r in ranges] == [
+        (3, 2, 5),
+        (3, 6, 9),
+        (5, 0, 2),
+    ]
+    with pytest.raises(InvalidArgumentError):
+        split(extents, Position(3, 0), Position(5, 0), 0)
+
+
+def test_advance_with_a_record_limit_crosses_ledgers():
+    extents = [closed(3, 9), closed(5, 4), open_(7, 1)]
+    assert advance(extents, Position(3, 8), 3) == Position(5, 1)
+    assert advance(extents, Position(3, 8), None) == Position(7, 2)
+    assert advance(extents, Position(7, 2), 10) == Position(7, 2)  # nothing new: stays
+    assert advance(extents, Position(9, 0), 10) == Position(9, 0)  # never backwards
+
+
+def test_offsets_round_trip_and_reject_junk():
+    assert position_of(offset_of(Position(4, 2))) == Position(4, 2)
+    with pytest.raises(InvalidArgumentError, match="not a quorumlog streaming offset"):
+        position_of({"partition": 1})
+
+
+@st.composite
+def logs(draw):
+    ids = sorted(draw(st.sets(st.integers(1, 50), min_size=0, max_size=6)))
+    extents = []
+    for index, ledger_id in enumerate(ids):
+        last = draw(st.integers(-1, 30))
+        is_last = index == len(ids) - 1
+        extents.append(LedgerExtent(ledger_id, 0, last, not is_last or draw(st.booleans())))
+    return extents
+
+
+@settings(max_examples=300, deadline=None)
+@given(logs(), st.lists(st.integers(1, 25), min_size=1, max_size=12), st.integers(1, 7))
+def test_micro_batches_cover_every_record_once_in_order(extents, limits, per_partition):
+    """Chained micro-batches (any limits) then one unlimited: every readable record
+    exactly once, in log order, whatever the partition size."""
+    seen: list[tuple[int, int]] = []
+    start = earliest(extents)
+    for limit in [*limits, None]:
+        end = advance(extents, start, limit)
+        assert end >= start
+        assert limit is None or count_between(extents, start, end) <= limit
+        for r in split(extents, start, end, per_partition):
+            assert r.entry_count <= per_partition
+            seen += [(r.ledger_id, e) for e in range(r.first_entry_id, r.last_entry_id + 1)]
+        start = end
+    expected = []
+    for extent in extents:
+        expected += [(extent.ledger_id, e) for e in range(0, extent.last_entry_id + 1)]
+        if not extent.closed:
+            break
+    assert seen == expected
+
+
+def test_commit_orders_ledgers_by_partition_and_skips_failed_and_empty_tasks():
+    results = [
+        TaskResult(2, 300, 5),
+        None,  # a failed task reports nothing
+        TaskResult(0, 100, 3),
+        TaskResult(1, None, 0),  # no rows, no ledger
+    ]
+    assert ledgers_in_order(results) == ([100, 300], 8)
