@@ -83,7 +83,16 @@ class CommitOutcome:
 
 
 def new_write_token() -> str:
+    """The staging name of one batch write (its writer object travels pickled to
+    every task and to the commit, so one random name serves the whole job)."""
     return uuid.uuid4().hex
+
+
+def stream_token(log_name: str, sink_id: str) -> str:
+    """The staging name of a streaming sink. Spark makes a new writer object for each
+    micro-batch's commit, so the name must follow from the options; batches run one
+    after another, and each commit clears what the batch left."""
+    return f"stream.{log_name}.{sink_id}"
 
 
 def staging_path(token: str) -> str:
@@ -102,7 +111,7 @@ async def task_ledger_id(
     bk: BookKeeper,
     token: str,
     log_name: str,
-    stage_id: int,
+    stage_key: str,
     partition: int,
     task_attempt: int,
     max_partitions: int,
@@ -118,7 +127,7 @@ async def task_ledger_id(
             f"log {log_name}: partition {partition} of the write is beyond the option "
             f"maxWritePartitions={max_partitions}; raise it or coalesce the DataFrame"
         )
-    base = await _stage_block(bk, token, log_name, stage_id, max_partitions)
+    base = await _stage_block(bk, token, log_name, stage_key, max_partitions)
     first_id = base + partition * SLOTS_PER_PARTITION
     for slot in range(min(task_attempt, SLOTS_PER_PARTITION - 1), SLOTS_PER_PARTITION):
         ledger_id = first_id + slot
@@ -129,15 +138,15 @@ async def task_ledger_id(
             continue
         return ledger_id
     raise InvalidArgumentError(
-        f"log {log_name}: partition {partition} of stage {stage_id} was tried more than "
+        f"log {log_name}: partition {partition} of stage {stage_key} was tried more than "
         f"{SLOTS_PER_PARTITION} times; no ledger id is left for it in this write"
     )
 
 
 async def _stage_block(
-    bk: BookKeeper, token: str, log_name: str, stage_id: int, max_partitions: int
+    bk: BookKeeper, token: str, log_name: str, stage_key: str, max_partitions: int
 ) -> int:
-    path = f"{staging_path(token)}/b{stage_id}"
+    path = f"{staging_path(token)}/b{stage_key}"
     try:
         return int((await bk.store.get(path)).data)
     except NoNodeError:

@@ -266,7 +266,12 @@ def _task_identity() -> TaskIdentity:
     context = TaskContext.get()
     if context is None:
         raise InvalidArgumentError("quorumlog sink: write() ran outside a Spark task")
-    return TaskIdentity(context.stageId(), context.partitionId(), context.attemptNumber())
+    return TaskIdentity(
+        context.stageId(),
+        context.partitionId(),
+        context.attemptNumber(),
+        context.getLocalProperty("spark.jobGroup.id"),
+    )
 
 
 def _results(messages: Sequence[WriterCommitMessage | None]) -> list[commits.TaskResult | None]:
@@ -318,7 +323,7 @@ class QuorumlogStreamWriter(_StreamWriterBase):  # type: ignore[misc,valid-type]
 
     def __init__(self, opts: WriteOptions) -> None:
         self.opts = opts
-        self.token = commits.new_write_token()
+        self.token = commits.stream_token(opts.log, opts.sink_id)
 
     def write(self, iterator: Iterator[Any]) -> QuorumlogCommitMessage:
         batches = iterator if _STREAM_TAKES_ARROW else record_batches_of_rows(iterator)

@@ -31,7 +31,6 @@ def local_session(
         .config("spark.driver.bindAddress", LOOPBACK)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)

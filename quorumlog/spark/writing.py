@@ -31,6 +31,14 @@ class TaskIdentity:
     stage_id: int
     partition: int
     task_attempt: int
+    # Spark's job group: a streaming query's run id, unique per start of the query,
+    # while stage ids start from 0 again in a new driver.
+    job_group: str | None = None
+
+    @property
+    def stage_key(self) -> str:
+        group = "".join(c for c in (self.job_group or "") if c.isalnum() or c in "-_")
+        return f"{group}-{self.stage_id}" if group else str(self.stage_id)
 
 
 def data_column(batch: pa.RecordBatch, partition: int) -> list[bytes]:
@@ -60,7 +68,7 @@ async def _open_ledger(opts: WriteOptions, token: str, who: TaskIdentity) -> Led
         bk,
         token,
         opts.log,
-        who.stage_id,
+        who.stage_key,
         who.partition,
         who.task_attempt,
         opts.max_write_partitions,

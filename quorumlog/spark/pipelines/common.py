@@ -1,0 +1,257 @@
+"""What the pipelines share: options, progress lines, output paths, tables, error lines.
+
+Nothing here imports pyspark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, TextIO
+
+from quorumlog.errors import BKError, InvalidArgumentError
+from quorumlog.spark.options import SOURCE_NAME, Bound, parse_bound
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+DEFAULT_MASTER = "local[2]"
+# How many rows of a table a pipeline prints (the files hold them all).
+PRINTED_ROWS_MAX = 20
+ERROR_LINE_MAX_CHARS = 500
+
+
+# ---------------------------------------------------------------- options
+
+
+def add_common_options(
+    parser: argparse.ArgumentParser, *, out_required: bool, out_help: str
+) -> None:
+    """--metadata, --master, --out, --overwrite, --password, --conf."""
+    parser.add_argument(
+        "--metadata",
+        default=None,
+        metavar="URI",
+        help="metadata store URI (default: $QUORUMLOG_METADATA, else ./.quorumlog/metadata.db)",
+    )
+    parser.add_argument(
+        "--master",
+        default=None,
+        metavar="URL",
+        help=(
+            f"Spark master: local[N], spark://HOST:PORT, ... (default {DEFAULT_MASTER}; "
+            "under spark-submit, the master spark-submit was given)"
+        ),
+    )
+    parser.add_argument("--out", required=out_required, default=None, metavar="DIR", help=out_help)
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace output tables that exist already (default: fail before reading)",
+    )
+    parser.add_argument(
+        "--password", default="", metavar="TEXT", help="the ledgers' password (text; default empty)"
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=conf_pair,
+        help="a Spark setting for the session (repeatable)",
+    )
+
+
+def conf_pair(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> ``(KEY, VALUE)`` (an argparse type)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (an argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def position_bound(label: str) -> Callable[[str], str]:
+    """An argparse type checking a bound as the source's start/end options accept it
+    (``earliest``, ``latest``, ``L:E``, ``{"ledger": L, "entry": E}``); keeps the text."""
+
+    def check(text: str) -> str:
+        try:
+            parse_bound(label, text, "earliest")
+        except BKError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+        return text
+
+    check.__name__ = "position"  # what argparse names in its error message
+    return check
+
+
+def describe_bound(raw: str | None, default: Literal["earliest", "latest"]) -> str:
+    """A bound as printed in progress lines: ``earliest``, ``latest`` or ``L:E``."""
+    bound: Bound = parse_bound("position", raw, default)
+    return bound if isinstance(bound, str) else str(bound)
+
+
+# ---------------------------------------------------------------- reading a log
+
+
+def require_log(metadata_uri: str, name: str) -> None:
+    """NoSuchLogError (one line, before Spark plans anything) if log ``name`` is missing."""
+    from quorumlog.log.errors import NoSuchLogError
+    from quorumlog.spark import scan
+    from quorumlog.spark.datasource import log_exists
+
+    if not scan.run(log_exists(metadata_uri, name)):
+        raise NoSuchLogError(f"log {name} does not exist (metadata {metadata_uri})")
+
+
+def read_log(
+    spark: SparkSession,
+    metadata_uri: str,
+    name: str,
+    *,
+    password: str = "",
+    start: str | None = None,
+    end: str | None = None,
+    entries_per_partition: int | None = None,
+) -> DataFrame:
+    """The records of log ``name`` through the ``quorumlog`` source (a batch read):
+    columns log, ledger_id, entry_id, data."""
+    reader = spark.read.format(SOURCE_NAME).option("metadata", metadata_uri).option("log", name)
+    if password:
+        reader = reader.option("password", password)
+    if start is not None:
+        reader = reader.option("startingPosition", start)
+    if end is not None:
+        reader = reader.option("endingPosition", end)
+    if entries_per_partition is not None:
+        reader = reader.option("entriesPerPartition", str(entries_per_partition))
+    return reader.load()
+
+
+# ---------------------------------------------------------------- output paths
+
+
+def output_path(out: str, *parts: str) -> str:
+    """``out`` joined with ``parts``; a path without a scheme is made absolute (Spark
+    would resolve it against the driver's directory anyway; printed, it says where)."""
+    if _has_scheme(out):
+        return "/".join([out.rstrip("/"), *parts])
+    return os.path.join(os.path.abspath(out), *parts)
+
+
+def _has_scheme(path: str) -> bool:
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
+
+
+def check_outputs_free(paths: Sequence[str], overwrite: bool) -> None:
+    """Fail before any reading if an output table exists and ``overwrite`` is off.
+
+    Only local paths are looked at here; for others Spark's own check applies when
+    the table is written."""
+    if overwrite:
+        return
+    for path in paths:
+        local = path[len("file://") :] if path.startswith("file://") else path
+        if not _has_scheme(local) and os.path.exists(local):
+            raise InvalidArgumentError(
+                f"output {path} exists already; remove it or give --overwrite"
+            )
+
+
+def write_mode(overwrite: bool) -> str:
+    """The Spark save mode for ``--overwrite``."""
+    return "overwrite" if overwrite else "errorifexists"
+
+
+# ---------------------------------------------------------------- progress
+
+
+@dataclass
+class StageResult:
+    """What a stage reports at its end (``1234 rows``)."""
+
+    text: str = "done"
+
+
+class Progress:
+    """Prints one line per stage when it ends:
+    ``[dice-stats] stage 1/3: reading log dice ... 1234 rows (0.8 s)``."""
+
+    def __init__(self, pipeline: str, stages: int, out: TextIO | None = None) -> None:
+        self.pipeline = pipeline
+        self.stages = stages
+        self.number = 0
+        self._out = out
+
+    def print(self, text: str) -> None:
+        """A line of the pipeline's output (tables, results)."""
+        out = self._out or sys.stdout
+        out.write(text + "\n")
+        out.flush()
+
+    @contextmanager
+    def stage(self, what: str) -> Iterator[StageResult]:
+        """Run one stage; the line is printed when it ends, also when it fails."""
+        self.number += 1
+        head = f"[{self.pipeline}] stage {self.number}/{self.stages}: {what} ..."
+        result = StageResult()
+        started = time.monotonic()
+        try:
+            yield result
+        except BaseException:
+            self.print(f"{head} failed ({time.monotonic() - started:.1f} s)")
+            raise
+        self.print(f"{head} {result.text} ({time.monotonic() - started:.1f} s)")
+
+
+# ---------------------------------------------------------------- tables and errors
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain text table, columns right-aligned (numbers line up)."""
+    cells = [list(headers)] + [[_cell(value) for value in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    )
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*: \S")
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a failure: a BKError's message, else the innermost error named in
+    the text Spark hands back (an executor's Python traceback included)."""
+    if isinstance(exc, BKError):
+        return exc.message
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    named = [line for line in lines if _ERROR_LINE.match(line)]
+    chosen = named[-1] if named else (lines[0] if lines else type(exc).__name__)
+    return chosen[:ERROR_LINE_MAX_CHARS]
