@@ -1,0 +1,173 @@
+"""Reading a log with Spark next to the project's own client, in one run.
+
+Writes a log of ``--entries`` records of ``--entry-size`` bytes (default 1,000,000 of
+100 bytes, several ledgers) on a local cluster of three bookies (or on the cluster
+at ``--metadata``), then reads all of it
+
+1. with the single-process client (``Log``: ledger by ledger, pipelined batch reads),
+2. with Spark ``local[2]`` through the ``quorumlog`` data source (a job that
+   touches every row's data: ``sum(length(data))``, so nothing is pruned),
+
+checks both saw every record, and prints rows per second for each::
+
+    python bench/spark_read.py                 # starts and stops its own cluster
+    python bench/spark_read.py --entries 200000 --json
+
+The Spark figure is the second of two timed jobs (the first one also starts the
+executors' Python workers); the session start is reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import quorumlog.aio as aio
+from quorumlog.testing.cluster import LocalCluster
+
+LOG_NAME = "bench-spark"
+
+
+async def write_log(uri: str, entries: int, entry_size: int, ledger_entries: int) -> list[int]:
+    payload = os.urandom(entry_size)
+    async with await aio.BookKeeper.connect(uri) as bk:
+        log = await bk.open_log(LOG_NAME)
+        writer = await log.open_writer()
+        futures = []
+        for index in range(entries):
+            if index and index % ledger_entries == 0:
+                await asyncio.gather(*futures)
+                futures.clear()
+                await writer.rollover()
+            if len(futures) >= 2_000:
+                await futures[-2_000]
+            futures.append(writer.append_nowait(payload))
+        await asyncio.gather(*futures)
+        await writer.close()
+        return await log.ledgers()
+
+
+async def client_read(uri: str, expected: int) -> tuple[int, int, float]:
+    """Every record through one client; (records, bytes, seconds)."""
+    async with await aio.BookKeeper.connect(uri) as bk:
+        log = await bk.open_log(LOG_NAME)
+        metadata, _ = await log.metadata()
+        started = time.perf_counter()
+        count = size = 0
+        step = 8_192
+        for ledger_id in metadata.ledgers:
+            handle = await bk.open_ledger_no_recovery(ledger_id)
+            last = handle.metadata.last_entry_id
+            pending = [
+                asyncio.ensure_future(handle.read_entries(low, min(last, low + step - 1)))
+                for low in range(0, last + 1, step)
+            ]
+            for future in pending:
+                for entry in await future:
+                    count += 1
+                    size += len(entry.data)
+            await handle.close()
+        seconds = time.perf_counter() - started
+    if count != expected:
+        raise RuntimeError(f"client read {count} records, expected {expected}")
+    return count, size, seconds
+
+
+def spark_read(uri: str, expected: int, master: str) -> dict[str, float]:
+    from pyspark.sql import functions as F
+
+    from quorumlog.spark.session import local_session
+
+    started = time.perf_counter()
+    spark = local_session(master, "quorumlog-bench")
+    session_s = time.perf_counter() - started
+    try:
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            df = spark.read.format("quorumlog").option("metadata", uri).option("log", LOG_NAME)
+            row = df.load().agg(F.count("*").alias("n"), F.sum(F.length("data")).alias("b"))
+            result = row.collect()[0]
+            times.append(time.perf_counter() - t0)
+            if result["n"] != expected:
+                raise RuntimeError(f"Spark read {result['n']} records, expected {expected}")
+        partitions = df.load().rdd.getNumPartitions()
+    finally:
+        spark.stop()
+    return {
+        "session_start_s": session_s,
+        "first_job_s": times[0],
+        "seconds": times[1],
+        "partitions": partitions,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--entries", type=int, default=1_000_000)
+    parser.add_argument("--entry-size", type=int, default=100)
+    parser.add_argument("--ledger-entries", type=int, default=250_000, help="records per ledger")
+    parser.add_argument("--metadata", help="use this cluster instead of starting one")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.entries < 1 or args.entry_size < 0 or args.ledger_entries < 1:
+        parser.error("--entries and --ledger-entries must be >= 1, --entry-size >= 0")
+
+    with tempfile.TemporaryDirectory(prefix="quorumlog-spark-bench-") as scratch:
+        cluster = None
+        uri = args.metadata
+        if uri is None:
+            uri = f"sqlite://{scratch}/metadata.db"
+            cluster = LocalCluster(uri, Path(scratch) / "cluster", 3).start()
+        try:
+            print(f"writing {args.entries:,} records of {args.entry_size} B ...", file=sys.stderr)
+            t0 = time.perf_counter()
+            ledgers = asyncio.run(
+                write_log(uri, args.entries, args.entry_size, args.ledger_entries)
+            )
+            write_s = time.perf_counter() - t0
+            print(f"  {len(ledgers)} ledgers in {write_s:.1f} s", file=sys.stderr)
+            print("reading with the client ...", file=sys.stderr)
+            count, _, client_s = asyncio.run(client_read(uri, args.entries))
+            print(f"reading with Spark {args.master} ...", file=sys.stderr)
+            spark = spark_read(uri, args.entries, args.master)
+        finally:
+            if cluster is not None:
+                cluster.stop_all()
+    result = {
+        "entries": args.entries,
+        "entry_size": args.entry_size,
+        "ledgers": len(ledgers),
+        "write_s": round(write_s, 2),
+        "client_read_s": round(client_s, 2),
+        "client_rows_per_s": round(count / client_s),
+        "spark_master": args.master,
+        "spark_partitions": spark["partitions"],
+        "spark_session_start_s": round(spark["session_start_s"], 2),
+        "spark_first_job_s": round(spark["first_job_s"], 2),
+        "spark_read_s": round(spark["seconds"], 2),
+        "spark_rows_per_s": round(args.entries / spark["seconds"]),
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(
+            f"{args.entries:,} records of {args.entry_size} B in {len(ledgers)} ledgers\n"
+            f"  client (one process):       {result['client_rows_per_s']:>10,} rows/s "
+            f"({client_s:.2f} s)\n"
+            f"  Spark {args.master:<10} ({spark['partitions']} partitions): "
+            f"{result['spark_rows_per_s']:>10,} rows/s ({spark['seconds']:.2f} s; first job "
+            f"{spark['first_job_s']:.2f} s, session start {spark['session_start_s']:.1f} s)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
