@@ -15,8 +15,10 @@ if ! dpkg -s zookeeper >/dev/null 2>&1; then
     }
 fi
 
-python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING' || true
-python -c "import quorumlog, kazoo, lmdb, crc32c, uvloop" # fail early if the install did not take
+# The spark extra brings pyspark (a ~450 MB download on a cold pip cache) and pyarrow.
+python -m pip install -q --disable-pip-version-check -e '.[test,spark]' 2>&1 | grep -v '^WARNING' || true
+# Fail early if the install did not take.
+python -c "import quorumlog, kazoo, lmdb, crc32c, uvloop, pyspark, pyarrow, pyspark_quorumlog"
 
 ruff check .
 ruff format --check .
