@@ -51,7 +51,7 @@ try:  # PySpark 4.1+: the streaming sink can take Arrow record batches
 
     _STREAM_TAKES_ARROW = True
 except ImportError:  # pragma: no cover
-    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[misc]
+    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[assignment,misc]
     _STREAM_TAKES_ARROW = False
 
 SCHEMA = "log string, ledger_id bigint, entry_id bigint, data binary"
@@ -203,7 +203,11 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             max_records = self.opts.max_records_per_trigger
         else:
             begin = planning.position_of(start)
-            max_records = limit.max_rows if ReadMaxRows and isinstance(limit, ReadMaxRows) else None
+            max_records = (
+                limit.max_rows
+                if ReadMaxRows is not None and isinstance(limit, ReadMaxRows)
+                else None
+            )
         cut, extents = scan.run(_snapshot(self.opts))
         _check_not_truncated(self.opts, begin, cut)
         end = planning.advance(extents, begin, max_records)

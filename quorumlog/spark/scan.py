@@ -19,7 +19,8 @@ import atexit
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from quorumlog.client.bookkeeper import BookKeeper
@@ -31,7 +32,7 @@ from quorumlog.proto.entry import Entry
 from quorumlog.spark.planning import EntryRange, LedgerExtent
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    import pyarrow as pa  # type: ignore[import-untyped]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -133,13 +134,13 @@ async def log_snapshot(
         for ledger_id in metadata.ledgers
     }
     # Metadata first, many at a time; the LAC only for the first open ledger.
-    closed_or_none = await gather_in_order(
-        [lambda i=ledger_id: _closed_extent(bk, i, firsts[i]) for ledger_id in metadata.ledgers],
-        METADATA_READS_IN_FLIGHT,
-    )
+    factories: list[Callable[[], Awaitable[tuple[bool, LedgerExtent | None]]]] = [
+        partial(_closed_extent, bk, ledger_id, firsts[ledger_id]) for ledger_id in metadata.ledgers
+    ]
+    found_extents = await gather_in_order(factories, METADATA_READS_IN_FLIGHT)
     extents: list[LedgerExtent] = []
-    for ledger_id, found in zip(metadata.ledgers, closed_or_none, strict=True):
-        if found is False:
+    for ledger_id, (exists, found) in zip(metadata.ledgers, found_extents, strict=True):
+        if not exists:
             continue  # listed but deleted: a truncation is under way
         if found is None:
             extent = await _extent(bk, ledger_id, firsts[ledger_id], password)
@@ -153,15 +154,17 @@ async def log_snapshot(
     return metadata, extents
 
 
-async def _closed_extent(bk: BookKeeper, ledger_id: int, first: int) -> LedgerExtent | bool | None:
-    """The extent of a closed ledger; None if open; False if it does not exist."""
+async def _closed_extent(
+    bk: BookKeeper, ledger_id: int, first: int
+) -> tuple[bool, LedgerExtent | None]:
+    """(whether the ledger exists, its extent if it is closed)."""
     try:
         metadata = await bk.ledger_metadata(ledger_id)
     except NoSuchLedgerError:
-        return False
+        return False, None
     if not metadata.is_closed:
-        return None
-    return LedgerExtent(ledger_id, first, metadata.last_entry_id, True)
+        return True, None
+    return True, LedgerExtent(ledger_id, first, metadata.last_entry_id, True)
 
 
 async def ledger_snapshot(

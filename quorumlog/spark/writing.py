@@ -19,7 +19,7 @@ from quorumlog.spark.commit import TaskResult, task_ledger_id
 from quorumlog.spark.options import WriteOptions
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    import pyarrow as pa  # type: ignore[import-untyped]
 
 SUBMIT_TIMEOUT_S = 300.0
 
