@@ -207,3 +207,52 @@ def test_streaming_follows_a_writer_change_and_reads_only_confirmed_records(
     with pytest.raises(quorumlog.BKError):
         first.append(b"late")  # the fenced writer's append never reaches the stream
     second.close()
+
+
+def test_both_forms_of_latest_offset_and_available_now_on_the_reader_itself(source_cluster, bk):
+    """The stream reader as Spark drives it, called directly: ``latestOffset()`` (PySpark
+    before 4.2, the reader keeps its own last end) and ``latestOffset(start, limit)``."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from quorumlog.spark.datasource import QuorumlogStreamReader
+    from quorumlog.spark.options import ReadOptions
+
+    uri, _ = source_cluster
+    records = write_records(bk, "offsets", [40, 25])
+    opts = ReadOptions.parse({"metadata": uri, "log": "offsets"}, streaming=True)
+
+    def rows_between(reader, start, end):
+        out = []
+        for partition in reader.partitions(start, end):
+            for batch in reader.read(partition):
+                out += batch.column("data").to_pylist()
+        return out
+
+    old_style = QuorumlogStreamReader(
+        ReadOptions.parse(
+            {"metadata": uri, "log": "offsets", "maxRecordsPerTrigger": "30"}, streaming=True
+        )
+    )
+    start = old_style.initialOffset()
+    seen = []
+    for _ in range(4):  # 30 + 30 + 5, then nothing new
+        end = old_style.latestOffset()
+        seen += rows_between(old_style, start, end)
+        start = end
+    assert seen == records
+
+    new_style = QuorumlogStreamReader(opts)
+    start = new_style.initialOffset()
+    end = new_style.latestOffset(start, ReadMaxRows(50))
+    assert rows_between(new_style, start, end) == records[:50]
+    new_style.prepareForTriggerAvailableNow()  # the target: the log's end now
+    writer = bk.open_log("offsets").open_writer()
+    writer.append(b"after the target")
+    final = new_style.latestOffset(end, ReadAllAvailable())
+    assert rows_between(new_style, end, final) == records[50:]  # not the later record
+    later = QuorumlogStreamReader(opts)
+    assert rows_between(later, final, later.latestOffset(final, ReadAllAvailable())) == [
+        b"after the target"
+    ]
+    assert new_style.partitions(final, final) == []
+    writer.close()
