@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "quorumlog.shell",  # quorumlog shell
     "quorumlog.bench",  # quorumlog bench
     "quorumlog.apps.dice_command",  # quorumlog dice
+    "quorumlog.spark.pipelines.command",  # quorumlog pipeline
 )
 
 EXIT_OK = 0

@@ -20,11 +20,18 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from quorumlog.errors import BKError, InvalidArgumentError
+from quorumlog.meta.store import resolve_metadata_uri
 from quorumlog.spark.pipelines import PIPELINE_MODULES, pipeline_module
-from quorumlog.spark.pipelines.common import DEFAULT_MASTER, add_common_options, error_line
+from quorumlog.spark.pipelines.common import (
+    DEFAULT_MASTER,
+    add_common_options,
+    check_outputs_free,
+    error_line,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     module = pipeline_module(name)
     prefix = f"quorumlog pipeline {name}"
     try:
-        check_arguments(args)
+        check_arguments(args, module)
     except BKError as exc:
         print(f"{prefix}: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
@@ -85,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prefix}: cannot start Spark: {error_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     try:
+        print(
+            f"[{name}] Spark {spark.version} on {spark.sparkContext.master}, "
+            f"metadata {resolve_metadata_uri(args.metadata)}",
+            flush=True,
+        )
         return int(module.run(spark, args))
     except BKError as exc:
         print(f"{prefix}: {exc.message}", file=sys.stderr)
@@ -98,22 +110,22 @@ def run(args: argparse.Namespace) -> int:
         _stop(spark)
 
 
-def check_arguments(args: argparse.Namespace) -> None:
-    """What can be checked before a JVM starts (seconds): the metadata URI and the log
-    name. Raises InvalidArgumentError."""
+def check_arguments(args: argparse.Namespace, module: ModuleType) -> None:
+    """What can be checked before a JVM starts (that takes seconds): the metadata URI,
+    the log name, output that exists already. Raises InvalidArgumentError."""
     from quorumlog.log.metadata import check_log_name
-    from quorumlog.meta.store import resolve_metadata_uri
 
     resolve_metadata_uri(args.metadata)
     if getattr(args, "log", None) is not None:
         check_log_name(args.log)
+    check_outputs_free(module.output_paths(args), args.overwrite)
 
 
 def _is_spark_error(exc: BaseException) -> bool:
     from pyspark.errors import PySparkException
 
     try:
-        from py4j.protocol import Py4JError
+        from py4j.protocol import Py4JError  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - py4j ships with pyspark
         return isinstance(exc, PySparkException)
     return isinstance(exc, PySparkException | Py4JError)

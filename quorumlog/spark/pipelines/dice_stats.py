@@ -56,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def output_paths(args: argparse.Namespace) -> list[str]:
+    """The tables this run writes (none without ``--out``)."""
+    if not args.out:
+        return []
+    return [output_path(args.out, "faces"), output_path(args.out, "epochs")]
+
+
 # ---------------------------------------------------------------- pure helpers
 
 
@@ -114,10 +121,8 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
 
     metadata_uri = resolve_metadata_uri(args.metadata)
-    faces_path = epochs_path = ""
-    if args.out:
-        faces_path, epochs_path = output_path(args.out, "faces"), output_path(args.out, "epochs")
-        check_outputs_free([faces_path, epochs_path], args.overwrite)
+    outputs = output_paths(args)
+    check_outputs_free(outputs, args.overwrite)
     progress = Progress(NAME, 3 if args.out else 2)
 
     with progress.stage(f"reading log {args.log}") as stage:
@@ -152,9 +157,9 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
         if args.out:
             with progress.stage(f"writing Parquet to {args.out}") as stage:
                 mode = write_mode(args.overwrite)
-                spark.createDataFrame(faces, FACES_SCHEMA).coalesce(1).write.mode(mode).parquet(
-                    faces_path
-                )
+                faces_path, epochs_path = outputs
+                faces_df = spark.createDataFrame(faces, FACES_SCHEMA).coalesce(1)
+                faces_df.write.mode(mode).parquet(faces_path)
                 epochs.write.mode(mode).parquet(epochs_path)
                 stage.text = f"faces ({len(faces)} rows), epochs ({epoch_count} rows)"
         epochs.unpersist()

@@ -118,6 +118,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def output_paths(args: argparse.Namespace) -> list[str]:
+    """The report's two tables (none without ``--out``)."""
+    if not args.out:
+        return []
+    return [output_path(args.out, "ledgers.parquet"), output_path(args.out, "ledgers.json")]
+
+
 # ---------------------------------------------------------------- pure helpers
 
 
@@ -288,11 +295,8 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
     from quorumlog.spark import scan
 
     metadata_uri = resolve_metadata_uri(args.metadata)
-    parquet_path = json_path = ""
-    if args.out:
-        parquet_path = output_path(args.out, "ledgers.parquet")
-        json_path = output_path(args.out, "ledgers.json")
-        check_outputs_free([parquet_path, json_path], args.overwrite)
+    outputs = output_paths(args)
+    check_outputs_free(outputs, args.overwrite)
     progress = Progress(NAME, 3 if args.out else 2)
 
     with progress.stage("listing ledgers") as stage:
@@ -313,7 +317,8 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
         sc.parallelize(ledger_ids, partitions).mapPartitions(task), REPORT_SCHEMA
     ).cache()
     try:
-        with progress.stage(f"auditing {len(ledger_ids)} ledgers in {partitions} tasks") as stage:
+        tasks = f"{partitions} task{'s' if partitions != 1 else ''}"
+        with progress.stage(f"auditing {len(ledger_ids)} ledgers in {tasks}") as stage:
             by_verdict = {
                 row["verdict"]: row["count"] for row in report.groupBy("verdict").count().collect()
             }
@@ -336,10 +341,12 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
 
         if args.out:
             with progress.stage(f"writing the report to {args.out}") as stage:
+                parquet_path, json_path = outputs
                 ordered = report.orderBy("ledger_id").coalesce(1)
                 mode = write_mode(args.overwrite)
                 ordered.write.mode(mode).parquet(parquet_path)
-                ordered.write.mode(mode).json(json_path)
+                # Every key on every line, null or not: readers need not guess.
+                ordered.write.mode(mode).option("ignoreNullFields", "false").json(json_path)
                 stage.text = "ledgers.parquet, ledgers.json"
 
         failing_words = [word for word in by_verdict if is_failure(word)]

@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def output_paths(args: argparse.Namespace) -> list[str]:
+    """The table this run writes."""
+    return [output_path(args.out)]
+
+
 def source_options(metadata_uri: str, args: argparse.Namespace) -> dict[str, str]:
     """The source options this run reads with (checked on the driver before Spark
     plans anything: :meth:`ReadOptions.parse` says what is wrong with them)."""
@@ -88,7 +93,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
     """Run log-to-parquet; returns the exit status (0)."""
     metadata_uri = resolve_metadata_uri(args.metadata)
     ReadOptions.parse(source_options(metadata_uri, args))
-    path = output_path(args.out)
+    (path,) = output_paths(args)
     check_outputs_free([path], args.overwrite)
     span = f"{describe_bound(args.start, 'earliest')}..{describe_bound(args.end, 'latest')}"
     progress = Progress(NAME, 3)
