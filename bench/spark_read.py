@@ -64,12 +64,15 @@ async def client_read(uri: str, expected: int) -> tuple[int, int, float]:
         for ledger_id in metadata.ledgers:
             handle = await bk.open_ledger_no_recovery(ledger_id)
             last = handle.metadata.last_entry_id
-            pending = [
-                asyncio.ensure_future(handle.read_entries(low, min(last, low + step - 1)))
-                for low in range(0, last + 1, step)
-            ]
-            for future in pending:
-                for entry in await future:
+            # The executors' way: chunks of 8,192 entries, three in flight.
+            lows = list(range(0, last + 1, step))
+            pending: list[asyncio.Future[list]] = []
+            while lows or pending:
+                while lows and len(pending) < 3:
+                    low = lows.pop(0)
+                    read = handle.read_entries(low, min(last, low + step - 1))
+                    pending.append(asyncio.ensure_future(read))
+                for entry in await pending.pop(0):
                     count += 1
                     size += len(entry.data)
             await handle.close()
