@@ -2,7 +2,9 @@
 started from the pip package on loopback, a driver in its own process.
 
 Run as a script, this file is that driver: it reads a log through the master and
-copies it into another log with the exactly-once sink, then prints a JSON summary.
+copies it into another log with the exactly-once sink, then prints a JSON summary. Its
+session registers nothing: the ``quorumlog`` format is found by PySpark's automatic
+lookup of installed ``pyspark_*`` packages.
 """
 
 from __future__ import annotations
@@ -150,9 +152,18 @@ def test_a_job_on_a_standalone_master_and_worker(standalone, tmp_path):
 
 
 def drive(master: str, uri: str) -> None:
-    from quorumlog.spark.session import local_session
+    # A plain session: no quorumlog.spark.register(), so the format resolves through
+    # PySpark's own lookup of installed pyspark_* packages (pyspark_quorumlog).
+    from pyspark.sql import SparkSession
 
-    spark = local_session(master, "quorumlog-standalone-test")
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("quorumlog-standalone-test")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
     try:
         df = (
             spark.read.format("quorumlog")
