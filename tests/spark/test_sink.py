@@ -9,23 +9,14 @@ from pathlib import Path
 import pytest
 
 import quorumlog
-from quorumlog.testing.cluster import LocalCluster, running_cluster
+from quorumlog.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def sink_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalCluster]]:
-    base = tmp_path_factory.mktemp("spark-sink")
-    uri = f"sqlite://{base}/metadata.db"
-    for cluster in running_cluster(uri, base / "cluster", 3):
-        yield uri, cluster
-
-
-@pytest.fixture(scope="module")
-def bk(sink_cluster) -> Iterator[quorumlog.BookKeeper]:
-    uri, _ = sink_cluster
-    with quorumlog.BookKeeper(uri) as client:
+def bk(module_cluster: LocalCluster) -> Iterator[quorumlog.BookKeeper]:
+    with quorumlog.BookKeeper(module_cluster.metadata_uri) as client:
         yield client
 
 
@@ -55,9 +46,9 @@ def staging_left(bk: quorumlog.BookKeeper) -> list[str]:
 
 
 def test_batch_write_appends_every_row_once_in_partition_order_after_a_task_failure(
-    spark, sink_cluster, bk, tmp_path
+    spark, module_cluster, bk, tmp_path
 ):
-    uri, _ = sink_cluster
+    uri = module_cluster.metadata_uri
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
     before = set(bk.list_ledgers())
     rows = spark.sparkContext.parallelize(range(1_000), 4).mapPartitionsWithIndex(
@@ -79,9 +70,9 @@ def test_batch_write_appends_every_row_once_in_partition_order_after_a_task_fail
 
 
 def test_batch_write_of_a_failed_job_leaves_no_record_and_no_ledger(
-    spark, sink_cluster, bk, tmp_path
+    spark, module_cluster, bk, tmp_path
 ):
-    uri, _ = sink_cluster
+    uri = module_cluster.metadata_uri
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
     log = bk.open_log("aborted-out")
     writer = log.open_writer()
@@ -101,10 +92,10 @@ def test_batch_write_of_a_failed_job_leaves_no_record_and_no_ledger(
     assert staging_left(bk) == []
 
 
-def test_bad_writes_are_refused_on_the_driver(spark, sink_cluster):
+def test_bad_writes_are_refused_on_the_driver(spark, module_cluster):
     from pyspark.errors import AnalysisException, PySparkException
 
-    uri, _ = sink_cluster
+    uri = module_cluster.metadata_uri
     numbers = spark.range(3)
     with pytest.raises((AnalysisException, PySparkException), match="column data"):
         numbers.write.format("quorumlog").option("metadata", uri).option("log", "x").mode(
@@ -118,9 +109,9 @@ def test_bad_writes_are_refused_on_the_driver(spark, sink_cluster):
 
 
 def test_streaming_write_is_exactly_once_through_a_task_failure_and_a_replayed_batch(
-    spark, sink_cluster, bk, tmp_path
+    spark, module_cluster, bk, tmp_path
 ):
-    uri, _ = sink_cluster
+    uri = module_cluster.metadata_uri
     src = bk.open_log("stream-src")
     writer = src.open_writer()
     for i in range(900):

@@ -10,23 +10,14 @@ from pathlib import Path
 import pytest
 
 import quorumlog
-from quorumlog.testing.cluster import LocalCluster, running_cluster
+from quorumlog.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def source_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalCluster]]:
-    base = tmp_path_factory.mktemp("spark-source")
-    uri = f"sqlite://{base}/metadata.db"
-    for cluster in running_cluster(uri, base / "cluster", 3):
-        yield uri, cluster
-
-
-@pytest.fixture(scope="module")
-def bk(source_cluster) -> Iterator[quorumlog.BookKeeper]:
-    uri, _ = source_cluster
-    with quorumlog.BookKeeper(uri) as client:
+def bk(module_cluster: LocalCluster) -> Iterator[quorumlog.BookKeeper]:
+    with quorumlog.BookKeeper(module_cluster.metadata_uri) as client:
         yield client
 
 
@@ -52,8 +43,8 @@ def read_df(spark, uri: str, **options: str):
     return reader.load()
 
 
-def test_batch_read_of_a_multi_ledger_log_in_parallel_partitions(spark, source_cluster, bk):
-    uri, _ = source_cluster
+def test_batch_read_of_a_multi_ledger_log_in_parallel_partitions(spark, module_cluster, bk):
+    uri = module_cluster.metadata_uri
     records = write_records(bk, "multi", [700, 0, 450, 300])
     ledgers = bk.open_log("multi").ledgers()
     df = read_df(spark, uri, log="multi", entriesPerPartition="200")
@@ -70,8 +61,8 @@ def test_batch_read_of_a_multi_ledger_log_in_parallel_partitions(spark, source_c
     assert all(x == list(range(len(x))) for x in per_ledger)
 
 
-def test_batch_read_stops_at_the_open_ledgers_confirmed_entries(spark, source_cluster, bk):
-    uri, _ = source_cluster
+def test_batch_read_stops_at_the_open_ledgers_confirmed_entries(spark, module_cluster, bk):
+    uri = module_cluster.metadata_uri
     log = bk.open_log("growing")
     writer = log.open_writer()
     for i in range(50):
@@ -84,8 +75,8 @@ def test_batch_read_stops_at_the_open_ledgers_confirmed_entries(spark, source_cl
     writer.close()
 
 
-def test_batch_read_of_position_ranges_and_of_ledgers(spark, source_cluster, bk):
-    uri, _ = source_cluster
+def test_batch_read_of_position_ranges_and_of_ledgers(spark, module_cluster, bk):
+    uri = module_cluster.metadata_uri
     write_records(bk, "ranged", [100, 100])
     first, second = bk.open_log("ranged").ledgers()
     df = read_df(
@@ -111,10 +102,10 @@ def test_batch_read_of_position_ranges_and_of_ledgers(spark, source_cluster, bk)
         ({"ledgers": "999999999"}, "ledger 999999999 does not exist"),
     ],
 )
-def test_bad_reads_fail_on_the_driver_before_any_task(spark, source_cluster, options, message):
+def test_bad_reads_fail_on_the_driver_before_any_task(spark, module_cluster, options, message):
     from pyspark.errors import AnalysisException
 
-    uri, _ = source_cluster
+    uri = module_cluster.metadata_uri
     with pytest.raises(AnalysisException, match=message):
         read_df(spark, uri, **options)
 
@@ -132,11 +123,11 @@ def run_stream_to_parquet(spark, uri: str, log: str, out: Path, checkpoint: Path
 
 
 def test_streaming_query_stopped_and_restarted_while_a_writer_appends(
-    spark, source_cluster, bk, tmp_path
+    spark, module_cluster, bk, tmp_path
 ):
     """No record lost or repeated across a stop and a restart from the checkpoint, while
     the writer keeps appending and rolls over; availableNow drains the rest."""
-    uri, _ = source_cluster
+    uri = module_cluster.metadata_uri
     log = bk.open_log("tailed")
     writer = log.open_writer()
     for i in range(200):
@@ -188,9 +179,9 @@ def test_streaming_query_stopped_and_restarted_while_a_writer_appends(
 
 
 def test_streaming_follows_a_writer_change_and_reads_only_confirmed_records(
-    spark, source_cluster, bk, tmp_path
+    spark, module_cluster, bk, tmp_path
 ):
-    uri, _ = source_cluster
+    uri = module_cluster.metadata_uri
     log = bk.open_log("handover")
     first = log.open_writer()
     for i in range(30):
@@ -209,7 +200,7 @@ def test_streaming_follows_a_writer_change_and_reads_only_confirmed_records(
     second.close()
 
 
-def test_both_forms_of_latest_offset_and_available_now_on_the_reader_itself(source_cluster, bk):
+def test_both_forms_of_latest_offset_and_available_now_on_the_reader_itself(module_cluster, bk):
     """The stream reader as Spark drives it, called directly: ``latestOffset()`` (PySpark
     before 4.2, the reader keeps its own last end) and ``latestOffset(start, limit)``."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -217,7 +208,7 @@ def test_both_forms_of_latest_offset_and_available_now_on_the_reader_itself(sour
     from quorumlog.spark.datasource import QuorumlogStreamReader
     from quorumlog.spark.options import ReadOptions
 
-    uri, _ = source_cluster
+    uri = module_cluster.metadata_uri
     records = write_records(bk, "offsets", [40, 25])
     opts = ReadOptions.parse({"metadata": uri, "log": "offsets"}, streaming=True)
 
