@@ -173,3 +173,23 @@ def test_streaming_write_is_exactly_once_through_a_task_failure_and_a_replayed_b
     detail = [(t, bk.run(bk.aio.store.children(f"/spark-staging/{t}"))) for t in left]
     assert left == [], detail
     writer.close()
+
+
+def test_r11_a_batch_write_takes_the_log_over_from_a_live_writer(spark, module_cluster, bk):
+    """The commit fences the ledger a writer still holds, as open_writer does: the
+    writer's confirmed records stay, before the job's rows, and its next append fails."""
+    uri = module_cluster.metadata_uri
+    log = bk.open_log("taken-over")
+    writer = log.open_writer()
+    for i in range(20):
+        writer.append(b"w%d" % i)
+    rows = spark.createDataFrame([(b"s%d" % i,) for i in range(30)], "data binary").repartition(2)
+    rows.write.format("quorumlog").option("metadata", uri).option("log", "taken-over").mode(
+        "append"
+    ).save()
+    with pytest.raises(quorumlog.LogFencedError):
+        writer.append(b"late")
+    data = [r.data for r in log.read_all()]
+    assert data[:20] == [b"w%d" % i for i in range(20)]
+    assert sorted(data[20:]) == sorted(b"s%d" % i for i in range(30)) and len(data) == 50
+    assert bk.ledger_metadata(log.ledgers()[0]).is_closed  # fenced, recovered, closed
