@@ -103,10 +103,11 @@ def _read_partition(opts: ReadOptions, partition: InputPartition) -> Iterator[An
 
 
 async def _snapshot(
-    opts: ReadOptions, *, check_only: bool = False
+    opts: ReadOptions, *, check_only: bool = False, from_ledger_id: int = 0
 ) -> tuple[Position | None, list[planning.LedgerExtent]]:
-    """The truncation point (logs) and the readable extents, looked at now. With
-    ``check_only``, only that the log or the ledgers exist."""
+    """The truncation point (logs) and the readable extents (of a log's ledgers from
+    ``from_ledger_id`` on), looked at now. With ``check_only``, only that the log or
+    the ledgers exist."""
     bk = await scan.client_for(opts.metadata_uri)
     if check_only:
         if opts.log is not None:
@@ -115,7 +116,7 @@ async def _snapshot(
             await bk.ledger_metadata(ledger_id)
         return None, []
     if opts.log is not None:
-        metadata, extents = await scan.log_snapshot(bk, opts.log, opts.password)
+        metadata, extents = await scan.log_snapshot(bk, opts.log, opts.password, from_ledger_id)
         return metadata.truncated_before, extents
     assert opts.ledgers is not None
     return None, await scan.ledger_snapshot(bk, opts.ledgers, opts.password)
@@ -179,7 +180,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.opts = opts
         self._target: Position | None = None  # Trigger.AvailableNow's stopping point
         self._last_end: Position | None = None  # for PySpark's older latestOffset()
-        scan.run(_snapshot(opts))  # fail on the driver if the log does not exist
+        scan.run(_snapshot(opts, check_only=True))  # fail on the driver if the log is missing
 
     def initialOffset(self) -> dict[str, int]:
         _, extents = scan.run(_snapshot(self.opts))
@@ -208,7 +209,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 if ReadMaxRows is not None and isinstance(limit, ReadMaxRows)
                 else None
             )
-        cut, extents = scan.run(_snapshot(self.opts))
+        cut, extents = scan.run(_snapshot(self.opts, from_ledger_id=begin.ledger_id))
         _check_not_truncated(self.opts, begin, cut)
         end = planning.advance(extents, begin, max_records)
         if self._target is not None and self._target < end:
@@ -220,7 +221,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         begin, stop = planning.position_of(start), planning.position_of(end)
         if stop <= begin:
             return []
-        cut, extents = scan.run(_snapshot(self.opts))
+        cut, extents = scan.run(_snapshot(self.opts, from_ledger_id=begin.ledger_id))
         _check_not_truncated(self.opts, begin, cut)
         ranges = planning.split(extents, begin, stop, self.opts.entries_per_partition)
         return _partitions(ranges)

@@ -123,23 +123,27 @@ async def _extent(
 
 
 async def log_snapshot(
-    bk: BookKeeper, name: str, password: bytes = b""
+    bk: BookKeeper, name: str, password: bytes = b"", from_ledger_id: int = 0
 ) -> tuple[LogMetadata, list[LedgerExtent]]:
-    """A log's metadata and the extents of its ledgers, in list order, up to the first
-    open one (see :func:`quorumlog.spark.planning.readable`)."""
+    """A log's metadata and the extents of its ledgers from ``from_ledger_id`` on, in
+    list order, up to the first open one (see :func:`quorumlog.spark.planning.readable`).
+
+    A stream passes its position's ledger: each trigger then looks only at the ledgers
+    it has not finished, not at the whole history of the log."""
     metadata, _ = await read_log(bk.store, name)
     cut = metadata.truncated_before
+    wanted = [ledger_id for ledger_id in metadata.ledgers if ledger_id >= from_ledger_id]
     firsts = {
         ledger_id: (cut.entry_id if cut is not None and cut.ledger_id == ledger_id else 0)
-        for ledger_id in metadata.ledgers
+        for ledger_id in wanted
     }
     # Metadata first, many at a time; the LAC only for the first open ledger.
     factories: list[Callable[[], Awaitable[tuple[bool, LedgerExtent | None]]]] = [
-        partial(_closed_extent, bk, ledger_id, firsts[ledger_id]) for ledger_id in metadata.ledgers
+        partial(_closed_extent, bk, ledger_id, firsts[ledger_id]) for ledger_id in wanted
     ]
     found_extents = await gather_in_order(factories, METADATA_READS_IN_FLIGHT)
     extents: list[LedgerExtent] = []
-    for ledger_id, (exists, found) in zip(metadata.ledgers, found_extents, strict=True):
+    for ledger_id, (exists, found) in zip(wanted, found_extents, strict=True):
         if not exists:
             continue  # listed but deleted: a truncation is under way
         if found is None:
