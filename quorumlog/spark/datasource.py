@@ -18,10 +18,16 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
-    DataSourceStreamWriter,
     InputPartition,
     WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
@@ -31,28 +37,7 @@ from quorumlog.log.position import Position
 from quorumlog.spark import commit as commits
 from quorumlog.spark import planning, scan
 from quorumlog.spark.options import SOURCE_NAME, Bound, ReadOptions, WriteOptions
-from quorumlog.spark.writing import TaskIdentity, record_batches_of_rows, write_task
-
-try:  # PySpark 4.2+: read limits and Trigger.AvailableNow for Python sources
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable,
-        ReadMaxRows,
-        SupportsTriggerAvailableNow,
-    )
-except ImportError:  # pragma: no cover - older PySpark: one batch per trigger, no limits
-    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
-
-    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
-        pass
-
-
-try:  # PySpark 4.1+: the streaming sink can take Arrow record batches
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
-
-    _STREAM_TAKES_ARROW = True
-except ImportError:  # pragma: no cover
-    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[assignment,misc]
-    _STREAM_TAKES_ARROW = False
+from quorumlog.spark.writing import TaskIdentity, write_task
 
 SCHEMA = "log string, ledger_id bigint, entry_id bigint, data binary"
 
@@ -186,29 +171,27 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         _, extents = scan.run(_snapshot(self.opts))
         return planning.offset_of(_resolve(self.opts.start, extents))
 
-    def getDefaultReadLimit(self) -> Any:
-        if ReadMaxRows is not None and self.opts.max_records_per_trigger is not None:
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_records_per_trigger is not None:
             return ReadMaxRows(self.opts.max_records_per_trigger)
-        return ReadAllAvailable() if ReadAllAvailable is not None else None
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         _, extents = scan.run(_snapshot(self.opts))
         self._target = planning.latest(extents)
 
     def latestOffset(
-        self, start: dict[str, int] | None = None, limit: Any = None
+        self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
     ) -> dict[str, int]:
-        # Two forms: latestOffset(start, limit) since PySpark 4.2, latestOffset() before.
+        # Both forms Spark calls: latestOffset(start, limit) (PySpark 4.2+, chosen since
+        # the method takes parameters) and latestOffset() (before 4.2; the reader then
+        # goes on from the end it returned last, with maxRecordsPerTrigger as the limit).
         if start is None:
             begin = self._last_end or planning.position_of(self.initialOffset())
             max_records = self.opts.max_records_per_trigger
         else:
             begin = planning.position_of(start)
-            max_records = (
-                limit.max_rows
-                if ReadMaxRows is not None and isinstance(limit, ReadMaxRows)
-                else None
-            )
+            max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         cut, extents = scan.run(_snapshot(self.opts, from_ledger_id=begin.ledger_id))
         _check_not_truncated(self.opts, begin, cut)
         end = planning.advance(extents, begin, max_records)
@@ -322,7 +305,7 @@ class QuorumlogWriter(DataSourceArrowWriter):
         scan.run(_abort(self.opts, self.token))
 
 
-class QuorumlogStreamWriter(_StreamWriterBase):  # type: ignore[misc,valid-type]
+class QuorumlogStreamWriter(DataSourceStreamArrowWriter):
     """``writeStream.format("quorumlog")``: each micro-batch's rows in the log exactly
     once, even when Spark runs a batch again after a restart."""
 
@@ -331,8 +314,7 @@ class QuorumlogStreamWriter(_StreamWriterBase):  # type: ignore[misc,valid-type]
         self.token = commits.stream_token(opts.log, opts.sink_id)
 
     def write(self, iterator: Iterator[Any]) -> QuorumlogCommitMessage:
-        batches = iterator if _STREAM_TAKES_ARROW else record_batches_of_rows(iterator)
-        return QuorumlogCommitMessage(write_task(self.opts, self.token, _task_identity(), batches))
+        return QuorumlogCommitMessage(write_task(self.opts, self.token, _task_identity(), iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         scan.run(_commit(self.opts, self.token, messages, (self.opts.sink_id, batchId)))

@@ -8,7 +8,7 @@ before the task reports, so what the driver appends never changes again (R6).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -128,22 +128,4 @@ def write_task(
     return TaskResult(who.partition, handle.ledger_id, rows)
 
 
-def record_batches_of_rows(
-    rows: Iterator[object], batch_rows: int = 4_096
-) -> Iterator[pa.RecordBatch]:
-    """Rows (with a ``data`` field) as record batches: for Spark versions whose streaming
-    writer hands rows, not Arrow."""
-    import pyarrow as pa
-
-    chunk: list[object] = []
-    for row in rows:
-        value = row["data"] if not isinstance(row, bytes | str) else row  # type: ignore[index]
-        chunk.append(value)
-        if len(chunk) >= batch_rows:
-            yield pa.RecordBatch.from_arrays([pa.array(chunk)], names=["data"])
-            chunk = []
-    if chunk:
-        yield pa.RecordBatch.from_arrays([pa.array(chunk)], names=["data"])
-
-
-__all__ = ["TaskIdentity", "data_column", "record_batches_of_rows", "write_task"]
+__all__ = ["TaskIdentity", "data_column", "write_task"]
