@@ -45,6 +45,7 @@ from quorumlog.errors import (
     NoNodeError,
     NoSuchLedgerError,
 )
+from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogFencedError, NoSuchLogError
 from quorumlog.log.log import Log
 from quorumlog.log.metadata import LogMetadata, create_log_if_absent, log_path, read_log
@@ -185,7 +186,8 @@ async def commit(
     """Append the tasks' ledgers to the log in one compare-and-set (see the module
     docstring); with ``sink=(sink id, batch id)``, at most once per batch id."""
     ledgers, rows = ledgers_in_order(results)
-    log_obj = Log(bk, log_name)
+    # The password opens the ledgers a writer may still hold, to fence them.
+    log_obj = Log(bk, log_name, LogConfig(password=password))
     for _ in range(COMMIT_CAS_ATTEMPTS):
         try:
             metadata, version = await read_log(bk.store, log_name)
@@ -194,7 +196,9 @@ async def commit(
                 f"log {log_name} was deleted before the write was committed"
             ) from None
         if sink is not None and _already_committed(log_name, metadata, *sink):
-            deleted = await clean_up(bk, log_name, token, keep=())
+            # Keep what the log holds: the first run's registrations may still be there
+            # if its driver died between the compare-and-set and the clean-up.
+            deleted = await clean_up(bk, log_name, token, keep=metadata.ledgers)
             return CommitOutcome((), 0, True, deleted)
         if ledgers and metadata.ledgers and metadata.ledgers[-1] >= ledgers[0]:
             raise LogFencedError(
