@@ -8,6 +8,8 @@
     quorumlog shell simpletest [--ensemble E] [--write-quorum W] [--ack-quorum A] [--entries N]
     quorumlog shell bookiesanity [--bookie ADDR]
     quorumlog shell auditledger ID [--json] [--password TEXT]
+    quorumlog shell recoverbookie BOOKIE [--ledger ID ...] [--dry-run] [--skip-open-ledgers |
+                                         --close-open-ledgers] [--json] [--password TEXT]
 
 Every failure is one line on stderr and a non-zero exit status, never a traceback.
 """
@@ -59,6 +61,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     audit.add_argument("ledger_id", type=int)
     audit.add_argument("--json", action="store_true", help="print the result as one JSON object")
     audit.add_argument("--password", default="", help="ledger password (text)")
+    recover = commands.add_parser(
+        "recoverbookie",
+        help="copy a lost bookie's entries to other bookies and take it out of the ledgers; "
+        "exit 0 when no ledger references it any more, 2 when open ledgers still do, 1 on failure",
+    )
+    recover.add_argument("bookie", help="the lost bookie (host:port)")
+    recover.add_argument(
+        "--ledger",
+        type=int,
+        action="append",
+        dest="ledgers",
+        metavar="ID",
+        help="recover only this ledger (repeatable; default: every ledger naming the bookie)",
+    )
+    recover.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    open_policy = recover.add_mutually_exclusive_group()
+    open_policy.add_argument(
+        "--skip-open-ledgers", action="store_true", help="leave ledgers that are not closed alone"
+    )
+    open_policy.add_argument(
+        "--close-open-ledgers",
+        action="store_true",
+        help="recover and close (fencing the writer) an open ledger whose last fragment "
+        "names the bookie, then copy it whole",
+    )
+    recover.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    recover.add_argument("--password", default="", help="the ledgers' password (text)")
     shell.set_defaults(func=run)
 
 
@@ -74,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         "simpletest": _simpletest,
         "bookiesanity": _bookiesanity,
         "auditledger": _auditledger,
+        "recoverbookie": _recoverbookie,
     }
     handler = handlers[args.shell_command]
     loop = new_event_loop()
@@ -226,3 +256,26 @@ async def _auditledger(bk, args: argparse.Namespace) -> int:  # type: ignore[no-
     else:
         print(audit.summary())
     return 0 if audit.healthy else 1
+
+
+async def _recoverbookie(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from quorumlog.rereplication import LedgerReplication, recover_bookie
+
+    def show(result: LedgerReplication) -> None:
+        print(result.summary(), flush=True)
+
+    report = await recover_bookie(
+        bk,
+        args.bookie,
+        ledger_ids=args.ledgers,
+        dry_run=args.dry_run,
+        skip_open_ledgers=args.skip_open_ledgers,
+        close_open_ledgers=args.close_open_ledgers,
+        password=args.password.encode(),
+        progress=None if args.json else show,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), sort_keys=True))
+    else:
+        print(report.summary(ledgers=False))
+    return report.exit_status
