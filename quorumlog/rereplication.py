@@ -181,8 +181,11 @@ class FragmentReplication:
         }
 
     def describe(self) -> str:
-        last = "" if self.last_entry_id is None else str(self.last_entry_id)
-        where = f"entries {self.first_entry_id}-{last} at index {self.bookie_index}"
+        if self.last_entry_id is None:
+            span = f"entries from {self.first_entry_id} on"
+        else:
+            span = f"entries {self.first_entry_id}-{self.last_entry_id}"
+        where = f"{span} at index {self.bookie_index}"
         if self.status is FragmentStatus.COPIED:
             text = (
                 f"{where} -> {self.replacement}: copied {self.entries_copied} entries "
@@ -194,7 +197,7 @@ class FragmentReplication:
         elif self.status is FragmentStatus.LEFT_TO_WRITER:
             text = f"{where}: last fragment of a ledger that is not closed, left to its writer"
         elif self.status is FragmentStatus.REPLACED_CONCURRENTLY:
-            text = f"{where}: already replaced by someone else"
+            text = f"{where}: replaced concurrently by another run, now {self.replacement}"
         else:
             text = f"{where}: FAILED"
         if self.damaged_copies_skipped:
@@ -329,16 +332,27 @@ class RecoveryReport:
         lines = [r.summary() for r in self.ledgers] if ledgers else []
         outcomes = Counter(r.outcome.value for r in self.ledgers)
         counts = ", ".join(f"{n} {name}" for name, n in sorted(outcomes.items())) or "none"
-        verb = "dry run for" if self.dry_run else "recovered"
+        if self.dry_run:
+            planned = sum(
+                f.entries
+                for r in self.ledgers
+                for f in r.fragments
+                if f.status is FragmentStatus.PLANNED
+            )
+            verb, copied = "dry run for", f"would copy {planned} entries"
+        else:
+            verb = "recovered"
+            copied = f"copied {self.entries_copied} entries ({self.bytes_copied} bytes)"
         lines.append(
             f"{verb} bookie {self.bookie}: {len(self.ledgers)} ledger(s) affected of "
-            f"{self.ledgers_scanned} scanned ({counts}); copied {self.entries_copied} "
-            f"entries ({self.bytes_copied} bytes) in {self.elapsed_ms / 1000:.3f} s"
+            f"{self.ledgers_scanned} scanned ({counts}); {copied} in "
+            f"{self.elapsed_ms / 1000:.3f} s"
         )
         if self.bookie_registered:
             lines.append(
-                f"warning: bookie {self.bookie} is still registered; its copies were not "
-                "read, and it keeps serving until it is stopped"
+                f"note: bookie {self.bookie} is still registered (a killed bookie's "
+                "registration lasts until its metadata session expires); its copies were "
+                "not read either way"
             )
         if self.dry_run:
             lines.append("dry run: nothing was copied and no metadata changed")
@@ -730,9 +744,11 @@ class _Run:
                     errors.append(exc.message)
                     out.entries_copied = out.bytes_copied = 0
                     continue
-                out.status, swap_error = await self._swap(md.ledger_id, fragment, target)
-                if swap_error:
-                    errors.append(swap_error)
+                out.status, detail = await self._swap(md.ledger_id, fragment, target)
+                if out.status is FragmentStatus.REPLACED_CONCURRENTLY:
+                    out.replacement = detail  # who holds the index now; our copy is spare
+                elif detail:
+                    errors.append(detail)
                 break
             else:
                 errors.append(f"gave up after {self.replacement_attempts} replacement(s)")
@@ -760,7 +776,8 @@ class _Run:
         self, ledger_id: int, fragment: _Fragment, target: str
     ) -> tuple[FragmentStatus, str]:
         """Compare-and-set: ``target`` instead of the lost bookie in ``fragment``, on
-        the metadata as it is now. Returns the status and an error (empty if none)."""
+        the metadata as it is now. Returns the status and an error (empty if none), or
+        for REPLACED_CONCURRENTLY the bookie that holds the index now."""
         for _ in range(self.config.metadata_cas_retries):
             md, version = await self.read_metadata(ledger_id)
             bounds = {first: (last, ens) for first, last, ens in md.fragment_bounds()}
@@ -771,9 +788,7 @@ class _Run:
                 )
             last, ensemble = bounds[fragment.first]
             if ensemble[fragment.index] != self.lost:
-                return FragmentStatus.REPLACED_CONCURRENTLY, (
-                    f"index {fragment.index} is now {ensemble[fragment.index]}"
-                )
+                return FragmentStatus.REPLACED_CONCURRENTLY, ensemble[fragment.index]
             if last != fragment.last or target in ensemble:
                 return FragmentStatus.FAILED, (
                     f"ledger {ledger_id}: the fragment from entry {fragment.first} changed "

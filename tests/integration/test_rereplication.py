@@ -399,6 +399,7 @@ def test_r9_damaged_copies_are_skipped_and_no_intact_copy_fails_the_ledger(clust
         statuses = sorted(f.status.value for r in results for f in r.fragments)
         assert statuses.count(FragmentStatus.COPIED.value) == 1
         assert set(statuses) <= {"copied", "replaced-concurrently"}
+        assert {f.replacement for r in results for f in r.fragments} == {d}
         assert [e for _, e in bk.ledger_metadata(raced).ensembles] == [(c, d, b)]
         assert_recovered(bk, raced, lost, 100)
 
