@@ -175,10 +175,11 @@ class LedgerHandle(ReadHandle):
         if generation != self._slot_generation[index] or self._failure is not None:
             return  # a late answer from a bookie that was already replaced
         if isinstance(response, AddResponse) and response.status == Status.OK:
-            if self._tracker.ack(entry_ids, index):
-                confirmed = self._tracker.confirm()
-                if confirmed:
-                    self._complete(confirmed)
+            # While an ensemble change is under way, acks count but nothing is confirmed:
+            # an entry confirmed now would leave the tracker before the change, and the
+            # new bookie, which the new fragment says holds it, would never get it (R5).
+            if self._tracker.ack(entry_ids, index) and not self._replacing:
+                self._confirm_ready()
             return
         address = self._ensemble[index]
         if isinstance(response, BKError):
@@ -200,6 +201,11 @@ class LedgerHandle(ReadHandle):
         else:
             log.warning("ledger %d: bookie %s failed: %s", self.ledger_id, address, error.message)
             self._start_replacement(index)
+
+    def _confirm_ready(self) -> None:
+        confirmed = self._tracker.confirm()
+        if confirmed:
+            self._complete(confirmed)
 
     def _complete(self, confirmed: list[PendingAdd]) -> None:
         offset = self._payload_offset
@@ -237,6 +243,9 @@ class LedgerHandle(ReadHandle):
 
     def _fail(self, error: BKError) -> None:
         if self._failure is None:
+            # Entries an ack quorum already holds are confirmed (recovery keeps them, R8),
+            # held back only by an ensemble change that will not happen now.
+            self._confirm_ready()
             self._failure = error
         for pending in self._tracker.fail_all():
             if not pending.token.done():
@@ -270,6 +279,8 @@ class LedgerHandle(ReadHandle):
             for index in slots:
                 self._replaced_bookies.add(self._ensemble[index])
                 self._ensemble[index] = new_ensemble[index]
+                # Every tracked entry of the new fragment, acked by others or not: none
+                # was confirmed during the change, so none is missed.
                 self._outbox[index] = self._tracker.replace_bookie(index, first_entry_id)
                 self._replacing.discard(index)
                 self._slot_generation[index] += 1
@@ -280,6 +291,8 @@ class LedgerHandle(ReadHandle):
                 ",".join(new_ensemble),
             )
             self._flush()
+            if not self._replacing:
+                self._confirm_ready()  # what an ack quorum held during the change
 
     async def _write_new_fragment(self, slots: list[int]) -> tuple[int, list[str]]:
         client = self._client

@@ -15,6 +15,7 @@ import pytest
 
 from quorumlog import BookKeeper, ClientConfig, LedgerFencedError
 from quorumlog.aio import BookKeeper as AsyncBookKeeper
+from quorumlog.audit import audit_ledger
 from quorumlog.errors import Status
 from quorumlog.testing.raw_client import RawClient
 
@@ -95,6 +96,14 @@ def test_r5_bookie_killed_under_load_ensemble_changes_and_nothing_is_lost(cluste
         entries = rh.read_entries(0, count - 1)
         assert [e.entry_id for e in entries] == list(range(count))
         assert all(e.data == payload(e.entry_id) for e in entries)
+        # Every entry of the new fragment is on all three of its bookies, including
+        # the entries an ack quorum held while the ensemble was being changed; only
+        # the dead bookie's copies in the first fragment are missing.
+        audit = bk.run(audit_ledger(bk.aio, lh.ledger_id, request_timeout_ms=2_000))
+        new_fragment_first = md.ensembles[1][0]
+        assert audit.damaged == []
+        assert {bookie for _, bookie in audit.missing} <= {victim.address}
+        assert all(entry_id < new_fragment_first for entry_id, _ in audit.missing)
 
 
 def test_r7_bookie_restarted_keeps_confirmed_data_and_fence_state(cluster3):
