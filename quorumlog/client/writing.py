@@ -20,8 +20,9 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quorumlog.client.reading import ReadHandle
 from quorumlog.core.adds import AddTracker, PendingAdd
@@ -72,6 +73,9 @@ class LedgerHandle(ReadHandle):
         self._lac_sent = -1  # largest LAC the bookies were told (piggybacked or explicit)
         self._lac_timer: asyncio.TimerHandle | None = None
         self._capacity_waiters: deque[asyncio.Future[None]] = deque()
+        # Set by the handle's single owner (a log writer), see deliver_results().
+        self._result_of: Callable[[int], Any] | None = None
+        self._error_of: Callable[[BKError], BaseException] | None = None
 
     # ------------------------------------------------------------ state
 
@@ -94,6 +98,16 @@ class LedgerHandle(ReadHandle):
     def _learn_lac(self, lac: int) -> None:
         # The writer is the source of the LAC; reads never move it.
         return
+
+    def deliver_results(
+        self, result_of: Callable[[int], Any], error_of: Callable[[BKError], BaseException]
+    ) -> None:
+        """Complete the futures :meth:`append` returns with ``result_of(entry_id)``, and
+        fail them with ``error_of(error)``. For a handle's single owner that hands the
+        futures on as its own (a log writer giving positions): it saves a second future
+        and a callback hop per add on the hot path."""
+        self._result_of = result_of
+        self._error_of = error_of
 
     # ------------------------------------------------------------ adding
 
@@ -209,10 +223,12 @@ class LedgerHandle(ReadHandle):
 
     def _complete(self, confirmed: list[PendingAdd]) -> None:
         offset = self._payload_offset
+        result_of = self._result_of
         for pending in confirmed:
             future = pending.token
             if not future.done():
-                future.set_result(pending.entry_id)
+                entry_id = pending.entry_id
+                future.set_result(entry_id if result_of is None else result_of(entry_id))
         last = confirmed[-1]
         self._confirmed_length_bytes += sum(len(p.blob) - offset for p in confirmed)
         self._lac = last.entry_id
@@ -247,9 +263,10 @@ class LedgerHandle(ReadHandle):
             # held back only by an ensemble change that will not happen now.
             self._confirm_ready()
             self._failure = error
+        delivered: BaseException = error if self._error_of is None else self._error_of(error)
         for pending in self._tracker.fail_all():
             if not pending.token.done():
-                pending.token.set_exception(error)
+                pending.token.set_exception(delivered)
         for waiter in self._capacity_waiters:
             if not waiter.done():
                 waiter.set_result(None)

@@ -175,7 +175,7 @@ class LogWriter:
         self._loop = asyncio.get_running_loop()
         self._metadata = metadata
         self._version = version
-        self._handle = handle
+        self._handle = self._own(handle)
         self._ledger_opened_at = self._loop.time()
         self._ledger_bytes = 0
         self._failure: BKError | None = None
@@ -254,6 +254,14 @@ class LogWriter:
         if self._closed:
             raise LogClosedError(f"log {self.name}: writer is closed")
 
+    def _own(self, handle: LedgerHandle) -> LedgerHandle:
+        """Make ``handle``'s add futures this writer's: positions, or the writer's failure."""
+        ledger_id = handle.ledger_id
+        handle.deliver_results(
+            partial(self._position_of, ledger_id), partial(self._error_of, ledger_id)
+        )
+        return handle
+
     def _send(self, data: bytes) -> asyncio.Future[Position]:
         handle = self._handle
         try:
@@ -262,30 +270,17 @@ class LogWriter:
             error = self._lose(exc, handle.ledger_id)
             raise error from None
         self._ledger_bytes += len(data)
-        out: asyncio.Future[Position] = self._loop.create_future()
-        added.add_done_callback(partial(self._on_added, handle.ledger_id, out))
-        return out
+        return added  # type: ignore[return-value]  # completes with a Position (_own)
 
-    def _on_added(
-        self, ledger_id: int, out: asyncio.Future[Position], added: asyncio.Future[int]
-    ) -> None:
-        if added.cancelled():
-            error: BKError = LogClosedError(f"log {self.name}: append to ledger {ledger_id} lost")
-            self._lose(error, ledger_id)
-            if not out.done():
-                out.set_exception(self._failure or error)
-            return
-        exc = added.exception()
-        if exc is not None:
-            error = self._lose(exc, ledger_id)
-            if not out.done():
-                out.set_exception(error)
-            return
-        position = Position(ledger_id, added.result())
+    def _position_of(self, ledger_id: int, entry_id: int) -> Position:
+        position = Position(ledger_id, entry_id)
         if self._last_position is None or position > self._last_position:
             self._last_position = position
-        if not out.done():
-            out.set_result(position)
+        return position
+
+    def _error_of(self, ledger_id: int, exc: BKError) -> BKError:
+        # An add that failed stops the writer: every later append gets the same error.
+        return self._lose(exc, ledger_id)
 
     def _lose(self, exc: BaseException, ledger_id: int) -> BKError:
         """Record why the writer stops; a fencing becomes LogFencedError."""
@@ -371,7 +366,7 @@ class LogWriter:
     async def _rollover(self) -> None:
         old = self._handle
         try:
-            new = await self._log.create_ledger()
+            new = self._own(await self._log.create_ledger())
         except BKError as exc:
             if isinstance(exc, LogFencedError):
                 raise
@@ -399,7 +394,7 @@ class LogWriter:
         except (LedgerFencedError, LedgerClosedError) as exc:
             # Someone fenced the old ledger: a newer writer fences the new one too.
             raise self._lose(LedgerFencedError(exc.message), old.ledger_id) from None
-        # An add of the old ledger that failed has stopped the writer (see _on_added).
+        # An add of the old ledger that failed has stopped the writer (see _error_of).
         if self._failure is not None:
             with contextlib.suppress(BKError):
                 await new.close()
