@@ -24,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from quorumlog.client.bookkeeper import BookKeeper
+from quorumlog.client.config import ClientConfig
 from quorumlog.client.reading import ReadHandle, gather_in_order
 from quorumlog.client.sync import LoopThread
 from quorumlog.errors import BKError, NoSuchLedgerError
@@ -75,6 +76,11 @@ async def client_for(metadata_uri: str) -> BookKeeper:
         client = await BookKeeper.connect(metadata_uri)
         _clients[metadata_uri] = client
     return client
+
+
+def max_outstanding_adds() -> int:
+    """The in-flight bound of this process's clients (their ClientConfig)."""
+    return ClientConfig().max_outstanding_adds
 
 
 def shutdown() -> None:

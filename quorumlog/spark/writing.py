@@ -87,10 +87,12 @@ async def _open_ledger(opts: WriteOptions, token: str, who: TaskIdentity) -> Led
     )
 
 
-async def _append_all(handle: LedgerHandle, records: list[bytes]) -> None:
+async def _append_all(handle: LedgerHandle, records: list[bytes], in_flight: int) -> None:
+    append = handle.append
     for data in records:
-        await handle.wait_for_capacity()  # returns at once below the in-flight limit
-        handle.append(data)
+        if handle.outstanding_adds >= in_flight:  # a coroutine only when it must wait
+            await handle.wait_for_capacity()
+        append(data)
 
 
 async def _close(handle: LedgerHandle, rows: int) -> None:
@@ -118,7 +120,8 @@ def write_task(
             handle = scan.run(_open_ledger(opts, token, who))
         if in_flight is not None:
             in_flight.result(SUBMIT_TIMEOUT_S)
-        in_flight = scan.submit(_append_all(handle, records))
+        limit = scan.max_outstanding_adds()
+        in_flight = scan.submit(_append_all(handle, records, limit))
         rows += len(records)
     if in_flight is not None:
         in_flight.result(SUBMIT_TIMEOUT_S)
