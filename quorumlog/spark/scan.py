@@ -113,15 +113,14 @@ def shutdown() -> None:
 async def _extent(
     bk: BookKeeper, ledger_id: int, first_entry_id: int, password: bytes
 ) -> LedgerExtent | None:
+    """One ledger's extent (None if it does not exist): opened without recovery, which
+    reads its metadata and, when it is open, its LAC from the bookies."""
     try:
-        metadata = await bk.ledger_metadata(ledger_id)
+        handle = await bk.open_ledger_no_recovery(ledger_id, password)
     except NoSuchLedgerError:
         return None
-    if metadata.is_closed:
-        return LedgerExtent(ledger_id, first_entry_id, metadata.last_entry_id, True)
-    handle = await bk.open_ledger_no_recovery(ledger_id, password)
     try:
-        if handle.is_closed:  # closed between the two reads
+        if handle.is_closed:
             return LedgerExtent(ledger_id, first_entry_id, handle.metadata.last_entry_id, True)
         return LedgerExtent(ledger_id, first_entry_id, handle.last_add_confirmed, False)
     finally:
