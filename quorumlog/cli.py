@@ -40,6 +40,17 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (an argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(
         prog="quorumlog",

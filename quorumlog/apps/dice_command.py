@@ -16,6 +16,7 @@ import socket
 import sys
 
 from quorumlog.apps.dice import Dice, DiceConfig, Roll
+from quorumlog.cli import positive_int
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.sync import new_event_loop
 from quorumlog.errors import BKError
@@ -39,36 +40,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     parser.add_argument("--log", default="dice", help="name of the log stream (default: dice)")
     parser.add_argument(
-        "--interval-ms", type=_positive, default=1000, help="time between rolls (default 1000)"
+        "--interval-ms", type=positive_int, default=1000, help="time between rolls (default 1000)"
     )
     parser.add_argument(
         "--json", action="store_true", help='print {"value", "ledger", "entry", "role"} lines'
     )
     parser.add_argument(
         "--session-timeout-ms",
-        type=_positive,
+        type=positive_int,
         default=2000,
         help="election session timeout: how long a frozen leader keeps its place (default 2000)",
     )
-    parser.add_argument("--ensemble", type=_positive, default=3, help="bookies per ledger (3)")
-    parser.add_argument("--write-quorum", type=_positive, default=3, help="copies per roll (3)")
-    parser.add_argument("--ack-quorum", type=_positive, default=2, help="acks per roll (2)")
+    parser.add_argument("--ensemble", type=positive_int, default=3, help="bookies per ledger (3)")
+    parser.add_argument("--write-quorum", type=positive_int, default=3, help="copies per roll (3)")
+    parser.add_argument("--ack-quorum", type=positive_int, default=2, help="acks per roll (2)")
     parser.add_argument(
         "--count", type=int, default=0, help="exit after printing this many values (0: never)"
     )
     parser.add_argument("--id", default=None, help="name of this instance in the election")
     parser.add_argument("--verbose", action="store_true", help="print role changes on stderr")
     parser.set_defaults(func=run)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -76,17 +76,6 @@ def conf_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-def positive_int(text: str) -> int:
-    """A whole number >= 1 (an argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
-    return value
-
-
 def position_bound(label: str) -> Callable[[str], str]:
     """An argparse type checking a bound as the source's start/end options accept it
     (``earliest``, ``latest``, ``L:E``, ``{"ledger": L, "entry": E}``); keeps the text."""

@@ -20,6 +20,7 @@ import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from quorumlog.cli import positive_int
 from quorumlog.errors import BKError, NoSuchLedgerError
 from quorumlog.meta.store import resolve_metadata_uri
 from quorumlog.spark.pipelines.common import (
@@ -27,7 +28,6 @@ from quorumlog.spark.pipelines.common import (
     Progress,
     check_outputs_free,
     output_path,
-    positive_int,
     write_mode,
 )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from quorumlog.cli import positive_int
 from quorumlog.meta.store import resolve_metadata_uri
 from quorumlog.spark.options import ReadOptions
 from quorumlog.spark.pipelines.common import (
@@ -24,7 +25,6 @@ from quorumlog.spark.pipelines.common import (
     describe_bound,
     output_path,
     position_bound,
-    positive_int,
     read_log,
     require_log,
     write_mode,
