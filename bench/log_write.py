@@ -21,7 +21,7 @@ from pathlib import Path
 
 import quorumlog.aio as aio
 from quorumlog.client.sync import new_event_loop
-from quorumlog.testing.cluster import LocalCluster
+from quorumlog.server.local_cluster import LocalCluster
 
 
 async def ledger_appends(uri: str, entries: int, size: int, in_flight: int) -> float:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import quorumlog.aio as aio
-from quorumlog.testing.cluster import LocalCluster
+from quorumlog.server.local_cluster import LocalCluster
 
 LOG_NAME = "bench-spark"
 

@@ -124,7 +124,7 @@ def _cluster(args: argparse.Namespace) -> Iterator[str]:
     if args.metadata:
         yield args.metadata
         return
-    from quorumlog.testing.cluster import LocalCluster
+    from quorumlog.server.local_cluster import LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="quorumlog-bench-") as tmp:
         uri = "sqlite://" + os.path.join(tmp, "metadata.db")

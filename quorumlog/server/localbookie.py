@@ -52,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def run(args: argparse.Namespace) -> int:
-    from quorumlog.testing.cluster import ClusterError, LocalCluster
+    from quorumlog.server.local_cluster import ClusterError, LocalCluster
 
     if not 1 <= args.num_bookies <= 64:
         print(f"{_PROG}: error: N must be 1..64, got {args.num_bookies}", file=sys.stderr)
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _watch(cluster: object, stop_signal: list[int]) -> int:
-    from quorumlog.testing.cluster import LocalCluster
+    from quorumlog.server.local_cluster import LocalCluster
 
     assert isinstance(cluster, LocalCluster)
     reported: set[int] = set()

@@ -17,7 +17,7 @@ import pytest
 
 from quorumlog.errors import Status
 from quorumlog.proto.codec import AddRequest, AddResponse, ReadLacRequest, ReadLacResponse
-from quorumlog.testing.cluster import LocalCluster
+from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.testing.raw_client import RawClient, make_entry, master_key
 
 T = TypeVar("T")

@@ -29,7 +29,7 @@ from quorumlog.aio import BookKeeper as AsyncBookKeeper
 from quorumlog.apps.dice import LEADING, Roll, decode_value
 from quorumlog.log.checker import check_observations
 from quorumlog.log.position import Position
-from quorumlog.testing.cluster import LocalCluster
+from quorumlog.server.local_cluster import LocalCluster
 
 INTERVAL_MS = 100
 SESSION_TIMEOUT_MS = 1_500

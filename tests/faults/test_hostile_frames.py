@@ -27,7 +27,7 @@ from quorumlog.proto.codec import (
     ReadLacRequest,
     encode,
 )
-from quorumlog.testing.cluster import LocalCluster
+from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.testing.raw_client import RawClient, make_entry, master_key
 
 T = TypeVar("T")

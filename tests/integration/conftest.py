@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.testing.cluster import LocalCluster, running_cluster
+from quorumlog.server.local_cluster import LocalCluster, running_cluster
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from quorumlog.proto.codec import (
     ReadRequest,
     ReadResponse,
 )
-from quorumlog.testing.cluster import LocalCluster
+from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.testing.raw_client import RawClient, make_entry, master_key
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from quorumlog.log import (
     Record,
 )
 from quorumlog.log.checker import check_observations
-from quorumlog.testing.cluster import LocalCluster
+from quorumlog.server.local_cluster import LocalCluster
 
 SMALL_LEDGERS = LogConfig(rollover_size_bytes=1_000)
 

@@ -34,7 +34,7 @@ from quorumlog.rereplication import (
     recover_bookie,
     replicate_ledger,
 )
-from quorumlog.testing.cluster import LocalCluster
+from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.testing.raw_client import RawClient
 
 

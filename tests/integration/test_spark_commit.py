@@ -11,9 +11,9 @@ import pytest
 from quorumlog.aio import BookKeeper
 from quorumlog.errors import InvalidArgumentError, NoNodeError
 from quorumlog.log.errors import LogFencedError
+from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.spark import commit as commits
 from quorumlog.spark.commit import TaskResult
-from quorumlog.testing.cluster import LocalCluster
 
 MAX_PARTITIONS = 8
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from quorumlog.testing.cluster import LocalCluster, running_cluster
+from quorumlog.server.local_cluster import LocalCluster, running_cluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -20,8 +20,8 @@ from quorumlog.cli import OneLineArgumentParser
 from quorumlog.errors import InvalidArgumentError, NoSuchLedgerError
 from quorumlog.log import LogConfig
 from quorumlog.log.errors import NoSuchLogError
+from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.spark.pipelines import command, common, dice_stats, ledger_audit, log_to_parquet
-from quorumlog.testing.cluster import LocalCluster
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Ack quorum = write quorum: every confirmed entry is on its whole write set when an

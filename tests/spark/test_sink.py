@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import quorumlog
-from quorumlog.testing.cluster import LocalCluster
+from quorumlog.server.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.spark
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import quorumlog
-from quorumlog.testing.cluster import running_cluster
+from quorumlog.server.local_cluster import running_cluster
 
 pytestmark = pytest.mark.spark
 

@@ -1,4 +1,9 @@
-"""Real bookie processes for integration tests, fault tests, benchmarks and ``localbookie``.
+"""A cluster of real bookie processes on this machine, for ``quorumlog localbookie``,
+``quorumlog bench``, the project's own tests and :mod:`quorumlog.testing`.
+
+It ships with the server (not under :mod:`quorumlog.testing`) because shipped commands
+run it. It starts bookies as processes (``python -m quorumlog bookie``), never imports
+the client, and knows nothing of the commands.
 
 Each bookie is a child process running ``python -m quorumlog bookie`` on
 127.0.0.1 with its own directories under ``base_dir/bookie-N/`` (``data/``,
@@ -15,16 +20,21 @@ Example::
         addresses = cluster.addresses
         cluster.kill(0)
         cluster.restart(0)
+
+    with temporary_cluster(3) as cluster:  # embedded store in a temporary directory
+        uri = cluster.metadata_uri
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -361,6 +371,21 @@ def running_cluster(
         yield cluster
     finally:
         cluster.stop_all()
+
+
+@contextlib.contextmanager
+def temporary_cluster(
+    num_bookies: int, *, prefix: str = "quorumlog-", **options: Any
+) -> Iterator[LocalCluster]:
+    """A started :class:`LocalCluster` of ``num_bookies`` on the embedded metadata store
+    (``sqlite://<tmp>/metadata.db``), all in a new temporary directory; on exit every
+    bookie is stopped and the directory removed. ``options`` go to :class:`LocalCluster`
+    (``journal_sync``, ``extra_args``, ``start_timeout_s``, ...)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        uri = "sqlite://" + os.path.join(tmp, "metadata.db")
+        # The context manager stops the bookies before the directory goes away.
+        with LocalCluster(uri, tmp, num_bookies, **options) as cluster:
+            yield cluster
 
 
 def _tail(text: str, lines: int = 30) -> str:
