@@ -29,13 +29,15 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from quorumlog.client.config import ClientConfig
-    from quorumlog.client.sync import BookKeeper, LedgerHandle, ReadHandle
+    from quorumlog.client.sync import LedgerHandle, ReadHandle
     from quorumlog.log import LogConfig, LogFencedError, Position, Record
+    from quorumlog.log.sync import BookKeeper
 
 # The client is imported on first use, so that a bookie process (which imports
-# quorumlog.proto and quorumlog.bookie) does not load it.
+# quorumlog.proto and quorumlog.bookie) does not load it. BookKeeper is the client
+# with log streams, composed in quorumlog.log above the client package.
 _LAZY = {
-    "BookKeeper": "quorumlog.client.sync",
+    "BookKeeper": "quorumlog.log.sync",
     "LedgerHandle": "quorumlog.client.sync",
     "ReadHandle": "quorumlog.client.sync",
     "ClientConfig": "quorumlog.client.config",

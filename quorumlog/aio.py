@@ -15,9 +15,12 @@ Example::
     asyncio.run(main())
 """
 
-from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.reading import ReadHandle
 from quorumlog.client.writing import LedgerHandle
+
+# The client with log streams (``await bk.open_log(name)``), composed above the
+# client package, which knows ledgers only.
+from quorumlog.log.bookkeeper import BookKeeper
 
 __all__ = ["BookKeeper", "ClientConfig", "LedgerHandle", "ReadHandle"]

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from quorumlog.errors import BKError
 from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogFencedError
+from quorumlog.log.log import open_log
 from quorumlog.log.position import Position, Record
 from quorumlog.recipes.election import LeaderElection, StoreFactory
 
@@ -160,7 +161,7 @@ class Dice:
             session_timeout_ms=config.session_timeout_ms,
         )
         self._election = election
-        the_log = await self.bk.open_log(config.log_name, config.log_config)
+        the_log = await open_log(self.bk, config.log_name, config.log_config)
         await election.start()
         self.status(f"dice: joined election {election.group} as {election.node}")
         try:

@@ -17,7 +17,7 @@ import hashlib
 import random
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Self
 
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.connection import ConnectionPool
@@ -40,10 +40,6 @@ from quorumlog.meta.ledgers import LedgerManager
 from quorumlog.meta.store import MetadataStore, open_store, resolve_metadata_uri
 from quorumlog.proto.codec import DeleteLedgerRequest
 from quorumlog.proto.entry import DigestType, master_key
-
-if TYPE_CHECKING:
-    from quorumlog.log.config import LogConfig
-    from quorumlog.log.log import Log
 
 
 def password_digest(password: bytes) -> str:
@@ -81,7 +77,7 @@ class BookKeeper:
     @classmethod
     async def connect(
         cls, metadata: str | None = None, *, config: ClientConfig | None = None
-    ) -> BookKeeper:
+    ) -> Self:
         """Open the metadata store (explicit URI, else $QUORUMLOG_METADATA, else ./.quorumlog)."""
         config = config or ClientConfig()
         store = await open_store(
@@ -225,29 +221,6 @@ class BookKeeper:
             return False
         return True
 
-    # ------------------------------------------------------------ log streams
-
-    async def open_log(self, name: str, config: LogConfig | None = None) -> Log:
-        """The named log stream ``name`` (created empty on first use); see quorumlog.log."""
-        self._check_open()
-        from quorumlog.log.log import open_log
-
-        return await open_log(self, name, config)
-
-    async def list_logs(self) -> list[str]:
-        """Names of the log streams in the metadata store, sorted."""
-        self._check_open()
-        from quorumlog.log.log import list_logs
-
-        return await list_logs(self)
-
-    async def delete_log(self, name: str) -> list[int]:
-        """Delete a log stream and its ledgers; returns the ledgers deleted."""
-        self._check_open()
-        from quorumlog.log.log import delete_log
-
-        return await delete_log(self, name)
-
     # ------------------------------------------------------------ lifecycle
 
     async def close(self) -> None:
@@ -266,7 +239,7 @@ class BookKeeper:
         self.pool.close()
         await self.store.close()
 
-    async def __aenter__(self) -> BookKeeper:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

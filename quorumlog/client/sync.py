@@ -13,7 +13,7 @@ import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from quorumlog.client import bookkeeper as _aio
 from quorumlog.client.config import ClientConfig
@@ -22,10 +22,6 @@ from quorumlog.client.writing import LedgerHandle as _AioLedgerHandle
 from quorumlog.errors import BKError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.entry import DigestType, Entry
-
-if TYPE_CHECKING:
-    from quorumlog.log.config import LogConfig
-    from quorumlog.log.sync import Log
 
 T = TypeVar("T")
 
@@ -231,10 +227,14 @@ class BookKeeper:
             print([e.data for e in bk.open_ledger(lh.ledger_id, b"pw").read_entries(0, 1)])
     """
 
+    # The asyncio client this one runs: a subclass that adds methods built above the
+    # client (the log streams of quorumlog.log) names its own asyncio class here.
+    _aio_class: ClassVar[type[_aio.BookKeeper]] = _aio.BookKeeper
+
     def __init__(self, metadata: str | None = None, *, config: ClientConfig | None = None):
         self._runner = LoopThread()
         try:
-            self._client = self._runner.run(_aio.BookKeeper.connect(metadata, config=config))
+            self._client = self._runner.run(self._aio_class.connect(metadata, config=config))
         except BaseException:
             self._runner.stop()
             raise
@@ -300,18 +300,6 @@ class BookKeeper:
     def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         return self._runner.run(self._client.ledger_metadata(ledger_id))
 
-    def open_log(self, name: str, config: LogConfig | None = None) -> Log:
-        """The named log stream ``name`` (created empty on first use); see quorumlog.log."""
-        from quorumlog.log.sync import Log
-
-        return Log(self._runner, self._runner.run(self._client.open_log(name, config)))
-
-    def list_logs(self) -> list[str]:
-        return self._runner.run(self._client.list_logs())
-
-    def delete_log(self, name: str) -> list[int]:
-        return self._runner.run(self._client.delete_log(name))
-
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine of the asyncio API on this client's loop and wait for it."""
         return self._runner.run(coro)
@@ -322,7 +310,7 @@ class BookKeeper:
         finally:
             self._runner.stop()
 
-    def __enter__(self) -> BookKeeper:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,8 +19,10 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Iterator
 
+from quorumlog.client import sync as _client
 from quorumlog.client.sync import LoopThread, ThreadedSubmitter
 from quorumlog.errors import BKError
+from quorumlog.log import bookkeeper as _aio_bookkeeper
 from quorumlog.log import log as _aio
 from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogClosedError
@@ -28,6 +30,29 @@ from quorumlog.log.metadata import LogMetadata
 from quorumlog.log.position import LogPositions, Position, Record
 from quorumlog.log.reader import LogReader as _AioLogReader
 from quorumlog.log.writer import LogWriter as _AioLogWriter
+
+
+class BookKeeper(_client.BookKeeper):
+    """The synchronous client users get (:class:`quorumlog.BookKeeper`): ledgers, as in
+    :class:`quorumlog.client.sync.BookKeeper`, plus the named log streams."""
+
+    _aio_class = _aio_bookkeeper.BookKeeper
+    _client: _aio_bookkeeper.BookKeeper
+
+    @property
+    def aio(self) -> _aio_bookkeeper.BookKeeper:
+        """The asyncio client underneath (use it only on :attr:`loop`)."""
+        return self._client
+
+    def open_log(self, name: str, config: LogConfig | None = None) -> Log:
+        """The named log stream ``name`` (created empty on first use); see quorumlog.log."""
+        return Log(self._runner, self._runner.run(self._client.open_log(name, config)))
+
+    def list_logs(self) -> list[str]:
+        return self._runner.run(self._client.list_logs())
+
+    def delete_log(self, name: str) -> list[int]:
+        return self._runner.run(self._client.delete_log(name))
 
 
 class Log:

@@ -7,7 +7,7 @@ import asyncio
 import random
 
 from quorumlog.apps.dice import CATCHUP, FOLLOWING, LEADING, Dice, DiceConfig, Roll, decode_value
-from quorumlog.client.bookkeeper import BookKeeper
+from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.checker import check_observations
 from quorumlog.log.position import Position
 from quorumlog.meta.bookies import BookieRegistry

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.errors import BKError, InvalidArgumentError, UnauthorizedError
 from quorumlog.log import (
     LogConfig,
@@ -23,6 +22,7 @@ from quorumlog.log import (
     Position,
     Record,
 )
+from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.checker import check_observations
 from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree
