@@ -35,9 +35,10 @@ from quorumlog.errors import (
     UnauthorizedError,
 )
 from quorumlog.meta.bookies import BookieRegistry
+from quorumlog.meta.factory import open_store, resolve_metadata_uri
 from quorumlog.meta.ledger_metadata import LedgerMetadata, new_ledger_metadata
 from quorumlog.meta.ledgers import LedgerManager
-from quorumlog.meta.store import MetadataStore, open_store, resolve_metadata_uri
+from quorumlog.meta.store import MetadataStore
 from quorumlog.proto.codec import DeleteLedgerRequest
 from quorumlog.proto.entry import DigestType, master_key
 

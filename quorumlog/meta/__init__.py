@@ -1,7 +1,8 @@
 """The metadata layer: a ZooKeeper-like store and what quorumlog keeps in it.
 
-- :class:`MetadataStore` (``store.py``): the interface; :func:`open_store` picks a
-  driver from the URI (``sqlite:///path.db`` or ``zk://host:port/root``).
+- :class:`MetadataStore` (``store.py``): the interface.
+- :func:`open_store` (``factory.py``): picks a driver from the URI
+  (``sqlite:///path.db`` or ``zk://host:port/root``).
 - :class:`LedgerManager` (``ledgers.py``): ledger metadata under ``/ledgers``.
 - :class:`BookieRegistry` (``bookies.py``): bookie registration and cookies under ``/bookies``.
 
@@ -14,6 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from quorumlog.meta.bookies import BookieRegistry
+from quorumlog.meta.factory import (
+    ENV_METADATA_URI,
+    default_metadata_uri,
+    open_store,
+    resolve_metadata_uri,
+)
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState, new_ledger_metadata
 from quorumlog.meta.ledgers import LedgerManager
 from quorumlog.meta.store import (
@@ -23,9 +30,6 @@ from quorumlog.meta.store import (
     Versioned,
     Watch,
     WatchEvent,
-    default_metadata_uri,
-    open_store,
-    resolve_metadata_uri,
 )
 
 if TYPE_CHECKING:
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
     from quorumlog.meta.zk_store import ZkStore
 
 __all__ = [
+    "ENV_METADATA_URI",
     "BookieRegistry",
     "EventType",
     "LedgerManager",

@@ -2,7 +2,8 @@
 
 Two drivers implement it: ``sqlite://`` (embedded, the default on one machine)
 and ``zk://`` (ZooKeeper through kazoo). The same contract test suite runs
-against both (``tests/integration/test_meta_contract.py``).
+against both (``tests/integration/test_meta_contract.py``). This module knows
+neither driver: :mod:`quorumlog.meta.factory` opens one from a URI.
 
 Paths are absolute, ``/``-separated, without a trailing slash. Every node has
 data (bytes) and a version that starts at 0 on create and grows by one on each
@@ -16,13 +17,8 @@ from __future__ import annotations
 
 import abc
 import enum
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from quorumlog.errors import InvalidArgumentError
-
-ENV_METADATA_URI = "QUORUMLOG_METADATA"
 
 
 class SessionState(enum.Enum):
@@ -137,32 +133,3 @@ class MetadataStore(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def default_metadata_uri() -> str:
-    """Explicit argument first, else ``QUORUMLOG_METADATA``, else ``./.quorumlog/metadata.db``."""
-    from_env = os.environ.get(ENV_METADATA_URI)
-    if from_env:
-        return from_env
-    return "sqlite://" + os.path.abspath(os.path.join(".quorumlog", "metadata.db"))
-
-
-def resolve_metadata_uri(uri: str | None) -> str:
-    chosen = uri or default_metadata_uri()
-    if not (chosen.startswith("sqlite:///") or chosen.startswith("zk://")):
-        raise InvalidArgumentError(
-            f"metadata URI {chosen!r}: expected sqlite:///absolute/path or zk://host:port[/root]"
-        )
-    return chosen
-
-
-async def open_store(uri: str | None = None, *, session_timeout_ms: int = 10_000) -> MetadataStore:
-    """Open the store named by ``uri`` (see :func:`resolve_metadata_uri`) on the running loop."""
-    chosen = resolve_metadata_uri(uri)
-    if chosen.startswith("sqlite://"):
-        from quorumlog.meta.sqlite_store import SqliteStore
-
-        return await SqliteStore.open(chosen, session_timeout_ms=session_timeout_ms)
-    from quorumlog.meta.zk_store import ZkStore
-
-    return await ZkStore.open(chosen, session_timeout_ms=session_timeout_ms)

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from quorumlog.errors import InvalidArgumentError, MetadataError
-from quorumlog.meta.store import default_metadata_uri, open_store
+from quorumlog.meta.factory import default_metadata_uri, open_store
 from quorumlog.recipes.contender import Contender
 from quorumlog.recipes.store_election import StoreContender, StoreFactory
 

@@ -42,7 +42,8 @@ from collections.abc import Iterable
 from quorumlog.bookie.bookie import Bookie, BookieStartError
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.errors import BKError
-from quorumlog.meta.store import MetadataStore, SessionState, open_store
+from quorumlog.meta.factory import open_store
+from quorumlog.meta.store import MetadataStore, SessionState
 from quorumlog.server import cookies
 from quorumlog.server.config import ServerConfig
 from quorumlog.server.connection import BookieProtocol

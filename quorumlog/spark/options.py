@@ -35,7 +35,7 @@ from quorumlog.core.quorum import check_quorum_shape
 from quorumlog.errors import BKError, InvalidArgumentError
 from quorumlog.log.metadata import check_log_name
 from quorumlog.log.position import Position
-from quorumlog.meta.store import resolve_metadata_uri
+from quorumlog.meta.factory import resolve_metadata_uri
 
 SOURCE_NAME = "quorumlog"
 Bound = Literal["earliest", "latest"] | Position

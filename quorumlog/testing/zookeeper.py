@@ -134,7 +134,7 @@ class ZooKeeperServer:
         return self.data_dir / "zookeeper.log"
 
     def uri(self, root: str = "") -> str:
-        """``zk://127.0.0.1:PORT/root`` for :func:`quorumlog.meta.store.open_store`."""
+        """``zk://127.0.0.1:PORT/root`` for :func:`quorumlog.meta.factory.open_store`."""
         root = root.strip("/")
         return f"zk://{self.hosts}/{root}" if root else f"zk://{self.hosts}"
 
