@@ -2,29 +2,35 @@
 
 Files ``<journal dir>/<file id as 16 hex digits>.jnl``::
 
-    header   8 bytes magic b"QLJRNL01", uint64 file id
+    header   8 bytes magic b"QLJRNL02", uint64 file id, 8 random bytes (the file's salt)
     records  uint32 length L (type + payload), uint8 type, payload, uint32 CRC32C
              of the L + 4 bytes before it                          (big-endian)
 
 Record types: ADD (ledger id + entry-log records, one per entry, so an add
-request is one record), MASTER_KEY, FENCE, LAC (explicit), DELETE.
+request is one record), MASTER_KEY, FENCE, LAC (explicit), DELETE, and BATCH,
+whose payload is the file's salt: the writer puts one in front of every batch.
 
 Group commit: the event loop appends records to a queue; one writer thread takes
 everything queued (up to ``journal_max_batch_records`` / ``_bytes``, and for no
 longer than ``journal_max_group_wait_ms``), writes it with one system call,
 fdatasyncs once, and hands the whole batch's completions back to the loop with
 one ``call_soon_threadsafe``. When the queue is empty it syncs at once: an idle
-journal never waits for company.
+journal never waits for company. A batch is written only after the one before
+it was synced, in this file or an earlier one.
 
-Positions (file id, offset) are assigned on the loop when a record is queued,
-so the loop always knows the journal position that covers everything it has
-done so far: that is the mark a checkpoint records.
+The mark (:attr:`Journal.mark`) is the position after the last batch written:
+every record before it was queued, hence applied to ledger storage, before the
+loop reads it, so a checkpoint may record it.
 
-Replay (:func:`scan`) reads from the last checkpoint mark. A damaged record at
-the very end (short, or a bad checksum with nothing valid after it) is a write
-torn by a crash: the file is cut there. A damaged record followed by valid ones
-is damage in the middle of acknowledged data: replay refuses
-(:class:`JournalCorruptionError`) unless told to skip it.
+Replay (:func:`scan`) reads from the last checkpoint mark, record after record.
+At a damaged record it never looks for a record inside the damaged bytes (an
+entry's payload may hold anything, a well-formed record included); it only
+looks for the next BATCH marker, which carries the file's salt and so cannot be
+forged by an entry. Damage with no later batch in the last file is the tail of
+a batch that was never synced, torn by a crash (its pages may have reached the
+disk in any order): the file is cut there. Damage followed by a later batch, or
+in a file followed by another file, is damage to synced, acknowledged data:
+replay refuses (:class:`JournalCorruptionError`) unless told to skip it.
 """
 
 from __future__ import annotations
@@ -49,16 +55,21 @@ from quorumlog.errors import BookieIOError
 
 log = logging.getLogger(__name__)
 
-JOURNAL_MAGIC = b"QLJRNL01"
-_FILE_HEADER = struct.Struct(">8sQ")
+JOURNAL_MAGIC = b"QLJRNL02"
+_OLD_MAGIC = b"QLJRNL01"  # files without batch markers, from before they existed
+_FILE_HEADER = struct.Struct(">8sQ8s")  # magic, file id, salt
 FILE_HEADER_SIZE = _FILE_HEADER.size
+SALT_SIZE = 8
 
 RECORD_ADD = 1
 RECORD_MASTER_KEY = 2
 RECORD_FENCE = 3
 RECORD_LAC = 4
 RECORD_DELETE = 5
-RECORD_TYPES = frozenset((RECORD_ADD, RECORD_MASTER_KEY, RECORD_FENCE, RECORD_LAC, RECORD_DELETE))
+RECORD_BATCH = 6
+RECORD_TYPES = frozenset(
+    (RECORD_ADD, RECORD_MASTER_KEY, RECORD_FENCE, RECORD_LAC, RECORD_DELETE, RECORD_BATCH)
+)
 
 _LEN = struct.Struct(">I")
 _CRC = _LEN
@@ -69,6 +80,7 @@ _LEDGER_LAC = struct.Struct(">Qq")
 RECORD_OVERHEAD = _HEAD.size + _CRC.size  # bytes around a payload
 _NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")
 _NONZERO = re.compile(rb"[^\x00]")
+BATCH_MARKER_SIZE = _HEAD.size + SALT_SIZE + _CRC.size
 
 # Looked up at call time so that tests can slow it down or count it.
 fdatasync = os.fdatasync
@@ -149,18 +161,30 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def create_journal_file(directory: Path, file_id: int) -> int:
+def create_journal_file(directory: Path, file_id: int, salt: bytes | None = None) -> int:
     """Create a new journal file with its header, durable (file and directory entry)."""
+    if salt is None:
+        salt = os.urandom(SALT_SIZE)
     path = directory / journal_file_name(file_id)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
     try:
-        os.write(fd, _FILE_HEADER.pack(JOURNAL_MAGIC, file_id))
+        os.write(fd, _FILE_HEADER.pack(JOURNAL_MAGIC, file_id, salt))
         os.fsync(fd)
         _fsync_directory(directory)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def batch_marker(salt: bytes) -> bytes:
+    """The BATCH record that starts every batch of the file with this salt.
+
+    The salt is random and never leaves the bookie, so no entry can carry a copy of
+    a file's marker: replay can look for the next batch after damage without ever
+    mistaking an entry's bytes for records.
+    """
+    return b"".join(_small_record(RECORD_BATCH, salt)[0])
 
 
 # ---------------------------------------------------------------- replay
@@ -191,35 +215,18 @@ def _record_at(buf: bytes, view: memoryview, pos: int, end: int) -> tuple[int, s
     return length + 8, ""
 
 
-def _find_valid_record(buf: bytes, view: memoryview, start: int, end: int) -> int | None:
-    """The first offset >= start where a valid record begins (used only after damage)."""
-    pos = start
-    while pos <= end - RECORD_OVERHEAD:
-        # A record's first 4 bytes (its length) are not all zero: skip zero runs fast.
-        match = _NONZERO.search(buf, pos, end)
-        if match is None:
-            return None
-        nonzero = match.start()
-        pos = max(pos, nonzero - 3)
-        while pos <= nonzero and pos <= end - RECORD_OVERHEAD:
-            size, _ = _record_at(buf, view, pos, end)
-            if size:
-                return pos
-            pos += 1
-    return None
-
-
 def _read_file(path: Path) -> bytes:
     with open(path, "rb") as f:
         return f.read()
 
 
-def _file_has_valid_record(path: Path) -> bool:
-    buf = _read_file(path)
-    if len(buf) < FILE_HEADER_SIZE:
-        return False
-    view = memoryview(buf)
-    return _find_valid_record(buf, view, FILE_HEADER_SIZE, len(buf)) is not None
+def _cut(path: Path, offset: int) -> None:
+    os.truncate(path, offset)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def scan(
@@ -231,7 +238,7 @@ def scan(
     """Yield (record type, payload) of every record from ``mark`` on, in order.
 
     Cuts torn tails off (truncating the file); raises JournalCorruptionError for
-    damage followed by valid records, unless ``skip_corruption``.
+    damage to synced data, unless ``skip_corruption``.
     """
     ids = list_journal_ids(directory)
     start_id, start_offset = mark if mark is not None else (0, FILE_HEADER_SIZE)
@@ -239,75 +246,88 @@ def scan(
     report.last_file_id = ids[-1] if ids else start_id
     for n, file_id in enumerate(ids):
         path = directory / journal_file_name(file_id)
-        later = [directory / journal_file_name(i) for i in ids[n + 1 :]]
+        # The writer creates a file only after the last batch of the file before it was
+        # synced: all but the last file hold nothing torn.
+        last_file = n == len(ids) - 1
         buf = _read_file(path)
         end = len(buf)
         view = memoryview(buf)
-        header_ok = end >= FILE_HEADER_SIZE and _FILE_HEADER.unpack_from(buf) == (
-            JOURNAL_MAGIC,
-            file_id,
+        if end >= FILE_HEADER_SIZE and buf[:8] == _OLD_MAGIC:
+            raise JournalCorruptionError(
+                f"journal {path}: written in an older journal format (no batch markers); "
+                f"start the version that wrote it once to replay it",
+                path,
+                0,
+            )
+        magic, header_id, salt = (
+            _FILE_HEADER.unpack_from(buf) if end >= FILE_HEADER_SIZE else (b"", -1, b"")
         )
-        pos = start_offset if file_id == start_id else FILE_HEADER_SIZE
-        if not header_ok:
-            pos = 0
-            why = "bad file header"
-        else:
-            why = ""
-        while not why and pos < end:
-            size, why = _record_at(buf, view, pos, end)
-            if not size:
-                break
-            report.records += 1
-            yield buf[pos + 4], view[pos + 5 : pos + 4 + size - 8]
-            pos += size
-        if not why:
-            continue
-        # Damage at ``pos``: torn tail, or damage in the middle?
-        resume = _find_valid_record(buf, view, max(pos + 1, FILE_HEADER_SIZE), end)
-        in_later = resume is None and any(_file_has_valid_record(p) for p in later)
-        if resume is None and not in_later:
-            if pos == 0:
+        if magic != JOURNAL_MAGIC or header_id != file_id:
+            # The header is synced before any record is written: a bad one with nothing
+            # after it is a creation cut short, anything else is damage.
+            if last_file and _NONZERO.search(buf, FILE_HEADER_SIZE) is None:
                 log.warning("journal %s: incomplete file header; removing the file", path)
                 os.unlink(path)
-            else:
+                report.truncated = [*(report.truncated or []), (path, 0)]
+                continue
+            message = (
+                f"journal {path}: bad file header with records after it: acknowledged "
+                f"data may be lost; refusing to start. Restore the file, or start with "
+                f"journal_skip_corruption to skip the file"
+            )
+            if not skip_corruption:
+                raise JournalCorruptionError(message, path, 0)
+            log.error("%s; skipping the file as asked", message.split(";")[0])
+            report.skipped = [*(report.skipped or []), (path, 0, end)]
+            continue
+        marker = batch_marker(salt)
+        salt_view = memoryview(salt)
+        pos = start_offset if file_id == start_id else FILE_HEADER_SIZE
+        while pos < end:
+            size, why = _record_at(buf, view, pos, end)
+            if size:
+                kind = buf[pos + 4]
+                if kind != RECORD_BATCH:
+                    report.records += 1
+                    yield kind, view[pos + 5 : pos + size - 4]
+                    pos += size
+                    continue
+                if view[pos + 5 : pos + size - 4] == salt_view:
+                    pos += size
+                    continue
+                why = "batch marker of another file"
+            # Damage at ``pos``. Never look for a record inside it: only the writer's
+            # next batch marker (which no entry can forge) says where synced data goes on.
+            found = buf.find(marker, pos + 1)
+            resume = found if found >= 0 else None
+            if resume is None and last_file:
                 log.warning(
-                    "journal %s: torn record at offset %d (%s); cutting the file there",
+                    "journal %s: torn record at offset %d (%s) in the last batch; "
+                    "cutting the file there",
                     path,
                     pos,
                     why,
                 )
-                os.truncate(path, pos)
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            report.truncated = [*(report.truncated or []), (path, pos)]
-            continue
-        where = f"offset {resume}" if resume is not None else f"file {later[0].name}"
-        message = (
-            f"journal {path}: damaged record at offset {pos} ({why}) followed by valid "
-            f"records (at {where}): acknowledged data may be lost; refusing to start. "
-            f"Restore the file, or start with journal_skip_corruption to skip the damaged bytes"
-        )
-        if not skip_corruption:
-            raise JournalCorruptionError(message, path, pos)
-        skip_to = resume if resume is not None else end
-        log.error("%s; skipping bytes %d..%d as asked", message.split(";")[0], pos, skip_to)
-        report.skipped = [*(report.skipped or []), (path, pos, skip_to)]
-        pos = skip_to
-        while pos < end:
-            size, why = _record_at(buf, view, pos, end)
-            if not size:
-                nxt = _find_valid_record(buf, view, pos + 1, end)
-                log.error("journal %s: damaged record at offset %d (%s); skipping", path, pos, why)
-                skip_to = nxt if nxt is not None else end
-                report.skipped.append((path, pos, skip_to))
-                pos = skip_to
-                continue
-            report.records += 1
-            yield buf[pos + 4], view[pos + 5 : pos + 4 + size - 8]
-            pos += size
+                _cut(path, pos)
+                report.truncated = [*(report.truncated or []), (path, pos)]
+                break
+            where = (
+                f"the next batch at offset {resume}"
+                if resume is not None
+                else f"the later file {journal_file_name(ids[n + 1])}"
+            )
+            message = (
+                f"journal {path}: damaged record at offset {pos} ({why}) followed by valid "
+                f"records ({where}): acknowledged data may be lost; refusing to start. "
+                f"Restore the file, or start with journal_skip_corruption to skip the "
+                f"damaged bytes"
+            )
+            if not skip_corruption:
+                raise JournalCorruptionError(message, path, pos)
+            skip_to = resume if resume is not None else end
+            log.error("%s; skipping bytes %d..%d as asked", message.split(";")[0], pos, skip_to)
+            report.skipped = [*(report.skipped or []), (path, pos, skip_to)]
+            pos = skip_to
 
 
 # ---------------------------------------------------------------- writer
@@ -317,7 +337,7 @@ BatchCallback = Callable[[list[Done], int, BaseException | None], None]
 
 
 class Journal:
-    """The journal writer: positions on the loop, writes and syncs on its own thread."""
+    """The journal writer: records queued on the loop, written and synced on its own thread."""
 
     def __init__(
         self,
@@ -338,14 +358,12 @@ class Journal:
         self.file_max_bytes = file_max_bytes
         # The first file exists (header durable) before any record is queued, so a
         # checkpoint mark can always name an existing file.
-        self._fd = create_journal_file(directory, first_file_id)
-        self._fd_file_id = first_file_id
+        self._open_file(first_file_id)
         self._unsynced = False
-        self._file_id = first_file_id  # loop side: file of the next record
-        self._offset = FILE_HEADER_SIZE  # loop side: offset of the next record
-        self._queue: collections.deque[tuple[int, list[bytes], int, Done | None]] = (
-            collections.deque()
-        )
+        # Writer side: where the next batch goes. Read on the loop as the mark (a tuple
+        # is replaced whole, so the loop never sees half of one).
+        self._mark = (first_file_id, FILE_HEADER_SIZE)
+        self._queue: collections.deque[tuple[list[bytes], int, Done | None]] = collections.deque()
         self.queued_bytes = 0  # loop side: queued and not yet completed
         self._wake = threading.Event()
         self._idle = False
@@ -362,8 +380,13 @@ class Journal:
 
     @property
     def mark(self) -> tuple[int, int]:
-        """The position just after the last record queued (loop side)."""
-        return self._file_id, self._offset
+        """The position after the last batch written.
+
+        Every record before it was queued (so applied to ledger storage) before the
+        caller reads it: what a checkpoint records. Records queued and not yet written
+        come after it and are replayed again after a crash (replay is idempotent).
+        """
+        return self._mark
 
     @property
     def failed(self) -> BaseException | None:
@@ -380,12 +403,8 @@ class Journal:
     def append(self, record: Record, done: Done | None) -> None:
         """Queue one record (loop thread). ``done`` is completed once it is durable."""
         parts, size = record
-        if self._offset + size > self.file_max_bytes and self._offset > FILE_HEADER_SIZE:
-            self._file_id += 1
-            self._offset = FILE_HEADER_SIZE
-        self._offset += size
         self.queued_bytes += size
-        self._queue.append((self._file_id, parts, size, done))
+        self._queue.append((parts, size, done))
         if self._idle:
             self._wake.set()
 
@@ -438,43 +457,53 @@ class Journal:
 
     def _write_batch(
         self,
-        queue: collections.deque[tuple[int, list[bytes], int, Done | None]],
+        queue: collections.deque[tuple[list[bytes], int, Done | None]],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         max_records = self.max_batch_records
         max_bytes = self.max_batch_bytes
         deadline = time.monotonic() + self.max_group_wait_s
         dones: list[Done] = []
-        chunks: list[tuple[int, list[bytes]]] = []  # (file id, parts) in order
-        parts: list[bytes] = []
-        file_id = self._fd_file_id
+        # Pieces of the batch, each for one file and led by that file's batch marker;
+        # only the first piece goes to the current file.
+        max_file = self.file_max_bytes
+        file_used = self._mark[1] + BATCH_MARKER_SIZE
+        has_records = self._mark[1] > FILE_HEADER_SIZE
+        pieces: list[list[bytes]] = []
+        parts: list[bytes] = [self._marker]
         total = 0
         count = 0
         popleft = queue.popleft
         while queue and count < max_records and total < max_bytes:
-            rec_file, rec_parts, size, done = popleft()
-            if rec_file != file_id:
-                if parts:
-                    chunks.append((file_id, parts))
-                parts = []
-                file_id = rec_file
+            rec_parts, size, done = popleft()
+            if has_records and file_used + size > max_file:
+                # The file is full: what follows goes to a new file, after a sync.
+                pieces.append(parts)
+                parts = [b""]  # that file's marker, known once it exists
+                file_used = FILE_HEADER_SIZE + BATCH_MARKER_SIZE
             parts += rec_parts
+            file_used += size
+            has_records = True
             total += size
             count += 1
             if done is not None:
                 dones.append(done)
             if count & 63 == 0 and time.monotonic() >= deadline:
                 break
-        if parts:
-            chunks.append((file_id, parts))
+        pieces.append(parts)
         error: BaseException | None = self._failure
         if error is None:
             try:
-                for chunk_file, chunk_parts in chunks:
-                    if chunk_file != self._fd_file_id:
+                for n, piece in enumerate(pieces):
+                    if not piece[1:]:
+                        continue  # the current file was full before the first record
+                    if n:
                         self._sync_current()
-                        self._next_file(chunk_file)
-                    self._write_all(b"".join(chunk_parts))
+                        self._next_file(self._mark[0] + 1)
+                        piece[0] = self._marker
+                    data = b"".join(piece)
+                    self._write_all(data)
+                    self._mark = (self._mark[0], self._mark[1] + len(data))
                 self._sync_current()
                 self.records_written += count
             except BaseException as exc:  # reported to every waiter
@@ -501,10 +530,15 @@ class Journal:
             self.sync_count += 1
         self._unsynced = False
 
+    def _open_file(self, file_id: int) -> None:
+        salt = os.urandom(SALT_SIZE)
+        self._fd = create_journal_file(self.directory, file_id, salt)
+        self._marker = batch_marker(salt)
+
     def _next_file(self, file_id: int) -> None:
         os.close(self._fd)
-        self._fd = create_journal_file(self.directory, file_id)
-        self._fd_file_id = file_id
+        self._open_file(file_id)
+        self._mark = (file_id, FILE_HEADER_SIZE)
 
 
 def delete_journal_files_before(directory: Path, file_id: int) -> list[int]:

@@ -6,8 +6,8 @@ them durable here, after which the journal before the checkpoint's mark can go.
 
 Checkpoint, in three steps:
 
-1. ``capture`` (event loop): note the journal mark (everything queued so far
-   is already applied here), write the entry-log buffer to its file, and take
+1. ``capture`` (event loop): note the journal mark (everything the journal
+   has written so far was queued earlier, so is already applied here), write the entry-log buffer to its file, and take
    the index updates, changed ledger states and the entry-log table collected
    since the last checkpoint;
 2. ``commit`` (worker thread): fdatasync every entry log written since, then

@@ -129,12 +129,33 @@ def test_damage_at_the_end_of_a_file_followed_by_a_later_file_is_in_the_middle(t
 
 
 def test_scan_starts_at_the_mark(tmp_path):
-    records = [jm.lac_record(1, n) for n in range(10)]
-    write_journal(tmp_path, records)
-    mark = (1, jm.FILE_HEADER_SIZE + 4 * jm.lac_record(1, 0)[1])
+    async def scenario() -> tuple[int, int]:
+        journal = jm.Journal(
+            tmp_path,
+            1,
+            sync=True,
+            max_group_wait_ms=1.0,
+            max_batch_bytes=1 << 20,
+            max_batch_records=1000,
+            file_max_bytes=1 << 20,
+        )
+        loop = asyncio.get_running_loop()
+        written = asyncio.Event()
+        journal.start(loop, lambda dones, size, error: dones and written.set())
+        for n in range(4):
+            journal.append(jm.lac_record(1, n), None)
+        journal.append(jm.lac_record(1, 4), (lambda _: None, None))
+        await written.wait()
+        mark = journal.mark  # after the batch that holds the first five records
+        for n in range(5, 10):
+            journal.append(jm.lac_record(1, n), None)
+        await journal.close()
+        return mark
+
+    mark = asyncio.run(asyncio.wait_for(scenario(), 20))
     report = jm.ScanReport()
     scanned = [jm.decode_ledger_lac(p)[1] for _, p in jm.scan(tmp_path, mark, False, report)]
-    assert scanned == list(range(4, 10))
+    assert scanned == list(range(5, 10))
 
 
 def test_group_commit_writer_batches_a_burst(tmp_path):
