@@ -21,6 +21,7 @@ from typing import Self
 
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.connection import ConnectionPool
+from quorumlog.client.placement import BookiePlacement
 from quorumlog.client.reading import ReadHandle
 from quorumlog.client.recovery import LedgerRecovery
 from quorumlog.client.writing import LedgerHandle
@@ -30,7 +31,6 @@ from quorumlog.errors import (
     ClientClosedError,
     InvalidArgumentError,
     NoSuchLedgerError,
-    NotEnoughBookiesError,
     Status,
     UnauthorizedError,
 )
@@ -72,6 +72,7 @@ class BookKeeper:
         )
         # Bookie placement draws from here; the simulator passes a seeded one.
         self.rng = rng or random.Random()
+        self.placement = BookiePlacement(self.rng)
         self._closed = False
         self._handles: weakref.WeakSet[ReadHandle] = weakref.WeakSet()
 
@@ -100,15 +101,6 @@ class BookKeeper:
         """Addresses of the available, writable bookies."""
         self._check_open()
         return sorted(await self.registry.writable_bookies())
-
-    async def _choose_ensemble(self, size: int) -> tuple[str, ...]:
-        writable = await self.registry.writable_bookies()
-        if len(writable) < size:
-            raise NotEnoughBookiesError(
-                f"an ensemble of {size} bookies is needed, {len(writable)} writable bookie(s) "
-                f"available: {', '.join(sorted(writable)) or 'none'}"
-            )
-        return tuple(self.rng.sample(sorted(writable), size))
 
     # ------------------------------------------------------------ ledgers
 
@@ -142,7 +134,8 @@ class BookKeeper:
                 )
             bookies = tuple(ensemble_bookies)
         else:
-            bookies = await self._choose_ensemble(ensemble)
+            writable = await self.registry.writable_bookies()
+            bookies = self.placement.new_ensemble(writable, ensemble)
         if ledger_id is None:
             ledger_id = await self.ledgers.new_ledger_id()
         elif not isinstance(ledger_id, int) or ledger_id < 1:

@@ -316,14 +316,13 @@ class LedgerHandle(ReadHandle):
         for _ in range(self._config.metadata_cas_retries):
             writable = await client.registry.writable_bookies()
             excluded = set(self._ensemble) | self._replaced_bookies
-            candidates = [b for b in writable if b not in excluded]
-            if len(candidates) < len(slots):
+            try:
+                chosen = client.placement.replacements(writable, excluded, len(slots))
+            except NotEnoughBookiesError as exc:
                 failed = ", ".join(self._ensemble[i] for i in slots)
                 raise NotEnoughBookiesError(
-                    f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}: "
-                    f"{len(candidates)} writable bookie(s) outside the ensemble"
-                )
-            chosen = client.rng.sample(sorted(candidates), len(slots))
+                    f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}: {exc.message}"
+                ) from None
             new_ensemble = list(self._ensemble)
             for index, bookie in zip(slots, chosen, strict=True):
                 new_ensemble[index] = bookie
