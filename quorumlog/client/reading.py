@@ -89,6 +89,12 @@ class ReadHandle:
         """The largest LAC this handle has learnt (cached; no request is sent)."""
         return self._lac
 
+    def learn_last_add_confirmed(self, lac: int) -> None:
+        """Take ``lac`` as confirmed because another reader saw it so (R4: what is at or
+        below a LAC stays readable), so that reads may go up to it; never past a
+        closed ledger's last entry, and never lowers what this handle knows."""
+        self._learn_lac(lac)
+
     @property
     def is_closed(self) -> bool:
         """Whether the ledger is closed in the metadata this handle knows."""

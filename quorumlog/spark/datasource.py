@@ -88,11 +88,17 @@ def _read_partition(opts: ReadOptions, partition: InputPartition) -> Iterator[An
 
 
 async def _snapshot(
-    opts: ReadOptions, *, check_only: bool = False, from_ledger_id: int = 0
+    opts: ReadOptions,
+    *,
+    check_only: bool = False,
+    from_ledger_id: int = 0,
+    to_ledger_id: int | None = None,
+    read_lac: bool = True,
 ) -> tuple[Position | None, list[planning.LedgerExtent]]:
     """The truncation point (logs) and the readable extents (of a log's ledgers from
-    ``from_ledger_id`` on), looked at now. With ``check_only``, only that the log or
-    the ledgers exist."""
+    ``from_ledger_id`` on, up to ``to_ledger_id``), looked at now. With ``check_only``,
+    only that the log or the ledgers exist; without ``read_lac``, an open ledger's
+    extent comes from its metadata alone (see :func:`scan.log_snapshot`)."""
     bk = await scan.client_for(opts.metadata_uri)
     if check_only:
         if opts.log is not None:
@@ -101,7 +107,14 @@ async def _snapshot(
             await bk.ledger_metadata(ledger_id)
         return None, []
     if opts.log is not None:
-        metadata, extents = await scan.log_snapshot(bk, opts.log, opts.password, from_ledger_id)
+        metadata, extents = await scan.log_snapshot(
+            bk,
+            opts.log,
+            opts.password,
+            from_ledger_id,
+            to_ledger_id=to_ledger_id,
+            read_lac=read_lac,
+        )
         return metadata.truncated_before, extents
     assert opts.ledgers is not None
     return None, await scan.ledger_snapshot(bk, opts.ledgers, opts.password)
@@ -201,12 +214,22 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return planning.offset_of(end)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        # Planned from the offsets alone: latestOffset saw everything before ``end``
+        # confirmed, while a LAC read now may answer lower (another pair of bookies);
+        # cutting there would skip records, as the next batch starts at ``end``.
         begin, stop = planning.position_of(start), planning.position_of(end)
         if stop <= begin:
             return []
-        cut, extents = scan.run(_snapshot(self.opts, from_ledger_id=begin.ledger_id))
+        cut, extents = scan.run(
+            _snapshot(
+                self.opts,
+                from_ledger_id=begin.ledger_id,
+                to_ledger_id=stop.ledger_id,
+                read_lac=False,
+            )
+        )
         _check_not_truncated(self.opts, begin, cut)
-        ranges = planning.split(extents, begin, stop, self.opts.entries_per_partition)
+        ranges = planning.split_planned(extents, begin, stop, self.opts.entries_per_partition)
         return _partitions(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

@@ -114,6 +114,53 @@ def split(
     return out
 
 
+def split_planned(
+    extents: Sequence[LedgerExtent], start: Position, end: Position, entries_per_partition: int
+) -> list[EntryRange]:
+    """The records of a micro-batch ``[start, end)`` whose ``end`` an earlier snapshot
+    saw confirmed, cut into ranges as :func:`split` does, from ``extents`` taken now.
+
+    The end ledger is read up to ``end`` whatever LAC the new snapshot learnt: a LAC
+    read takes the largest answer of a covering set of bookies, and another set may
+    answer lower (a writer died before its last LAC reached every bookie), yet what
+    any reader saw confirmed is on Qa bookies for good (R4). Cutting at the lower LAC
+    would skip records for good, since the next batch starts at ``end``. Every ledger
+    before the end ledger was closed when ``end`` was planned (nothing after an open
+    ledger is readable), so its extent now is its final one; one that is open means
+    the offsets were not planned on this log, an error rather than a silent cut.
+    """
+    if entries_per_partition < 1:
+        raise InvalidArgumentError(f"entries per partition must be >= 1: {entries_per_partition}")
+    out: list[EntryRange] = []
+    for extent in extents:
+        ledger_id = extent.ledger_id
+        if ledger_id < start.ledger_id:
+            continue
+        if ledger_id > end.ledger_id:
+            break
+        low = extent.first_entry_id
+        if ledger_id == start.ledger_id:
+            low = max(low, start.entry_id)
+        if ledger_id == end.ledger_id:
+            high = end.entry_id - 1
+            if extent.closed and high > extent.last_entry_id:
+                raise InvalidArgumentError(
+                    f"ledger {ledger_id} is closed at entry {extent.last_entry_id}, but the "
+                    f"batch [{start}, {end}) was planned up to entry {high}: its offsets "
+                    "were not planned on this log"
+                )
+        elif extent.closed:
+            high = extent.last_entry_id
+        else:
+            raise InvalidArgumentError(
+                f"ledger {ledger_id} is still open, but the batch [{start}, {end}) was "
+                "planned past it: its offsets were not planned on this log"
+            )
+        for first in range(low, high + 1, entries_per_partition):
+            out.append(EntryRange(ledger_id, first, min(high, first + entries_per_partition - 1)))
+    return out
+
+
 def advance(extents: Sequence[LedgerExtent], start: Position, max_records: int | None) -> Position:
     """The end bound of a micro-batch from ``start``: everything readable, or only the
     next ``max_records`` records. Never moves backwards."""

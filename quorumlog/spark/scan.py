@@ -128,16 +128,29 @@ async def _extent(
 
 
 async def log_snapshot(
-    bk: BookKeeper, name: str, password: bytes = b"", from_ledger_id: int = 0
+    bk: BookKeeper,
+    name: str,
+    password: bytes = b"",
+    from_ledger_id: int = 0,
+    *,
+    to_ledger_id: int | None = None,
+    read_lac: bool = True,
 ) -> tuple[LogMetadata, list[LedgerExtent]]:
-    """A log's metadata and the extents of its ledgers from ``from_ledger_id`` on, in
-    list order, up to the first open one (see :func:`quorumlog.spark.planning.readable`).
+    """A log's metadata and the extents of its ledgers from ``from_ledger_id`` on (up to
+    ``to_ledger_id``), in list order, up to the first open one (see
+    :func:`quorumlog.spark.planning.readable`).
 
     A stream passes its position's ledger: each trigger then looks only at the ledgers
-    it has not finished, not at the whole history of the log."""
+    it has not finished, not at the whole history of the log. Without ``read_lac`` an
+    open ledger's extent is its metadata only (last entry -1): for a batch whose end
+    was planned already, which needs no bookie's answer."""
     metadata, _ = await read_log(bk.store, name)
     cut = metadata.truncated_before
-    wanted = [ledger_id for ledger_id in metadata.ledgers if ledger_id >= from_ledger_id]
+    wanted = [
+        ledger_id
+        for ledger_id in metadata.ledgers
+        if ledger_id >= from_ledger_id and (to_ledger_id is None or ledger_id <= to_ledger_id)
+    ]
     firsts = {
         ledger_id: (cut.entry_id if cut is not None and cut.ledger_id == ledger_id else 0)
         for ledger_id in wanted
@@ -151,6 +164,9 @@ async def log_snapshot(
     for ledger_id, (exists, found) in zip(wanted, found_extents, strict=True):
         if not exists:
             continue  # listed but deleted: a truncation is under way
+        if found is None and not read_lac:
+            extents.append(LedgerExtent(ledger_id, firsts[ledger_id], -1, False))
+            break
         if found is None:
             extent = await _extent(bk, ledger_id, firsts[ledger_id], password)
             if extent is None:
@@ -243,6 +259,9 @@ def read_range_batches(
     if not bounds:
         return
     handle = run(_open(metadata_uri, password, ledger_id))
+    # The driver planned this range from what it saw confirmed; this handle's own LAC
+    # read may have reached bookies that know a lower one (R4: confirmed stays readable).
+    handle.learn_last_add_confirmed(entry_range.last_entry_id)
     pending: list[concurrent.futures.Future[list[Entry]]] = []
     next_index = 0
     try:

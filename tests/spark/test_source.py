@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,6 @@ import quorumlog
 from quorumlog.server.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def bk(module_cluster: LocalCluster) -> Iterator[quorumlog.BookKeeper]:
-    with quorumlog.BookKeeper(module_cluster.metadata_uri) as client:
-        yield client
 
 
 def write_records(bk: quorumlog.BookKeeper, name: str, counts: list[int]) -> list[bytes]:
@@ -247,3 +240,79 @@ def test_both_forms_of_latest_offset_and_available_now_on_the_reader_itself(modu
     ]
     assert new_style.partitions(final, final) == []
     writer.close()
+
+
+def split_lac_ledger(cluster: LocalCluster, name: str) -> tuple[list[bytes], list[int]]:
+    """A log whose only ledger a writer left open when it died, with its bookies knowing
+    different LACs: entries 0..9 on all three bookies, entry 10 on bookies A and B (so
+    confirmed, Qa = 2), entry 11 on A only, carrying LAC 10. A knows LAC 10, B and C 9.
+    A no-recovery LAC read takes the largest of two answers: 10 unless A is silent.
+    Returns the confirmed records (0..10) and the cluster indexes of A, B, C."""
+    import asyncio
+
+    from quorumlog.proto.codec import ReadLacRequest, ReadLacResponse
+    from quorumlog.testing.raw_client import RawClient, make_entry, master_key
+
+    with quorumlog.BookKeeper(cluster.metadata_uri) as client:
+        writer = client.open_log(name).open_writer()
+        records = [b"%s-%d" % (name.encode(), i) for i in range(12)]
+        for data in records[:10]:
+            writer.append(data)
+        ledger_id = writer.ledger_id
+        ensemble = client.ledger_metadata(ledger_id).last_ensemble
+    # The client is closed with the writer's ledger still open: the writer is dead.
+    index_of = {address: i for i, address in enumerate(cluster.addresses)}
+    a, b, c = (index_of[address] for address in ensemble)
+    key = master_key(b"")
+
+    async def extend() -> list[int]:
+        lacs = []
+        for address, entries in zip(ensemble, ([(10, 9), (11, 10)], [(10, 9)], []), strict=True):
+            raw = await RawClient.connect(address)
+            for entry_id, lac in entries:
+                blob = make_entry(ledger_id, entry_id, records[entry_id], lac=lac)
+                assert (await raw.add(ledger_id, key, [blob])).status == 0
+            answer = await raw.request(ReadLacRequest(0, ledger_id))
+            assert isinstance(answer, ReadLacResponse)
+            lacs.append(answer.lac)
+            await raw.close()
+        return lacs
+
+    lacs = asyncio.run(extend())
+    assert lacs[0] == 10 and lacs[1] == 9 and lacs[2] <= 9, lacs
+    return records[:11], [a, b, c]
+
+
+def test_l1_a_micro_batch_reads_up_to_its_planned_end_when_a_later_lac_read_is_lower(
+    fresh_cluster,
+):
+    """Spark's calling sequence on the stream reader: latestOffset plans the batch from
+    one LAC read, partitions() and the executors run after it and may see a lower LAC
+    (another pair of bookies answers). They still read every record up to the planned
+    end, which was seen confirmed, and the next batch starts there: nothing skipped."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from quorumlog.spark.datasource import QuorumlogStreamReader
+    from quorumlog.spark.options import ReadOptions
+
+    records, (a, _b, c) = split_lac_ledger(fresh_cluster, "lac-split")
+    opts = ReadOptions.parse(
+        {"metadata": fresh_cluster.metadata_uri, "log": "lac-split"}, streaming=True
+    )
+    reader = QuorumlogStreamReader(opts)
+    fresh_cluster.pause(c)  # A and B answer: LAC 10
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+    finally:
+        fresh_cluster.resume(c)
+    fresh_cluster.pause(a)  # B and C answer: LAC 9
+    try:
+        seen = []
+        for partition in reader.partitions(start, end):
+            for batch in reader.read(partition):
+                seen += batch.column("data").to_pylist()
+        assert seen == records  # entry 10 is confirmed and was planned: it is read
+        assert reader.latestOffset(end, ReadAllAvailable()) == end  # nothing new, none skipped
+    finally:
+        fresh_cluster.resume(a)

@@ -19,6 +19,7 @@ from quorumlog.spark.planning import (
     offset_of,
     position_of,
     split,
+    split_planned,
 )
 
 URI = "sqlite:///tmp/quorumlog-unit/metadata.db"
@@ -176,6 +177,67 @@ def test_micro_batches_cover_every_record_once_in_order(extents, limits, per_par
         assert end >= start
         assert limit is None or count_between(extents, start, end) <= limit
         for r in split(extents, start, end, per_partition):
+            assert r.entry_count <= per_partition
+            seen += [(r.ledger_id, e) for e in range(r.first_entry_id, r.last_entry_id + 1)]
+        start = end
+    expected = []
+    for extent in extents:
+        expected += [(extent.ledger_id, e) for e in range(0, extent.last_entry_id + 1)]
+        if not extent.closed:
+            break
+    assert seen == expected
+
+
+def ranges_of(ranges):
+    return [(r.ledger_id, r.first_entry_id, r.last_entry_id) for r in ranges]
+
+
+def test_l1_a_planned_batch_is_read_to_its_end_whatever_lac_is_seen_now():
+    """latestOffset planned up to (5, 6) from a LAC read of 5; the snapshot taken for
+    partitions() learnt only LAC 2 (or, without a LAC read, nothing): the batch still
+    covers (5, 0..5), as the next one starts at (5, 6)."""
+    planned_end = Position(5, 6)
+    for now in ([closed(3, 9), open_(5, 2)], [closed(3, 9), open_(5, -1)]):
+        assert ranges_of(split_planned(now, Position(3, 8), planned_end, 4)) == [
+            (3, 8, 9),
+            (5, 0, 3),
+            (5, 4, 5),
+        ]
+    # The ledger was closed since, at or after what was seen: nothing changes.
+    assert ranges_of(
+        split_planned([closed(3, 9), closed(5, 7)], Position(5, 6), Position(5, 8), 9)
+    ) == [(5, 6, 7)]
+    assert split_planned([closed(3, 9), open_(5, 0)], Position(5, 6), Position(5, 6), 4) == []
+
+
+def test_l1_offsets_that_were_not_planned_on_this_log_are_an_error_not_a_cut():
+    with pytest.raises(InvalidArgumentError, match="ledger 3 is still open"):
+        split_planned([open_(3, 9), closed(5, 4)], Position(3, 0), Position(5, 2), 10)
+    with pytest.raises(InvalidArgumentError, match="closed at entry 4"):
+        split_planned([closed(3, 9), closed(5, 4)], Position(3, 0), Position(5, 8), 10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    logs(),
+    st.lists(st.tuples(st.integers(1, 25), st.integers(-1, 30)), min_size=1, max_size=12),
+    st.integers(1, 7),
+)
+def test_l1_micro_batches_cover_every_record_once_when_lac_reads_differ(
+    extents, batches, per_partition
+):
+    """Each batch's end is planned from one snapshot, its partitions from another whose
+    open ledger's LAC read answered lower (any value down to -1): every readable record
+    exactly once, in log order."""
+    seen: list[tuple[int, int]] = []
+    start = earliest(extents)
+    for limit, lower_lac in [*batches, (None, -1)]:
+        end = advance(extents, start, limit)
+        now = [
+            e if e.closed else LedgerExtent(e.ledger_id, 0, min(e.last_entry_id, lower_lac), False)
+            for e in extents
+        ]
+        for r in split_planned(now, start, end, per_partition):
             assert r.entry_count <= per_partition
             seen += [(r.ledger_id, e) for e in range(r.first_entry_id, r.last_entry_id + 1)]
         start = end
