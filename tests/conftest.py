@@ -6,6 +6,11 @@
   ``sqlite`` (a file under ``tmp_path``) and ``zk`` (a chroot of its own on the
   shared ZooKeeper; those cases carry the ``zookeeper`` marker, so
   ``-m "not zookeeper"`` leaves them out).
+- ``cluster3``, ``cluster4``: three or four real bookie processes (journal sync on) on
+  the test's ``metadata_uri``, stopped by pid after the test.
+
+Helpers that test modules call (``run``, ``shell``, ...) live in ``support.py`` beside
+this file: ``from support import run``.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from quorumlog.server.local_cluster import LocalCluster, running_cluster
 from quorumlog.testing.zookeeper import (
     ZooKeeperServer,
     missing_zookeeper_message,
@@ -44,3 +51,15 @@ def metadata_uri(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> 
         return f"sqlite://{os.path.join(os.fspath(tmp_path), 'metadata.db')}"
     server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
     return server.uri(f"/test-{os.getpid()}-{next(_chroot_numbers)}")
+
+
+@pytest.fixture
+def cluster3(metadata_uri: str, tmp_path: Path) -> Iterator[LocalCluster]:
+    """Three bookies with journal sync on."""
+    yield from running_cluster(metadata_uri, tmp_path / "cluster", 3)
+
+
+@pytest.fixture
+def cluster4(metadata_uri: str, tmp_path: Path) -> Iterator[LocalCluster]:
+    """Four bookies with journal sync on."""
+    yield from running_cluster(metadata_uri, tmp_path / "cluster", 4)

@@ -8,8 +8,10 @@ embedded SQLite store.
 - ``metadata_uri``: here SQLite only (the ZooKeeper driver is covered by the other
   directories; the Spark tests stay quick).
 - ``module_cluster``: three bookie processes shared by a module's tests (give each
-  test its own log names); ``fresh_cluster``: three of a test's own, for tests that
-  kill or stop bookies. Both carry their store as ``cluster.metadata_uri``.
+  test its own log names); ``fresh_cluster``: three of a test's own (the root
+  ``cluster3``), for tests that kill or stop bookies. Both carry their store as
+  ``cluster.metadata_uri``.
+- ``bk``: a client of ``module_cluster`` shared by a module's tests.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import quorumlog
 from quorumlog.server.local_cluster import LocalCluster, running_cluster
 
 if TYPE_CHECKING:
@@ -70,7 +73,14 @@ def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
     yield from running_cluster(sqlite_uri(base), base / "cluster", 3)
 
 
+@pytest.fixture(scope="module")
+def bk(module_cluster: LocalCluster) -> Iterator[quorumlog.BookKeeper]:
+    """A client of the module's cluster."""
+    with quorumlog.BookKeeper(module_cluster.metadata_uri) as client:
+        yield client
+
+
 @pytest.fixture
-def fresh_cluster(metadata_uri: str, tmp_path: Path) -> Iterator[LocalCluster]:
+def fresh_cluster(cluster3: LocalCluster) -> LocalCluster:
     """Three bookies of this test's own (for tests that kill or stop bookies)."""
-    yield from running_cluster(metadata_uri, tmp_path / "cluster", 3)
+    return cluster3

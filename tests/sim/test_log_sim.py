@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from support import run_virtual
 
 from quorumlog.errors import BKError, InvalidArgumentError, UnauthorizedError
 from quorumlog.log import (
@@ -26,7 +27,7 @@ from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.checker import check_observations
 from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree
-from quorumlog.testing.sim import NetworkFaults, SimBookie, SimNetwork, VirtualTimeLoop
+from quorumlog.testing.sim import NetworkFaults, SimBookie, SimNetwork
 from quorumlog.testing.sim_scenarios import SIM_CONFIG
 
 
@@ -64,9 +65,7 @@ class Sim:
 def run_sim(
     body: Callable[[Sim], Awaitable[Any]], seed: int = 1, faults: NetworkFaults | None = None
 ) -> Any:
-    loop = VirtualTimeLoop()
-
-    async def main() -> Any:
+    async def main(loop: asyncio.AbstractEventLoop) -> Any:
         sim = Sim(loop, seed, faults or NetworkFaults())
         await sim.register()
         try:
@@ -74,10 +73,7 @@ def run_sim(
         finally:
             await sim.close()
 
-    try:
-        return loop.run_until_complete(asyncio.wait_for(main(), timeout=600))
-    finally:
-        loop.close()
+    return run_virtual(main)
 
 
 SMALL = LogConfig(rollover_size_bytes=40, read_batch_entries=7)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+from support import run_virtual
+
 from quorumlog.apps.dice import CATCHUP, FOLLOWING, LEADING, Dice, DiceConfig, Roll, decode_value
 from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.checker import check_observations
@@ -13,7 +15,7 @@ from quorumlog.log.position import Position
 from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.store import MetadataStore
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree
-from quorumlog.testing.sim import NetworkFaults, SimBookie, SimNetwork, VirtualTimeLoop
+from quorumlog.testing.sim import NetworkFaults, SimBookie, SimNetwork
 from quorumlog.testing.sim_scenarios import SIM_CONFIG
 
 CONFIG = DiceConfig(interval_ms=100, check_interval_ms=50, session_timeout_ms=1000)
@@ -58,9 +60,7 @@ class Instance:
 
 
 def test_dice_instances_show_prefixes_of_one_log_across_a_crash_and_a_late_start() -> None:
-    loop = VirtualTimeLoop()
-
-    async def main() -> None:
+    async def main(loop: asyncio.AbstractEventLoop) -> None:
         rng = random.Random(7)
         bookies = [SimBookie(f"10.0.0.{i}:3181") for i in range(4)]
         network = SimNetwork(loop, rng, bookies, NetworkFaults(delay_ms_max=1.0))
@@ -103,10 +103,7 @@ def test_dice_instances_show_prefixes_of_one_log_across_a_crash_and_a_late_start
         assert late.rolls[0].position == final[0][0]
         assert len(late.rolls) >= len(final) - 25
 
-    try:
-        loop.run_until_complete(asyncio.wait_for(main(), timeout=600))
-    finally:
-        loop.close()
+    run_virtual(main)
 
 
 def test_roll_lines_in_both_formats_read_back() -> None:

@@ -10,10 +10,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from support import run_virtual
+
 from quorumlog.meta.store import MetadataStore, SessionState
 from quorumlog.recipes.election import LeaderElection
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree
-from quorumlog.testing.sim import VirtualTimeLoop
 
 
 class ControlledStore(MemoryStore):
@@ -56,12 +57,9 @@ class Contender:
         return self.sessions[-1]
 
 
-def run(body: Callable[[MemoryTree], Awaitable[Any]]) -> Any:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(asyncio.wait_for(body(MemoryTree()), timeout=600))
-    finally:
-        loop.close()
+def run_on_tree(body: Callable[[MemoryTree], Awaitable[Any]]) -> Any:
+    """``body`` on a new in-memory tree, in virtual time."""
+    return run_virtual(lambda loop: body(MemoryTree()))
 
 
 async def settle() -> None:
@@ -85,7 +83,7 @@ def test_the_first_contender_leads_and_the_next_takes_over_when_it_closes() -> N
         assert await c.election.wait_for_leadership(1)
         await c.election.close()
 
-    run(body)
+    run_on_tree(body)
 
 
 def test_a_middle_contender_leaving_changes_no_leader() -> None:
@@ -100,7 +98,7 @@ def test_a_middle_contender_leaving_changes_no_leader() -> None:
         await a.election.close()
         assert await c.election.wait_for_leadership(1)
 
-    run(body)
+    run_on_tree(body)
 
 
 def test_a_lost_session_ends_leadership_at_once_and_requeues_at_the_end() -> None:
@@ -121,7 +119,7 @@ def test_a_lost_session_ends_leadership_at_once_and_requeues_at_the_end() -> Non
         assert await a.election.wait_for_leadership(1)
         await a.election.close()
 
-    run(body)
+    run_on_tree(body)
 
 
 def test_a_suspended_leader_stops_leading_at_once_and_leads_again_if_its_node_survived() -> None:
@@ -141,7 +139,7 @@ def test_a_suspended_leader_stops_leading_at_once_and_leads_again_if_its_node_su
         await a.election.close()
         await b.election.close()
 
-    run(body)
+    run_on_tree(body)
 
 
 def test_a_node_deleted_behind_the_contenders_back_is_replaced() -> None:
@@ -158,4 +156,4 @@ def test_a_node_deleted_behind_the_contenders_back_is_replaced() -> None:
         await a.election.close()
         assert await admin.children("/election/group") == []
 
-    run(body)
+    run_on_tree(body)

@@ -1,0 +1,83 @@
+"""Helpers shared by the test directories: ``from support import run``.
+
+tests/ has no ``__init__.py``: pytest imports tests/conftest.py with tests/ put on
+``sys.path`` (its default "prepend" import mode), before any test module, so this
+module imports by its bare name from every test directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from quorumlog.core.quorum import write_set
+from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.proto.entry import DigestType, EntryCodec, master_key
+from quorumlog.testing.raw_client import RawClient
+from quorumlog.testing.sim import VirtualTimeLoop
+
+T = TypeVar("T")
+
+
+def run(coro: Awaitable[T], timeout_s: float = 60) -> T:
+    """``coro`` on a new event loop; TimeoutError after ``timeout_s``."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, timeout_s)
+
+    return asyncio.run(bounded())
+
+
+def run_virtual(
+    main: Callable[[asyncio.AbstractEventLoop], Awaitable[T]], timeout_s: float = 600
+) -> T:
+    """``main(loop)`` on a new simulator loop in virtual time (timeouts and sleeps take
+    no real time); TimeoutError after ``timeout_s`` virtual seconds."""
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(asyncio.wait_for(main(loop), timeout=timeout_s))
+    finally:
+        loop.close()
+
+
+def shell(
+    metadata_uri: str | None, *args: str, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``quorumlog shell [--metadata URI] ARGS`` in a child process (QUORUMLOG_METADATA
+    unset), its output captured as text."""
+    command = [sys.executable, "-m", "quorumlog", "shell"]
+    if metadata_uri:
+        command += ["--metadata", metadata_uri]
+    env = {k: v for k, v in os.environ.items() if k != "QUORUMLOG_METADATA"}
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=timeout_s, env=env
+    )
+
+
+def holders(md: LedgerMetadata, entry_id: int) -> list[str]:
+    """The bookies of ``entry_id``'s write set (R1)."""
+    ensemble = md.ensemble_for(entry_id)
+    return [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)]
+
+
+async def plant_copy(address: str, ledger_id: int, blob: bytes, password: bytes) -> int:
+    """Store ``blob`` on the bookie at ``address`` through a recovery add (which overwrites
+    a copy); the answer's status."""
+    raw = await RawClient.connect(address)
+    try:
+        answer = await raw.add(ledger_id, master_key(password), [blob], recovery=True)
+        return answer.status
+    finally:
+        await raw.close()
+
+
+async def plant_forged_entry(address: str, ledger_id: int, entry_id: int, password: bytes) -> int:
+    """Overwrite one copy of the entry with a blob whose storage checksum is fine and whose
+    entry digest is not (a lying replica); the answer's status."""
+    good = EntryCodec(DigestType.CRC32C, password).encode(ledger_id, entry_id, 0, 10, b"original")
+    forged = good[:-8] + b"tampered"
+    return await plant_copy(address, ledger_id, forged, password)
