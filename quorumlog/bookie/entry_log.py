@@ -15,6 +15,11 @@ at every checkpoint; entries not yet in the file are read from memory. Files
 are fsynced only at checkpoints: until then the journal is what makes an entry
 durable. A log is never appended to after a restart (the
 bookie starts a new one), so a torn tail of an old log is never read.
+
+A new log's directory entry is fsynced when it is created, before any index
+entry can name it, and a new log's id is above every id in the directory and in
+the index: an id is never given to two logs, so a location can never name a
+record of another log.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.errors import BookieIOError
 
 log = logging.getLogger(__name__)
@@ -116,14 +122,25 @@ class EntryLogger:
     Without one (journal replay at open) writes are synchronous.
     """
 
-    def __init__(self, directory: Path, max_bytes: int, write_buffer_bytes: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        max_bytes: int,
+        write_buffer_bytes: int,
+        *,
+        known_ids: Iterable[int] = (),
+        ops: FileOps = REAL_FILES,
+    ) -> None:
+        """``known_ids``: log ids the index names, which may be missing from the directory
+        (a log whose directory entry was lost keeps its id: a reader finds it gone, never
+        another log under its name)."""
         self.directory = directory
         self.max_bytes = max_bytes
         self.write_buffer_bytes = write_buffer_bytes
+        self.ops = ops
         directory.mkdir(parents=True, exist_ok=True)
         self._fds: dict[int, int] = {}  # open file descriptors by log id
-        existing = list_log_ids(directory)
-        self.current_id = (existing[-1] + 1) if existing else 1
+        self.current_id = max([0, *list_log_ids(directory), *known_ids]) + 1
         self._buffer = bytearray()
         self._buffer_start = 0  # file offset of the buffer's first byte
         self._end = 0  # logical end of the current log, buffer included
@@ -142,8 +159,16 @@ class EntryLogger:
 
     def _open_current(self) -> None:
         path = self._path(self.current_id)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = self.ops.create(path)
         self._fds[self.current_id] = fd
+        # Once per log, not per entry: without it a power loss may forget the log
+        # while a checkpoint has made the index point into it.
+        try:
+            self.ops.fsync_directory(self.directory)
+        except BaseException:
+            del self._fds[self.current_id]
+            self.ops.close(fd)
+            raise
         self._buffer = bytearray(_FILE_HEADER.pack(LOG_MAGIC, self.current_id))
         self._buffer_start = 0
         self._end = LOG_HEADER_SIZE
@@ -191,7 +216,7 @@ class EntryLogger:
         try:
             written = 0
             while written < len(view):
-                written += os.pwrite(fd, view[written:], offset + written)
+                written += self.ops.pwrite(fd, view[written:], offset + written)
         except OSError as exc:
             # The journal still holds these entries; the checkpoint must not pretend
             # otherwise, so it fails while this is set (and the journal is kept).
@@ -232,7 +257,7 @@ class EntryLogger:
         if self.write_error is not None:
             raise OSError(f"entry log {self.directory}: a write failed: {self.write_error}")
         for _, fd in fds:
-            os.fdatasync(fd)
+            self.ops.fdatasync(fd)
 
     # ------------------------------------------------------------ reading
 
@@ -240,7 +265,7 @@ class EntryLogger:
         fd = self._fds.get(log_id)
         if fd is None:
             try:
-                fd = os.open(self._path(log_id), os.O_RDONLY)
+                fd = self.ops.open_read(self._path(log_id))
             except OSError as exc:
                 raise BookieIOError(f"entry log {self._path(log_id)}: cannot open: {exc}") from exc
             self._fds[log_id] = fd
@@ -257,7 +282,7 @@ class EntryLogger:
                 return bytes(chunk[start : start + size])
         want = size + RECORD_HEADER_SIZE
         try:
-            raw = os.pread(self._fd(log_id), want, offset)
+            raw = self.ops.pread(self._fd(log_id), want, offset)
         except OSError as exc:
             raise BookieIOError(
                 f"entry log {self._path(log_id)}: read of {want} bytes at offset {offset} "
@@ -284,12 +309,12 @@ class EntryLogger:
         if log_id == self.current_id:
             raise ValueError("the current entry log cannot be deleted")
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(log_id))
+            self.ops.unlink(self._path(log_id))
 
     def forget(self, log_id: int) -> None:
         fd = self._fds.pop(log_id, None)
         if fd is not None:
-            os.close(fd)
+            self.ops.close(fd)
         self._unsynced.discard(log_id)
 
     def close(self) -> None:
@@ -297,7 +322,7 @@ class EntryLogger:
         self.writer = None
         self.flush()
         for fd in self._fds.values():
-            os.close(fd)
+            self.ops.close(fd)
         self._fds.clear()
 
     @property

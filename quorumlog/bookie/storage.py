@@ -7,9 +7,9 @@ them durable here, after which the journal before the checkpoint's mark can go.
 Checkpoint, in three steps:
 
 1. ``capture`` (event loop): note the journal mark (everything the journal
-   has written so far was queued earlier, so is already applied here), write the entry-log buffer to its file, and take
-   the index updates, changed ledger states and the entry-log table collected
-   since the last checkpoint;
+   has written so far was queued earlier, so is already applied here), write
+   the entry-log buffer to its file, and take the index updates, changed ledger
+   states and the entry-log table collected since the last checkpoint;
 2. ``commit`` (worker thread): fdatasync every entry log written since, then
    one LMDB transaction with the index updates, states, table and mark (synced
    on commit), then delete the entry logs no ledger needs and the journal files
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -40,6 +41,7 @@ from quorumlog.bookie.entry_log import (
     parse_records,
     record_offsets,
 )
+from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.bookie.index import IndexUpdate, LedgerIndex
 from quorumlog.bookie.journal import delete_journal_files_before
 from quorumlog.bookie.ledger_state import LedgerState, Location
@@ -48,6 +50,8 @@ from quorumlog.errors import BookieIOError
 from quorumlog.proto.entry import ENTRY_HEADER
 
 log = logging.getLogger(__name__)
+
+_IDS = struct.Struct(">qq")  # the ledger id and entry id an entry blob starts with
 
 
 @dataclass(slots=True)
@@ -71,6 +75,7 @@ class LedgerStorage:
         entry_log_write_buffer_bytes: int,
         read_cache_max_bytes: int,
         index_map_size_bytes: int,
+        ops: FileOps = REAL_FILES,
     ) -> None:
         self.data_dir = data_dir
         self.index = LedgerIndex(data_dir / "index", index_map_size_bytes)
@@ -82,7 +87,11 @@ class LedgerStorage:
             logs_dir.mkdir(parents=True, exist_ok=True)
             self._remove_unreferenced_logs(logs_dir)
             self.entry_log = EntryLogger(
-                logs_dir, entry_log_max_bytes, entry_log_write_buffer_bytes
+                logs_dir,
+                entry_log_max_bytes,
+                entry_log_write_buffer_bytes,
+                known_ids=self.log_ledgers,
+                ops=ops,
             )
         except BaseException:
             self.index.close()
@@ -197,8 +206,8 @@ class LedgerStorage:
         """Entries from ``first_entry_id`` on, stopping at the first missing one, after
         ``count``, or before passing ``max_bytes`` (always at least one).
 
-        BookieIOError if the first entry is damaged; a damaged later entry ends the
-        batch (the reader asks for it next and gets the error then).
+        BookieIOError if the first entry is damaged or is not the entry asked for; such
+        a later entry ends the batch (the reader asks for it next and gets the error then).
         """
         out: list[bytes] = []
         total = 0
@@ -215,6 +224,13 @@ class LedgerStorage:
                         break
                 try:
                     blob = self._read_location(loc)
+                    # A sound record in the wrong place (a stale location, a log that
+                    # lost its name) must not be served as this entry.
+                    if blob[:16] != _IDS.pack(ledger_id, entry_id):
+                        got = _IDS.unpack_from(blob) if len(blob) >= 16 else "a short blob"
+                        raise BookieIOError(
+                            f"entry log {loc[0]} offset {loc[1]} holds {got}, not this entry"
+                        )
                 except BookieIOError as exc:
                     if out:
                         break

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from quorumlog.bookie import journal as jm
-from quorumlog.bookie.entry_log import format_records
+from quorumlog.bookie.entry_log import EntryLogger, format_records, list_log_ids, log_file_name
+from quorumlog.bookie.storage import LedgerStorage
+from quorumlog.errors import BookieIOError
 from quorumlog.testing.raw_client import make_entry
 
 PAGE = 4096
@@ -143,3 +145,109 @@ def test_s2_damage_in_an_earlier_file_is_an_error_never_a_torn_tail(tmp_path, mo
         scan_all(tmp_path)
     assert info.value.path == first
     assert first.stat().st_size == len(data)  # nothing was cut
+
+
+# ---------------------------------------------------------------- ledger storage helpers
+
+
+def open_storage(data_dir: Path, **overrides: int) -> LedgerStorage:
+    settings = {
+        "entry_log_max_bytes": 1 << 20,
+        "entry_log_write_buffer_bytes": 1 << 16,
+        "read_cache_max_bytes": 1 << 20,
+        "index_map_size_bytes": 1 << 26,
+    }
+    settings.update(overrides)
+    return LedgerStorage(data_dir, **settings)
+
+
+def put(storage: LedgerStorage, ledger_id: int, entry_ids: range, size: int = 100) -> list[bytes]:
+    """Store entries the way an add does; returns their blobs."""
+    st = storage.state(ledger_id) or storage.create_state(ledger_id)
+    blobs = [make_entry(ledger_id, e, b"%d/%d" % (ledger_id, e) + bytes(size)) for e in entry_ids]
+    sizes = [len(b) for b in blobs]
+    storage.add_entries(st, blobs, sizes, list(entry_ids), max(entry_ids))
+    return blobs
+
+
+def checkpoint(storage: LedgerStorage, journal_dir: Path, mark: tuple[int, int] = (1, 24)) -> None:
+    work = storage.capture(mark, journal_dir)
+    ok = False
+    try:
+        storage.commit(work)
+        ok = True
+    finally:
+        storage.finish(work, ok)
+
+
+def read(storage: LedgerStorage, ledger_id: int, entry_id: int, count: int = 1) -> list[bytes]:
+    st = storage.state(ledger_id)
+    assert st is not None
+    return storage.read_entries(st, entry_id, count, 1 << 22)
+
+
+# ---------------------------------------------------------------- S9: entry-log ids, reads
+
+
+def test_s9_entry_log_ids_are_never_reused_after_a_lost_directory_entry(tmp_path):
+    data_dir, journal_dir = tmp_path / "data", tmp_path / "journal"
+    journal_dir.mkdir()
+    storage = open_storage(data_dir)
+    put(storage, 1, range(10))
+    checkpoint(storage, journal_dir)  # the index now points into the current log
+    used = list_log_ids(data_dir / "entrylogs")
+    storage.close()
+    # Power loss: the logs' directory entries never reached the disk.
+    for log_id in used:
+        os.unlink(data_dir / "entrylogs" / log_file_name(log_id))
+
+    storage = open_storage(data_dir)
+    try:
+        assert storage.entry_log.current_id > max(used)
+        put(storage, 2, range(10))  # same sizes: the same offsets in a reused log
+        with pytest.raises(BookieIOError):
+            read(storage, 1, 0)  # never ledger 2's entry 0
+    finally:
+        storage.close()
+
+
+def test_s9_a_new_entry_log_is_durable_in_its_directory(tmp_path, monkeypatch):
+    logs_dir = tmp_path / "entrylogs"
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    logger = EntryLogger(logs_dir, max_bytes=4096, write_buffer_bytes=1 << 16)
+    try:
+        assert synced.count(str(logs_dir)) == 1  # log 1 created
+        for n in range(20):  # about 8 KiB: at least one rotation
+            logger.append(format_records([make_entry(1, n, bytes(400))], [432]))
+        assert logger.current_id > 1
+        assert synced.count(str(logs_dir)) == logger.current_id
+    finally:
+        logger.close()
+
+
+def test_s9_a_read_never_serves_a_record_of_another_entry(tmp_path):
+    storage = open_storage(tmp_path / "data")
+    try:
+        blobs = put(storage, 1, range(3))
+        st = storage.state(1)
+        assert st is not None
+        # A location that names the wrong record (an index entry gone stale, a reused
+        # log): the record is intact, its checksum fine, its ids not the ones asked for.
+        st.recent[0] = st.recent[1]
+        with pytest.raises(BookieIOError, match="entry 0"):
+            read(storage, 1, 0)
+        assert read(storage, 1, 1, count=2) == blobs[1:]
+        # A later entry that is wrong ends the batch; asked next, it is an error.
+        st.recent[2] = st.recent[1]
+        assert read(storage, 1, 1, count=2) == blobs[1:2]
+        with pytest.raises(BookieIOError):
+            read(storage, 1, 2)
+    finally:
+        storage.close()
