@@ -248,7 +248,7 @@ async def _bookiesanity(bk, args: argparse.Namespace) -> int:  # type: ignore[no
 
 
 async def _auditledger(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    from quorumlog.audit import audit_ledger
+    from quorumlog.replication import audit_ledger
 
     audit = await audit_ledger(bk, args.ledger_id, password=args.password.encode())
     if args.json:
@@ -259,7 +259,7 @@ async def _auditledger(bk, args: argparse.Namespace) -> int:  # type: ignore[no-
 
 
 async def _recoverbookie(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    from quorumlog.rereplication import LedgerReplication, recover_bookie
+    from quorumlog.replication import LedgerReplication, recover_bookie
 
     def show(result: LedgerReplication) -> None:
         print(result.summary(), flush=True)

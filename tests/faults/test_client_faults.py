@@ -15,8 +15,8 @@ import pytest
 
 from quorumlog import BookKeeper, ClientConfig, LedgerFencedError
 from quorumlog.aio import BookKeeper as AsyncBookKeeper
-from quorumlog.audit import audit_ledger
 from quorumlog.errors import Status
+from quorumlog.replication import audit_ledger
 from quorumlog.testing.raw_client import RawClient
 
 WRITER_SCRIPT = Path(__file__).with_name("writer_process.py")

@@ -1,4 +1,4 @@
-"""Ledger audits (quorumlog.audit) against real bookie processes, on both metadata drivers.
+"""Ledger audits (quorumlog.replication) against real bookie processes, on both metadata drivers.
 
 The ledgers here use ack quorum = write quorum so that every confirmed entry is on
 its whole write set when the audit runs: with Qa < Qw the last copies may still be
@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from quorumlog import BookKeeper, UnauthorizedError
-from quorumlog.audit import LedgerAudit, audit_ledger
 from quorumlog.bookie.entry_log import LOG_HEADER_SIZE, RECORD_HEADER, list_log_ids
 from quorumlog.core.quorum import write_set
 from quorumlog.errors import Status
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.entry import ENTRY_HEADER, DigestType, EntryCodec, master_key
+from quorumlog.replication import LedgerAudit, audit_ledger
 from quorumlog.testing.raw_client import RawClient
 
 IO_ERROR_REASON = "bookie could not read it (I/O error)"

@@ -1,4 +1,4 @@
-"""Re-replication of a lost bookie's data (quorumlog.rereplication) against real bookie
+"""Re-replication of a lost bookie's data (quorumlog.replication) against real bookie
 processes, on both metadata drivers.
 
 The lost bookie is killed with SIGKILL and never restarted. Before it dies, each test
@@ -20,17 +20,18 @@ import pytest
 
 from quorumlog import BookKeeper
 from quorumlog.aio import LedgerHandle as AioLedgerHandle
-from quorumlog.audit import LedgerAudit, audit_ledger
 from quorumlog.core.quorum import write_set
 from quorumlog.errors import BKError, Status
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.codec import ReadLacRequest, ReadRequest, ReadResponse
 from quorumlog.proto.entry import DigestType, master_key
-from quorumlog.rereplication import (
+from quorumlog.replication import (
     FragmentStatus,
+    LedgerAudit,
     LedgerOutcome,
     LedgerReplication,
     RecoveryReport,
+    audit_ledger,
     recover_bookie,
     replicate_ledger,
 )

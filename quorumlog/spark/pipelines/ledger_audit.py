@@ -2,7 +2,7 @@
 executors, into one report.
 
 The driver lists the ledgers; each Spark task audits its share with
-:func:`quorumlog.audit.audit_ledger` (each copy of each entry read from the bookies
+:func:`quorumlog.replication.audit_ledger` (each copy of each entry read from the bookies
 of its write set and checked against the digest; nothing fenced, nothing
 changed), a few ledgers at a time, on its Python worker's own client. One report
 row per ledger (:data:`REPORT_SCHEMA`) goes to ``DIR/ledgers.parquet`` and
@@ -217,7 +217,7 @@ def partitions_for(ledger_count: int, wanted: int | None, default_parallelism: i
 async def _audit_one(
     bk: BookKeeper, ledger_id: int, password: bytes, request_timeout_ms: int | None
 ) -> tuple[Any, ...]:
-    from quorumlog.audit import audit_ledger
+    from quorumlog.replication import audit_ledger
 
     try:
         audit = await audit_ledger(

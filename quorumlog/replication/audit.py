@@ -16,7 +16,7 @@ request timeout past the time its reads take.
 Example::
 
     from quorumlog.aio import BookKeeper
-    from quorumlog.audit import audit_ledger
+    from quorumlog.replication import audit_ledger
 
     async with await BookKeeper.connect() as bk:
         audit = await audit_ledger(bk, 42)
@@ -28,12 +28,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quorumlog.errors import (
     BKError,
@@ -41,7 +38,6 @@ from quorumlog.errors import (
     InvalidArgumentError,
     MetadataError,
     Status,
-    UnauthorizedError,
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.codec import (
@@ -52,165 +48,18 @@ from quorumlog.proto.codec import (
     Response,
 )
 from quorumlog.proto.entry import EntryCodec
+from quorumlog.replication.metadata import check_password
+from quorumlog.replication.plan import slot_runs
+from quorumlog.replication.report import LedgerAudit, digest_reason, status_name
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
 
-__all__ = [
-    "ENTRIES_PER_READ_DEFAULT",
-    "READS_IN_FLIGHT_DEFAULT",
-    "REPORT_LIST_LIMIT",
-    "LedgerAudit",
-    "audit_ledger",
-]
 
 ENTRIES_PER_READ_DEFAULT = 1_000
 # Per bookie. With batches of up to read_batch_max_bytes, this also bounds the bytes
 # one audit holds in flight per bookie (8 x 1 MiB by default).
 READS_IN_FLIGHT_DEFAULT = 8
-# How many items of each list ``to_dict`` keeps (the counts are always whole).
-REPORT_LIST_LIMIT = 100
-_SUMMARY_LIST_LIMIT = 10
-
-
-@dataclass(frozen=True, kw_only=True)
-class LedgerAudit:
-    """What an audit found for one ledger.
-
-    ``missing`` holds ``(entry_id, bookie)`` for each copy a bookie of the entry's
-    write set does not have (or could not be asked for: see ``unreachable_bookies``);
-    ``damaged`` holds ``(entry_id, bookie, reason)`` for each copy that the bookie
-    could not read back or that fails the entry digest. Both are sorted by entry id,
-    then bookie. Every replica checked is exactly one of good, missing or damaged.
-    """
-
-    ledger_id: int
-    closed: bool
-    last_entry_id: int
-    entries_checked: int
-    replicas_checked: int
-    missing: list[tuple[int, str]]
-    damaged: list[tuple[int, str, str]]
-    unreachable_bookies: list[str]
-    state: str = "CLOSED"
-    ensemble_size: int = 0
-    write_quorum: int = 0
-    ack_quorum: int = 0
-    fragments: int = 0
-    # Why each unreachable bookie is listed (connection refused, timed out, ...).
-    unreachable_reasons: dict[str, str] = field(default_factory=dict)
-    elapsed_ms: float = field(default=0.0, compare=False)
-
-    @property
-    def good_replicas(self) -> int:
-        return self.replicas_checked - len(self.missing) - len(self.damaged)
-
-    @cached_property
-    def _bad_copies_per_entry(self) -> collections.Counter[int]:
-        bad: collections.Counter[int] = collections.Counter(e for e, _ in self.missing)
-        bad.update(e for e, _, _ in self.damaged)
-        return bad
-
-    @property
-    def under_replicated(self) -> bool:
-        """Some entry has fewer good copies than the write quorum."""
-        return bool(self.missing or self.damaged)
-
-    @cached_property
-    def under_replicated_entries(self) -> list[int]:
-        """Entries with fewer good copies than the write quorum, in order."""
-        return sorted(self._bad_copies_per_entry)
-
-    @cached_property
-    def unreadable_entries(self) -> list[int]:
-        """Entries with no good copy at all, in order."""
-        quorum = self.write_quorum
-        return sorted(e for e, bad in self._bad_copies_per_entry.items() if bad >= quorum)
-
-    @property
-    def healthy(self) -> bool:
-        """Every checked entry is good on its whole write set and every bookie answered."""
-        return not (self.missing or self.damaged or self.unreachable_bookies)
-
-    def to_dict(self, list_limit: int = REPORT_LIST_LIMIT) -> dict[str, Any]:
-        """Plain JSON values (for a report row); each list keeps its first ``list_limit``
-        items and has a ``*_count`` key with its full length.
-
-        ``missing`` items are ``{"entry_id": int, "bookie": str}``, ``damaged`` items
-        ``{"entry_id": int, "bookie": str, "reason": str}``.
-        """
-        limit = max(0, list_limit)
-        unreadable = self.unreadable_entries
-        return {
-            "ledger_id": self.ledger_id,
-            "state": self.state,
-            "closed": self.closed,
-            "last_entry_id": self.last_entry_id,
-            "ensemble_size": self.ensemble_size,
-            "write_quorum": self.write_quorum,
-            "ack_quorum": self.ack_quorum,
-            "fragments": self.fragments,
-            "entries_checked": self.entries_checked,
-            "replicas_checked": self.replicas_checked,
-            "good_replicas": self.good_replicas,
-            "healthy": self.healthy,
-            "under_replicated": self.under_replicated,
-            "under_replicated_entry_count": len(self.under_replicated_entries),
-            "unreadable_entry_count": len(unreadable),
-            "unreadable_entries": unreadable[:limit],
-            "missing_count": len(self.missing),
-            "missing": [{"entry_id": e, "bookie": b} for e, b in self.missing[:limit]],
-            "damaged_count": len(self.damaged),
-            "damaged": [
-                {"entry_id": e, "bookie": b, "reason": r} for e, b, r in self.damaged[:limit]
-            ],
-            "unreachable_bookie_count": len(self.unreachable_bookies),
-            "unreachable_bookies": self.unreachable_bookies[:limit],
-            "elapsed_ms": round(self.elapsed_ms, 3),
-        }
-
-    def summary(self) -> str:
-        """A few lines for an operator (what ``quorumlog shell auditledger`` prints)."""
-        if self.healthy:
-            verdict = "HEALTHY"
-        elif self.unreadable_entries:
-            verdict = "UNREADABLE ENTRIES"
-        elif self.under_replicated:
-            verdict = "UNDER-REPLICATED"
-        else:
-            verdict = "INCOMPLETE (bookies unreachable)"
-        lines = [
-            f"ledger {self.ledger_id}: {self.state}, last "
-            f"{'entry' if self.closed else 'add confirmed'} {self.last_entry_id}, "
-            f"{self.fragments} fragment(s), ensemble {self.ensemble_size}, "
-            f"write quorum {self.write_quorum}, ack quorum {self.ack_quorum}",
-            f"checked {self.entries_checked} entries, {self.replicas_checked} replicas "
-            f"({self.good_replicas} good) in {self.elapsed_ms / 1000:.3f} s: {verdict}",
-        ]
-        if not self.closed:
-            lines.append("the ledger is open: entries past the last add confirmed are not checked")
-        for bookie in self.unreachable_bookies:
-            why = self.unreachable_reasons.get(bookie, "")
-            lines.append(f"unreachable bookie {bookie}" + (f": {why}" if why else ""))
-        if self.missing:
-            shown = ", ".join(f"{e}@{b}" for e, b in self.missing[:_SUMMARY_LIST_LIMIT])
-            more = " ..." if len(self.missing) > _SUMMARY_LIST_LIMIT else ""
-            lines.append(f"missing replicas: {len(self.missing)}: {shown}{more}")
-        if self.damaged:
-            lines.append(f"damaged replicas: {len(self.damaged)}")
-            for e, b, r in self.damaged[:_SUMMARY_LIST_LIMIT]:
-                lines.append(f"  entry {e} on {b}: {r}")
-            if len(self.damaged) > _SUMMARY_LIST_LIMIT:
-                lines.append("  ...")
-        if self.under_replicated:
-            unreadable = self.unreadable_entries
-            shown = ", ".join(map(str, unreadable[:_SUMMARY_LIST_LIMIT]))
-            more = " ..." if len(unreadable) > _SUMMARY_LIST_LIMIT else ""
-            lines.append(
-                f"under-replicated entries: {len(self.under_replicated_entries)}; "
-                f"with no good copy: {len(unreadable)}" + (f": {shown}{more}" if shown else "")
-            )
-        return "\n".join(lines)
 
 
 async def audit_ledger(
@@ -273,8 +122,6 @@ async def audit_ledger(
 
 
 async def _read_metadata(bk: BookKeeper, ledger_id: int, password: bytes) -> LedgerMetadata:
-    from quorumlog.client.bookkeeper import password_digest
-
     timeout_s = bk.config.metadata_session_timeout_ms / 1000
     try:
         metadata, _ = await asyncio.wait_for(bk.ledgers.read(ledger_id), timeout_s)
@@ -282,8 +129,7 @@ async def _read_metadata(bk: BookKeeper, ledger_id: int, password: bytes) -> Led
         raise MetadataError(
             f"ledger {ledger_id}: metadata not read within {timeout_s:.1f} s"
         ) from None
-    if metadata.password_digest and metadata.password_digest != password_digest(password):
-        raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
+    check_password(metadata, password)
     return metadata
 
 
@@ -292,36 +138,17 @@ def _segments(
 ) -> Iterator[tuple[int, int]]:
     """(first, last) ranges of consecutive entries ``bookie`` must hold, in order.
 
-    A bookie at index i of an ensemble of E holds the entries whose write set
-    starts at one of i-Qw+1 .. i (mod E): runs of Qw consecutive entries every E
-    entries, or every entry when E == Qw. A READ stops at the first entry a bookie
-    lacks, so each request asks for one run (cut to ``entries_per_read``).
+    A READ stops at the first entry a bookie lacks, so each request asks for one run
+    of entries the bookie holds (see :func:`~quorumlog.replication.plan.slot_runs`),
+    cut to ``entries_per_read``.
     """
     size, quorum = metadata.ensemble_size, metadata.write_quorum
     for frag_first, frag_last, ensemble in metadata.fragment_bounds():
         hi = last if frag_last is None else min(last, frag_last)
-        if frag_first > hi:
-            continue
         for index in (i for i, address in enumerate(ensemble) if address == bookie):
-            if size == quorum:
-                runs: Iterator[tuple[int, int]] = iter([(frag_first, hi)])
-            else:
-                runs = _striped_runs(index, size, quorum, frag_first, hi)
-            for run_first, run_last in runs:
+            for run_first, run_last in slot_runs(index, size, quorum, frag_first, hi):
                 for first in range(run_first, run_last + 1, entries_per_read):
                     yield first, min(run_last, first + entries_per_read - 1)
-
-
-def _striped_runs(
-    index: int, size: int, quorum: int, lo: int, hi: int
-) -> Iterator[tuple[int, int]]:
-    run_start_residue = (index - quorum + 1) % size
-    start = lo - (lo - run_start_residue) % size  # the run that holds lo, or ends before it
-    while start <= hi:
-        first, end = max(start, lo), min(start + quorum - 1, hi)
-        if first <= end:
-            yield first, end
-        start += size
 
 
 class _AuditRun:
@@ -376,7 +203,9 @@ class _AuditRun:
             elif answer.status == Status.OK:
                 lac = max(lac, answer.lac)
             elif answer.status not in (Status.NO_SUCH_LEDGER, Status.NO_SUCH_ENTRY):
-                self._mark_unreachable(address, f"answered READ_LAC with {_status_name(answer)}")
+                self._mark_unreachable(
+                    address, f"answered READ_LAC with {status_name(answer.status)}"
+                )
         return lac
 
     # ------------------------------------------------------------ entries
@@ -429,7 +258,7 @@ class _AuditRun:
             # R9: a bookie that finds a damaged record answers an I/O error.
             self.damaged.append((first, bookie, "bookie could not read it (I/O error)"))
             return first + 1
-        self._mark_unreachable(bookie, f"answered READ with {_status_name(answer)}")
+        self._mark_unreachable(bookie, f"answered READ with {status_name(answer.status)}")
         return first
 
     def _verify(self, bookie: str, first: int, blobs: list[bytes]) -> int:
@@ -441,7 +270,7 @@ class _AuditRun:
             try:
                 decode(blob, ledger_id, entry_id)
             except DigestMismatchError as exc:
-                self.damaged.append((entry_id, bookie, _reason(exc, ledger_id, entry_id)))
+                self.damaged.append((entry_id, bookie, digest_reason(exc, ledger_id, entry_id)))
             entry_id += 1
         return entry_id
 
@@ -519,16 +348,3 @@ class _BookieCheck:
     def _finish_if_idle(self) -> None:
         if self._in_flight == 0 and not self.done.done():
             self.done.set_result(None)
-
-
-def _reason(exc: DigestMismatchError, ledger_id: int, entry_id: int) -> str:
-    prefix = f"ledger {ledger_id} entry {entry_id}: "
-    message = exc.message
-    return message[len(prefix) :] if message.startswith(prefix) else message
-
-
-def _status_name(answer: ReadLacResponse | ReadResponse) -> str:
-    try:
-        return f"status {Status(answer.status).name}"
-    except ValueError:
-        return f"status {answer.status}"
