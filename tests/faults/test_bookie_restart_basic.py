@@ -9,23 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
+from support import run
 
 from quorumlog.errors import Status
 from quorumlog.proto.codec import AddRequest, AddResponse, ReadLacRequest, ReadLacResponse
 from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.testing.raw_client import RawClient, make_entry, master_key
 
-T = TypeVar("T")
 KEY = master_key(b"restart-test")
-
-
-def run(coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
 @pytest.fixture

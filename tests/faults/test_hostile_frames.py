@@ -14,9 +14,10 @@ import random
 import struct
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from support import run
 
 from quorumlog.errors import Status
 from quorumlog.proto.codec import (
@@ -30,14 +31,9 @@ from quorumlog.proto.codec import (
 from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.testing.raw_client import RawClient, make_entry, master_key
 
-T = TypeVar("T")
 KEY = master_key(b"hostile-test")
 STORED_LEDGER = 1
 STORED = [make_entry(STORED_LEDGER, i, os.urandom(200 + i)) for i in range(100)]
-
-
-def run(coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
+from support import run
 
 from quorumlog.errors import Status
-from quorumlog.meta.store import open_store
+from quorumlog.meta.factory import open_store
 from quorumlog.proto.codec import (
     AddRequest,
     AddResponse,
@@ -31,12 +30,7 @@ from quorumlog.proto.codec import (
 from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.testing.raw_client import RawClient, make_entry, master_key
 
-T = TypeVar("T")
 KEY = master_key(b"password")
-
-
-def run(coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
 async def _listed(metadata_uri: str) -> tuple[set[str], set[str]]:

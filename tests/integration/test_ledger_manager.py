@@ -9,10 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable
 from typing import TypeVar
 
 import pytest
+from support import run
 
 from quorumlog.errors import (
     InvalidArgumentError,
@@ -22,22 +22,15 @@ from quorumlog.errors import (
     NoSuchLedgerError,
 )
 from quorumlog.meta.bookies import BookieRegistry
+from quorumlog.meta.factory import open_store
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState, new_ledger_metadata
 from quorumlog.meta.ledgers import LedgerManager
-from quorumlog.meta.store import open_store
 from quorumlog.proto.entry import DigestType
 
 T = TypeVar("T")
 
 BOOKIES = ("127.0.0.1:3181", "127.0.0.1:3182", "127.0.0.1:3183")
 EVENT_DEADLINE_S = 1.0
-
-
-def run(coro: Awaitable[T], timeout_s: float = 60.0) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(coro, timeout_s)
-
-    return asyncio.run(bounded())
 
 
 def metadata(ledger_id: int) -> LedgerMetadata:
@@ -260,7 +253,7 @@ def test_live_duplicate_registration_is_refused_after_the_wait(metadata_uri):
 
 REGISTER_AND_HANG = r"""
 import asyncio, sys
-from quorumlog.meta.store import open_store
+from quorumlog.meta.factory import open_store
 from quorumlog.meta.bookies import BookieRegistry
 
 async def main():

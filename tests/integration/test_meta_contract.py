@@ -22,9 +22,9 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import pytest
+from support import run
 
 from quorumlog.errors import (
     MetadataError,
@@ -34,25 +34,17 @@ from quorumlog.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from quorumlog.meta.store import EventType, MetadataStore, SessionState, WatchEvent, open_store
+from quorumlog.meta.factory import open_store
+from quorumlog.meta.store import EventType, MetadataStore, SessionState, WatchEvent
 from quorumlog.testing.zookeeper import (
     ZooKeeperServer,
     missing_zookeeper_message,
     zookeeper_installed,
 )
 
-T = TypeVar("T")
-
 SHORT_SESSION_MS = 1_000
 WATCH_DEADLINE_S = 1.0
 PROCESS_DEADLINE_S = 15.0
-
-
-def run(coro: Awaitable[T], timeout_s: float = 60.0) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(coro, timeout_s)
-
-    return asyncio.run(bounded())
 
 
 async def wait_until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> float:
@@ -104,7 +96,7 @@ class Recorder:
 # A small program that holds a store in another process and obeys lines on stdin.
 AGENT = r"""
 import asyncio, json, sys
-from quorumlog.meta.store import open_store
+from quorumlog.meta.factory import open_store
 
 async def main():
     uri, timeout_ms, action = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from support import shell
 
 from quorumlog import BookKeeper
-
-
-def shell(metadata_uri: str | None, *args: str, timeout_s: float = 120):
-    command = [sys.executable, "-m", "quorumlog", "shell"]
-    if metadata_uri:
-        command += ["--metadata", metadata_uri]
-    env = {k: v for k, v in os.environ.items() if k != "QUORUMLOG_METADATA"}
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=timeout_s, env=env
-    )
 
 
 def assert_one_line_error(result):

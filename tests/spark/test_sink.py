@@ -9,15 +9,8 @@ from pathlib import Path
 import pytest
 
 import quorumlog
-from quorumlog.server.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def bk(module_cluster: LocalCluster) -> Iterator[quorumlog.BookKeeper]:
-    with quorumlog.BookKeeper(module_cluster.metadata_uri) as client:
-        yield client
 
 
 def failing_once(marker_dir: Path, partition_to_fail: int, at_row: int, always: bool = False):

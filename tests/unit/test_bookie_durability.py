@@ -7,10 +7,10 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from functools import partial
 
 import pytest
+import support
 
 from quorumlog.bookie import journal as journal_mod
 from quorumlog.bookie.bookie import Bookie, BookieStartError
@@ -26,12 +26,10 @@ from quorumlog.proto.codec import (
 )
 from quorumlog.testing.raw_client import make_entry, master_key
 
-T = TypeVar("T")
 KEY = master_key(b"password")
 
 
-def run(coro: Coroutine[Any, Any, T], timeout_s: float = 30) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+run = partial(support.run, timeout_s=30)
 
 
 def blob(ledger_id: int, entry_id: int, size: int = 100) -> bytes:

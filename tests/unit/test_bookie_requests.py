@@ -5,8 +5,9 @@ read-only mode. Real files under tmp_path, no sockets."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from functools import partial
+
+import support
 
 from quorumlog.errors import Status
 from quorumlog.proto.codec import (
@@ -23,13 +24,11 @@ from quorumlog.proto.codec import (
 )
 from quorumlog.testing.raw_client import make_entry, master_key
 
-T = TypeVar("T")
 KEY = master_key(b"password")
 OTHER_KEY = master_key(b"not the password")
 
 
-def run(coro: Coroutine[Any, Any, T], timeout_s: float = 20) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+run = partial(support.run, timeout_s=20)
 
 
 def blob(ledger_id: int, entry_id: int, size: int = 100, lac: int | None = None) -> bytes:
