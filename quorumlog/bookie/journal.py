@@ -229,6 +229,34 @@ def _cut(path: Path, offset: int) -> None:
         os.close(fd)
 
 
+def _check_start(directory: Path, ids: list[int], mark: tuple[int, int] | None) -> None:
+    """R15: a journal that does not begin where the index says proves nothing; stop."""
+    if mark is None:
+        # Journal files go only after a checkpoint recorded a mark past them, and the
+        # first file a bookie ever writes is file 1.
+        if ids and ids[0] > 1:
+            path = directory / journal_file_name(ids[0])
+            raise JournalCorruptionError(
+                f"journal {directory} begins at {path.name}, so checkpoints removed the "
+                f"files before it, but the index has no checkpoint mark: the index was "
+                f"lost or replaced (an unmounted directory? a removed data.mdb?) and what "
+                f"it held is not in the journal; refusing to start. Restore the index",
+                path,
+                0,
+            )
+        return
+    if mark[0] not in ids:
+        path = directory / journal_file_name(mark[0])
+        raise JournalCorruptionError(
+            f"journal {directory}: {path.name}, where the index's checkpoint mark points, "
+            f"is missing: records acknowledged after the last checkpoint may be lost "
+            f"(journal directory wiped, replaced or not mounted?); refusing to start. "
+            f"Restore the journal directory",
+            path,
+            mark[1],
+        )
+
+
 def scan(
     directory: Path,
     mark: tuple[int, int] | None,
@@ -241,6 +269,7 @@ def scan(
     damage to synced data, unless ``skip_corruption``.
     """
     ids = list_journal_ids(directory)
+    _check_start(directory, ids, mark)
     start_id, start_offset = mark if mark is not None else (0, FILE_HEADER_SIZE)
     ids = [i for i in ids if i >= start_id]
     report.last_file_id = ids[-1] if ids else start_id

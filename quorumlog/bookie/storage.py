@@ -23,7 +23,6 @@ opening thread before.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from quorumlog.bookie.entry_log import (
+    LOG_HEADER_SIZE,
     RECORD_HEADER,
     EntryLogger,
     format_records,
@@ -85,7 +85,7 @@ class LedgerStorage:
             self.mark = self.index.load_mark()
             logs_dir = data_dir / "entrylogs"
             logs_dir.mkdir(parents=True, exist_ok=True)
-            self._remove_unreferenced_logs(logs_dir)
+            self._orphan_logs = self._check_logs(logs_dir)
             self.entry_log = EntryLogger(
                 logs_dir,
                 entry_log_max_bytes,
@@ -103,14 +103,50 @@ class LedgerStorage:
         self._purge: set[int] = set()
         self._dirty_logs: set[int] = {self.entry_log.current_id}
 
-    def _remove_unreferenced_logs(self, logs_dir: Path) -> None:
-        # A log missing from the durable table was created after the last checkpoint:
-        # no committed index entry points into it, and the journal still holds all of
-        # its content (replay writes it again), so it is dead weight.
-        for log_id in list_log_ids(logs_dir):
-            if log_id not in self.log_ledgers:
-                log.info("removing entry log %s, written after the last checkpoint", log_id)
-                os.unlink(logs_dir / log_file_name(log_id))
+    def _check_logs(self, logs_dir: Path) -> list[int]:
+        """Check the entry logs against the index; returns the logs it does not name.
+
+        R15: an index without a checkpoint mark beside logs that hold entries was lost
+        or replaced, not empty: refuse, and remove nothing.
+        """
+        present = list_log_ids(logs_dir)
+        if self.mark is None:
+            holding = [
+                log_file_name(log_id)
+                for log_id in present
+                if (logs_dir / log_file_name(log_id)).stat().st_size > LOG_HEADER_SIZE
+            ]
+            if holding:
+                shown = ", ".join(holding[:5]) + (", ..." if len(holding) > 5 else "")
+                raise BookieIOError(
+                    f"index {self.index.directory} has no checkpoint mark but the entry logs "
+                    f"in {logs_dir} hold entries ({shown}): the index was lost or replaced "
+                    f"(an unmounted directory? a removed data.mdb?), and starting would "
+                    f"answer 'no such entry' for acknowledged data; refusing to start, "
+                    f"nothing was removed. Restore the index"
+                )
+        missing = [
+            log_id
+            for log_id, ledgers in self.log_ledgers.items()
+            if ledgers and log_id not in present
+        ]
+        if missing:
+            log.error(
+                "entry logs %s are named by the index but missing from %s: reads of their "
+                "entries answer I/O errors",
+                missing,
+                logs_dir,
+            )
+        # A log the index does not name was created after the last checkpoint (the
+        # journal holds all of it: replay writes it again) or was collected but not yet
+        # unlinked. It goes with the first checkpoint, once replay has succeeded, so a
+        # start that stops on a bad journal removes nothing.
+        orphans = [log_id for log_id in present if log_id not in self.log_ledgers]
+        if orphans:
+            log.info(
+                "entry logs %s are not in the index; the first checkpoint removes them", orphans
+            )
+        return orphans
 
     # ------------------------------------------------------------ state
 
@@ -303,8 +339,10 @@ class LedgerStorage:
             for log_id, ledgers in self.log_ledgers.items()
             if not ledgers and log_id != current
         ]
+        free_logs += self._orphan_logs
+        self._orphan_logs = []
         for log_id in free_logs:
-            del self.log_ledgers[log_id]
+            self.log_ledgers.pop(log_id, None)
             self._dirty_logs.discard(log_id)
         update.dropped_logs = free_logs
         for log_id in sorted(self._dirty_logs):

@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import threading
 from pathlib import Path
 
 import pytest
 
 from quorumlog.bookie import journal as jm
+from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.entry_log import EntryLogger, format_records, list_log_ids, log_file_name
+from quorumlog.bookie.errors import BookieStartError
 from quorumlog.bookie.storage import LedgerStorage
-from quorumlog.errors import BookieIOError
-from quorumlog.testing.raw_client import make_entry
+from quorumlog.errors import BookieIOError, Status
+from quorumlog.proto.codec import AddRequest, FenceRequest
+from quorumlog.testing.raw_client import make_entry, master_key
 
 PAGE = 4096
+KEY = master_key(b"password")
 
 
 class StepSync:
@@ -251,3 +256,83 @@ def test_s9_a_read_never_serves_a_record_of_another_entry(tmp_path):
             read(storage, 1, 2)
     finally:
         storage.close()
+
+
+# ---------------------------------------------------------------- S3: a lost index (R15)
+
+
+def log_files(data_dir: Path) -> dict[str, bytes]:
+    logs_dir = data_dir / "entrylogs"
+    return {p.name: p.read_bytes() for p in sorted(logs_dir.iterdir())}
+
+
+def test_s3_a_lost_index_beside_entry_logs_refuses_to_start_and_removes_nothing(tmp_path):
+    data_dir, journal_dir = tmp_path / "data", tmp_path / "journal"
+    journal_dir.mkdir()
+    storage = open_storage(data_dir)
+    put(storage, 1, range(10))
+    checkpoint(storage, journal_dir)
+    storage.close()
+    before = log_files(data_dir)
+    (data_dir / "index" / "data.mdb").unlink()  # removed by hand, or never restored
+
+    with pytest.raises(BookieIOError) as info:
+        open_storage(data_dir)
+    message = info.value.message
+    assert str(data_dir / "index") in message and "checkpoint mark" in message
+    assert "entrylogs" in message
+    assert log_files(data_dir) == before  # not one log unlinked
+
+
+def test_s3_a_bookie_whose_index_directory_is_gone_refuses_to_start(make_driver):
+    driver = make_driver()
+    data_dir = driver.config.data_dir
+    blobs = [make_entry(5, e, b"acked %d" % e) for e in range(3)]
+
+    async def write() -> None:
+        await driver.start()
+        assert (await driver.call(AddRequest(0, 5, KEY, blobs))).status == Status.OK
+        await driver.close()
+
+    asyncio.run(asyncio.wait_for(write(), 30))
+    before = log_files(data_dir)
+    shutil.rmtree(data_dir / "index")  # a mount that is not there: an empty path
+    with pytest.raises(BookieStartError, match="checkpoint mark") as info:
+        Bookie.open(driver.config)
+    assert str(data_dir / "index") in str(info.value)
+    assert log_files(data_dir) == before
+
+
+def test_s3_a_lost_index_with_only_the_journal_left_refuses_to_start(make_driver):
+    # A ledger fenced here and holding no entries: its state lives in the index alone
+    # once checkpoints removed the first journal files.
+    driver = make_driver()
+
+    async def fence() -> None:
+        await driver.start()
+        assert (await driver.call(FenceRequest(0, 6, KEY))).status == Status.OK
+        await driver.restart()
+        await driver.close()
+
+    asyncio.run(asyncio.wait_for(fence(), 30))
+    (driver.config.data_dir / "index" / "data.mdb").unlink()
+    with pytest.raises(BookieStartError, match="checkpoint mark"):
+        Bookie.open(driver.config)  # rather than forget the fence (R7)
+
+
+def test_s3_a_missing_journal_file_named_by_the_mark_refuses_to_start(make_driver):
+    driver = make_driver()
+    blobs = [make_entry(7, 0, b"acked")]
+
+    async def write() -> None:
+        await driver.start()
+        assert (await driver.call(AddRequest(0, 7, KEY, blobs))).status == Status.OK
+        await driver.crash()  # the entry is in the journal only
+
+    asyncio.run(asyncio.wait_for(write(), 30))
+    journal_dir = driver.config.journal_path
+    for file_id in jm.list_journal_ids(journal_dir):
+        (journal_dir / jm.journal_file_name(file_id)).unlink()
+    with pytest.raises(BookieStartError, match="missing") as info:
+        Bookie.open(driver.config)  # rather than answer "no such entry" for entry 7/0
+    assert str(journal_dir) in str(info.value)
