@@ -1,0 +1,107 @@
+"""Checkpoints: ledger storage made durable, so the journal before the mark can go.
+
+Every ``checkpoint_interval_ms``, after garbage collection, on demand and on close.
+The loop captures the work (journal mark, index updates, changed states); the
+worker thread syncs the entry logs and commits the index with the mark; the loop
+then forgets what the index now holds. A failed checkpoint puts its work back and
+keeps the journal, so nothing acknowledged depends on it (docs/STORAGE.md).
+One runs at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+
+from quorumlog.bookie.journal import Journal
+from quorumlog.bookie.storage import LedgerStorage
+from quorumlog.bookie.timers import Timers
+
+__all__ = ["Checkpoints"]
+
+log = logging.getLogger(__name__)
+
+
+class Checkpoints:
+    """The checkpoints of one bookie (event loop only)."""
+
+    def __init__(
+        self,
+        storage: LedgerStorage,
+        journal: Journal,
+        timers: Timers,
+        interval_ms: float,
+        done: int,
+    ) -> None:
+        self.running: asyncio.Future[None] | None = None
+        self.done = done  # checkpoints completed, the one at open included
+        self._storage = storage
+        self._journal = journal
+        self._timers = timers
+        self._interval_ms = interval_ms
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor: concurrent.futures.Executor | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop, executor: concurrent.futures.Executor) -> None:
+        """Commit on ``executor`` from now on, every ``interval_ms``."""
+        self._loop = loop
+        self._executor = executor
+        self._timers.schedule(self._interval_ms, self.tick)
+
+    def tick(self) -> None:
+        """Start one unless one is running (the timer, or garbage collection)."""
+        if self._timers.stopped:
+            return
+        if self.running is None:
+            self._start()
+
+    def _start(self) -> asyncio.Future[None]:
+        assert self._loop is not None and self._executor is not None
+        storage = self._storage
+        work = storage.capture(self._journal.mark, self._journal.directory)
+        future = self._loop.run_in_executor(self._executor, storage.commit, work)
+        done: asyncio.Future[None] = self._loop.create_future()
+        self.running = done
+
+        def finished(f: asyncio.Future[None]) -> None:
+            error = f.exception() if not f.cancelled() else asyncio.CancelledError()
+            ok = error is None
+            storage.finish(work, ok)
+            if ok:
+                self.done += 1
+            else:
+                log.error("bookie %s: checkpoint failed: %s", self._storage.data_dir, error)
+            self.running = None
+            if not done.done():
+                done.set_result(None)
+            if not self._timers.stopped:
+                self._timers.schedule(self._interval_ms, self.tick)
+
+        future.add_done_callback(finished)
+        return done
+
+    async def now(self) -> None:
+        """Run a checkpoint now (after any running one) and wait for it."""
+        if self.running is not None:
+            await self.running
+        await self._start()
+
+    async def last(self) -> None:
+        """The checkpoint of a close: after the running one, with the journal closed."""
+        if self.running is not None:
+            with contextlib.suppress(Exception):
+                await self.running
+        storage = self._storage
+        work = storage.capture(self._journal.mark, self._journal.directory)
+        ok = False
+        try:
+            if self._loop is not None and self._executor is not None:
+                await self._loop.run_in_executor(self._executor, storage.commit, work)
+            else:
+                storage.commit(work)
+            ok = True
+            self.done += 1
+        finally:
+            storage.finish(work, ok)

@@ -1,0 +1,102 @@
+"""A bookie's care of its disks: read-only mode and garbage collection.
+
+Read-only mode refuses adds while a disk is full (measured every
+``disk_check_interval_ms``, with hysteresis, :mod:`.disk_checker`) or after the
+journal failed: a failed sync is never retried as if the data were there, so adds
+stay refused until a restart. Reads, fences, explicit LACs and deletes go on while
+only the disk is full. Listeners hear of every change (the server moves its
+registration).
+
+Garbage collection drops the ledgers the server found gone from the metadata store;
+the next checkpoint removes their index entries and every entry log left without a
+ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from quorumlog.bookie.disk_checker import DiskChecker
+from quorumlog.bookie.reads import Reads
+from quorumlog.bookie.storage import LedgerStorage
+from quorumlog.bookie.timers import Timers
+
+__all__ = ["ReadOnlyListener", "ReadOnlyMode", "drop_dead_ledgers"]
+
+log = logging.getLogger(__name__)
+
+ReadOnlyListener = Callable[[bool], None]
+
+
+class ReadOnlyMode:
+    """Whether a bookie refuses adds, and why (event loop only).
+
+    ``read_only`` is "a disk is full or the journal failed"; the disk verdict comes
+    from the :class:`DiskChecker` at open and at every check, the journal failure
+    from the request side. Listeners are called on every change of ``read_only``.
+    """
+
+    def __init__(
+        self, disk_checker: DiskChecker, timers: Timers, check_interval_ms: float, data_dir: Path
+    ) -> None:
+        self.disk_checker = disk_checker
+        self.journal_failed = False
+        self.read_only = disk_checker.full
+        self._timers = timers
+        self._check_interval_ms = check_interval_ms
+        self._data_dir = data_dir
+        self._listeners: list[ReadOnlyListener] = []
+
+    def add_listener(self, listener: ReadOnlyListener) -> None:
+        self._listeners.append(listener)
+
+    def start(self) -> None:
+        """Check the disks every ``check_interval_ms`` from now on."""
+        self._timers.schedule(self._check_interval_ms, self._disk_tick)
+
+    def journal_failure(self) -> None:
+        """The journal failed: adds are refused until a restart (R14)."""
+        self.journal_failed = True
+        self._update()
+
+    def _update(self) -> None:
+        read_only = self.disk_checker.full or self.journal_failed
+        if read_only == self.read_only:
+            return
+        self.read_only = read_only
+        for listener in list(self._listeners):
+            try:
+                listener(read_only)
+            except Exception:
+                log.exception("read-only listener failed")
+
+    def _disk_tick(self) -> None:
+        if self._timers.stopped:
+            return
+        try:
+            if self.disk_checker.check():
+                self._update()
+        except OSError as exc:
+            log.warning("bookie %s: disk check failed: %s", self._data_dir, exc)
+        self._timers.schedule(self._check_interval_ms, self._disk_tick)
+
+
+def drop_dead_ledgers(
+    storage: LedgerStorage, reads: Reads, live_ledger_ids: Iterable[int], snapshot: set[int]
+) -> int:
+    """Drop the ledgers of ``snapshot`` that are not live (tombstones stay); how many."""
+    live = set(live_ledger_ids)
+    states = storage.states
+    dropped = 0
+    for ledger_id in snapshot:
+        if ledger_id in live:
+            continue
+        st = states.get(ledger_id)
+        if st is None or st.deleted:
+            continue
+        reads.drop(ledger_id)
+        storage.drop_ledger(ledger_id, tombstone=False)
+        dropped += 1
+    return dropped

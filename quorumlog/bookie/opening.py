@@ -1,0 +1,184 @@
+"""Opening a bookie's files: directory locks, ledger storage, journal replay.
+
+:func:`open_storage` locks the data and journal directories (one bookie process per
+directory), checks their cookies, opens ledger storage, replays the journal from the
+checkpoint mark into it, starts a new journal file and checkpoints, so the old
+journal files go before the first request is taken. Damage the journal scan finds
+stops the start, unless it is a torn tail or ``journal_skip_corruption`` is set
+(:func:`quorumlog.bookie.journal.scan`; docs/STORAGE.md, Replay).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+from quorumlog.bookie import journal as journal_mod
+from quorumlog.bookie.config import BookieConfig
+from quorumlog.bookie.cookie import check_directories
+from quorumlog.bookie.disk_checker import DiskChecker
+from quorumlog.bookie.errors import BookieStartError
+from quorumlog.bookie.journal import Journal, JournalCorruptionError, ScanReport, list_journal_ids
+from quorumlog.bookie.ledger_changes import raise_explicit_lac
+from quorumlog.bookie.storage import LedgerStorage
+from quorumlog.errors import BKError
+
+__all__ = ["DirectoryLocks", "OpenedStorage", "open_storage", "replay"]
+
+log = logging.getLogger(__name__)
+
+_LOCK_FILE_NAME = "LOCK"
+
+
+class DirectoryLocks:
+    """flock of each directory a bookie runs on, held until :meth:`release`."""
+
+    def __init__(self) -> None:
+        self._fds: list[int] = []
+
+    def lock(self, directory: Path) -> None:
+        path = directory / _LOCK_FILE_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BookieStartError(
+                f"directory {directory} is in use by another bookie process (lock {path})"
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        self._fds.append(fd)
+
+    def release(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+
+class OpenedStorage(NamedTuple):
+    storage: LedgerStorage
+    journal: Journal  # not started yet
+    disk_checker: DiskChecker  # checked once
+
+
+def open_storage(
+    config: BookieConfig,
+    data_dir: Path,
+    journal_dir: Path,
+    locks: DirectoryLocks,
+    report: ScanReport,
+) -> OpenedStorage:
+    """Lock, check, open and replay; ends with a checkpoint. The caller releases ``locks``
+    if this raises (every failure is a :class:`BookieStartError` with the reason)."""
+    locked: set[Path] = set()
+    for name, directory in (("data", data_dir), ("journal", journal_dir)):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BookieStartError(f"{name} directory {directory}: {exc}") from None
+        if directory.resolve() not in locked:  # the journal may share the data directory
+            locks.lock(directory)
+            locked.add(directory.resolve())
+    problem = check_directories(data_dir, journal_dir)
+    if problem:
+        raise BookieStartError(f"bookie {data_dir}: {problem}")
+    try:
+        storage = LedgerStorage(
+            data_dir,
+            entry_log_max_bytes=config.entry_log_max_bytes,
+            entry_log_write_buffer_bytes=config.entry_log_write_buffer_bytes,
+            read_cache_max_bytes=config.read_cache_max_bytes,
+            index_map_size_bytes=config.index_map_size_bytes,
+        )
+    except (BKError, OSError) as exc:
+        raise BookieStartError(f"ledger storage in {data_dir}: {exc}") from None
+    journal: Journal | None = None
+    try:
+        replay(storage, journal_dir, config.journal_skip_corruption, report, data_dir)
+        existing = list_journal_ids(journal_dir)
+        last = max([*existing, storage.mark[0] if storage.mark else 0])
+        journal = Journal(
+            journal_dir,
+            last + 1,
+            sync=config.journal_sync,
+            max_group_wait_ms=config.journal_max_group_wait_ms,
+            max_batch_bytes=config.journal_max_batch_bytes,
+            max_batch_records=config.journal_max_batch_records,
+            file_max_bytes=config.journal_file_max_bytes,
+        )
+        # Everything replayed goes to ledger storage now, and the old journal files go.
+        work = storage.capture(journal.mark, journal_dir)
+        storage.commit(work)
+        storage.finish(work, True)
+        disk_checker = DiskChecker(
+            [data_dir, journal_dir],
+            config.disk_usage_threshold,
+            config.disk_usage_lwm_threshold,
+        )
+        disk_checker.check()
+    except BaseException as exc:
+        if journal is not None:
+            journal.abandon()
+        storage.close()
+        if isinstance(exc, JournalCorruptionError):
+            raise BookieStartError(exc.message) from None
+        if isinstance(exc, BKError | OSError):
+            raise BookieStartError(f"bookie {data_dir}: opening failed: {exc}") from None
+        raise
+    # Replayed fences were synced before the crash or close: no fencing read waits again.
+    for st in storage.states.values():
+        st.fence_durable = st.fenced
+    return OpenedStorage(storage, journal, disk_checker)
+
+
+def replay(
+    storage: LedgerStorage,
+    journal_dir: Path,
+    skip_corruption: bool,
+    report: ScanReport,
+    data_dir: Path,
+) -> None:
+    """Apply the journal records after the checkpoint mark to ``storage`` (idempotent)."""
+    states = storage.states
+    records = journal_mod.scan(journal_dir, storage.mark, skip_corruption, report)
+    for kind, payload in records:
+        ledger_id = journal_mod.decode_ledger(payload)
+        st = states.get(ledger_id)
+        if kind == journal_mod.RECORD_DELETE:
+            storage.drop_ledger(ledger_id, tombstone=True)
+            continue
+        if st is None:
+            st = storage.create_state(ledger_id)
+        elif st.deleted:
+            continue  # nothing may follow a delete; ignore rather than revive
+        if kind == journal_mod.RECORD_ADD:
+            where = f"journal add record of ledger {ledger_id}"
+            lac = storage.replay_add(st, payload[8:], where)
+            if lac > st.lac:
+                st.lac = lac
+        elif kind == journal_mod.RECORD_MASTER_KEY:
+            st.master_key = bytes(payload[8:])
+            storage.mark_dirty(st)
+        elif kind == journal_mod.RECORD_FENCE:
+            st.fenced = True
+            storage.mark_dirty(st)
+        elif kind == journal_mod.RECORD_LAC:
+            _, lac = journal_mod.decode_ledger_lac(payload)
+            raise_explicit_lac(storage, st, lac)  # no poll is parked before the start
+    if report.records or report.truncated or report.skipped:
+        log.info(
+            "bookie %s: replayed %d journal records from %s (torn tails cut: %s, "
+            "damaged ranges skipped: %s)",
+            data_dir,
+            report.records,
+            storage.mark,
+            report.truncated or "none",
+            report.skipped or "none",
+        )

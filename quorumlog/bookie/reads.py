@@ -1,0 +1,139 @@
+"""A bookie's reads: entries, long polls and the LAC.
+
+A read answers the entries the bookie has from ``first_entry_id`` and the LAC it
+knows (R4); a damaged record is an I/O error, never "no such entry" (R9, raised by
+ledger storage). A long poll parks until an add or an explicit LAC moves the
+ledger's LAC past the reader's, or until it times out (:mod:`.long_poll`).
+A deleted ledger answers NO_SUCH_LEDGER to every read (its tombstone).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from quorumlog.bookie.config import BookieConfig
+from quorumlog.bookie.ledger_state import LedgerState
+from quorumlog.bookie.long_poll import LongPolls, Poll
+from quorumlog.bookie.storage import LedgerStorage
+from quorumlog.errors import BKError, Status
+from quorumlog.proto.codec import (
+    ReadFlag,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Response,
+    error_response,
+)
+
+__all__ = ["Reads", "Respond"]
+
+log = logging.getLogger(__name__)
+
+Respond = Callable[[Response], None]
+
+_OK = Status.OK
+
+
+class Reads:
+    """Answers reads and read-LACs, and keeps the parked long polls (event loop only)."""
+
+    def __init__(self, config: BookieConfig, storage: LedgerStorage, polls: LongPolls) -> None:
+        self._config = config
+        self._storage = storage
+        self._states = storage.states
+        self._polls = polls
+
+    def read(self, request: ReadRequest, respond: Respond) -> None:
+        """A read whose ids were checked (and that was fenced first, if it asked to be)."""
+        ledger_id = request.ledger_id
+        st = self._states.get(ledger_id)
+        if st is not None and st.deleted:
+            respond(error_response(request, Status.NO_SUCH_LEDGER))
+            return
+        if request.flags & ReadFlag.LONG_POLL:
+            self._long_poll(request, respond, st)
+            return
+        if st is None:
+            respond(error_response(request, Status.NO_SUCH_LEDGER))
+            return
+        entries = self._storage.read_entries(
+            st, request.first_entry_id, request.count, self._max_bytes(request)
+        )
+        status = _OK if entries else Status.NO_SUCH_ENTRY
+        respond(
+            ReadResponse(
+                request.request_id, status, ledger_id, request.first_entry_id, st.lac, entries
+            )
+        )
+
+    def read_after_fence(self, arg: tuple[ReadRequest, Respond]) -> None:
+        request, respond = arg
+        self.read(request, respond)
+
+    def read_lac(self, request: ReadLacRequest, respond: Respond) -> None:
+        st = self._states.get(request.ledger_id)
+        if st is None or st.deleted:
+            respond(error_response(request, Status.NO_SUCH_LEDGER))
+            return
+        respond(
+            ReadLacResponse(request.request_id, _OK, request.ledger_id, st.lac, st.last_entry_id)
+        )
+
+    def _max_bytes(self, request: ReadRequest) -> int:
+        return min(request.max_bytes, self._config.read_response_max_bytes)
+
+    # ------------------------------------------------------------ long polls
+
+    def _long_poll(self, request: ReadRequest, respond: Respond, st: LedgerState | None) -> None:
+        lac = st.lac if st is not None else -1
+        timeout_ms = min(request.timeout_ms, self._config.long_poll_max_timeout_ms)
+        if lac > request.previous_lac or timeout_ms <= 0:
+            self._answer_poll_now(Poll(request, respond), with_entries=True)
+            return
+        if not self._polls.park(request, respond, timeout_ms / 1000, self._poll_timed_out):
+            respond(error_response(request, Status.TOO_MANY_REQUESTS))
+
+    def _poll_timed_out(self, poll: Poll) -> None:
+        self._answer_poll_now(poll, with_entries=False)
+
+    def wake(self, st: LedgerState) -> None:
+        """Answer the polls of ``st`` that its LAC now passes (after an add or explicit LAC)."""
+        for poll in self._polls.ready(st.ledger_id, st.lac):
+            self._answer_poll_now(poll, with_entries=True)
+
+    def drop(self, ledger_id: int) -> None:
+        """Answer the polls of a ledger that is deleted or collected: NO_SUCH_LEDGER."""
+        for poll in self._polls.take(ledger_id):
+            poll.respond(error_response(poll.request, Status.NO_SUCH_LEDGER))
+
+    def answer_all(self) -> None:
+        """Answer every parked poll with the LAC as it is (the bookie is closing)."""
+        for poll in self._polls.take_all():
+            self._answer_poll_now(poll, with_entries=False)
+
+    def _answer_poll_now(self, poll: Poll, with_entries: bool) -> None:
+        request = poll.request
+        try:
+            st = self._states.get(request.ledger_id)
+            if st is not None and st.deleted:
+                poll.respond(error_response(request, Status.NO_SUCH_LEDGER))
+                return
+            lac = st.lac if st is not None else -1
+            entries: list[bytes] = []
+            if with_entries and st is not None:
+                entries = self._storage.read_entries(
+                    st, request.first_entry_id, request.count, self._max_bytes(request)
+                )
+            poll.respond(
+                ReadResponse(
+                    request.request_id, _OK, request.ledger_id, request.first_entry_id, lac, entries
+                )
+            )
+        except BKError as exc:
+            log.warning("bookie %s: long poll: %s", self._storage.data_dir, exc)
+            poll.respond(error_response(request, exc.status))
+        except Exception:
+            log.exception("bookie %s: long poll %r failed", self._storage.data_dir, request)
+            poll.respond(error_response(request, Status.IO_ERROR))
