@@ -2,7 +2,7 @@
 
 import sys
 
-from quorumlog.cli import main
+from quorumlog.commands import main
 
 if __name__ == "__main__":
     sys.exit(main())

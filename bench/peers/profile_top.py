@@ -82,7 +82,7 @@ def _pid_roles(lines: list[str]) -> dict[str, str]:
         role = _role(command)
         if role.startswith("bookie"):
             labels[pid] = role
-        elif "quorumlog/server/command.py" in line and not labels.get(pid, "").startswith("b"):
+        elif "quorumlog/commands/bookie.py" in line and not labels.get(pid, "").startswith("b"):
             labels[pid] = f"bookie (pid {pid})"
         else:
             labels.setdefault(pid, role)

@@ -16,12 +16,13 @@ import pytest
 
 import quorumlog
 from quorumlog.apps.dice import decode_value, encode_value
-from quorumlog.cli import OneLineArgumentParser
+from quorumlog.commands import OneLineArgumentParser
+from quorumlog.commands.pipeline import add_pipelines
 from quorumlog.errors import InvalidArgumentError, NoSuchLedgerError
 from quorumlog.log import LogConfig
 from quorumlog.log.errors import NoSuchLogError
 from quorumlog.server.local_cluster import LocalCluster
-from quorumlog.spark.pipelines import command, common, dice_stats, ledger_audit, log_to_parquet
+from quorumlog.spark.pipelines import common, dice_stats, ledger_audit, log_to_parquet
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Ack quorum = write quorum: every confirmed entry is on its whole write set when an
@@ -35,7 +36,7 @@ STAGE_LINE = re.compile(
 def parse(*argv: str) -> argparse.Namespace:
     """The pipeline's arguments as ``quorumlog pipeline`` parses them."""
     parser = OneLineArgumentParser(prog="pipeline")
-    command.add_pipelines(parser)
+    add_pipelines(parser)
     return parser.parse_args(list(argv))
 
 

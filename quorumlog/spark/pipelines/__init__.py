@@ -8,11 +8,13 @@
                    writes the report, exit status 1 if any ledger is not healthy
 =================  ===============================================================
 
-Each pipeline is a module with ``add_arguments(parser)`` and ``run(spark, args) -> int``
-(the exit status), plus the pure helpers its computation rests on. The command
-(:mod:`quorumlog.spark.pipelines.command`) also runs under ``spark-submit``::
+Each pipeline is a module with ``HELP``, ``DESCRIPTION``, ``output_paths(args)`` and
+``run(spark, args) -> int`` (the exit status), plus the pure helpers its computation
+rests on; ``args`` holds the options of its command line, which
+:mod:`quorumlog.commands.pipeline` declares and parses. That command also runs under
+``spark-submit``::
 
-    spark-submit quorumlog/spark/pipelines/command.py dice-stats --metadata URI --out DIR
+    spark-submit quorumlog/commands/pipeline.py dice-stats --metadata URI --out DIR
 
 Nothing here imports pyspark until a pipeline runs, so ``quorumlog --help`` works
 without it. See docs/PIPELINES.md.

@@ -1,16 +1,16 @@
-"""What the pipelines share: options, progress lines, output paths, tables, error lines.
+"""What the pipelines share: progress lines, output paths, tables, error lines.
 
-Nothing here imports pyspark.
+Nothing here imports pyspark. The pipelines' command-line options are declared by
+:mod:`quorumlog.commands.pipeline`.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TextIO
@@ -27,68 +27,7 @@ PRINTED_ROWS_MAX = 20
 ERROR_LINE_MAX_CHARS = 500
 
 
-# ---------------------------------------------------------------- options
-
-
-def add_common_options(
-    parser: argparse.ArgumentParser, *, out_required: bool, out_help: str
-) -> None:
-    """--metadata, --master, --out, --overwrite, --password, --conf."""
-    parser.add_argument(
-        "--metadata",
-        default=None,
-        metavar="URI",
-        help="metadata store URI (default: $QUORUMLOG_METADATA, else ./.quorumlog/metadata.db)",
-    )
-    parser.add_argument(
-        "--master",
-        default=None,
-        metavar="URL",
-        help=(
-            f"Spark master: local[N], spark://HOST:PORT, ... (default {DEFAULT_MASTER}; "
-            "under spark-submit, the master spark-submit was given)"
-        ),
-    )
-    parser.add_argument("--out", required=out_required, default=None, metavar="DIR", help=out_help)
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace output tables that exist already (default: fail before reading)",
-    )
-    parser.add_argument(
-        "--password", default="", metavar="TEXT", help="the ledgers' password (text; default empty)"
-    )
-    parser.add_argument(
-        "--conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        type=conf_pair,
-        help="a Spark setting for the session (repeatable)",
-    )
-
-
-def conf_pair(text: str) -> tuple[str, str]:
-    """``KEY=VALUE`` -> ``(KEY, VALUE)`` (an argparse type)."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value
-
-
-def position_bound(label: str) -> Callable[[str], str]:
-    """An argparse type checking a bound as the source's start/end options accept it
-    (``earliest``, ``latest``, ``L:E``, ``{"ledger": L, "entry": E}``); keeps the text."""
-
-    def check(text: str) -> str:
-        try:
-            parse_bound(label, text, "earliest")
-        except BKError as exc:
-            raise argparse.ArgumentTypeError(exc.message) from None
-        return text
-
-    check.__name__ = "position"  # what argparse names in its error message
-    return check
+# ---------------------------------------------------------------- positions
 
 
 def describe_bound(raw: str | None, default: Literal["earliest", "latest"]) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from quorumlog.apps.dice import decode_value
-from quorumlog.meta.store import resolve_metadata_uri
+from quorumlog.meta.factory import resolve_metadata_uri
 from quorumlog.spark.pipelines.common import (
     PRINTED_ROWS_MAX,
     Progress,
@@ -48,12 +48,6 @@ EPOCHS_COLUMNS = ("epoch", "values", "mean")
 
 FaceRow = tuple[int, int, float]
 EpochRow = tuple[int, int, float]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--log", default="dice", metavar="NAME", help="the dice log's name (default: dice)"
-    )
 
 
 def output_paths(args: argparse.Namespace) -> list[str]:

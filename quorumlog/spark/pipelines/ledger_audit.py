@@ -20,9 +20,8 @@ import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from quorumlog.cli import positive_int
 from quorumlog.errors import BKError, NoSuchLedgerError
-from quorumlog.meta.store import resolve_metadata_uri
+from quorumlog.meta.factory import resolve_metadata_uri
 from quorumlog.spark.pipelines.common import (
     PRINTED_ROWS_MAX,
     Progress,
@@ -91,31 +90,6 @@ DEFAULT_LEDGERS_IN_FLIGHT = 4
 # A safety net around one batch of audits; each audit is bounded by its request timeouts.
 BATCH_TIMEOUT_S = 3_600.0
 AUDITS_PER_BATCH = 4  # times the ledgers in flight: rows leave the worker per batch
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--partitions",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="Spark tasks the ledgers are split into (default: the default parallelism)",
-    )
-    parser.add_argument(
-        "--ledgers-in-flight",
-        type=positive_int,
-        default=DEFAULT_LEDGERS_IN_FLIGHT,
-        metavar="N",
-        help=f"ledgers one task audits at once (default {DEFAULT_LEDGERS_IN_FLIGHT})",
-    )
-    parser.add_argument(
-        "--request-timeout-ms",
-        type=positive_int,
-        default=None,
-        metavar="MS",
-        help="how long a bookie may take to answer a read before it counts as unreachable "
-        "(default: the client's read timeout)",
-    )
 
 
 def output_paths(args: argparse.Namespace) -> list[str]:

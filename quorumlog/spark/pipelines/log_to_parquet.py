@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from quorumlog.cli import positive_int
-from quorumlog.meta.store import resolve_metadata_uri
+from quorumlog.meta.factory import resolve_metadata_uri
 from quorumlog.spark.options import ReadOptions
 from quorumlog.spark.pipelines.common import (
     Progress,
     check_outputs_free,
     describe_bound,
     output_path,
-    position_bound,
     read_log,
     require_log,
     write_mode,
@@ -40,33 +38,6 @@ DESCRIPTION = (
     "into a Parquet table at --out with columns log, ledger_id, entry_id, data; prints "
     "the row count."
 )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log", required=True, metavar="NAME", help="the log's name")
-    parser.add_argument(
-        "--from",
-        dest="start",
-        default=None,
-        metavar="POSITION",
-        type=position_bound("--from"),
-        help="first position copied: earliest (default), latest, L:E or JSON",
-    )
-    parser.add_argument(
-        "--to",
-        dest="end",
-        default=None,
-        metavar="POSITION",
-        type=position_bound("--to"),
-        help="position where copying stops (not copied): latest (default), earliest, L:E",
-    )
-    parser.add_argument(
-        "--entries-per-partition",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="entries one Spark task reads (the source's entriesPerPartition)",
-    )
 
 
 def output_paths(args: argparse.Namespace) -> list[str]:

@@ -1,9 +1,15 @@
-"""The ``quorumlog`` command (also ``python -m quorumlog``).
+"""The ``quorumlog`` command (also ``python -m quorumlog``) and its subcommands.
 
-Subcommands live in their own modules, listed in :data:`SUBCOMMAND_MODULES`.
+Every subcommand's argument parsing and printing lives in this package, one module
+per subcommand, listed in :data:`SUBCOMMAND_MODULES`; the layers below (server,
+client, log, apps, spark) know nothing of the command line and are called with plain
+values. Nothing outside this package imports it.
+
 Each module has ``add_parser(subparsers)``, which adds its parser and sets
 ``func`` to a function ``(argparse.Namespace) -> int`` returning the exit
-status. To add a subcommand, write such a module and append its name here.
+status. To add a subcommand, write such a module and add it here. A module that
+cannot be imported (an optional dependency missing) shows as an unavailable
+subcommand instead of breaking the others.
 
 Every failure a user can cause (bad arguments, an unreachable store, a bookie
 that refuses to start) is one line on stderr and a non-zero exit status, never
@@ -18,14 +24,15 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-# In the order they are listed by ``quorumlog --help``.
+# In the order they are listed by ``quorumlog --help``; each module is named after
+# its subcommand (an unavailable one is listed under that name).
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "quorumlog.server.command",  # quorumlog bookie
-    "quorumlog.server.localbookie",  # quorumlog localbookie
-    "quorumlog.shell",  # quorumlog shell
-    "quorumlog.bench",  # quorumlog bench
-    "quorumlog.apps.dice_command",  # quorumlog dice
-    "quorumlog.spark.pipelines.command",  # quorumlog pipeline
+    "quorumlog.commands.bookie",
+    "quorumlog.commands.localbookie",
+    "quorumlog.commands.shell",
+    "quorumlog.commands.bench",
+    "quorumlog.commands.dice",
+    "quorumlog.commands.pipeline",
 )
 
 EXIT_OK = 0
@@ -85,7 +92,12 @@ def _unavailable(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the subcommand, return its exit status."""
-    parser = build_parser()
+    return run_parsed(build_parser(), argv)
+
+
+def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` with ``parser`` and run the ``func`` the chosen subcommand set;
+    its exit status, or 130 (the shell's status for SIGINT) on Ctrl-C."""
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

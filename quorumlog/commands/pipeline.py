@@ -6,12 +6,14 @@
 
 Also a script for ``spark-submit`` (same arguments, without ``pipeline``)::
 
-    spark-submit --master spark://127.0.0.1:7077 quorumlog/spark/pipelines/command.py \\
+    spark-submit --master spark://127.0.0.1:7077 quorumlog/commands/pipeline.py \\
         dice-stats --metadata sqlite:///tmp/q/metadata.db --out /tmp/dice-stats
 
-The session binds the driver to 127.0.0.1 (:func:`quorumlog.spark.session.local_session`);
-``--conf KEY=VALUE`` settings are applied after its own. A failure is one line on stderr
-and exit status 1 (2 for bad arguments), never a traceback.
+The options of every pipeline are declared here; the pipelines themselves
+(:mod:`quorumlog.spark.pipelines`) get the parsed namespace. The session binds the
+driver to 127.0.0.1 (:func:`quorumlog.spark.session.local_session`); ``--conf
+KEY=VALUE`` settings are applied after its own. A failure is one line on stderr and
+exit status 1 (2 for bad arguments), never a traceback.
 """
 
 from __future__ import annotations
@@ -19,25 +21,26 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from quorumlog.errors import BKError, InvalidArgumentError
-from quorumlog.meta.store import resolve_metadata_uri
-from quorumlog.spark.pipelines import PIPELINE_MODULES, pipeline_module
-from quorumlog.spark.pipelines.common import (
-    DEFAULT_MASTER,
-    add_common_options,
-    check_outputs_free,
-    error_line,
+from quorumlog.commands import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    OneLineArgumentParser,
+    positive_int,
+    run_parsed,
 )
+from quorumlog.errors import BKError, InvalidArgumentError
+from quorumlog.meta.factory import resolve_metadata_uri
+from quorumlog.spark.options import parse_bound
+from quorumlog.spark.pipelines import PIPELINE_MODULES, pipeline_module
+from quorumlog.spark.pipelines.common import DEFAULT_MASTER, check_outputs_free, error_line
+from quorumlog.spark.pipelines.ledger_audit import DEFAULT_LEDGERS_IN_FLIGHT
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
 
 # Spark settings of the pipelines' sessions (before the user's --conf): no console
 # progress bars interleaved with the stage lines.
@@ -68,8 +71,141 @@ def add_pipelines(parser: argparse.ArgumentParser) -> None:
         module = pipeline_module(name)
         sub = names.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
         add_common_options(sub, out_required=name in _OUT_REQUIRED, out_help=_OUT_HELP[name])
-        module.add_arguments(sub)
+        _PIPELINE_OPTIONS[name](sub)
         sub.set_defaults(func=run)
+
+
+# ---------------------------------------------------------------- options
+
+
+def add_common_options(
+    parser: argparse.ArgumentParser, *, out_required: bool, out_help: str
+) -> None:
+    """--metadata, --master, --out, --overwrite, --password, --conf."""
+    parser.add_argument(
+        "--metadata",
+        default=None,
+        metavar="URI",
+        help="metadata store URI (default: $QUORUMLOG_METADATA, else ./.quorumlog/metadata.db)",
+    )
+    parser.add_argument(
+        "--master",
+        default=None,
+        metavar="URL",
+        help=(
+            f"Spark master: local[N], spark://HOST:PORT, ... (default {DEFAULT_MASTER}; "
+            "under spark-submit, the master spark-submit was given)"
+        ),
+    )
+    parser.add_argument("--out", required=out_required, default=None, metavar="DIR", help=out_help)
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace output tables that exist already (default: fail before reading)",
+    )
+    parser.add_argument(
+        "--password", default="", metavar="TEXT", help="the ledgers' password (text; default empty)"
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=conf_pair,
+        help="a Spark setting for the session (repeatable)",
+    )
+
+
+def conf_pair(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> ``(KEY, VALUE)`` (an argparse type)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def position_bound(label: str) -> Callable[[str], str]:
+    """An argparse type checking a bound as the source's start/end options accept it
+    (``earliest``, ``latest``, ``L:E``, ``{"ledger": L, "entry": E}``); keeps the text."""
+
+    def check(text: str) -> str:
+        try:
+            parse_bound(label, text, "earliest")
+        except BKError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+        return text
+
+    check.__name__ = "position"  # what argparse names in its error message
+    return check
+
+
+def _dice_stats_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log", default="dice", metavar="NAME", help="the dice log's name (default: dice)"
+    )
+
+
+def _log_to_parquet_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log", required=True, metavar="NAME", help="the log's name")
+    parser.add_argument(
+        "--from",
+        dest="start",
+        default=None,
+        metavar="POSITION",
+        type=position_bound("--from"),
+        help="first position copied: earliest (default), latest, L:E or JSON",
+    )
+    parser.add_argument(
+        "--to",
+        dest="end",
+        default=None,
+        metavar="POSITION",
+        type=position_bound("--to"),
+        help="position where copying stops (not copied): latest (default), earliest, L:E",
+    )
+    parser.add_argument(
+        "--entries-per-partition",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="entries one Spark task reads (the source's entriesPerPartition)",
+    )
+
+
+def _ledger_audit_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--partitions",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="Spark tasks the ledgers are split into (default: the default parallelism)",
+    )
+    parser.add_argument(
+        "--ledgers-in-flight",
+        type=positive_int,
+        default=DEFAULT_LEDGERS_IN_FLIGHT,
+        metavar="N",
+        help=f"ledgers one task audits at once (default {DEFAULT_LEDGERS_IN_FLIGHT})",
+    )
+    parser.add_argument(
+        "--request-timeout-ms",
+        type=positive_int,
+        default=None,
+        metavar="MS",
+        help="how long a bookie may take to answer a read before it counts as unreachable "
+        "(default: the client's read timeout)",
+    )
+
+
+# Each pipeline's own options, after the common ones.
+_PIPELINE_OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "dice-stats": _dice_stats_options,
+    "log-to-parquet": _log_to_parquet_options,
+    "ledger-audit": _ledger_audit_options,
+}
+
+
+# ---------------------------------------------------------------- running a pipeline
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,18 +303,12 @@ def _stop(spark: SparkSession) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``spark-submit .../command.py PIPELINE [options]`` (and ``python -m``)."""
-    from quorumlog.cli import OneLineArgumentParser
-
+    """``spark-submit .../pipeline.py PIPELINE [options]`` (and ``python -m``)."""
     parser = OneLineArgumentParser(
         prog="pipeline", description="Run one of quorumlog's Spark pipelines."
     )
     add_pipelines(parser)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except KeyboardInterrupt:
-        return 130
+    return run_parsed(parser, argv)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ import socket
 import sys
 
 from quorumlog.apps.dice import Dice, DiceConfig, Roll
-from quorumlog.cli import positive_int
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.sync import new_event_loop
+from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int
 from quorumlog.errors import BKError
 from quorumlog.log.config import LogConfig
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except BKError as exc:
         print(f"quorumlog dice: {exc.message}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     config = DiceConfig(
         log_name=args.log,
         interval_ms=args.interval_ms,
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             return runner.run(_main(args, config))
         except BKError as exc:
             print(f"quorumlog dice: {exc.message}", file=sys.stderr)
-            return 1
+            return EXIT_FAILURE
 
 
 async def _main(args: argparse.Namespace, config: DiceConfig) -> int:
@@ -113,4 +113,4 @@ async def _main(args: argparse.Namespace, config: DiceConfig) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         await bk.close()
-    return 0
+    return EXIT_OK

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from quorumlog.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
 _PROG = "quorumlog localbookie"
 _POLL_S = 0.2

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from quorumlog.bookie.config import BookieConfig
-from quorumlog.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from quorumlog.errors import BKError
 from quorumlog.server.config import ServerConfig
 
@@ -95,7 +95,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]:
     """Check arguments and build the configurations; ValueError with a one-line reason."""
-    from quorumlog.meta.store import resolve_metadata_uri
+    from quorumlog.meta.factory import resolve_metadata_uri
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: expected 0..65535")
