@@ -29,8 +29,8 @@ class Instance:
         self.bk = BookKeeper(
             MemoryStore(tree),
             SIM_CONFIG,
-            pool=network,
-            rng=random.Random(seed),  # type: ignore[arg-type]
+            pool=network,  # type: ignore[arg-type]
+            rng=random.Random(seed),
         )
 
         async def session() -> MetadataStore:
