@@ -30,12 +30,11 @@ from quorumlog.errors import (
     BKError,
     DigestMismatchError,
     LedgerRecoveryError,
-    MetadataError,
-    MetadataVersionError,
     Status,
     UnauthorizedError,
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
+from quorumlog.meta.ledgers import Done
 from quorumlog.proto.codec import (
     AddFlag,
     AddRequest,
@@ -85,21 +84,21 @@ class LedgerRecovery:
     # ------------------------------------------------------------ step 1
 
     async def _mark_in_recovery(self) -> bool:
-        ledgers = self._client.ledgers
-        for _ in range(self._config.metadata_cas_retries):
-            md = self.metadata
-            if md.is_closed:
-                return False
-            if md.state is LedgerState.IN_RECOVERY:
-                return True
-            updated = dataclasses.replace(md, state=LedgerState.IN_RECOVERY)
-            try:
-                self.version = await ledgers.write(updated, self.version)
-                self.metadata = updated
-                return True
-            except MetadataVersionError:
-                self.metadata, self.version = await ledgers.read(self.ledger_id)
-        raise MetadataError(f"ledger {self.ledger_id}: too many conflicting metadata updates")
+        """False if the ledger is closed (nothing to recover), else True once IN_RECOVERY."""
+
+        def decide(md: LedgerMetadata) -> LedgerMetadata | Done[None]:
+            if md.is_closed or md.state is LedgerState.IN_RECOVERY:
+                return Done(None)
+            return dataclasses.replace(md, state=LedgerState.IN_RECOVERY)
+
+        result = await self._client.ledgers.update(
+            self.ledger_id,
+            decide,
+            attempts=self._config.metadata_cas_retries,
+            known=(self.metadata, self.version),
+        )
+        self.metadata, self.version = result.metadata, result.version
+        return not result.metadata.is_closed
 
     # ------------------------------------------------------------ step 2
 
@@ -298,28 +297,28 @@ class LedgerRecovery:
     # ------------------------------------------------------------ step 4
 
     async def _close(self, last_entry_id: int, length: int) -> tuple[LedgerMetadata, int]:
-        ledgers = self._client.ledgers
-        for _ in range(self._config.metadata_cas_retries):
-            md = self.metadata
-            if md.is_closed:
-                if md.last_entry_id != last_entry_id:
-                    log.warning(
-                        "ledger %d: closed by another recovery at %d; this one found %d",
-                        self.ledger_id,
-                        md.last_entry_id,
-                        last_entry_id,
-                    )
-                return md, self.version
-            closed = dataclasses.replace(
+        def decide(md: LedgerMetadata) -> LedgerMetadata | Done[None]:
+            if md.is_closed:  # another recovery closed it: concurrent recoveries converge
+                return Done(None)
+            return dataclasses.replace(
                 md, state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length
             )
-            try:
-                self.version = await ledgers.write(closed, self.version)
-                self.metadata = closed
-                log.info(
-                    "ledger %d: recovered and closed at entry %d", self.ledger_id, last_entry_id
-                )
-                return closed, self.version
-            except MetadataVersionError:
-                self.metadata, self.version = await ledgers.read(self.ledger_id)
-        raise MetadataError(f"ledger {self.ledger_id}: too many conflicting metadata updates")
+
+        result = await self._client.ledgers.update(
+            self.ledger_id,
+            decide,
+            attempts=self._config.metadata_cas_retries,
+            known=(self.metadata, self.version),
+        )
+        md = self.metadata = result.metadata
+        self.version = result.version
+        if result.written:
+            log.info("ledger %d: recovered and closed at entry %d", self.ledger_id, last_entry_id)
+        elif md.last_entry_id != last_entry_id:
+            log.warning(
+                "ledger %d: closed by another recovery at %d; this one found %d",
+                self.ledger_id,
+                md.last_entry_id,
+                last_entry_id,
+            )
+        return md, self.version

@@ -30,8 +30,6 @@ from quorumlog.errors import (
     BKError,
     LedgerClosedError,
     LedgerFencedError,
-    MetadataError,
-    MetadataVersionError,
     NoSuchLedgerError,
     NotEnoughBookiesError,
     Status,
@@ -39,6 +37,7 @@ from quorumlog.errors import (
     error_for_status,
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
+from quorumlog.meta.ledgers import Done, GiveUp, MetadataUpdate
 from quorumlog.proto.codec import AddRequest, AddResponse, Response, WriteLacRequest
 from quorumlog.proto.entry import ENTRY_HEADER_SIZE
 
@@ -313,35 +312,38 @@ class LedgerHandle(ReadHandle):
 
     async def _write_new_fragment(self, slots: list[int]) -> tuple[int, list[str]]:
         client = self._client
-        for _ in range(self._config.metadata_cas_retries):
-            writable = await client.registry.writable_bookies()
-            excluded = set(self._ensemble) | self._replaced_bookies
-            try:
-                chosen = client.placement.replacements(writable, excluded, len(slots))
-            except NotEnoughBookiesError as exc:
-                failed = ", ".join(self._ensemble[i] for i in slots)
-                raise NotEnoughBookiesError(
-                    f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}: {exc.message}"
-                ) from None
-            new_ensemble = list(self._ensemble)
-            for index, bookie in zip(slots, chosen, strict=True):
-                new_ensemble[index] = bookie
-            first_entry_id = self._tracker.lac + 1
-            updated = self.metadata.with_new_fragment(first_entry_id, tuple(new_ensemble))
-            try:
-                version = await client.ledgers.write(updated, self._metadata_version)
-            except MetadataVersionError:
-                current, version = await client.ledgers.read(self.ledger_id)
-                if current.state is not LedgerState.OPEN:
-                    raise LedgerFencedError(
+        writable = await client.registry.writable_bookies()
+        excluded = set(self._ensemble) | self._replaced_bookies
+        try:
+            chosen = client.placement.replacements(writable, excluded, len(slots))
+        except NotEnoughBookiesError as exc:
+            failed = ", ".join(self._ensemble[i] for i in slots)
+            raise NotEnoughBookiesError(
+                f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}: {exc.message}"
+            ) from None
+        new_ensemble = list(self._ensemble)
+        for index, bookie in zip(slots, chosen, strict=True):
+            new_ensemble[index] = bookie
+
+        def decide(current: LedgerMetadata) -> LedgerMetadata | GiveUp:
+            if current.state is not LedgerState.OPEN:
+                return GiveUp(
+                    LedgerFencedError(
                         f"ledger {self.ledger_id}: metadata is {current.state.value} "
                         "(another client is recovering or closed it); adds in flight are lost"
-                    ) from None
-                self.metadata, self._metadata_version = current, version
-                continue
-            self.metadata, self._metadata_version = updated, version
-            return first_entry_id, new_ensemble
-        raise MetadataError(f"ledger {self.ledger_id}: too many conflicting metadata updates")
+                    )
+                )
+            # The new fragment starts at the first unconfirmed entry, as of this attempt.
+            return current.with_new_fragment(self._tracker.lac + 1, tuple(new_ensemble))
+
+        result: MetadataUpdate[None] = await client.ledgers.update(
+            self.ledger_id,
+            decide,
+            attempts=self._config.metadata_cas_retries,
+            known=(self.metadata, self._metadata_version),
+        )
+        self.metadata, self._metadata_version = result.metadata, result.version
+        return result.metadata.last_fragment_first_entry, new_ensemble
 
     # ------------------------------------------------------------ closing
 
@@ -357,37 +359,40 @@ class LedgerHandle(ReadHandle):
             self._lac_timer.cancel()
             self._lac_timer = None
         lac = self._tracker.lac
-        client = self._client
-        try:
-            for _ in range(self._config.metadata_cas_retries):
-                closed = dataclasses.replace(
-                    self.metadata,
+
+        def decide(current: LedgerMetadata) -> LedgerMetadata | Done[None] | GiveUp:
+            # R6 on a conflict: OPEN, try again; IN_RECOVERY, fail; CLOSED at this
+            # writer's LAC, success; CLOSED elsewhere, fail.
+            if current.state is LedgerState.OPEN:
+                return dataclasses.replace(
+                    current,
                     state=LedgerState.CLOSED,
                     last_entry_id=lac,
                     length=self._confirmed_length_bytes,
                 )
-                try:
-                    version = await client.ledgers.write(closed, self._metadata_version)
-                except MetadataVersionError:
-                    current, version = await client.ledgers.read(self.ledger_id)
-                    if current.state is LedgerState.OPEN:
-                        self.metadata, self._metadata_version = current, version
-                        continue
-                    if current.state is LedgerState.IN_RECOVERY:
-                        raise LedgerFencedError(
-                            f"ledger {self.ledger_id}: another client is recovering it; "
-                            "cannot close"
-                        ) from None
-                    if current.last_entry_id == lac:
-                        self.metadata, self._metadata_version = current, version
-                        return
-                    raise LedgerClosedError(
-                        f"ledger {self.ledger_id}: closed by another client at entry "
-                        f"{current.last_entry_id}, while this writer confirmed up to {lac}"
-                    ) from None
-                self.metadata, self._metadata_version = closed, version
-                return
-            raise MetadataError(f"ledger {self.ledger_id}: too many conflicting metadata updates")
+            if current.state is LedgerState.IN_RECOVERY:
+                return GiveUp(
+                    LedgerFencedError(
+                        f"ledger {self.ledger_id}: another client is recovering it; cannot close"
+                    )
+                )
+            if current.last_entry_id == lac:
+                return Done(None)
+            return GiveUp(
+                LedgerClosedError(
+                    f"ledger {self.ledger_id}: closed by another client at entry "
+                    f"{current.last_entry_id}, while this writer confirmed up to {lac}"
+                )
+            )
+
+        try:
+            result = await self._client.ledgers.update(
+                self.ledger_id,
+                decide,
+                attempts=self._config.metadata_cas_retries,
+                known=(self.metadata, self._metadata_version),
+            )
+            self.metadata, self._metadata_version = result.metadata, result.version
         finally:
             # The handle stays readable (up to the last entry) once closed.
             if self._failure is None and not self.metadata.is_closed:

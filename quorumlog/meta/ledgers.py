@@ -5,16 +5,21 @@ Layout (see docs/METADATA.md)::
     /ledgers/<ledger id>     ledger metadata JSON (LedgerMetadata.to_bytes), decimal id
     next_id("ledgers")       ledger ids, unique across every client, from 1
 
-Every change is a compare-and-set on the node version (R5, R6, R7 rely on it).
+Every change is a compare-and-set on the node version (R5, R6, R7 rely on it), and
+every read-modify-write goes through :meth:`LedgerManager.update`, the one conflict
+policy: on a version conflict, read again and decide again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from quorumlog.errors import (
+    BKError,
     MetadataError,
     MetadataVersionError,
     NodeExistsError,
@@ -30,6 +35,44 @@ LEDGERS_PATH = "/ledgers"
 LEDGER_ID_COUNTER = "ledgers"
 
 LedgerCallback = Callable[[LedgerMetadata | None], None]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Done(Generic[T]):
+    """A decision of :meth:`LedgerManager.update`: write nothing, the metadata as read
+    settles it; ``value`` is handed back to the caller."""
+
+    value: T
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """A decision of :meth:`LedgerManager.update`: write nothing and raise ``error``."""
+
+    error: BKError
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataUpdate(Generic[T]):
+    """How :meth:`LedgerManager.update` ended: the metadata and version now stored
+    (``written``: by this update; else as read, with the ``value`` of :class:`Done`)."""
+
+    metadata: LedgerMetadata
+    version: int
+    written: bool
+    value: T | None = None
+
+
+# What an update decides from the metadata as read: the metadata to write, or a stop.
+Decide = Callable[[LedgerMetadata], LedgerMetadata | Done[T] | GiveUp]
+# Runs one metadata read or write, e.g. under a deadline: ``guard(operation, what)``.
+Guard = Callable[[Awaitable[Any], str], Awaitable[Any]]
+
+
+class MetadataConflictsError(MetadataError):
+    """Every compare-and-set of an update met a concurrent change of the ledger."""
 
 
 def ledger_path(ledger_id: int) -> str:
@@ -120,6 +163,55 @@ class LedgerManager:
         except NoNodeError:
             return []
         return sorted(int(name) for name in names if name.isdigit())
+
+    async def update(
+        self,
+        ledger_id: int,
+        decide: Decide[T],
+        *,
+        attempts: int,
+        known: tuple[LedgerMetadata, int] | None = None,
+        guard: Guard | None = None,
+    ) -> MetadataUpdate[T]:
+        """Read, decide, compare-and-set; on a version conflict read again and decide again.
+
+        ``decide`` is a pure function of the metadata as read: it returns the metadata
+        to write, :class:`Done` (nothing to write: what is stored settles it) or
+        :class:`GiveUp` (its error is raised). It sees every version read, including
+        the one read after the last conflict, so an outcome someone else already
+        reached is never lost. ``known`` is a (metadata, version) the caller holds: the
+        first decision is made on it without a read. At most ``attempts`` writes are
+        tried; when the next decision still wants to write, MetadataConflictsError.
+
+        Any other error of a read or write (NoSuchLedgerError, a lost connection, a
+        timeout) is raised as is: such a write may or may not have happened (R13), and
+        only the caller knows how to find out. ``guard`` runs each read and write
+        (``guard(operation, "ledger <id>")``), e.g. to put a deadline on it.
+        """
+        what = f"ledger {ledger_id}"
+
+        async def run(operation: Awaitable[Any]) -> Any:
+            return await (operation if guard is None else guard(operation, what))
+
+        if known is None:
+            known = await run(self.read(ledger_id))
+        metadata, version = known
+        writes = 0
+        while True:
+            decision = decide(metadata)
+            if isinstance(decision, Done):
+                return MetadataUpdate(metadata, version, False, decision.value)
+            if isinstance(decision, GiveUp):
+                raise decision.error
+            if writes >= attempts:
+                raise MetadataConflictsError(f"{what}: too many conflicting metadata updates")
+            writes += 1
+            try:
+                new_version: int = await run(self.write(decision, version))
+            except MetadataVersionError:
+                metadata, version = await run(self.read(ledger_id))
+                continue
+            return MetadataUpdate(decision, new_version, True)
 
     def watch(self, ledger_id: int, callback: LedgerCallback) -> Watch:
         """Call ``callback(metadata)`` after each change of the ledger, ``callback(None)``
