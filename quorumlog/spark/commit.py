@@ -28,6 +28,7 @@ Two details make this work:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -40,6 +41,7 @@ from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.errors import (
     BKError,
     InvalidArgumentError,
+    MetadataError,
     MetadataVersionError,
     NodeExistsError,
     NoNodeError,
@@ -61,6 +63,18 @@ COMMIT_CAS_ATTEMPTS = 20
 # same log once it is this old (no live write runs that long between its first
 # task and its commit).
 STALE_STAGING_MS = 24 * 3600 * 1000
+# How long a commit keeps re-reading the log to learn whether a compare-and-set whose
+# answer was lost was applied (R13), before it says that it cannot tell.
+COMMIT_TIMEOUT_S = 120.0
+RESOLVE_RETRY_S = (0.05, 1.0)  # first and longest pause between re-reads
+# A staging child that says a compare-and-set of this write may have been sent: while
+# it is there, only a clean-up that read the log after the outcome was known deletes.
+COMMIT_MARKER = "commit"
+
+
+class CommitOutcomeUnknownError(MetadataError):
+    """The commit's compare-and-set may or may not have been applied, and the log could
+    not be read to tell: the rows may be in the log. Nothing was deleted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +158,13 @@ async def task_ledger_id(
     )
 
 
+async def _ensure_staging_root(bk: BookKeeper, token: str, log_name: str) -> None:
+    # The header names the log and the age, for the sweep of abandoned writes.
+    header = json.dumps({"log": log_name, "created_ms": int(time.time() * 1000)}).encode()
+    with contextlib.suppress(NodeExistsError):
+        await bk.store.create(staging_path(token), header)
+
+
 async def _stage_block(
     bk: BookKeeper, token: str, log_name: str, stage_key: str, max_partitions: int
 ) -> int:
@@ -153,9 +174,7 @@ async def _stage_block(
     except NoNodeError:
         pass
     first = await bk.ledgers.reserve_ledger_ids(max_partitions * SLOTS_PER_PARTITION)
-    header = json.dumps({"log": log_name, "created_ms": int(time.time() * 1000)}).encode()
-    with contextlib.suppress(NodeExistsError):
-        await bk.store.create(staging_path(token), header)
+    await _ensure_staging_root(bk, token, log_name)
     try:
         await bk.store.create(path, str(first).encode())
         return first
@@ -174,6 +193,15 @@ def ledgers_in_order(results: Sequence[TaskResult | None]) -> tuple[list[int], i
     return ledgers, sum(r.rows for r in reported if r.ledger_id is not None)
 
 
+def _holds(metadata: LogMetadata, ledgers: Sequence[int], sink: tuple[str, int] | None) -> bool:
+    """Whether the log holds this write: its ledgers (and its batch id), so that a
+    compare-and-set whose answer was lost was applied."""
+    if sink is not None and metadata.sink_batches.get(sink[0]) != sink[1]:
+        return False
+    listed = set(metadata.ledgers)
+    return all(ledger_id in listed for ledger_id in ledgers)
+
+
 async def commit(
     bk: BookKeeper,
     log_name: str,
@@ -182,58 +210,172 @@ async def commit(
     *,
     password: bytes = b"",
     sink: tuple[str, int] | None = None,
+    timeout_s: float = COMMIT_TIMEOUT_S,
 ) -> CommitOutcome:
     """Append the tasks' ledgers to the log in one compare-and-set (see the module
-    docstring); with ``sink=(sink id, batch id)``, at most once per batch id."""
+    docstring); with ``sink=(sink id, batch id)``, at most once per batch id.
+
+    A compare-and-set whose outcome is unknown (a lost connection) is resolved by
+    re-reading the log (R13): the write is in it, or the log moved on without it (then
+    it can never be applied), or it is tried again on the same version, which lets at
+    most one of the two apply. When the log cannot be read for ``timeout_s``,
+    CommitOutcomeUnknownError; a marker in the staging then keeps :func:`abort` from
+    deleting ledgers that the log may list."""
     ledgers, rows = ledgers_in_order(results)
     # The password opens the ledgers a writer may still hold, to fence them.
     log_obj = Log(bk, log_name, LogConfig(password=password))
-    for _ in range(COMMIT_CAS_ATTEMPTS):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    unknown_at: int | None = None  # the log version a CAS of ours with no answer was sent at
+    conflicted: LogMetadata | None = None  # what a CAS that met another version was built on
+    marked = False
+    try:
+        for _ in range(COMMIT_CAS_ATTEMPTS):
+            metadata, version = await _read_for_commit(
+                bk, log_name, unknown_at is not None, deadline
+            )
+            if unknown_at is not None or conflicted is not None:
+                if _holds(metadata, ledgers, sink):  # an earlier CAS of ours was applied
+                    unknown_at = None
+                    return await _committed(bk, log_name, token, metadata, ledgers, rows, sink)
+                if version != unknown_at:
+                    unknown_at = None  # the log moved on without it: it can never apply
+            if conflicted is not None:
+                batch_done = sink is not None and metadata.sink_batches.get(sink[0], -1) >= sink[1]
+                if not (metadata.only_truncated_since(conflicted) or batch_done):
+                    raise LogFencedError(
+                        f"log {log_name}: another writer appended to it while the Spark write "
+                        f"was being committed; ledgers {ledgers} were not added"
+                    )
+                conflicted = None  # a truncation got in between, or the batch is in
+            if sink is not None and _already_committed(log_name, metadata, *sink):
+                # Keep what the log holds: the first run's registrations may still be there
+                # if its driver died between the compare-and-set and the clean-up.
+                deleted = await _best_effort_clean_up(bk, log_name, token, metadata.ledgers)
+                return CommitOutcome((), 0, True, deleted)
+            if ledgers and metadata.ledgers and metadata.ledgers[-1] >= ledgers[0]:
+                raise LogFencedError(
+                    f"log {log_name}: ledger {metadata.ledgers[-1]} was added by another "
+                    f"writer after this write began; its ledgers {ledgers} were not added"
+                )
+            await fence_previous_ledgers(log_obj, metadata)
+            updated = metadata.with_ledgers(ledgers)
+            if sink is not None:
+                updated = updated.with_sink_batch(*sink)
+            if ledgers and not marked:
+                await _mark_commit(bk, log_name, token)
+                marked = True
+            unknown_at = version  # until its answer comes, it may be applied
+            try:
+                await bk.store.set(log_path(log_name), updated.to_bytes(), version)
+            except MetadataVersionError:
+                conflicted = metadata
+                continue
+            except NoNodeError:
+                unknown_at = None
+                raise LogFencedError(
+                    f"log {log_name} was deleted while the write was being committed"
+                ) from None
+            except MetadataError as exc:
+                log.warning(
+                    "log %s: compare-and-set outcome unknown (%s); re-reading", log_name, exc
+                )
+                continue  # applied or not: the next read of the log tells (R13)
+            unknown_at = None
+            return await _committed(bk, log_name, token, updated, ledgers, rows, sink)
+        raise LogFencedError(
+            f"log {log_name}: the ledger list kept changing; the write was not added"
+        )
+    except BaseException as exc:
+        if unknown_at is not None:
+            if isinstance(exc, Exception) and not isinstance(exc, CommitOutcomeUnknownError):
+                raise CommitOutcomeUnknownError(
+                    f"log {log_name}: the commit failed ({exc}) after a compare-and-set "
+                    "whose outcome is unknown; the rows may be in the log: read it before "
+                    "writing them again"
+                ) from exc
+            raise
+        # A definite failure: nothing of this write is or will be in the log, so the
+        # marker goes and abort may delete the ledgers.
+        if marked:
+            with contextlib.suppress(Exception):
+                await bk.store.delete(f"{staging_path(token)}/{COMMIT_MARKER}")
+        raise
+
+
+async def _read_for_commit(
+    bk: BookKeeper, log_name: str, sent: bool, deadline: float
+) -> tuple[LogMetadata, int]:
+    """The log's metadata; after a compare-and-set of ours may have been applied, read
+    again until the store answers or the deadline passes (the outcome stays unknown)."""
+    pause, longest = RESOLVE_RETRY_S
+    loop = asyncio.get_running_loop()
+    while True:
         try:
-            metadata, version = await read_log(bk.store, log_name)
+            return await read_log(bk.store, log_name)
         except NoSuchLogError:
             raise LogFencedError(
                 f"log {log_name} was deleted before the write was committed"
             ) from None
-        if sink is not None and _already_committed(log_name, metadata, *sink):
-            # Keep what the log holds: the first run's registrations may still be there
-            # if its driver died between the compare-and-set and the clean-up.
-            deleted = await clean_up(bk, log_name, token, keep=metadata.ledgers)
-            return CommitOutcome((), 0, True, deleted)
-        if ledgers and metadata.ledgers and metadata.ledgers[-1] >= ledgers[0]:
-            raise LogFencedError(
-                f"log {log_name}: ledger {metadata.ledgers[-1]} was added by another writer "
-                f"after this write began; its ledgers {ledgers} were not added"
-            )
-        await fence_previous_ledgers(log_obj, metadata)
-        updated = metadata.with_ledgers(ledgers)
-        if sink is not None:
-            updated = updated.with_sink_batch(*sink)
-        try:
-            await bk.store.set(log_path(log_name), updated.to_bytes(), version)
-        except MetadataVersionError:
-            current, _ = await read_log(bk.store, log_name)
-            if current.only_truncated_since(metadata):
-                continue  # a truncation got in between: nothing else changed
-            raise LogFencedError(
-                f"log {log_name}: another writer appended to it while the Spark write was "
-                f"being committed; ledgers {ledgers} were not added"
-            ) from None
-        except NoNodeError:
-            raise LogFencedError(
-                f"log {log_name} was deleted while the write was being committed"
-            ) from None
-        deleted = await clean_up(bk, log_name, token, keep=updated.ledgers)
-        deleted += await sweep_stale(bk, log_name, updated.ledgers)
-        log.info(
-            "log %s: appended ledgers %s (%d rows)%s",
+        except MetadataError as exc:
+            if not sent or isinstance(exc, NoNodeError):
+                raise
+            if loop.time() + pause > deadline:
+                raise CommitOutcomeUnknownError(
+                    f"log {log_name}: the commit's compare-and-set may or may not have been "
+                    f"applied, and the log could not be read to tell ({exc.message}); the "
+                    "rows may be in the log: read it before writing them again"
+                ) from None
+            await asyncio.sleep(pause)
+            pause = min(longest, pause * 2)
+
+
+async def _mark_commit(bk: BookKeeper, log_name: str, token: str) -> None:
+    """Say in the staging that a compare-and-set may be sent (see :func:`abort`)."""
+    await _ensure_staging_root(bk, token, log_name)
+    with contextlib.suppress(NodeExistsError):
+        await bk.store.create(f"{staging_path(token)}/{COMMIT_MARKER}", b"")
+
+
+async def _committed(
+    bk: BookKeeper,
+    log_name: str,
+    token: str,
+    metadata: LogMetadata,
+    ledgers: Sequence[int],
+    rows: int,
+    sink: tuple[str, int] | None,
+) -> CommitOutcome:
+    log.info(
+        "log %s: appended ledgers %s (%d rows)%s",
+        log_name,
+        list(ledgers),
+        rows,
+        "" if sink is None else f" for sink {sink[0]} batch {sink[1]}",
+    )
+    deleted = await _best_effort_clean_up(bk, log_name, token, metadata.ledgers, sweep=True)
+    return CommitOutcome(tuple(ledgers), rows, False, deleted)
+
+
+async def _best_effort_clean_up(
+    bk: BookKeeper, log_name: str, token: str, keep: Sequence[int], *, sweep: bool = False
+) -> tuple[int, ...]:
+    """Clean up after the outcome is known. The rows are in the log (or the batch was
+    there already): a failure here must not make the write look failed, or the user's
+    retry would append the rows twice. What is left is cleaned by a later clean-up of
+    the same write, or by the day-old sweep."""
+    try:
+        deleted = await clean_up(bk, log_name, token, keep=keep)
+        if sweep:
+            deleted += await sweep_stale(bk, log_name, keep)
+        return deleted
+    except Exception as exc:
+        log.warning(
+            "log %s: the write is committed, but cleaning up its staging failed (%s); "
+            "a later commit to the log cleans it up",
             log_name,
-            ledgers,
-            rows,
-            "" if sink is None else f" for sink {sink[0]} batch {sink[1]}",
+            exc,
         )
-        return CommitOutcome(tuple(ledgers), rows, False, deleted)
-    raise LogFencedError(f"log {log_name}: the ledger list kept changing; the write was not added")
+        return ()
 
 
 def _already_committed(log_name: str, metadata: LogMetadata, sink_id: str, batch_id: int) -> bool:
@@ -250,7 +392,15 @@ def _already_committed(log_name: str, metadata: LogMetadata, sink_id: str, batch
 
 
 async def abort(bk: BookKeeper, log_name: str, token: str) -> tuple[int, ...]:
-    """Delete every ledger the write's tasks registered that is not in the log."""
+    """Delete every ledger the write's tasks registered that is not in the log; nothing
+    while a compare-and-set of the write's commit may still be applied (R13)."""
+    if await bk.store.exists(f"{staging_path(token)}/{COMMIT_MARKER}") is not None:
+        log.warning(
+            "log %s: the write's commit may have appended its ledgers; they are kept "
+            "until a later clean-up reads the log",
+            log_name,
+        )
+        return ()
     try:
         metadata, _ = await read_log(bk.store, log_name)
         keep: Sequence[int] = metadata.ledgers

@@ -10,6 +10,7 @@ Spark pickles them to its Python workers, which open their own clients.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ from quorumlog.spark.options import SOURCE_NAME, Bound, ReadOptions, WriteOption
 from quorumlog.spark.writing import TaskIdentity, write_task
 
 SCHEMA = "log string, ledger_id bigint, entry_id bigint, data binary"
+log = logging.getLogger(__name__)
 
 
 class QuorumlogDataSource(DataSource):
@@ -301,7 +303,12 @@ async def _commit(
             bk, opts.log, token, _results(messages), password=opts.password, sink=sink
         )
     except BaseException:
-        await commits.abort(bk, opts.log, token)
+        # The commit's own error is the one to report. abort deletes nothing while the
+        # commit's outcome is unknown (the commit left its marker for that).
+        try:
+            await commits.abort(bk, opts.log, token)
+        except Exception as exc:
+            log.warning("log %s: aborting the write failed: %s", opts.log, exc)
         raise
 
 

@@ -5,12 +5,23 @@ after a driver died mid-commit, conflicts and clean-up."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
 from quorumlog.aio import BookKeeper
-from quorumlog.errors import InvalidArgumentError, NoNodeError
+from quorumlog.errors import InvalidArgumentError, MetadataError, NoNodeError
 from quorumlog.log.errors import LogFencedError
+from quorumlog.log.metadata import log_path
+from quorumlog.meta.store import (
+    MetadataStore,
+    SessionCallback,
+    SessionState,
+    Versioned,
+    Watch,
+    WatchCallback,
+)
 from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.spark import commit as commits
 from quorumlog.spark.commit import TaskResult
@@ -41,6 +52,109 @@ async def staging(bk: BookKeeper, token: str) -> list[str]:
         return await bk.store.children(commits.staging_path(token))
     except NoNodeError:
         return []
+
+
+class FaultyStore(MetadataStore):
+    """A metadata store that fails as ZooKeeper does on a lost connection: the outcome
+    of the operation is unknown (a plain MetadataError), whether it was applied or not.
+
+    ``lose_set_reply[path]``: that many set() calls on ``path`` are applied, then raise;
+    ``drop_set[path]``: that many are not applied, and raise; ``fail_staging``: every
+    children() and delete() under the Spark staging raises, as long as it is set."""
+
+    def __init__(self, inner: MetadataStore) -> None:
+        self.inner = inner
+        self.uri = inner.uri
+        self.lose_set_reply: dict[str, int] = {}
+        self.drop_set: dict[str, int] = {}
+        self.fail_staging = False
+        # defer_set[path]: that many set() calls raise at once and are applied only
+        # by apply_deferred() (a request that reaches the server late); reads of that
+        # path fail meanwhile while blind_while_deferred is set.
+        self.defer_set: dict[str, int] = {}
+        self.deferred: list[tuple[str, bytes, int]] = []
+        self.blind_while_deferred = False
+
+    async def apply_deferred(self) -> None:
+        for path, data, version in self.deferred:
+            await self.inner.set(path, data, version)
+        self.deferred.clear()
+
+    def _staging_fails(self, path: str) -> None:
+        if self.fail_staging and path.startswith(commits.STAGING_PATH):
+            raise MetadataError(f"connection lost during an operation on {path}")
+
+    async def get(self, path: str) -> Versioned:
+        if self.blind_while_deferred and any(path == p for p, _, _ in self.deferred):
+            raise MetadataError(f"connection lost while reading {path}")
+        return await self.inner.get(path)
+
+    async def exists(self, path: str) -> int | None:
+        return await self.inner.exists(path)
+
+    async def create(
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequential: bool = False,
+        make_parents: bool = True,
+    ) -> str:
+        return await self.inner.create(
+            path, data, ephemeral=ephemeral, sequential=sequential, make_parents=make_parents
+        )
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> int:
+        if self.defer_set.get(path, 0) > 0:
+            self.defer_set[path] -= 1
+            self.deferred.append((path, data, version))
+            raise MetadataError(f"connection lost while setting {path} (on its way)")
+        if self.drop_set.get(path, 0) > 0:
+            self.drop_set[path] -= 1
+            raise MetadataError(f"connection lost while setting {path} (not applied)")
+        new_version = await self.inner.set(path, data, version)
+        if self.lose_set_reply.get(path, 0) > 0:
+            self.lose_set_reply[path] -= 1
+            raise MetadataError(f"connection lost while setting {path} (applied)")
+        return new_version
+
+    async def delete(self, path: str, version: int = -1) -> None:
+        self._staging_fails(path)
+        await self.inner.delete(path, version)
+
+    async def children(self, path: str) -> list[str]:
+        self._staging_fails(path)
+        return await self.inner.children(path)
+
+    async def next_id(self, counter: str, count: int = 1) -> int:
+        return await self.inner.next_id(counter, count)
+
+    def watch(self, path: str, callback: WatchCallback, *, children: bool = False) -> Watch:
+        return self.inner.watch(path, callback, children=children)
+
+    def add_session_listener(self, callback: SessionCallback) -> None:
+        self.inner.add_session_listener(callback)
+
+    @property
+    def session_state(self) -> SessionState:
+        return self.inner.session_state
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@asynccontextmanager
+async def faulty_client(uri: str) -> AsyncIterator[tuple[BookKeeper, FaultyStore]]:
+    """A client whose metadata store is a :class:`FaultyStore` over the real one."""
+    plain = await BookKeeper.connect(uri)
+    plain.pool.close()  # only its store is used, through the wrapper
+    store = FaultyStore(plain.store)
+    bk = BookKeeper(store, plain.config)
+    try:
+        yield bk, store
+    finally:
+        await bk.close()
 
 
 def test_task_ledgers_sort_by_partition_whatever_order_tasks_run(cluster3: LocalCluster) -> None:
@@ -131,5 +245,97 @@ def test_staging_left_by_a_dead_driver_is_swept_by_a_later_commit(cluster3: Loca
             )
             assert not await bk.ledger_exists(orphan.ledger_id)
             assert await staging(bk, dead) == []
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
+@pytest.mark.parametrize("streaming", [False, True], ids=["batch", "stream"])
+def test_l3_r13_a_commit_whose_compare_and_set_outcome_is_unknown_appends_once_and_succeeds(
+    cluster3: LocalCluster, applied: bool, streaming: bool
+) -> None:
+    """The log's compare-and-set raises an outcome-unknown error, once: applied but its
+    reply lost, or not applied. The commit re-reads the log to learn which (R13), and
+    either way reports success with the rows in the log exactly once."""
+
+    async def main() -> None:
+        async with faulty_client(cluster3.metadata_uri) as (bk, store):
+            await commits.prepare_log(bk, "unknown")
+            token = commits.new_write_token()
+            results = [await task(bk, token, "unknown", p, 3) for p in range(2)]
+            faults = store.lose_set_reply if applied else store.drop_set
+            faults[log_path("unknown")] = 1
+            sink = ("q", 0) if streaming else None
+            outcome = await commits.commit(bk, "unknown", token, results, sink=sink)
+            assert faults[log_path("unknown")] == 0  # the fault did happen
+            assert outcome.appended == tuple(r.ledger_id for r in results)
+            assert outcome.rows == 6 and not outcome.replayed
+            assert await log_data(bk, "unknown") == [
+                b"p%d-%d" % (p, i) for p in range(2) for i in range(3)
+            ]
+            if streaming:
+                assert (await (await bk.open_log("unknown")).metadata())[0].sink_batches == {"q": 0}
+            assert all([await bk.ledger_exists(r.ledger_id) for r in results])
+            assert await staging(bk, token) == []
+
+    asyncio.run(main())
+
+
+def test_l3_a_clean_up_that_fails_after_the_commit_does_not_fail_the_write(
+    cluster3: LocalCluster,
+) -> None:
+    """Once the compare-and-set appended the rows, the write has succeeded: a clean-up
+    that then fails (the store drops the connection) is left for a later one, and the
+    commit reports success, so the user does not write the rows again."""
+
+    async def main() -> None:
+        async with faulty_client(cluster3.metadata_uri) as (bk, store):
+            await commits.prepare_log(bk, "messy")
+            token = commits.new_write_token()
+            failed = await task(bk, token, "messy", 0, 2)  # a failed attempt to clean up
+            results = [await task(bk, token, "messy", 0, 3, attempt=1)]
+            store.fail_staging = True
+            outcome = await commits.commit(bk, "messy", token, results)
+            assert outcome.appended == (results[0].ledger_id,) and outcome.deleted == ()
+            assert await log_data(bk, "messy") == [b"p0-%d" % i for i in range(3)]
+            store.fail_staging = False
+            # Left for later: the next clean-up of that write (here the day-old sweep's).
+            keep = (await (await bk.open_log("messy")).metadata())[0].ledgers
+            assert await commits.sweep_stale(bk, "messy", keep, older_than_ms=0) == (
+                failed.ledger_id,
+            )
+            assert await staging(bk, token) == []
+            assert await log_data(bk, "messy") == [b"p0-%d" % i for i in range(3)]
+
+    asyncio.run(main())
+
+
+def test_l3_r13_abort_deletes_nothing_while_the_commits_outcome_is_unknown(
+    cluster3: LocalCluster,
+) -> None:
+    """The compare-and-set has no answer and the log cannot be read to tell: the commit
+    says the outcome is unknown, and the abort Spark then calls deletes nothing, since
+    the compare-and-set can still land (here it does, late): the log lists the ledgers,
+    and they are all there."""
+
+    async def main() -> None:
+        async with faulty_client(cluster3.metadata_uri) as (bk, store):
+            await commits.prepare_log(bk, "late")
+            token = commits.new_write_token()
+            results = [await task(bk, token, "late", p, 2) for p in range(2)]
+            store.defer_set[log_path("late")] = 1
+            store.blind_while_deferred = True
+            with pytest.raises(MetadataError) as raised:
+                await commits.commit(bk, "late", token, results, timeout_s=0.5)
+            store.blind_while_deferred = False
+            assert await commits.abort(bk, "late", token) == ()
+            await store.apply_deferred()  # the compare-and-set lands after all
+            assert await log_data(bk, "late") == [
+                b"p%d-%d" % (p, i) for p in range(2) for i in range(2)
+            ]
+            assert "may be in the log" in str(raised.value)
+            keep = (await (await bk.open_log("late")).metadata())[0].ledgers
+            assert await commits.sweep_stale(bk, "late", keep, older_than_ms=0) == ()
+            assert await staging(bk, token) == []
 
     asyncio.run(main())
