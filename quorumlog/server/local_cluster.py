@@ -373,16 +373,25 @@ def running_cluster(
         cluster.stop_all()
 
 
+def embedded_metadata_uri(directory: Path | str) -> str:
+    """The URI of the embedded (SQLite) metadata store kept in ``directory``."""
+    return "sqlite://" + os.path.join(directory, "metadata.db")
+
+
 @contextlib.contextmanager
 def temporary_cluster(
-    num_bookies: int, *, prefix: str = "quorumlog-", **options: Any
+    num_bookies: int,
+    *,
+    metadata_uri: str | None = None,
+    prefix: str = "quorumlog-",
+    **options: Any,
 ) -> Iterator[LocalCluster]:
-    """A started :class:`LocalCluster` of ``num_bookies`` on the embedded metadata store
-    (``sqlite://<tmp>/metadata.db``), all in a new temporary directory; on exit every
+    """A started :class:`LocalCluster` of ``num_bookies`` in a new temporary directory,
+    on ``metadata_uri`` (default: an embedded store in that directory); on exit every
     bookie is stopped and the directory removed. ``options`` go to :class:`LocalCluster`
     (``journal_sync``, ``extra_args``, ``start_timeout_s``, ...)."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        uri = "sqlite://" + os.path.join(tmp, "metadata.db")
+        uri = metadata_uri or embedded_metadata_uri(tmp)
         # The context manager stops the bookies before the directory goes away.
         with LocalCluster(uri, tmp, num_bookies, **options) as cluster:
             yield cluster

@@ -1,1 +1,94 @@
-"""testing"""
+"""Tools to test your own application on quorumlog: real clusters, faults, a simulator.
+
+The same tools quorumlog's own tests use, with a small surface:
+
+Real processes on this machine
+    :func:`local_cluster` -- N real bookie processes and a metadata store (embedded,
+    or a ZooKeeper of yours) as a context manager; yields a :class:`LocalCluster`
+    (``metadata_uri``, ``addresses``, ``bookies`` with their pids, and the faults
+    ``kill(i)`` (kill -9), ``stop(i)``, ``pause(i)`` (SIGSTOP), ``resume(i)``,
+    ``restart(i)``, ``start_new_bookie()``).
+    :class:`ZooKeeperServer` -- a real standalone ZooKeeper (Debian's ``zookeeper``
+    package and Java) on a free port, for code that must run on ZooKeeper;
+    :func:`zookeeper_installed` says whether it can start.
+    :func:`kill_process`, :func:`pause_process`, :func:`resume_process` -- the same
+    faults for your application's own processes, by pid.
+
+In one process, no I/O
+    :class:`MemoryStore` (sessions over a shared :class:`MemoryTree`) -- a metadata
+    store with ZooKeeper's semantics (versions, ephemeral and sequential nodes,
+    watches, session expiry) in memory.
+    :class:`VirtualTimeLoop`, :class:`SimNetwork`, :class:`SimBookie`,
+    :class:`NetworkFaults` -- the seeded simulator: the real client against in-memory
+    bookies over a network that delays, reorders and drops, on a loop whose clock jumps
+    to the next timer (minutes of timeouts in milliseconds; one seed, one run).
+    :func:`run_scenario` and :func:`check_history` -- the shipped fault scenario (a
+    writer, a tailing reader, concurrent recoveries) and its history checker.
+
+The wire protocol, raw
+    :class:`RawClient` -- one connection to one bookie, raw requests and answers
+    (no retries, no digest checks); :func:`make_entry` and :func:`master_key` build
+    what a writer would send.
+
+Example::
+
+    from quorumlog import BookKeeper
+    from quorumlog.testing import local_cluster
+
+    with local_cluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bk:
+        ledger = bk.create_ledger(3, 3, 3)  # each entry confirmed by all three bookies
+        ledger.add_entry(b"hello")
+        ledger.close()
+        cluster.kill(0)  # kill -9, by pid
+        assert bk.open_ledger(ledger.ledger_id).read_entries(0, 0)[0].data == b"hello"
+        cluster.restart(0)  # same directories and port: it still has the entry
+
+See docs/TESTING.md, "Testing your application with quorumlog.testing".
+Nothing shipped imports this package: it is for tests.
+"""
+
+from quorumlog.server.local_cluster import BookieProcess, ClusterError, LocalCluster
+from quorumlog.testing.faults import kill_process, pause_process, resume_process
+from quorumlog.testing.fixtures import local_cluster
+from quorumlog.testing.memory_store import MemoryStore, MemoryTree
+from quorumlog.testing.raw_client import RawClient, make_entry, master_key
+from quorumlog.testing.sim import (
+    NetworkFaults,
+    SimBookie,
+    SimNetwork,
+    SimulationDeadlock,
+    VirtualTimeLoop,
+)
+from quorumlog.testing.sim_scenarios import SIM_CONFIG, History, check_history, run_scenario
+from quorumlog.testing.zookeeper import (
+    ZooKeeperServer,
+    ZooKeeperUnavailableError,
+    zookeeper_installed,
+)
+
+__all__ = [
+    "SIM_CONFIG",
+    "BookieProcess",
+    "ClusterError",
+    "History",
+    "LocalCluster",
+    "MemoryStore",
+    "MemoryTree",
+    "NetworkFaults",
+    "RawClient",
+    "SimBookie",
+    "SimNetwork",
+    "SimulationDeadlock",
+    "VirtualTimeLoop",
+    "ZooKeeperServer",
+    "ZooKeeperUnavailableError",
+    "check_history",
+    "kill_process",
+    "local_cluster",
+    "make_entry",
+    "master_key",
+    "pause_process",
+    "resume_process",
+    "run_scenario",
+    "zookeeper_installed",
+]
