@@ -55,7 +55,8 @@ ENTRY_POINTS = (
     "_run_module_as_main (",
     "_run_code (",
     "<module> (__main__.py)",
-    "main (cli.py)",
+    "main (__init__.py)",  # quorumlog.commands.main
+    "run_parsed (__init__.py)",
     "Thread._bootstrap",
     "Thread.run (",
 )
