@@ -12,10 +12,11 @@ import asyncio
 import dataclasses
 import hashlib
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from quorumlog.errors import MetadataError, MetadataVersionError, UnauthorizedError
+from quorumlog.errors import MetadataError, UnauthorizedError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.meta.ledgers import Done, MetadataConflictsError
 from quorumlog.proto.entry import master_key
 from quorumlog.replication.plan import Fragment
 from quorumlog.replication.report import FragmentStatus
@@ -57,35 +58,47 @@ async def swap_replacement(
     """Compare-and-set: ``target`` instead of ``lost`` in ``fragment``, on the
     metadata as it is now. Returns the status and an error (empty if none), or for
     REPLACED_CONCURRENTLY the bookie that holds the index now."""
-    for _ in range(bk.config.metadata_cas_retries):
-        md, version = await read_ledger_metadata(bk, ledger_id)
+
+    def decide(md: LedgerMetadata) -> LedgerMetadata | Done[tuple[FragmentStatus, str]]:
         bounds = {first: (last, ens) for first, last, ens in md.fragment_bounds()}
         if fragment.first not in bounds:
-            return FragmentStatus.FAILED, (
-                f"ledger {ledger_id}: the fragment from entry {fragment.first} changed "
-                "concurrently; run again"
+            return Done(
+                (
+                    FragmentStatus.FAILED,
+                    f"ledger {ledger_id}: the fragment from entry {fragment.first} changed "
+                    "concurrently; run again",
+                )
             )
         last, ensemble = bounds[fragment.first]
         if ensemble[fragment.index] != lost:
-            return FragmentStatus.REPLACED_CONCURRENTLY, ensemble[fragment.index]
+            return Done((FragmentStatus.REPLACED_CONCURRENTLY, ensemble[fragment.index]))
         if last != fragment.last or target in ensemble:
-            return FragmentStatus.FAILED, (
-                f"ledger {ledger_id}: the fragment from entry {fragment.first} changed "
-                f"concurrently (now {ensemble}, last entry {last}); run again"
+            return Done(
+                (
+                    FragmentStatus.FAILED,
+                    f"ledger {ledger_id}: the fragment from entry {fragment.first} changed "
+                    f"concurrently (now {ensemble}, last entry {last}); run again",
+                )
             )
         replaced = tuple(target if i == fragment.index else b for i, b in enumerate(ensemble))
-        updated = dataclasses.replace(
+        return dataclasses.replace(
             md,
             ensembles=tuple(
                 (first, replaced if first == fragment.first else bookies)
                 for first, bookies in md.ensembles
             ),
         )
-        try:
-            await metadata_call(bk, bk.ledgers.write(updated, version), f"ledger {ledger_id}")
-        except MetadataVersionError:
-            continue  # someone else changed it: look again
+
+    async def guard(operation: Awaitable[Any], what: str) -> Any:
+        return await metadata_call(bk, operation, what)
+
+    try:
+        result = await bk.ledgers.update(
+            ledger_id, decide, attempts=bk.config.metadata_cas_retries, guard=guard
+        )
+    except MetadataConflictsError as exc:
+        return FragmentStatus.FAILED, f"{exc.message}; run again"
+    if result.written:
         return FragmentStatus.COPIED, ""
-    return FragmentStatus.FAILED, (
-        f"ledger {ledger_id}: too many conflicting metadata updates; run again"
-    )
+    assert result.value is not None
+    return result.value

@@ -467,11 +467,9 @@ class _Run:
         fewest entries so far (ties broken at random); None if there is none."""
         writable = await metadata_call(self.bk, self.bk.registry.writable_bookies(), "bookies")
         excluded = {*ensemble, *tried, *self.bad_targets, *self.down, self.lost}
-        candidates = sorted(b for b in writable if b not in excluded)
-        if not candidates:
+        chosen = self.bk.placement.least_loaded(writable, excluded, self.assigned)
+        if chosen is None:
             return None
-        rng = self.bk.rng
-        chosen = min(candidates, key=lambda b: (self.assigned[b], rng.random()))
         self.assigned[chosen] += max(1, entries)
         return chosen
 
