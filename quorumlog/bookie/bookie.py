@@ -107,6 +107,7 @@ class Bookie:
             timers,
             config.checkpoint_interval_ms,
             done=1,  # open_storage ends with one
+            after=lambda: self._mode.storage_checked(storage),
         )
 
     @classmethod
@@ -191,8 +192,13 @@ class Bookie:
 
     @property
     def read_only(self) -> bool:
-        """True while adds are refused (disk full, or the journal failed)."""
+        """True while adds are refused (disk full, the journal or ledger storage failed)."""
         return self._mode.read_only
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why adds are refused, in words; None while they are not."""
+        return self._mode.reason
 
     def add_read_only_listener(self, listener: ReadOnlyListener) -> None:
         """``listener(read_only)`` is called on the loop whenever :attr:`read_only` changes."""

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+from collections.abc import Callable
 
 from quorumlog.bookie.journal import Journal
 from quorumlog.bookie.storage import LedgerStorage
@@ -34,7 +35,9 @@ class Checkpoints:
         timers: Timers,
         interval_ms: float,
         done: int,
+        after: Callable[[], None] | None = None,
     ) -> None:
+        """``after()`` runs on the loop after each checkpoint, failed or not."""
         self.running: asyncio.Future[None] | None = None
         self.done = done  # checkpoints completed, the one at open included
         self._storage = storage
@@ -43,6 +46,7 @@ class Checkpoints:
         self._interval_ms = interval_ms
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: concurrent.futures.Executor | None = None
+        self._after = after
 
     def start(self, loop: asyncio.AbstractEventLoop, executor: concurrent.futures.Executor) -> None:
         """Commit on ``executor`` from now on, every ``interval_ms``."""
@@ -73,6 +77,8 @@ class Checkpoints:
                 self.done += 1
             else:
                 log.error("bookie %s: checkpoint failed: %s", self._storage.data_dir, error)
+            if self._after is not None:
+                self._after()
             self.running = None
             if not done.done():
                 done.set_result(None)

@@ -120,6 +120,12 @@ class EntryLogger:
     checkpoint worker, so the loop never waits for the page cache; the worker runs
     jobs in order, so a checkpoint's fsync always follows the writes before it.
     Without one (journal replay at open) writes are synchronous.
+
+    A failed fdatasync (or fsync of the directory) is sticky (R14,
+    :attr:`sync_error`): the kernel reports a writeback error once and may have
+    dropped the pages, so syncing again would succeed over lost data. Every later
+    :meth:`sync` fails, so no checkpoint passes it and the journal that holds the
+    only durable copy is kept.
     """
 
     def __init__(
@@ -150,6 +156,7 @@ class EntryLogger:
         self._pending: list[tuple[int, int, bytearray]] = []
         self.writer: ChunkWriter | None = None
         self.write_error: OSError | None = None
+        self.sync_error: OSError | None = None  # sticky
         self._open_current()
 
     # ------------------------------------------------------------ writing
@@ -165,7 +172,9 @@ class EntryLogger:
         # while a checkpoint has made the index point into it.
         try:
             self.ops.fsync_directory(self.directory)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, OSError):
+                self._sync_failed(exc, f"fsync of the directory for log {self.current_id}")
             del self._fds[self.current_id]
             self.ops.close(fd)
             raise
@@ -253,11 +262,31 @@ class EntryLogger:
                 self._unsynced.add(log_id)
 
     def sync(self, fds: Iterable[tuple[int, int]]) -> None:
-        """fdatasync the given logs (checkpoint worker, after the writes queued before)."""
+        """fdatasync the given logs (checkpoint worker, after the writes queued before).
+        Raises if one fails; a failed sync is sticky."""
+        if self.sync_error is not None:
+            raise OSError(
+                f"entry log {self.directory}: an earlier sync failed ({self.sync_error}); "
+                f"the pages it covered may be lost, so no checkpoint can pass it"
+            )
         if self.write_error is not None:
             raise OSError(f"entry log {self.directory}: a write failed: {self.write_error}")
-        for _, fd in fds:
-            self.ops.fdatasync(fd)
+        for log_id, fd in fds:
+            try:
+                self.ops.fdatasync(fd)
+            except OSError as exc:
+                self._sync_failed(exc, f"fdatasync of log {log_id}")
+                raise
+
+    def _sync_failed(self, exc: OSError, what: str) -> None:
+        if self.sync_error is None:
+            self.sync_error = exc
+        log.error(
+            "entry log %s: %s failed: %s; no checkpoint will pass this (the journal is kept)",
+            self.directory,
+            what,
+            exc,
+        )
 
     # ------------------------------------------------------------ reading
 

@@ -1,10 +1,11 @@
 """A bookie's care of its disks: read-only mode and garbage collection.
 
 Read-only mode refuses adds while a disk is full (measured every
-``disk_check_interval_ms``, with hysteresis, :mod:`.disk_checker`) or after the
-journal failed: a failed sync is never retried as if the data were there, so adds
-stay refused until a restart. Reads, fences, explicit LACs and deletes go on while
-only the disk is full. Listeners hear of every change (the server moves its
+``disk_check_interval_ms``, with hysteresis, :mod:`.disk_checker`), or after the
+journal failed or an entry-log sync failed (R14: a failed sync is never retried as
+if the data were there, so adds stay refused until a restart). Reads, fences,
+explicit LACs and deletes go on unless the journal failed.
+:attr:`ReadOnlyMode.reason` says why. Listeners hear of every change (the server moves its
 registration).
 
 Garbage collection drops the ledgers the server found gone from the metadata store;
@@ -33,9 +34,10 @@ ReadOnlyListener = Callable[[bool], None]
 class ReadOnlyMode:
     """Whether a bookie refuses adds, and why (event loop only).
 
-    ``read_only`` is "a disk is full or the journal failed"; the disk verdict comes
-    from the :class:`DiskChecker` at open and at every check, the journal failure
-    from the request side. Listeners are called on every change of ``read_only``.
+    ``read_only`` is "a disk is full, the journal failed, or ledger storage cannot
+    take writes"; the disk verdict comes from the :class:`DiskChecker` at open and at
+    every check, the journal failure from the request side, the storage verdict from
+    :meth:`storage_checked`. Listeners are called on every change of ``read_only``.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class ReadOnlyMode:
     ) -> None:
         self.disk_checker = disk_checker
         self.journal_failed = False
+        self.storage_failure: str | None = None  # R14: until a restart
         self.read_only = disk_checker.full
         self._timers = timers
         self._check_interval_ms = check_interval_ms
@@ -61,8 +64,32 @@ class ReadOnlyMode:
         self.journal_failed = True
         self._update()
 
+    def storage_checked(self, storage: LedgerStorage) -> None:
+        """After a checkpoint: follow ledger storage's verdict."""
+        failure = storage.failure
+        if failure == self.storage_failure:
+            return
+        if failure is not None:
+            log.error("bookie %s: refusing adds: %s", self._data_dir, failure)
+        self.storage_failure = failure
+        self._update()
+
+    @property
+    def reason(self) -> str | None:
+        """Why adds are refused, in words; None while they are not."""
+        if not self.read_only:
+            return None
+        reasons = [
+            "the journal failed; restart the bookie" if self.journal_failed else None,
+            self.storage_failure,
+            "a disk is at or above its usage threshold" if self.disk_checker.full else None,
+        ]
+        return "; ".join(r for r in reasons if r)
+
     def _update(self) -> None:
-        read_only = self.disk_checker.full or self.journal_failed
+        read_only = (
+            self.disk_checker.full or self.journal_failed or self.storage_failure is not None
+        )
         if read_only == self.read_only:
             return
         self.read_only = read_only

@@ -168,6 +168,18 @@ class LedgerStorage:
     def ledger_ids(self) -> set[int]:
         return {lid for lid, st in self.states.items() if not st.deleted}
 
+    @property
+    def failure(self) -> str | None:
+        """Why no checkpoint can succeed any more (R14: a failed sync), or None."""
+        error = self.entry_log.sync_error
+        if error is None:
+            return None
+        return (
+            f"a sync of the entry logs in {self.entry_log.directory} failed ({error}): "
+            f"written entries may be lost from them, so no checkpoint passes this and the "
+            f"journal is kept; restart the bookie to replay the journal into new logs"
+        )
+
     # ------------------------------------------------------------ entries
 
     def add_entries(

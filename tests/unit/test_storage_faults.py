@@ -16,9 +16,10 @@ from quorumlog.bookie import journal as jm
 from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.entry_log import EntryLogger, format_records, list_log_ids, log_file_name
 from quorumlog.bookie.errors import BookieStartError
+from quorumlog.bookie.fileops import FileOps
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.errors import BookieIOError, Status
-from quorumlog.proto.codec import AddRequest, FenceRequest
+from quorumlog.proto.codec import AddRequest, FenceRequest, ReadRequest
 from quorumlog.testing.raw_client import make_entry, master_key
 
 PAGE = 4096
@@ -155,7 +156,7 @@ def test_s2_damage_in_an_earlier_file_is_an_error_never_a_torn_tail(tmp_path, mo
 # ---------------------------------------------------------------- ledger storage helpers
 
 
-def open_storage(data_dir: Path, **overrides: int) -> LedgerStorage:
+def open_storage(data_dir: Path, ops: FileOps | None = None, **overrides: int) -> LedgerStorage:
     settings = {
         "entry_log_max_bytes": 1 << 20,
         "entry_log_write_buffer_bytes": 1 << 16,
@@ -163,7 +164,9 @@ def open_storage(data_dir: Path, **overrides: int) -> LedgerStorage:
         "index_map_size_bytes": 1 << 26,
     }
     settings.update(overrides)
-    return LedgerStorage(data_dir, **settings)
+    if ops is None:
+        return LedgerStorage(data_dir, **settings)
+    return LedgerStorage(data_dir, ops=ops, **settings)
 
 
 def put(storage: LedgerStorage, ledger_id: int, entry_ids: range, size: int = 100) -> list[bytes]:
@@ -336,3 +339,123 @@ def test_s3_a_missing_journal_file_named_by_the_mark_refuses_to_start(make_drive
     with pytest.raises(BookieStartError, match="missing") as info:
         Bookie.open(driver.config)  # rather than answer "no such entry" for entry 7/0
     assert str(journal_dir) in str(info.value)
+
+
+# ---------------------------------------------------------------- S1: failed syncs (R14)
+
+
+class FaultyFiles(FileOps):
+    """Real files, except the faults a test asks for: the next ``fail_syncs`` fdatasyncs
+    and the next ``fail_writes`` pwrites fail with EIO / ENOSPC (once each: the kernel
+    reports a writeback error once, then the pages are clean and gone)."""
+
+    def __init__(self) -> None:
+        self.fail_syncs = 0
+        self.fail_writes = 0
+        self.syncs = 0
+
+    def fdatasync(self, fd: int) -> None:
+        self.syncs += 1
+        if self.fail_syncs:
+            self.fail_syncs -= 1
+            raise OSError(5, "Input/output error (simulated writeback error)")
+        super().fdatasync(fd)
+
+    def pwrite(self, fd: int, data: memoryview, offset: int) -> int:
+        if self.fail_writes:
+            self.fail_writes -= 1
+            raise OSError(28, "No space left on device (simulated)")
+        return super().pwrite(fd, data, offset)
+
+
+def journal_files(journal_dir: Path, *ids: int) -> None:
+    for file_id in ids:
+        os.close(jm.create_journal_file(journal_dir, file_id))
+
+
+def test_r14_failed_entry_log_sync_is_sticky(tmp_path):
+    data_dir, journal_dir = tmp_path / "data", tmp_path / "journal"
+    journal_dir.mkdir()
+    journal_files(journal_dir, 1, 2, 3)
+    files = FaultyFiles()
+    storage = open_storage(data_dir, files)
+    try:
+        checkpoint(storage, journal_dir, mark=(1, 24))
+        blobs = put(storage, 1, range(20))
+        files.fail_syncs = 1
+        with pytest.raises(OSError):
+            checkpoint(storage, journal_dir, mark=(2, 24))
+        # The same descriptor would sync fine now, though the pages may be gone: the
+        # journal holds the only durable copy, so no checkpoint may pass the failure.
+        with pytest.raises(OSError, match="sync"):
+            checkpoint(storage, journal_dir, mark=(3, 24))
+        assert storage.index.load_mark() == (1, 24)
+        assert jm.list_journal_ids(journal_dir) == [1, 2, 3]
+        assert storage.failure is not None and "sync" in storage.failure
+        assert read(storage, 1, 0, count=20) == blobs  # reads still work
+    finally:
+        storage.close()
+
+
+async def wait_until(condition, timeout_s: float = 10) -> None:
+    """Wait for ``condition()`` on the running loop (the event, not a fixed sleep)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def fail_once(monkeypatch: pytest.MonkeyPatch, name: str, error: OSError) -> list[int]:
+    """Make ``os.<name>`` (used by entry logs through FileOps, not by the journal, which
+    binds its own fdatasync) fail once; returns the list of calls."""
+    real = getattr(os, name)
+    calls: list[int] = []
+
+    def call(fd: int, *args: object) -> object:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise error
+        return real(fd, *args)
+
+    monkeypatch.setattr(os, name, call)
+    return calls
+
+
+def zero_entry_logs(data_dir: Path) -> None:
+    """What the disk holds after a lost writeback: the pages never arrived."""
+    for path in (data_dir / "entrylogs").iterdir():
+        size = path.stat().st_size
+        with open(path, "r+b") as f:
+            f.seek(24)
+            f.write(bytes(max(0, size - 24)))
+
+
+def test_r14_failed_entry_log_sync_turns_the_bookie_read_only_and_keeps_the_journal(
+    make_driver, monkeypatch
+):
+    driver = make_driver()
+    blobs = [make_entry(8, e, b"acked %d" % e) for e in range(20)]
+
+    async def scenario() -> None:
+        bookie = await driver.start()
+        changes: list[bool] = []
+        bookie.add_read_only_listener(changes.append)
+        assert (await driver.call(AddRequest(0, 8, KEY, blobs))).status == Status.OK
+        fail_once(monkeypatch, "fdatasync", OSError(5, "Input/output error (simulated)"))
+        await bookie.checkpoint()  # fails
+        assert bookie.read_only and changes == [True]
+        assert "sync" in (bookie.read_only_reason or "")
+        refused = await driver.call(AddRequest(0, 8, KEY, [make_entry(8, 20, b"late")]))
+        assert refused.status == Status.READ_ONLY
+        zero_entry_logs(driver.config.data_dir)  # the failed writeback lost the pages
+        await bookie.checkpoint()  # the retry would succeed: it must not pass
+        await driver.crash()
+        monkeypatch.undo()
+        bookie = await driver.start()  # replays the journal into a new log
+        read = await driver.call(ReadRequest(0, 8, 0, 20, max_bytes=1 << 20))
+        assert read.status == Status.OK and read.entries == blobs
+        assert not bookie.read_only
+        await driver.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
