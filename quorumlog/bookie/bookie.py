@@ -109,6 +109,8 @@ class Bookie:
             done=1,  # open_storage ends with one
             after=lambda: self._mode.storage_checked(storage),
         )
+        # A failed entry-log write refuses adds at once, not at the next checkpoint.
+        storage.entry_log.on_write_error = lambda _error: self._mode.storage_checked(storage)
 
     @classmethod
     def open(cls, config: BookieConfig) -> Bookie:

@@ -5,7 +5,8 @@ The loop captures the work (journal mark, index updates, changed states); the
 worker thread syncs the entry logs and commits the index with the mark; the loop
 then forgets what the index now holds. A failed checkpoint puts its work back and
 keeps the journal, so nothing acknowledged depends on it (docs/STORAGE.md).
-One runs at a time.
+One runs at a time. A checkpoint that fails, or cannot even start, never stops the
+timer: the next one tries again (after a failed sync none will pass, R14).
 """
 
 from __future__ import annotations
@@ -47,19 +48,33 @@ class Checkpoints:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: concurrent.futures.Executor | None = None
         self._after = after
+        self._timer_pending = False  # one timer at a time, whoever starts a checkpoint
 
     def start(self, loop: asyncio.AbstractEventLoop, executor: concurrent.futures.Executor) -> None:
         """Commit on ``executor`` from now on, every ``interval_ms``."""
         self._loop = loop
         self._executor = executor
-        self._timers.schedule(self._interval_ms, self.tick)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._timer_pending and not self._timers.stopped:
+            self._timer_pending = True
+            self._timers.schedule(self._interval_ms, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer_pending = False
+        self.tick()
 
     def tick(self) -> None:
         """Start one unless one is running (the timer, or garbage collection)."""
         if self._timers.stopped:
             return
         if self.running is None:
-            self._start()
+            try:
+                self._start()
+            except Exception:
+                log.exception("bookie %s: a checkpoint could not start", self._storage.data_dir)
+                self._schedule()  # the next one tries again
 
     def _start(self) -> asyncio.Future[None]:
         assert self._loop is not None and self._executor is not None
@@ -70,20 +85,23 @@ class Checkpoints:
         self.running = done
 
         def finished(f: asyncio.Future[None]) -> None:
-            error = f.exception() if not f.cancelled() else asyncio.CancelledError()
-            ok = error is None
-            storage.finish(work, ok)
-            if ok:
-                self.done += 1
-            else:
-                log.error("bookie %s: checkpoint failed: %s", self._storage.data_dir, error)
-            if self._after is not None:
-                self._after()
-            self.running = None
-            if not done.done():
-                done.set_result(None)
-            if not self._timers.stopped:
-                self._timers.schedule(self._interval_ms, self.tick)
+            try:
+                error = f.exception() if not f.cancelled() else asyncio.CancelledError()
+                ok = error is None
+                storage.finish(work, ok)
+                if ok:
+                    self.done += 1
+                else:
+                    log.error("bookie %s: checkpoint failed: %s", self._storage.data_dir, error)
+                if self._after is not None:
+                    self._after()
+            except Exception:
+                log.exception("bookie %s: finishing a checkpoint failed", self._storage.data_dir)
+            finally:
+                self.running = None
+                if not done.done():
+                    done.set_result(None)
+                self._schedule()
 
         future.add_done_callback(finished)
         return done

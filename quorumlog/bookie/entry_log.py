@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import struct
+import threading
 from collections.abc import Callable, Iterable
 from itertools import accumulate, repeat
 from operator import add
@@ -105,11 +106,11 @@ def parse_records(data: bytes | memoryview, where: str) -> tuple[list[bytes], li
     return entries, sizes
 
 
-# Hands a chunk write to a worker thread; the returned future completes on the loop.
-ChunkWriter = Callable[
-    [Callable[[int, bytearray, int], None], int, bytearray, int], "asyncio.Future[None]"
-]
-_MAX_PENDING_CHUNKS = 4
+# Hands a chunk write (a function and its arguments) to a worker thread; the returned
+# future completes on the loop.
+ChunkWriter = Callable[..., "asyncio.Future[None]"]
+_MAX_IN_FLIGHT_CHUNKS = 4
+Chunk = tuple[int, int, bytearray]  # log id, file offset, bytes
 
 
 class EntryLogger:
@@ -121,11 +122,14 @@ class EntryLogger:
     jobs in order, so a checkpoint's fsync always follows the writes before it.
     Without one (journal replay at open) writes are synchronous.
 
-    A failed fdatasync (or fsync of the directory) is sticky (R14,
-    :attr:`sync_error`): the kernel reports a writeback error once and may have
-    dropped the pages, so syncing again would succeed over lost data. Every later
-    :meth:`sync` fails, so no checkpoint passes it and the journal that holds the
-    only durable copy is kept.
+    Failures (R14): a failed write is not lost data, the bytes are still in memory
+    (and in the journal). The chunk stays readable from memory and the next
+    checkpoint writes it again before it syncs; until then :attr:`write_error` says
+    why, and ``on_write_error`` is told on the loop. A failed fdatasync (or fsync of
+    the directory) is different: the kernel reports a writeback error once and may
+    have dropped the pages, so syncing again would succeed over lost data. It is
+    sticky (:attr:`sync_error`): every later :meth:`sync` fails, so no checkpoint
+    passes it and the journal that holds the only durable copy is kept.
     """
 
     def __init__(
@@ -152,36 +156,49 @@ class EntryLogger:
         self._end = 0  # logical end of the current log, buffer included
         self._synced_end = 0
         self._unsynced: set[int] = set()  # rotated logs not yet fsynced
-        # Chunks handed to the writer and not known to be written: (log id, offset, bytes).
-        self._pending: list[tuple[int, int, bytearray]] = []
+        # Chunks not known to be in their file, read from memory meanwhile: handed to
+        # the writer, or whose write failed and waits for the next checkpoint.
+        self._pending: list[Chunk] = []
+        self._in_flight = 0  # chunks handed to the writer, outcome not known yet
         self.writer: ChunkWriter | None = None
+        self.on_write_error: Callable[[OSError], None] | None = None
+        # Shared by the loop and the worker: chunks to write again, and why.
+        self._lock = threading.Lock()
+        self._rewrite: list[tuple[Chunk, int]] = []  # (chunk, fd)
+        self._rewritten: list[Chunk] = []  # written again; the loop forgets them
         self.write_error: OSError | None = None
         self.sync_error: OSError | None = None  # sticky
-        self._open_current()
+        self._create(self.current_id, strict=True)
 
     # ------------------------------------------------------------ writing
 
     def _path(self, log_id: int) -> Path:
         return self.directory / log_file_name(log_id)
 
-    def _open_current(self) -> None:
-        path = self._path(self.current_id)
-        fd = self.ops.create(path)
-        self._fds[self.current_id] = fd
+    def _create(self, log_id: int, strict: bool) -> None:
+        """Create log ``log_id`` and make it the current one. Without ``strict``, a failed
+        fsync of the directory is recorded (sticky) and reported instead of raised."""
+        fd = self.ops.create(self._path(log_id))
+        self._fds[log_id] = fd
+        self.current_id = log_id
+        self._buffer = bytearray(_FILE_HEADER.pack(LOG_MAGIC, log_id))
+        self._buffer_start = 0
+        self._end = LOG_HEADER_SIZE
+        self._synced_end = 0
         # Once per log, not per entry: without it a power loss may forget the log
         # while a checkpoint has made the index point into it.
         try:
             self.ops.fsync_directory(self.directory)
-        except BaseException as exc:
-            if isinstance(exc, OSError):
-                self._sync_failed(exc, f"fsync of the directory for log {self.current_id}")
-            del self._fds[self.current_id]
-            self.ops.close(fd)
-            raise
-        self._buffer = bytearray(_FILE_HEADER.pack(LOG_MAGIC, self.current_id))
-        self._buffer_start = 0
-        self._end = LOG_HEADER_SIZE
-        self._synced_end = 0
+        except OSError as exc:
+            self._sync_failed(exc, f"fsync of the directory after creating log {log_id}")
+            if strict:
+                del self._fds[log_id]
+                self.ops.close(fd)
+                raise
+            # The log's name may not be durable: writes go on (the journal has them),
+            # no checkpoint will pass (sync_error), and the listener hears of it.
+            if self.on_write_error is not None:
+                self.on_write_error(exc)
 
     def append(self, data: bytes) -> tuple[int, int]:
         """Append formatted records; returns (log id, offset of the first record)."""
@@ -199,11 +216,11 @@ class EntryLogger:
         self.flush()
         if self._synced_end < self._end:
             self._unsynced.add(self.current_id)
-        self.current_id += 1
-        self._open_current()
+        self._create(self.current_id + 1, strict=False)
 
     def flush(self) -> None:
-        """Hand the buffer to the writer (or write it now); no fsync."""
+        """Hand the buffer to the writer (or write it now); no fsync. Never raises for a
+        failed write: the chunk stays readable and the next checkpoint writes it again."""
         if not self._buffer:
             return
         chunk = self._buffer
@@ -211,37 +228,57 @@ class EntryLogger:
         fd = self._fds[self.current_id]
         self._buffer = bytearray()
         self._buffer_start = offset + len(chunk)
-        if self.writer is None or len(self._pending) >= _MAX_PENDING_CHUNKS:
-            # No worker, or it is behind: write here (back-pressure on the loop).
-            self._write_chunk(fd, chunk, offset)
-            return
         entry = (self.current_id, offset, chunk)
         self._pending.append(entry)
-        future = self.writer(self._write_chunk, fd, chunk, offset)
-        future.add_done_callback(lambda f: self._chunk_written(entry, f))
+        if self.writer is None or self._in_flight >= _MAX_IN_FLIGHT_CHUNKS:
+            # No worker, or it is behind: write here (back-pressure on the loop).
+            try:
+                self._write_chunk(entry, fd)
+            except OSError as exc:
+                if self.on_write_error is not None:
+                    self.on_write_error(exc)
+                return
+            self._pending.remove(entry)
+            return
+        self._in_flight += 1
+        future = self.writer(self._write_chunk, entry, fd)
+        future.add_done_callback(lambda f: self._chunk_written(entry, fd, f))
 
-    def _write_chunk(self, fd: int, chunk: bytearray, offset: int) -> None:
+    def _write_chunk(self, entry: Chunk, fd: int) -> None:
+        _, offset, chunk = entry
+        try:
+            self._pwrite_all(fd, chunk, offset)
+        except OSError as exc:
+            # Noted here, on the thread that wrote, before any later job of the worker
+            # (a checkpoint's sync) can run: that checkpoint writes it again first.
+            with self._lock:
+                self._rewrite.append((entry, fd))
+                if self.write_error is None:
+                    self.write_error = exc
+            log.error("entry log %s: write at offset %d failed: %s", self.directory, offset, exc)
+            raise
+
+    def _pwrite_all(self, fd: int, chunk: bytearray, offset: int) -> None:
         view = memoryview(chunk)
         try:
             written = 0
             while written < len(view):
                 written += self.ops.pwrite(fd, view[written:], offset + written)
-        except OSError as exc:
-            # The journal still holds these entries; the checkpoint must not pretend
-            # otherwise, so it fails while this is set (and the journal is kept).
-            self.write_error = exc
-            log.error("entry log %s: write at offset %d failed: %s", self.directory, offset, exc)
-            raise
         finally:
             view.release()
 
-    def _chunk_written(
-        self, entry: tuple[int, int, bytearray], future: asyncio.Future[None]
-    ) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return  # keep the chunk readable from memory
-        with contextlib.suppress(ValueError):
-            self._pending.remove(entry)
+    def _chunk_written(self, entry: Chunk, fd: int, future: asyncio.Future[None]) -> None:
+        self._in_flight -= 1
+        if future.cancelled():
+            with self._lock:  # never ran: the next checkpoint writes it
+                self._rewrite.append((entry, fd))
+            return
+        error = future.exception()
+        if error is None:
+            with contextlib.suppress(ValueError):
+                self._pending.remove(entry)
+        elif isinstance(error, OSError) and self.on_write_error is not None:
+            self.on_write_error(error)  # the chunk stays readable from memory
 
     def take_unsynced(self) -> list[tuple[int, int]]:
         """Flush, and hand over (log id, fd) of every log with bytes not yet fsynced."""
@@ -262,21 +299,37 @@ class EntryLogger:
                 self._unsynced.add(log_id)
 
     def sync(self, fds: Iterable[tuple[int, int]]) -> None:
-        """fdatasync the given logs (checkpoint worker, after the writes queued before).
-        Raises if one fails; a failed sync is sticky."""
+        """Write again what failed, then fdatasync the given logs (checkpoint worker,
+        after the writes queued before). Raises if either fails; a failed sync is sticky."""
         if self.sync_error is not None:
             raise OSError(
                 f"entry log {self.directory}: an earlier sync failed ({self.sync_error}); "
                 f"the pages it covered may be lost, so no checkpoint can pass it"
             )
-        if self.write_error is not None:
-            raise OSError(f"entry log {self.directory}: a write failed: {self.write_error}")
+        with self._lock:
+            rewrite, self._rewrite = self._rewrite, []
+        for n, (entry, fd) in enumerate(rewrite):
+            try:
+                self._pwrite_all(fd, entry[2], entry[1])
+            except OSError as exc:
+                with self._lock:
+                    self._rewrite[:0] = rewrite[n:]
+                    self.write_error = exc
+                raise OSError(
+                    f"entry log {self.directory}: writing log {entry[0]} at offset "
+                    f"{entry[1]} failed again: {exc}"
+                ) from exc
+            with self._lock:
+                self._rewritten.append(entry)
         for log_id, fd in fds:
             try:
                 self.ops.fdatasync(fd)
             except OSError as exc:
                 self._sync_failed(exc, f"fdatasync of log {log_id}")
                 raise
+        with self._lock:
+            if not self._rewrite:
+                self.write_error = None
 
     def _sync_failed(self, exc: OSError, what: str) -> None:
         if self.sync_error is None:
@@ -287,6 +340,14 @@ class EntryLogger:
             what,
             exc,
         )
+
+    def forget_rewritten(self) -> None:
+        """On the loop after a checkpoint: chunks written again are read from their file."""
+        with self._lock:
+            done, self._rewritten = self._rewritten, []
+        for entry in done:
+            with contextlib.suppress(ValueError):
+                self._pending.remove(entry)
 
     # ------------------------------------------------------------ reading
 
@@ -341,6 +402,10 @@ class EntryLogger:
             self.ops.unlink(self._path(log_id))
 
     def forget(self, log_id: int) -> None:
+        """Close a deleted log's descriptor (on the loop, the worker idle for it)."""
+        with self._lock:  # a collected log's failed writes need not be done again
+            self._rewrite = [r for r in self._rewrite if r[0][0] != log_id]
+        self._pending = [c for c in self._pending if c[0] != log_id]
         fd = self._fds.pop(log_id, None)
         if fd is not None:
             self.ops.close(fd)

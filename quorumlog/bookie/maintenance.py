@@ -1,12 +1,13 @@
 """A bookie's care of its disks: read-only mode and garbage collection.
 
 Read-only mode refuses adds while a disk is full (measured every
-``disk_check_interval_ms``, with hysteresis, :mod:`.disk_checker`), or after the
+``disk_check_interval_ms``, with hysteresis, :mod:`.disk_checker`), after the
 journal failed or an entry-log sync failed (R14: a failed sync is never retried as
-if the data were there, so adds stay refused until a restart). Reads, fences,
-explicit LACs and deletes go on unless the journal failed.
-:attr:`ReadOnlyMode.reason` says why. Listeners hear of every change (the server moves its
-registration).
+if the data were there, so adds stay refused until a restart), or while entry-log
+bytes whose write failed wait in memory for a checkpoint to write them again (so
+that memory and the journal stop growing). Reads, fences, explicit LACs and deletes
+go on unless the journal failed. :attr:`ReadOnlyMode.reason` says why. Listeners
+hear of every change (the server moves its registration).
 
 Garbage collection drops the ledgers the server found gone from the metadata store;
 the next checkpoint removes their index entries and every entry log left without a
@@ -46,6 +47,7 @@ class ReadOnlyMode:
         self.disk_checker = disk_checker
         self.journal_failed = False
         self.storage_failure: str | None = None  # R14: until a restart
+        self.write_failure: str | None = None  # until a checkpoint writes it again
         self.read_only = disk_checker.full
         self._timers = timers
         self._check_interval_ms = check_interval_ms
@@ -65,13 +67,16 @@ class ReadOnlyMode:
         self._update()
 
     def storage_checked(self, storage: LedgerStorage) -> None:
-        """After a checkpoint: follow ledger storage's verdict."""
-        failure = storage.failure
-        if failure == self.storage_failure:
+        """After a checkpoint, or a failed entry-log write: follow ledger storage's verdict."""
+        failure, write_failure = storage.failure, storage.write_failure
+        if failure == self.storage_failure and write_failure == self.write_failure:
             return
-        if failure is not None:
-            log.error("bookie %s: refusing adds: %s", self._data_dir, failure)
-        self.storage_failure = failure
+        for now, before in ((failure, self.storage_failure), (write_failure, self.write_failure)):
+            if now is not None and now != before:
+                log.error("bookie %s: refusing adds: %s", self._data_dir, now)
+        if write_failure is None and self.write_failure is not None:
+            log.warning("bookie %s: entry-log bytes written again", self._data_dir)
+        self.storage_failure, self.write_failure = failure, write_failure
         self._update()
 
     @property
@@ -82,13 +87,17 @@ class ReadOnlyMode:
         reasons = [
             "the journal failed; restart the bookie" if self.journal_failed else None,
             self.storage_failure,
+            self.write_failure,
             "a disk is at or above its usage threshold" if self.disk_checker.full else None,
         ]
         return "; ".join(r for r in reasons if r)
 
     def _update(self) -> None:
         read_only = (
-            self.disk_checker.full or self.journal_failed or self.storage_failure is not None
+            self.disk_checker.full
+            or self.journal_failed
+            or self.storage_failure is not None
+            or self.write_failure is not None
         )
         if read_only == self.read_only:
             return

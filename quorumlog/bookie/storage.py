@@ -180,6 +180,17 @@ class LedgerStorage:
             f"journal is kept; restart the bookie to replay the journal into new logs"
         )
 
+    @property
+    def write_failure(self) -> str | None:
+        """Why entry-log bytes wait in memory to be written again, or None."""
+        error = self.entry_log.write_error
+        if error is None:
+            return None
+        return (
+            f"a write to the entry logs in {self.entry_log.directory} failed ({error}); "
+            f"the entries are kept in memory and the next checkpoint writes them again"
+        )
+
     # ------------------------------------------------------------ entries
 
     def add_entries(
@@ -380,6 +391,7 @@ class LedgerStorage:
 
     def finish(self, work: CheckpointWork, ok: bool) -> None:
         """Step 3, on the loop: drop what the index now holds from memory."""
+        self.entry_log.forget_rewritten()
         if ok:
             for st in work.flushed:
                 st.flushing = None

@@ -5,6 +5,7 @@ failed writes (S5)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import shutil
 import threading
@@ -456,6 +457,138 @@ def test_r14_failed_entry_log_sync_turns_the_bookie_read_only_and_keeps_the_jour
         read = await driver.call(ReadRequest(0, 8, 0, 20, max_bytes=1 << 20))
         assert read.status == Status.OK and read.entries == blobs
         assert not bookie.read_only
+        await driver.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+# ---------------------------------------------------------------- S5: failed writes
+
+
+def test_s5_a_failed_synchronous_entry_log_write_keeps_entries_readable(tmp_path):
+    data_dir, journal_dir = tmp_path / "data", tmp_path / "journal"
+    journal_dir.mkdir()
+    files = FaultyFiles()
+    # No writer thread (as during replay): a full buffer is written on the spot.
+    storage = open_storage(data_dir, files, entry_log_write_buffer_bytes=4096)
+    try:
+        blobs = put(storage, 1, range(10))  # buffered, acknowledged in a bookie
+        files.fail_writes = 1
+        blobs += put(storage, 1, range(10, 40))  # fills the buffer: its write fails
+        assert storage.write_failure is not None and "No space" in storage.write_failure
+        assert read(storage, 1, 0, count=40) == blobs  # still served, from memory
+        checkpoint(storage, journal_dir)  # writes them again, then syncs
+        assert storage.write_failure is None
+    finally:
+        storage.close()
+    storage = open_storage(data_dir)
+    try:
+        assert read(storage, 1, 0, count=40) == blobs  # from the file
+    finally:
+        storage.close()
+
+
+def test_s5_an_entry_log_write_error_is_retried_by_the_next_checkpoint(tmp_path):
+    data_dir, journal_dir = tmp_path / "data", tmp_path / "journal"
+    journal_dir.mkdir()
+    journal_files(journal_dir, 1, 2, 3)
+    files = FaultyFiles()
+    storage = open_storage(data_dir, files, entry_log_write_buffer_bytes=4096)
+    executor = concurrent.futures.ThreadPoolExecutor(1)
+
+    async def scenario() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        storage.entry_log.writer = lambda fn, *args: loop.run_in_executor(executor, fn, *args)
+        files.fail_writes = 1
+        blobs = put(storage, 1, range(40))  # a full buffer goes to the worker, which fails
+        await loop.run_in_executor(executor, lambda: None)
+        await asyncio.sleep(0)  # the failed write's callback
+        assert read(storage, 1, 0, count=40) == blobs
+
+        async def checkpoint_now(mark: tuple[int, int]) -> None:
+            work = storage.capture(mark, journal_dir)
+            ok = False
+            try:
+                await loop.run_in_executor(executor, storage.commit, work)
+                ok = True
+            finally:
+                storage.finish(work, ok)
+
+        await checkpoint_now((2, 24))  # the failed write is done again first
+        assert storage.write_failure is None
+        assert jm.list_journal_ids(journal_dir) == [2, 3]
+        blobs += put(storage, 1, range(40, 80))
+        await checkpoint_now((3, 24))
+        return blobs
+
+    try:
+        blobs = asyncio.run(asyncio.wait_for(scenario(), 20))
+    finally:
+        executor.shutdown()
+        storage.close()
+    storage = open_storage(data_dir)
+    try:
+        assert read(storage, 1, 0, count=80) == blobs
+    finally:
+        storage.close()
+
+
+def test_s5_an_entry_log_write_error_turns_read_only_until_a_checkpoint_writes_it_again(
+    make_driver, monkeypatch
+):
+    driver = make_driver(entry_log_write_buffer_bytes=4096)
+    blobs = [make_entry(9, e, bytes(300)) for e in range(200)]  # about 66 KiB
+
+    async def scenario() -> None:
+        bookie = await driver.start()
+        changes: list[bool] = []
+        bookie.add_read_only_listener(changes.append)
+        calls = fail_once(monkeypatch, "pwrite", OSError(28, "No space left on device"))
+        acked: list[bytes] = []
+        for e in range(0, 200, 10):  # full buffers go to the worker; the first write fails
+            answer = await driver.call(AddRequest(0, 9, KEY, blobs[e : e + 10]))
+            if answer.status != Status.OK:
+                assert answer.status == Status.READ_ONLY  # the in-memory copy stops growing
+                break
+            acked += blobs[e : e + 10]
+        await wait_until(lambda: bool(calls) and bookie.read_only)
+        assert acked and changes == [True]
+        assert "write" in (bookie.read_only_reason or "")
+        read = await driver.call(ReadRequest(0, 9, 0, 200, max_bytes=1 << 20))
+        assert read.entries == acked  # the failed chunk is served from memory
+        await bookie.checkpoint()  # writes the chunk again, syncs, commits
+        assert not bookie.read_only and changes == [True, False]
+        assert bookie.read_only_reason is None
+        more = [make_entry(9, len(acked), b"writable again")]
+        assert (await driver.call(AddRequest(0, 9, KEY, more))).status == Status.OK
+        await driver.crash()
+        monkeypatch.undo()
+        await driver.start()
+        read = await driver.call(ReadRequest(0, 9, 0, 200, max_bytes=1 << 20))
+        assert read.entries == acked + more
+        await driver.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_s5_the_checkpoint_timer_survives_a_failed_checkpoint(make_driver, monkeypatch):
+    driver = make_driver(checkpoint_interval_ms=10)
+
+    async def scenario() -> None:
+        bookie = await driver.start()
+        real_capture = bookie.storage.capture
+        failures: list[int] = []
+
+        def capture(*args: object) -> object:
+            if not failures:
+                failures.append(1)
+                raise MemoryError("simulated")
+            return real_capture(*args)
+
+        monkeypatch.setattr(bookie.storage, "capture", capture)
+        await wait_until(lambda: bool(failures))
+        done = bookie.checkpoints_done
+        await wait_until(lambda: bookie.checkpoints_done >= done + 2, timeout_s=5)
         await driver.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
