@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from support import plant_forged_entry
+from writer_process import payload  # what the killed writer writes, used here too
 
 from quorumlog import BookKeeper, ClientConfig, LedgerFencedError
 from quorumlog.aio import BookKeeper as AsyncBookKeeper
@@ -20,10 +22,6 @@ from quorumlog.replication import audit_ledger
 from quorumlog.testing.raw_client import RawClient
 
 WRITER_SCRIPT = Path(__file__).with_name("writer_process.py")
-
-
-def payload(i: int) -> bytes:
-    return b"entry-%08d-" % i + bytes([i % 251]) * 40
 
 
 def test_r8_writer_killed_mid_stream_recovery_keeps_every_confirmed_entry(cluster3):
@@ -238,21 +236,6 @@ def test_speculative_read_goes_around_a_hung_replica(cluster3):
             cluster3.resume(0)
 
 
-async def _plant_forged_entry(address: str, ledger_id: int, password: bytes) -> int:
-    """Overwrite entry 1 on one bookie with a blob whose digest does not match (a lying
-    replica: its own storage checksum is fine, the writer's digest is not)."""
-    from quorumlog.proto.entry import DigestType, EntryCodec, master_key
-
-    good = EntryCodec(DigestType.CRC32C, password).encode(ledger_id, 1, 0, 10, b"original")
-    forged = good[:-8] + b"tampered"
-    raw = await RawClient.connect(address)
-    try:
-        answer = await raw.add(ledger_id, master_key(password), [forged], recovery=True)
-        return answer.status
-    finally:
-        await raw.close()
-
-
 def test_r9_digest_mismatch_on_one_replica_is_read_from_another(cluster3):
     with BookKeeper(cluster3.metadata_uri) as bk:
         lh = bk.create_ledger(3, 3, 3, password=b"pw")
@@ -260,7 +243,7 @@ def test_r9_digest_mismatch_on_one_replica_is_read_from_another(cluster3):
             lh.add_entry(data)
         lh.close()
         liar = lh.ensemble[0]
-        assert asyncio.run(_plant_forged_entry(liar, lh.ledger_id, b"pw")) == Status.OK
+        assert asyncio.run(plant_forged_entry(liar, lh.ledger_id, 1, b"pw")) == Status.OK
         rh = bk.open_ledger(lh.ledger_id, b"pw")
         for _ in range(6):  # every replica gets to be first
             assert [e.data for e in rh.read_entries(0, 2)] == [b"zeroth", b"original", b"second"]

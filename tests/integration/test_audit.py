@@ -9,23 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from support import holders, plant_forged_entry, shell
 
 from quorumlog import BookKeeper, UnauthorizedError
 from quorumlog.bookie.entry_log import LOG_HEADER_SIZE, RECORD_HEADER, list_log_ids
-from quorumlog.core.quorum import write_set
 from quorumlog.errors import Status
-from quorumlog.meta.ledger_metadata import LedgerMetadata
-from quorumlog.proto.entry import ENTRY_HEADER, DigestType, EntryCodec, master_key
+from quorumlog.proto.entry import ENTRY_HEADER
 from quorumlog.replication import LedgerAudit, audit_ledger
-from quorumlog.testing.raw_client import RawClient
 
 IO_ERROR_REASON = "bookie could not read it (I/O error)"
 
@@ -36,12 +31,6 @@ def payload(i: int) -> bytes:
 
 def audit(bk: BookKeeper, ledger_id: int, **options: object) -> LedgerAudit:
     return bk.run(audit_ledger(bk.aio, ledger_id, **options))  # type: ignore[arg-type]
-
-
-def holders(md: LedgerMetadata, entry_id: int) -> list[str]:
-    """The bookies of ``entry_id``'s write set (R1)."""
-    ensemble = md.ensemble_for(entry_id)
-    return [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)]
 
 
 def assert_healthy(result: LedgerAudit, entries: int, write_quorum: int) -> None:
@@ -153,19 +142,6 @@ def _flip_entry_payloads(data_dir: Path, ledger_id: int, entry_ids: set[int]) ->
     return flipped
 
 
-async def _plant_forged_entry(address: str, ledger_id: int, entry_id: int) -> int:
-    """Overwrite one copy with a blob whose storage checksum is fine and whose entry
-    digest is not (a lying replica), through a recovery add."""
-    good = EntryCodec(DigestType.CRC32C, b"pw").encode(ledger_id, entry_id, 0, 10, b"original")
-    forged = good[:-8] + b"tampered"
-    raw = await RawClient.connect(address)
-    try:
-        answer = await raw.add(ledger_id, master_key(b"pw"), [forged], recovery=True)
-        return answer.status
-    finally:
-        await raw.close()
-
-
 def test_r9_damaged_copies_are_reported_on_their_bookie_and_read_from_others(cluster3):
     with BookKeeper(cluster3.metadata_uri) as bk:
         lh = bk.create_ledger(3, 3, 3, password=b"pw")
@@ -177,7 +153,7 @@ def test_r9_damaged_copies_are_reported_on_their_bookie_and_read_from_others(clu
         cluster3.stop(rotten_bookie.index)  # a clean stop checkpoints into the entry logs
         assert _flip_entry_payloads(rotten_bookie.data_dir, lh.ledger_id, {7, 31}) >= 2
         cluster3.restart(rotten_bookie.index)
-        assert asyncio.run(_plant_forged_entry(liar, lh.ledger_id, 12)) == Status.OK
+        assert asyncio.run(plant_forged_entry(liar, lh.ledger_id, 12, b"pw")) == Status.OK
 
         result = audit(bk, lh.ledger_id, password=b"pw")
         assert result.damaged == [
@@ -229,12 +205,6 @@ def test_r7_open_ledger_is_audited_up_to_the_lac_without_fencing(cluster3):
         closed = audit(bk, lh.ledger_id)
         assert (closed.closed, closed.last_entry_id) == (True, 40)
         assert_healthy(closed, 41, 3)
-
-
-def shell(metadata_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "QUORUMLOG_METADATA"}
-    command = [sys.executable, "-m", "quorumlog", "shell", "--metadata", metadata_uri, *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.mark.parametrize("metadata_uri", ["sqlite"], indirect=True)

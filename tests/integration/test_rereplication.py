@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
 import pytest
+from support import holders, plant_copy, shell
 
 from quorumlog import BookKeeper
 from quorumlog.aio import LedgerHandle as AioLedgerHandle
-from quorumlog.core.quorum import write_set
 from quorumlog.errors import BKError, Status
-from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.codec import ReadLacRequest, ReadRequest, ReadResponse
-from quorumlog.proto.entry import DigestType, master_key
+from quorumlog.proto.entry import DigestType
 from quorumlog.replication import (
     FragmentStatus,
     LedgerAudit,
@@ -36,7 +32,6 @@ from quorumlog.replication import (
     replicate_ledger,
 )
 from quorumlog.server.local_cluster import LocalCluster
-from quorumlog.testing.raw_client import RawClient
 
 
 def payload(ledger_id: int, i: int) -> bytes:
@@ -88,11 +83,6 @@ def write_closed(
     add(bk, lh, 0, count - 1)
     bk.run(lh.close())
     return lh.ledger_id
-
-
-def holders(md: LedgerMetadata, entry_id: int) -> list[str]:
-    ensemble = md.ensemble_for(entry_id)
-    return [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)]
 
 
 def raw_blob(bk: BookKeeper, bookie: str, ledger_id: int, entry_id: int) -> bytes | None:
@@ -318,22 +308,13 @@ def test_r5_open_ledger_keeps_its_last_fragment_and_the_writer_carries_on(cluste
 # ---------------------------------------------------------------- damaged copies, races
 
 
-async def _plant_copy(address: str, ledger_id: int, blob: bytes, password: bytes) -> int:
-    raw = await RawClient.connect(address)
-    try:
-        answer = await raw.add(ledger_id, master_key(password), [blob], recovery=True)
-        return answer.status
-    finally:
-        await raw.close()
-
-
 def damage(bk: BookKeeper, bookie: str, ledger_id: int, entry_id: int, password: bytes) -> bytes:
     """Replace ``bookie``'s copy with one that fails the entry digest (R9); returns the
     original blob."""
     original = raw_blob(bk, bookie, ledger_id, entry_id)
     assert original is not None
     forged = original[:-1] + bytes([original[-1] ^ 0x5A])
-    assert asyncio.run(_plant_copy(bookie, ledger_id, forged, password)) == Status.OK
+    assert asyncio.run(plant_copy(bookie, ledger_id, forged, password)) == Status.OK
     assert raw_blob(bk, bookie, ledger_id, entry_id) == forged
     return original
 
@@ -406,12 +387,6 @@ def test_r9_damaged_copies_are_skipped_and_no_intact_copy_fails_the_ledger(clust
 
 
 # ---------------------------------------------------------------- the shell command
-
-
-def shell(metadata_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "QUORUMLOG_METADATA"}
-    command = [sys.executable, "-m", "quorumlog", "shell", "--metadata", metadata_uri, *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.mark.parametrize("metadata_uri", ["sqlite"], indirect=True)
