@@ -127,5 +127,14 @@ class Checkpoints:
                 storage.commit(work)
             ok = True
             self.done += 1
+        except Exception as exc:
+            # Nothing is lost: the journal stays and the next start replays it. The
+            # close goes on, so that the files and locks are released.
+            log.error(
+                "bookie %s: the checkpoint of the close failed (%s); the journal is kept "
+                "and the next start replays it",
+                storage.data_dir,
+                exc,
+            )
         finally:
             storage.finish(work, ok)

@@ -451,7 +451,7 @@ def test_r14_failed_entry_log_sync_turns_the_bookie_read_only_and_keeps_the_jour
         assert refused.status == Status.READ_ONLY
         zero_entry_logs(driver.config.data_dir)  # the failed writeback lost the pages
         await bookie.checkpoint()  # the retry would succeed: it must not pass
-        await driver.crash()
+        await driver.close()  # nor may the checkpoint of a close; the close itself works
         monkeypatch.undo()
         bookie = await driver.start()  # replays the journal into a new log
         read = await driver.call(ReadRequest(0, 8, 0, 20, max_bytes=1 << 20))
