@@ -7,9 +7,11 @@ How a write goes (see docs/SPARK.md):
    a task that fails, or a job that is aborted, leaves no record in the log.
 2. The driver's commit appends the tasks' ledgers to the log's ledger list in one
    compare-and-set, in partition order, after fencing the ledgers a writer may
-   still hold (the sink takes the log over as ``open_writer`` does, R11). A
-   streaming sink records the batch id in the same compare-and-set, so a batch
-   that Spark runs again after a restart is recognised and not appended twice.
+   still hold (the sink takes the log over as ``open_writer`` does, R11), and
+   after checking that each of them is closed, holds the rows its task reported
+   and carries this write's tag. A streaming sink records the batch id in the
+   same compare-and-set, so a batch that Spark runs again after a restart is
+   recognised and not appended twice; its sinkId belongs to one query.
 3. Ledgers that did not make it (failed or duplicate task attempts, aborted jobs,
    replayed batches) are deleted.
 
@@ -23,7 +25,9 @@ Two details make this work:
 - *Orphans.* Spark may hand ``abort`` a ``None`` even for tasks that succeeded,
   and a killed task reports nothing. So a task registers its ledger id under
   ``/spark-staging/<write token>/`` before creating the ledger; the driver's
-  commit or abort deletes every registered ledger that is not in the log.
+  commit or abort deletes every registered ledger that is not in the log. A
+  streaming write's token names its query and batch, so that no other query's
+  or batch's clean-up touches its ledgers.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from quorumlog.client.bookkeeper import BookKeeper
+from quorumlog.client.reading import gather_in_order
 from quorumlog.errors import (
     BKError,
     InvalidArgumentError,
@@ -52,6 +58,7 @@ from quorumlog.log.errors import LogFencedError, NoSuchLogError
 from quorumlog.log.log import Log
 from quorumlog.log.metadata import LogMetadata, create_log_if_absent, log_path, read_log
 from quorumlog.log.writer import fence_previous_ledgers
+from quorumlog.meta.ledger_metadata import LedgerMetadata
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,7 @@ STAGING_PATH = "/spark-staging"
 # Ledger ids per partition: one per attempt of its task (across stage retries).
 SLOTS_PER_PARTITION = 64
 COMMIT_CAS_ATTEMPTS = 20
+STAGED_READS_IN_FLIGHT = 32
 # Staging left by a driver that died mid-write is swept by a later commit to the
 # same log once it is this old (no live write runs that long between its first
 # task and its commit).
@@ -70,11 +78,33 @@ RESOLVE_RETRY_S = (0.05, 1.0)  # first and longest pause between re-reads
 # A staging child that says a compare-and-set of this write may have been sent: while
 # it is there, only a clean-up that read the log after the outcome was known deletes.
 COMMIT_MARKER = "commit"
+# /spark-sinks/<log>/<log created_ms>/<sinkId>: the streaming query a sinkId belongs to
+# (a log deleted and created again starts with no owners).
+SINKS_PATH = "/spark-sinks"
+# Tags of a task's ledger: which write, log and partition it was written for.
+TAG_WRITE = "spark.write"
+TAG_LOG = "log"
+TAG_PARTITION = "spark.partition"
 
 
 class CommitOutcomeUnknownError(MetadataError):
     """The commit's compare-and-set may or may not have been applied, and the log could
     not be read to tell: the rows may be in the log. Nothing was deleted."""
+
+
+class StagedLedgerError(BKError):
+    """A ledger a task reported is not what the commit may append: gone, still open,
+    with other rows, or written for another write. Nothing was appended."""
+
+
+@dataclass(frozen=True, slots=True)
+class SinkBatch:
+    """A streaming commit: the sink (named by the sinkId option), the query that owns
+    it (Spark's query id, kept across restarts in the checkpoint) and the batch."""
+
+    sink_id: str
+    query_id: str
+    batch_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +114,8 @@ class TaskResult:
     partition: int
     ledger_id: int | None
     rows: int
+    # A streaming task's query (Spark's query id): the driver's commit learns it here.
+    query_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +135,33 @@ def new_write_token() -> str:
     return uuid.uuid4().hex
 
 
-def stream_token(log_name: str, sink_id: str) -> str:
-    """The staging name of a streaming sink. Spark makes a new writer object for each
-    micro-batch's commit, so the name must follow from the options; batches run one
-    after another, and each commit clears what the batch left."""
-    return f"stream.{log_name}.{sink_id}"
+def stream_token(query_id: str, batch_id: int) -> str:
+    """The staging name of one micro-batch of one streaming query. Spark makes a new
+    writer object for each micro-batch, so the name follows from what both the tasks
+    and the driver's commit know; a batch that Spark runs again after a restart has
+    the same name, so its commit also clears what the first run left. Scoped so: a
+    batch's clean-up never touches another batch's or another query's ledgers."""
+    safe = "".join(c for c in query_id if c.isalnum() or c == "-")
+    if not safe or batch_id < 0:
+        raise InvalidArgumentError(f"not a streaming query id and batch: {query_id!r}, {batch_id}")
+    return f"stream.{safe}.{batch_id}"
+
+
+def query_of(results: Sequence[TaskResult | None]) -> str | None:
+    """The streaming query the tasks' reports name (None: no report names one)."""
+    queries = {r.query_id for r in results if r is not None and r.query_id is not None}
+    if len(queries) > 1:
+        raise InvalidArgumentError(f"one streaming batch's tasks name several queries: {queries}")
+    return queries.pop() if queries else None
+
+
+def ledger_tags(log_name: str, token: str, partition: int) -> dict[str, bytes]:
+    """The custom metadata of a task's ledger, checked by the commit before it appends."""
+    return {
+        TAG_LOG: log_name.encode(),
+        TAG_WRITE: token.encode(),
+        TAG_PARTITION: str(partition).encode(),
+    }
 
 
 def staging_path(token: str) -> str:
@@ -193,10 +247,10 @@ def ledgers_in_order(results: Sequence[TaskResult | None]) -> tuple[list[int], i
     return ledgers, sum(r.rows for r in reported if r.ledger_id is not None)
 
 
-def _holds(metadata: LogMetadata, ledgers: Sequence[int], sink: tuple[str, int] | None) -> bool:
+def _holds(metadata: LogMetadata, ledgers: Sequence[int], sink: SinkBatch | None) -> bool:
     """Whether the log holds this write: its ledgers (and its batch id), so that a
     compare-and-set whose answer was lost was applied."""
-    if sink is not None and metadata.sink_batches.get(sink[0]) != sink[1]:
+    if sink is not None and metadata.sink_batches.get(sink.sink_id) != sink.batch_id:
         return False
     listed = set(metadata.ledgers)
     return all(ledger_id in listed for ledger_id in ledgers)
@@ -209,11 +263,12 @@ async def commit(
     results: Sequence[TaskResult | None],
     *,
     password: bytes = b"",
-    sink: tuple[str, int] | None = None,
+    sink: SinkBatch | None = None,
     timeout_s: float = COMMIT_TIMEOUT_S,
 ) -> CommitOutcome:
     """Append the tasks' ledgers to the log in one compare-and-set (see the module
-    docstring); with ``sink=(sink id, batch id)``, at most once per batch id.
+    docstring); with ``sink``, at most once per batch id, and only by the query that
+    owns the sinkId.
 
     A compare-and-set whose outcome is unknown (a lost connection) is resolved by
     re-reading the log (R13): the write is in it, or the log moved on without it (then
@@ -227,7 +282,7 @@ async def commit(
     deadline = asyncio.get_running_loop().time() + timeout_s
     unknown_at: int | None = None  # the log version a CAS of ours with no answer was sent at
     conflicted: LogMetadata | None = None  # what a CAS that met another version was built on
-    marked = False
+    marked = checked = False
     try:
         for _ in range(COMMIT_CAS_ATTEMPTS):
             metadata, version = await _read_for_commit(
@@ -240,14 +295,19 @@ async def commit(
                 if version != unknown_at:
                     unknown_at = None  # the log moved on without it: it can never apply
             if conflicted is not None:
-                batch_done = sink is not None and metadata.sink_batches.get(sink[0], -1) >= sink[1]
+                batch_done = (
+                    sink is not None
+                    and metadata.sink_batches.get(sink.sink_id, -1) >= sink.batch_id
+                )
                 if not (metadata.only_truncated_since(conflicted) or batch_done):
                     raise LogFencedError(
                         f"log {log_name}: another writer appended to it while the Spark write "
                         f"was being committed; ledgers {ledgers} were not added"
                     )
                 conflicted = None  # a truncation got in between, or the batch is in
-            if sink is not None and _already_committed(log_name, metadata, *sink):
+            if sink is not None:
+                await claim_sink(bk, log_name, metadata, sink)
+            if sink is not None and _already_committed(log_name, metadata, sink):
                 # Keep what the log holds: the first run's registrations may still be there
                 # if its driver died between the compare-and-set and the clean-up.
                 deleted = await _best_effort_clean_up(bk, log_name, token, metadata.ledgers)
@@ -257,10 +317,13 @@ async def commit(
                     f"log {log_name}: ledger {metadata.ledgers[-1]} was added by another "
                     f"writer after this write began; its ledgers {ledgers} were not added"
                 )
+            if not checked:
+                await check_staged(bk, log_name, token, results)
+                checked = True
             await fence_previous_ledgers(log_obj, metadata)
             updated = metadata.with_ledgers(ledgers)
             if sink is not None:
-                updated = updated.with_sink_batch(*sink)
+                updated = updated.with_sink_batch(sink.sink_id, sink.batch_id)
             if ledgers and not marked:
                 await _mark_commit(bk, log_name, token)
                 marked = True
@@ -343,14 +406,14 @@ async def _committed(
     metadata: LogMetadata,
     ledgers: Sequence[int],
     rows: int,
-    sink: tuple[str, int] | None,
+    sink: SinkBatch | None,
 ) -> CommitOutcome:
     log.info(
         "log %s: appended ledgers %s (%d rows)%s",
         log_name,
         list(ledgers),
         rows,
-        "" if sink is None else f" for sink {sink[0]} batch {sink[1]}",
+        "" if sink is None else f" for sink {sink.sink_id} batch {sink.batch_id}",
     )
     deleted = await _best_effort_clean_up(bk, log_name, token, metadata.ledgers, sweep=True)
     return CommitOutcome(tuple(ledgers), rows, False, deleted)
@@ -378,17 +441,97 @@ async def _best_effort_clean_up(
         return ()
 
 
-def _already_committed(log_name: str, metadata: LogMetadata, sink_id: str, batch_id: int) -> bool:
-    last = metadata.sink_batches.get(sink_id)
-    if last is None or batch_id > last:
+def _already_committed(log_name: str, metadata: LogMetadata, sink: SinkBatch) -> bool:
+    last = metadata.sink_batches.get(sink.sink_id)
+    if last is None or sink.batch_id > last:
         return False
-    if batch_id == last:
+    if sink.batch_id == last:
         return True  # Spark runs the last batch again after a restart: done already
     raise InvalidArgumentError(
-        f"log {log_name}: sink {sink_id!r} already committed batch {last}, and now batch "
-        f"{batch_id} arrives; a restarted query only repeats its last batch, so this looks "
-        "like a new query (new checkpoint) using the same sinkId: give it another sinkId"
+        f"log {log_name}: sinkId {sink.sink_id!r} already committed batch {last}, and now "
+        f"batch {sink.batch_id} arrives; a restarted query only repeats its last batch, so "
+        "this looks like a new query (new checkpoint) using the same sinkId: give it "
+        "another sinkId"
     )
+
+
+async def claim_sink(bk: BookKeeper, log_name: str, metadata: LogMetadata, sink: SinkBatch) -> None:
+    """Make sure ``sink.sink_id`` belongs to ``sink.query_id`` on this log: the first
+    query to commit with a sinkId owns it; another one gets an error naming it.
+
+    Two queries sharing a sinkId would take each other's batches for replays (their
+    batch ids overlap) and drop rows, so a sinkId is one query's, recorded beside the
+    log (keyed by the log's creation time: a log created again starts afresh)."""
+    path = f"{SINKS_PATH}/{log_name}/{metadata.created_ms}/{sink.sink_id}"
+    record = json.dumps({"query": sink.query_id, "claimed_ms": int(time.time() * 1000)})
+    for _ in range(COMMIT_CAS_ATTEMPTS):
+        try:
+            owner = json.loads((await bk.store.get(path)).data).get("query")
+        except NoNodeError:
+            owner = None
+        if owner == sink.query_id:
+            return
+        if owner is not None:
+            raise InvalidArgumentError(
+                f"log {log_name}: sinkId {sink.sink_id!r} belongs to another streaming query "
+                f"({owner}); this query ({sink.query_id}) needs a sinkId of its own (option "
+                "sinkId). Two queries on one sinkId would take each other's batches for "
+                "replays and drop their rows"
+            )
+        if sink.sink_id in metadata.sink_batches:
+            raise InvalidArgumentError(
+                f"log {log_name}: sinkId {sink.sink_id!r} was used by an earlier streaming "
+                f"query (it committed batch {metadata.sink_batches[sink.sink_id]}); this "
+                f"query ({sink.query_id}) needs a sinkId of its own (option sinkId)"
+            )
+        try:
+            await bk.store.create(path, record.encode())
+            return
+        except NodeExistsError:
+            continue  # another query got there first: the read above tells which
+        except MetadataError as exc:
+            if isinstance(exc, NoNodeError):
+                raise
+            continue  # created or not: the read above tells (R13)
+    raise InvalidArgumentError(f"log {log_name}: could not claim sinkId {sink.sink_id!r}")
+
+
+async def check_staged(
+    bk: BookKeeper, log_name: str, token: str, results: Sequence[TaskResult | None]
+) -> None:
+    """Before the compare-and-set: every ledger to append is closed, holds exactly the
+    rows its task reported, and carries this write's tags. Anything else (a ledger
+    another write's clean-up deleted, a task's ledger still open) would list records
+    the log cannot serve, or not the rows the tasks wrote."""
+    reported = [r for r in results if r is not None and r.ledger_id is not None and r.rows > 0]
+    factories: list[Callable[[], Awaitable[LedgerMetadata | None]]] = [
+        partial(_metadata_or_none, bk, r.ledger_id) for r in reported if r.ledger_id is not None
+    ]
+    found = await gather_in_order(factories, STAGED_READS_IN_FLIGHT)
+    expected = ledger_tags(log_name, token, 0)
+    for result, metadata in zip(reported, found, strict=True):
+        where = f"log {log_name}: ledger {result.ledger_id} of partition {result.partition}"
+        if metadata is None:
+            problem = "no longer exists (deleted by a clean-up of another write?)"
+        elif not metadata.is_closed:
+            problem = "is not closed"
+        elif metadata.last_entry_id + 1 != result.rows:
+            problem = f"holds {metadata.last_entry_id + 1} records, its task reported {result.rows}"
+        elif (
+            any(metadata.custom_metadata.get(key) != expected[key] for key in (TAG_LOG, TAG_WRITE))
+            or metadata.custom_metadata.get(TAG_PARTITION) != str(result.partition).encode()
+        ):
+            problem = "was not written by this write's task for that partition"
+        else:
+            continue
+        raise StagedLedgerError(f"{where} {problem}; nothing was appended")
+
+
+async def _metadata_or_none(bk: BookKeeper, ledger_id: int) -> LedgerMetadata | None:
+    try:
+        return await bk.ledger_metadata(ledger_id)
+    except NoSuchLedgerError:
+        return None
 
 
 async def abort(bk: BookKeeper, log_name: str, token: str) -> tuple[int, ...]:

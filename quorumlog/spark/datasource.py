@@ -41,6 +41,9 @@ from quorumlog.spark.options import SOURCE_NAME, Bound, ReadOptions, WriteOption
 from quorumlog.spark.writing import TaskIdentity, write_task
 
 SCHEMA = "log string, ledger_id bigint, entry_id bigint, data binary"
+# What Spark's micro-batch execution tells each task of a streaming query.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
 log = logging.getLogger(__name__)
 
 
@@ -279,11 +282,14 @@ def _task_identity() -> TaskIdentity:
     context = TaskContext.get()
     if context is None:
         raise InvalidArgumentError("quorumlog sink: write() ran outside a Spark task")
+    batch_id = context.getLocalProperty(BATCH_ID_PROPERTY)
     return TaskIdentity(
         context.stageId(),
         context.partitionId(),
         context.attemptNumber(),
         context.getLocalProperty("spark.jobGroup.id"),
+        context.getLocalProperty(QUERY_ID_PROPERTY),
+        None if batch_id is None else int(batch_id),
     )
 
 
@@ -295,7 +301,7 @@ async def _commit(
     opts: WriteOptions,
     token: str,
     messages: Sequence[WriterCommitMessage | None],
-    sink: tuple[str, int] | None,
+    sink: commits.SinkBatch | None,
 ) -> commits.CommitOutcome:
     bk = await scan.client_for(opts.metadata_uri)
     try:
@@ -337,20 +343,49 @@ class QuorumlogWriter(DataSourceArrowWriter):
 
 class QuorumlogStreamWriter(DataSourceStreamArrowWriter):
     """``writeStream.format("quorumlog")``: each micro-batch's rows in the log exactly
-    once, even when Spark runs a batch again after a restart."""
+    once, even when Spark runs a batch again after a restart.
+
+    Each micro-batch stages under a name of its own query and batch id (Spark tells
+    the tasks both; the driver's commit gets the batch id and learns the query from
+    the tasks' reports), and the sinkId belongs to one query."""
 
     def __init__(self, opts: WriteOptions) -> None:
         self.opts = opts
-        self.token = commits.stream_token(opts.log, opts.sink_id)
 
     def write(self, iterator: Iterator[Any]) -> QuorumlogCommitMessage:
-        return QuorumlogCommitMessage(write_task(self.opts, self.token, _task_identity(), iterator))
+        who = _task_identity()
+        if who.query_id is None or who.batch_id is None:
+            raise InvalidArgumentError(
+                f"quorumlog streaming sink, log {self.opts.log}: Spark told the task no "
+                "streaming query id and batch id"
+            )
+        token = commits.stream_token(who.query_id, who.batch_id)
+        return QuorumlogCommitMessage(write_task(self.opts, token, who, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        scan.run(_commit(self.opts, self.token, messages, (self.opts.sink_id, batchId)))
+        query_id = commits.query_of(_results(messages))
+        if query_id is None:
+            raise InvalidArgumentError(
+                f"quorumlog streaming sink, log {self.opts.log}: batch {batchId} has no task "
+                "report naming its query; nothing was committed"
+            )
+        sink = commits.SinkBatch(self.opts.sink_id, query_id, batchId)
+        token = commits.stream_token(query_id, batchId)
+        scan.run(_commit(self.opts, token, messages, sink))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        scan.run(_abort(self.opts, self.token))
+        query_id = commits.query_of(_results(messages))
+        if query_id is None:
+            # No report says which query this is, so whose staging to clean is unknown:
+            # the batch's run after a restart (same name) or the day-old sweep does it.
+            log.warning(
+                "log %s: batch %d aborted with no task report; its staged ledgers are "
+                "left for a later clean-up",
+                self.opts.log,
+                batchId,
+            )
+            return
+        scan.run(_abort(self.opts, commits.stream_token(query_id, batchId)))
 
 
 async def log_exists(metadata_uri: str, name: str) -> bool:

@@ -19,7 +19,8 @@ Reading::
 Writing::
 
     metadata, log, password   as above
-    sinkId                streaming: names this query's batch markers in the log (default "spark")
+    sinkId                streaming: names this query's batch markers in the log (default "spark");
+                          it belongs to the first query that commits with it
     ensemble, writeQuorum, ackQuorum   the shape of the ledgers the tasks write
     maxWritePartitions    the most partitions one write may have (default 1024)
 """
@@ -243,8 +244,13 @@ class WriteOptions:
                 f"{SOURCE_NAME} sink: the option log (a log name) is missing"
             )
         sink_id = _get(options, "sinkid") or DEFAULT_SINK_ID
-        if not sink_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
-            raise _bad("sinkId", sink_id, "use letters, digits, '.', '_' or '-'")
+        if not sink_id.replace("-", "").replace("_", "").replace(
+            ".", ""
+        ).isalnum() or sink_id.startswith("."):
+            # It names a metadata node: "." and ".." are not names there.
+            raise _bad(
+                "sinkId", sink_id, "use letters, digits, '.', '_' or '-', not starting with '.'"
+            )
         ensemble = _positive_int(options, "ensemble", "ensemble", 3)
         write_quorum = _positive_int(options, "writequorum", "writeQuorum", min(3, ensemble or 3))
         ack_quorum = _positive_int(options, "ackquorum", "ackQuorum", min(2, write_quorum or 2))

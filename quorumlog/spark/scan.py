@@ -43,6 +43,7 @@ READ_CHUNK_ENTRIES = 8_192
 CHUNKS_AHEAD = 2
 METADATA_READS_IN_FLIGHT = 32
 CALL_TIMEOUT_S = 300.0
+CANCEL_MARGIN_S = 30.0
 
 # ---------------------------------------------------------------- one loop per process
 
@@ -61,8 +62,18 @@ def _loop_thread() -> LoopThread:
 
 
 def run(coro: Coroutine[Any, Any, T], timeout_s: float = CALL_TIMEOUT_S) -> T:
-    """Run ``coro`` on this process's quorumlog event loop and wait for it."""
-    return _loop_thread().run(coro, timeout_s)
+    """Run ``coro`` on this process's quorumlog event loop and wait for it; after
+    ``timeout_s``, cancel it and raise TimeoutError.
+
+    Cancelled, and waited for, on the loop: a coroutine the caller gave up on must not
+    carry on behind its back (a commit going on to append ledgers that the abort
+    which follows a failed commit is deleting)."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, timeout_s)
+
+    # The margin only matters if the loop itself is stuck.
+    return _loop_thread().run(bounded(), timeout_s + CANCEL_MARGIN_S)
 
 
 def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:

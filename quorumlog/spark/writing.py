@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from quorumlog.client.writing import LedgerHandle
 from quorumlog.errors import BKError, InvalidArgumentError
 from quorumlog.spark import scan
-from quorumlog.spark.commit import TaskResult, task_ledger_id
+from quorumlog.spark.commit import TaskResult, ledger_tags, task_ledger_id
 from quorumlog.spark.options import WriteOptions
 
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ class TaskIdentity:
     # Spark's job group: a streaming query's run id, unique per start of the query,
     # while stage ids start from 0 again in a new driver.
     job_group: str | None = None
+    # A streaming task's query id (the same across restarts) and micro-batch id.
+    query_id: str | None = None
+    batch_id: int | None = None
 
     @property
     def stage_key(self) -> str:
@@ -78,11 +81,8 @@ async def _open_ledger(opts: WriteOptions, token: str, who: TaskIdentity) -> Led
         opts.write_quorum,
         opts.ack_quorum,
         password=opts.password,
-        custom_metadata={
-            "log": opts.log.encode(),
-            "spark.write": token.encode(),
-            "spark.partition": str(who.partition).encode(),
-        },
+        # Checked by the commit before it appends the ledger.
+        custom_metadata=ledger_tags(opts.log, token, who.partition),
         ledger_id=ledger_id,
     )
 
@@ -126,9 +126,9 @@ def write_task(
     if in_flight is not None:
         in_flight.result(SUBMIT_TIMEOUT_S)
     if handle is None:
-        return TaskResult(who.partition, None, 0)
+        return TaskResult(who.partition, None, 0, who.query_id)
     scan.run(_close(handle, rows))
-    return TaskResult(who.partition, handle.ledger_id, rows)
+    return TaskResult(who.partition, handle.ledger_id, rows, who.query_id)
 
 
 __all__ = ["TaskIdentity", "data_column", "write_task"]

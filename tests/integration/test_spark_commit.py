@@ -36,7 +36,9 @@ async def task(
     ledger_id = await commits.task_ledger_id(
         bk, token, log, "stage-1", partition, attempt, MAX_PARTITIONS
     )
-    handle = await bk.create_ledger(3, 3, 2, ledger_id=ledger_id)
+    handle = await bk.create_ledger(
+        3, 3, 2, ledger_id=ledger_id, custom_metadata=commits.ledger_tags(log, token, partition)
+    )
     for i in range(rows):
         await handle.add_entry(b"p%d-%d" % (partition, i))
     await handle.close()
@@ -74,6 +76,10 @@ class FaultyStore(MetadataStore):
         self.defer_set: dict[str, int] = {}
         self.deferred: list[tuple[str, bytes, int]] = []
         self.blind_while_deferred = False
+        # hold[path]: get() of that path waits for the event (a store that hangs);
+        # cancelled_holds counts the waits that were cancelled instead.
+        self.hold: dict[str, asyncio.Event] = {}
+        self.cancelled_holds = 0
 
     async def apply_deferred(self) -> None:
         for path, data, version in self.deferred:
@@ -85,6 +91,13 @@ class FaultyStore(MetadataStore):
             raise MetadataError(f"connection lost during an operation on {path}")
 
     async def get(self, path: str) -> Versioned:
+        gate = self.hold.get(path)
+        if gate is not None:
+            try:
+                await gate.wait()
+            except asyncio.CancelledError:
+                self.cancelled_holds += 1
+                raise
         if self.blind_while_deferred and any(path == p for p, _, _ in self.deferred):
             raise MetadataError(f"connection lost while reading {path}")
         return await self.inner.get(path)
@@ -144,13 +157,17 @@ class FaultyStore(MetadataStore):
         await self.inner.close()
 
 
-@asynccontextmanager
-async def faulty_client(uri: str) -> AsyncIterator[tuple[BookKeeper, FaultyStore]]:
+async def open_faulty_client(uri: str) -> tuple[BookKeeper, FaultyStore]:
     """A client whose metadata store is a :class:`FaultyStore` over the real one."""
     plain = await BookKeeper.connect(uri)
     plain.pool.close()  # only its store is used, through the wrapper
     store = FaultyStore(plain.store)
-    bk = BookKeeper(store, plain.config)
+    return BookKeeper(store, plain.config), store
+
+
+@asynccontextmanager
+async def faulty_client(uri: str) -> AsyncIterator[tuple[BookKeeper, FaultyStore]]:
+    bk, store = await open_faulty_client(uri)
     try:
         yield bk, store
     finally:
@@ -190,13 +207,14 @@ def test_a_replayed_batch_keeps_what_the_first_run_committed(cluster3: LocalClus
     async def main() -> None:
         async with await BookKeeper.connect(cluster3.metadata_uri) as bk:
             await commits.prepare_log(bk, "replayed")
-            token = commits.stream_token("replayed", "q1")
+            token = commits.stream_token("query-1", 7)
+            sink = commits.SinkBatch("q1", "query-1", 7)
             first = [await task(bk, token, "replayed", p, 4) for p in range(2)]
-            await commits.commit(bk, "replayed", token, first, sink=("q1", 7))
+            await commits.commit(bk, "replayed", token, first, sink=sink)
             for result in first:  # as if the clean-up never ran
                 await bk.store.create(f"{commits.staging_path(token)}/l{result.ledger_id}", b"0")
             again = [await task(bk, token, "replayed", p, 4, attempt=1) for p in range(2)]
-            outcome = await commits.commit(bk, "replayed", token, again, sink=("q1", 7))
+            outcome = await commits.commit(bk, "replayed", token, again, sink=sink)
             assert outcome.replayed and outcome.appended == ()
             assert set(outcome.deleted) == {r.ledger_id for r in again}
             assert all([await bk.ledger_exists(r.ledger_id) for r in first])
@@ -204,7 +222,9 @@ def test_a_replayed_batch_keeps_what_the_first_run_committed(cluster3: LocalClus
                 b"p%d-%d" % (p, i) for p in range(2) for i in range(4)
             ]
             with pytest.raises(InvalidArgumentError, match="new query"):
-                await commits.commit(bk, "replayed", token, [], sink=("q1", 3))
+                await commits.commit(
+                    bk, "replayed", token, [], sink=commits.SinkBatch("q1", "query-1", 3)
+                )
             metadata, _ = await (await bk.open_log("replayed")).metadata()
             assert metadata.sink_batches == {"q1": 7}
 
@@ -265,7 +285,7 @@ def test_l3_r13_a_commit_whose_compare_and_set_outcome_is_unknown_appends_once_a
             results = [await task(bk, token, "unknown", p, 3) for p in range(2)]
             faults = store.lose_set_reply if applied else store.drop_set
             faults[log_path("unknown")] = 1
-            sink = ("q", 0) if streaming else None
+            sink = commits.SinkBatch("q", "query-1", 0) if streaming else None
             outcome = await commits.commit(bk, "unknown", token, results, sink=sink)
             assert faults[log_path("unknown")] == 0  # the fault did happen
             assert outcome.appended == tuple(r.ledger_id for r in results)
@@ -339,3 +359,111 @@ def test_l3_r13_abort_deletes_nothing_while_the_commits_outcome_is_unknown(
             assert await staging(bk, token) == []
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("damage", ["deleted", "open", "short", "foreign"])
+def test_l2_the_commit_refuses_a_ledger_that_is_not_closed_with_the_rows_reported(
+    cluster3: LocalCluster, damage: str
+) -> None:
+    """Before the compare-and-set, every ledger to append must be closed, hold the rows
+    its task reported, and carry this write's tag: a ledger deleted meanwhile (another
+    write's clean-up), still open, or short fails the commit, and the log is unchanged."""
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster3.metadata_uri) as bk:
+            name = f"checked-{damage}"
+            await commits.prepare_log(bk, name)
+            token = commits.new_write_token()
+            results = [await task(bk, token, name, p, 3) for p in range(2)]
+            victim = results[1]
+            if damage == "deleted":
+                await bk.delete_ledger(victim.ledger_id)
+            elif damage == "short":
+                results[1] = TaskResult(victim.partition, victim.ledger_id, victim.rows + 1)
+            elif damage == "foreign":  # another write's ledger, closed with as many rows
+                results[1] = await task(bk, commits.new_write_token(), name, 1, 3)
+            else:
+                ledger_id = await commits.task_ledger_id(
+                    bk, token, name, "stage-1", 2, 0, MAX_PARTITIONS
+                )
+                handle = await bk.create_ledger(3, 3, 2, ledger_id=ledger_id)
+                await handle.add_entry(b"not closed")
+                results.append(TaskResult(2, ledger_id, 1))
+            culprit = results[-1].ledger_id
+            with pytest.raises(commits.StagedLedgerError, match=f"ledger {culprit} of partition"):
+                await commits.commit(bk, name, token, results)
+            assert await log_data(bk, name) == []
+            assert list((await (await bk.open_log(name)).metadata())[0].ledgers) == []
+
+    asyncio.run(main())
+
+
+def test_l2_two_queries_with_one_sink_id_never_lose_rows(cluster3: LocalCluster) -> None:
+    """Two streaming queries write one log with the same (default) sinkId. The second
+    one's first batch must neither pass for a replay of the first query's batch nor
+    touch the first query's staged ledgers: its commit fails, naming the sinkId, and
+    every row the first query committed is in the log."""
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster3.metadata_uri) as bk:
+            await commits.prepare_log(bk, "shared")
+
+            async def batch(query: str, batch_id: int) -> tuple[str, list[TaskResult]]:
+                token = commits.stream_token(query, batch_id)
+                return token, [await task(bk, token, "shared", p, 2) for p in range(2)]
+
+            token, batch0 = await batch("query-1", 0)
+            await commits.commit(
+                bk, "shared", token, batch0, sink=commits.SinkBatch("spark", "query-1", 0)
+            )
+            # Query 1 stages its batch 1 while query 2 commits its batch 0.
+            token1, batch1 = await batch("query-1", 1)
+            token2, other = await batch("query-2", 0)
+            with pytest.raises(InvalidArgumentError, match="sinkId 'spark' belongs to another"):
+                await commits.commit(
+                    bk, "shared", token2, other, sink=commits.SinkBatch("spark", "query-2", 0)
+                )
+            assert await commits.abort(bk, "shared", token2) == tuple(
+                sorted(r.ledger_id for r in other)
+            )
+            await commits.commit(
+                bk, "shared", token1, batch1, sink=commits.SinkBatch("spark", "query-1", 1)
+            )
+            rows = [b"p%d-%d" % (p, i) for p in range(2) for i in range(2)]
+            assert await log_data(bk, "shared") == rows + rows
+
+    asyncio.run(main())
+
+
+def test_l2_a_commit_the_driver_gave_up_on_is_cancelled_and_appends_nothing(
+    cluster3: LocalCluster,
+) -> None:
+    """The driver runs the commit with a time limit (scan.run). When the limit passes,
+    the commit is cancelled rather than left running: otherwise it could go on to append
+    ledgers that the abort Spark calls next is deleting."""
+    from quorumlog.spark import scan
+
+    bk, store = scan.run(open_faulty_client(cluster3.metadata_uri))
+    try:
+
+        async def stage() -> tuple[str, list[TaskResult]]:
+            await commits.prepare_log(bk, "hung")
+            token = commits.new_write_token()
+            results = [await task(bk, token, "hung", p, 2) for p in range(2)]
+            store.hold[log_path("hung")] = asyncio.Event()  # the store stops answering
+            return token, results
+
+        token, results = scan.run(stage())
+        with pytest.raises(TimeoutError):
+            scan.run(commits.commit(bk, "hung", token, results), timeout_s=0.5)
+        assert store.cancelled_holds == 1  # cancelled, not carrying on behind the caller
+
+        async def store_answers_again() -> None:
+            store.hold.pop(log_path("hung")).set()
+
+        scan.run(store_answers_again())
+        deleted = scan.run(commits.abort(bk, "hung", token))
+        assert deleted == tuple(sorted(r.ledger_id for r in results))
+        assert scan.run(log_data(bk, "hung")) == []
+    finally:
+        scan.run(bk.close())

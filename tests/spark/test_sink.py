@@ -186,3 +186,43 @@ def test_r11_a_batch_write_takes_the_log_over_from_a_live_writer(spark, module_c
     assert data[:20] == [b"w%d" % i for i in range(20)]
     assert sorted(data[20:]) == sorted(b"s%d" % i for i in range(30)) and len(data) == 50
     assert bk.ledger_metadata(log.ledgers()[0]).is_closed  # fenced, recovered, closed
+
+
+def test_l2_a_second_query_on_a_sink_id_in_use_fails_and_no_row_is_lost(
+    spark, module_cluster, bk, tmp_path
+):
+    """Two streaming queries copy into one log, both with the default sinkId. The second
+    one's first batch does not pass for a replay of the first one's (its rows silently
+    dropped): the query fails with an error naming the sinkId, and the log holds the
+    first query's rows, once."""
+    from pyspark.errors import StreamingQueryException
+
+    uri = module_cluster.metadata_uri
+    for source, prefix in (("l2-src-a", b"a"), ("l2-src-b", b"b")):
+        writer = bk.open_log(source).open_writer()
+        for i in range(40):
+            writer.append(prefix + b"%03d" % i)
+        writer.close()
+
+    def copy(source: str, checkpoint: Path):
+        return (
+            spark.readStream.format("quorumlog")
+            .option("metadata", uri)
+            .option("log", source)
+            .load()
+            .select("data")
+            .writeStream.format("quorumlog")
+            .option("metadata", uri)
+            .option("log", "l2-dst")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    assert copy("l2-src-a", tmp_path / "a").awaitTermination(180)
+    first = [b"a%03d" % i for i in range(40)]
+    assert sorted(r.data for r in bk.open_log("l2-dst").read_all()) == first
+    second = copy("l2-src-b", tmp_path / "b")
+    with pytest.raises(StreamingQueryException, match="sinkId"):
+        second.awaitTermination(180)
+    assert sorted(r.data for r in bk.open_log("l2-dst").read_all()) == first

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from quorumlog.errors import InvalidArgumentError
 from quorumlog.log.position import Position
-from quorumlog.spark.commit import TaskResult, ledgers_in_order
+from quorumlog.spark.commit import TaskResult, ledgers_in_order, query_of, stream_token
 from quorumlog.spark.options import ReadOptions, WriteOptions, parse_bound
 from quorumlog.spark.planning import (
     LedgerExtent,
@@ -108,6 +108,8 @@ def test_write_options():
         WriteOptions.parse({"metadata": URI, "log": "out", "startingPosition": "earliest"})
     with pytest.raises(InvalidArgumentError, match="quorum"):
         WriteOptions.parse({"metadata": URI, "log": "out", "ensemble": "2", "writeQuorum": "3"})
+    with pytest.raises(InvalidArgumentError, match="sinkId"):
+        WriteOptions.parse({"metadata": URI, "log": "out", "sinkId": ".."})
 
 
 # ---------------------------------------------------------------- planning
@@ -247,6 +249,14 @@ def test_l1_micro_batches_cover_every_record_once_when_lac_reads_differ(
         if not extent.closed:
             break
     assert seen == expected
+
+
+def test_l2_streaming_staging_is_named_by_query_and_batch():
+    assert stream_token("5f2a-77", 3) != stream_token("5f2a-77", 4) != stream_token("9c", 3)
+    assert query_of([None, TaskResult(0, None, 0, "q-1"), TaskResult(1, 7, 2, "q-1")]) == "q-1"
+    assert query_of([None]) is None
+    with pytest.raises(InvalidArgumentError, match="several queries"):
+        query_of([TaskResult(0, None, 0, "q-1"), TaskResult(1, None, 0, "q-2")])
 
 
 def test_commit_orders_ledgers_by_partition_and_skips_failed_and_empty_tasks():
