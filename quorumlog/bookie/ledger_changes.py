@@ -4,7 +4,9 @@ Fence (R7): the flag is set in memory at once, so an add handled after it is ref
 even before the FENCE record is synced, and the fence is answered once it is durable;
 the record makes it survive a restart. Fence and explicit LAC carry the master key:
 another key is refused and changes nothing (R10); the first key seen is journaled.
-A delete leaves a tombstone, so a late add of the old writer cannot revive the ledger
+A delete carries the master key too: another key is refused (UNAUTHORIZED) and changes
+nothing; a ledger this bookie never saw (or knows without a key) has no key to compare,
+and gets its tombstone, so a late add of the old writer cannot revive the ledger
 (BookKeeper #4462). Every change is journaled before it is answered (R2).
 """
 
@@ -164,6 +166,16 @@ class LedgerChanges:
         ledger_id = request.ledger_id
         if self._mode.journal_failed:
             respond(error_response(request, Status.IO_ERROR))
+            return
+        st = self._storage.states.get(ledger_id)
+        if (
+            st is not None
+            and not st.deleted
+            and st.master_key is not None
+            and st.master_key != request.master_key
+        ):
+            # R10: only the ledger's owner may purge it; nothing changes, not even its polls.
+            respond(error_response(request, Status.UNAUTHORIZED))
             return
         self._reads.drop(ledger_id)
         self._storage.drop_ledger(ledger_id, tombstone=True)

@@ -181,12 +181,19 @@ class BookKeeper:
         self._handles.add(handle)
         return handle
 
-    async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete a ledger: its bookies drop it (later adds to it fail), then its metadata."""
+    async def delete_ledger(self, ledger_id: int, password: bytes = b"") -> None:
+        """Delete a ledger: its bookies drop it (later adds to it fail), then its metadata.
+
+        Needs the ledger's password (R10): bookies purge a ledger only for its master key,
+        and a wrong password is refused here before anything changes.
+        """
         self._check_open()
-        metadata, _ = await self.ledgers.read(ledger_id)
+        metadata, _ = await self._read_checked(ledger_id, password)
+        key = master_key(password)
         futures = [
-            self.pool.request(bookie, DeleteLedgerRequest(0, ledger_id), self.config.add_timeout_ms)
+            self.pool.request(
+                bookie, DeleteLedgerRequest(0, ledger_id, key), self.config.add_timeout_ms
+            )
             for bookie in sorted(metadata.all_bookies())
         ]
         # Best effort on the bookies: one that is down drops the ledger at its next

@@ -288,8 +288,8 @@ class BookKeeper:
         handle = self._runner.run(self._client.open_ledger_no_recovery(ledger_id, password))
         return ReadHandle(self._runner, handle)
 
-    def delete_ledger(self, ledger_id: int) -> None:
-        self._runner.run(self._client.delete_ledger(ledger_id))
+    def delete_ledger(self, ledger_id: int, password: bytes = b"") -> None:
+        self._runner.run(self._client.delete_ledger(ledger_id, password))
 
     def list_ledgers(self) -> list[int]:
         return self._runner.run(self._client.list_ledgers())

@@ -4,7 +4,7 @@
     quorumlog shell listledgers
     quorumlog shell ledgermetadata ID
     quorumlog shell readledger ID [--first N] [--last M]
-    quorumlog shell deleteledger ID
+    quorumlog shell deleteledger ID [--password TEXT]
     quorumlog shell simpletest [--ensemble E] [--write-quorum W] [--ack-quorum A] [--entries N]
     quorumlog shell bookiesanity [--bookie ADDR]
     quorumlog shell auditledger ID [--json] [--password TEXT]
@@ -45,6 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     read.add_argument("--no-recovery", action="store_true", help="do not fence an open ledger")
     delete = commands.add_parser("deleteledger", help="delete a ledger")
     delete.add_argument("ledger_id", type=int)
+    delete.add_argument("--password", default="", help="ledger password (text)")
     simple = commands.add_parser("simpletest", help="write, read back, verify, print throughput")
     simple.add_argument("--ensemble", type=int, default=3)
     simple.add_argument("--write-quorum", type=int, default=3)
@@ -171,7 +172,7 @@ async def _readledger(bk, args: argparse.Namespace) -> int:  # type: ignore[no-u
 
 
 async def _deleteledger(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    await bk.delete_ledger(args.ledger_id)
+    await bk.delete_ledger(args.ledger_id, args.password.encode())
     print(f"ledger {args.ledger_id} deleted")
     return 0
 

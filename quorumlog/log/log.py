@@ -190,7 +190,7 @@ class Log:
     async def _delete_ledgers(self, ledger_ids: list[int]) -> None:
         for ledger_id in ledger_ids:
             try:
-                await self.bk.delete_ledger(ledger_id)
+                await self.bk.delete_ledger(ledger_id, self.config.password)
             except NoSuchLedgerError:
                 continue
             except BKError as exc:

@@ -100,7 +100,7 @@ async def _discard(log_obj: Log, handle: LedgerHandle) -> None:
     with contextlib.suppress(BKError):
         await handle.close()
     try:
-        await log_obj.bk.delete_ledger(handle.ledger_id)
+        await log_obj.bk.delete_ledger(handle.ledger_id, log_obj.config.password)
     except BKError as exc:
         log.warning(
             "log %s: could not delete unused ledger %d: %s", log_obj.name, handle.ledger_id, exc

@@ -116,8 +116,11 @@ class WriteLacRequest:
 
 @dataclass(slots=True)
 class DeleteLedgerRequest:
+    """Purge a ledger; ``master_key`` must be the ledger's (R10), else nothing changes."""
+
     request_id: int
     ledger_id: int
+    master_key: bytes
 
 
 @dataclass(slots=True)
@@ -217,6 +220,7 @@ _READ_LAC_RESP = struct.Struct(">hQqq")
 _FENCE_REQ = struct.Struct(f">Q{MASTER_KEY_SIZE}s")
 _FENCE_RESP = struct.Struct(">hQqq")
 _WRITE_LAC_REQ = struct.Struct(f">Q{MASTER_KEY_SIZE}sq")
+_DELETE_REQ = struct.Struct(f">Q{MASTER_KEY_SIZE}s")  # ledger, key
 _STATUS_RESP = struct.Struct(">hQ")
 _INFO_RESP = struct.Struct(">hBqq")
 
@@ -301,7 +305,8 @@ def _encode_parts(m: Message) -> list[bytes]:
         body_b = _WRITE_LAC_REQ.pack(m.ledger_id, m.master_key, m.lac)
         return [_header(Op.WRITE_LAC, m.request_id, len(body_b)), body_b]
     if isinstance(m, DeleteLedgerRequest):
-        body_b = _LEDGER.pack(m.ledger_id)
+        _check_key(m.master_key)
+        body_b = _DELETE_REQ.pack(m.ledger_id, m.master_key)
         return [_header(Op.DELETE_LEDGER, m.request_id, len(body_b)), body_b]
     if isinstance(m, StatusResponse):
         if m.op not in (Op.WRITE_LAC, Op.DELETE_LEDGER):
@@ -420,9 +425,9 @@ def decode_message(op: int, request_id: int, body: memoryview) -> Message:
             _check_ids(ledger_id, op_name=name)
             return WriteLacRequest(request_id, ledger_id, key, lac)
         if kind is Op.DELETE_LEDGER:
-            (ledger_id,) = _fixed(_LEDGER, body, name)
+            ledger_id, key = _fixed(_DELETE_REQ, body, name)
             _check_ids(ledger_id, op_name=name)
-            return DeleteLedgerRequest(request_id, ledger_id)
+            return DeleteLedgerRequest(request_id, ledger_id, key)
         if len(body) != 0:
             raise ProtocolError(f"{name}: unexpected body of {len(body)} bytes")
         return BookieInfoRequest(request_id)

@@ -287,3 +287,47 @@ def test_r12_peer_that_never_reads_its_answers_is_throttled(bookie: LocalCluster
 
     run(_with_good_client(bookie, 2005, attack))
     assert bookie.bookies[0].alive()
+
+
+async def _raw_answer(address: str, frame: bytes) -> object | None:
+    """Send one hand-built frame on a connection of its own; its answer, or None when the
+    bookie closed the connection instead of answering."""
+    client = await RawClient.connect(address)
+    try:
+        client.send_raw(frame)
+        deadline = asyncio.get_running_loop().time() + 10
+        while not client.unmatched and not client.is_closed:
+            assert asyncio.get_running_loop().time() < deadline, "no answer, no close"
+            await asyncio.sleep(0.01)
+        return client.unmatched[0] if client.unmatched else None
+    finally:
+        await client.close()
+
+
+def test_r10_delete_ledger_needs_the_master_key(bookie: LocalCluster) -> None:
+    """DELETE_LEDGER carries the ledger's master key: a delete without one is bad input,
+    a delete with another key is UNAUTHORIZED; neither changes anything."""
+    ledger_id = 3001
+    blobs = [make_entry(ledger_id, i, b"kept %d" % i) for i in range(5)]
+    other_key = master_key(b"not the password")
+
+    async def attack(address: str) -> None:
+        client = await RawClient.connect(address)
+        try:
+            assert (await client.add(ledger_id, KEY, blobs)).status == Status.OK
+            keyless = _frame(PROTOCOL_VERSION, 6, 71, struct.pack(">Q", ledger_id))
+            assert await _raw_answer(address, keyless) is None, "a keyless delete was answered"
+            wrong = _frame(PROTOCOL_VERSION, 6, 72, struct.pack(">Q20s", ledger_id, other_key))
+            answer = await _raw_answer(address, wrong)
+            assert getattr(answer, "status", None) == Status.UNAUTHORIZED, answer
+            read = await client.read(ledger_id, 0, count=len(blobs))
+            assert (read.status, read.entries) == (Status.OK, blobs), "the ledger was purged"
+            right = _frame(PROTOCOL_VERSION, 6, 73, struct.pack(">Q20s", ledger_id, KEY))
+            answer = await _raw_answer(address, right)
+            assert getattr(answer, "status", None) == Status.OK, answer
+            assert (await client.read(ledger_id, 0)).status == Status.NO_SUCH_LEDGER
+        finally:
+            await client.close()
+
+    run(_with_good_client(bookie, 2006, attack))
+    assert bookie.bookies[0].alive()

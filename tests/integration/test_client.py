@@ -166,6 +166,19 @@ def test_delete_ledger_and_add_after_delete_fails(bk):
         lh.add_entry(b"b")
 
 
+def test_r10_delete_ledger_with_a_wrong_password_changes_nothing(bk):
+    lh = bk.create_ledger(3, 3, 2, password=b"pw")
+    lh.add_entry(b"a")
+    with pytest.raises(UnauthorizedError, match=str(lh.ledger_id)):
+        bk.delete_ledger(lh.ledger_id, b"wrong")
+    assert lh.ledger_id in bk.list_ledgers()
+    assert lh.add_entry(b"b") == 1  # every bookie still holds the ledger
+    bk.delete_ledger(lh.ledger_id, b"pw")
+    assert lh.ledger_id not in bk.list_ledgers()
+    with pytest.raises(quorumlog.BKError):  # the bookies took the delete: no add after it
+        lh.add_entry(b"c")
+
+
 def test_custom_metadata_and_listing(bk):
     lh = bk.create_ledger(3, 3, 2, custom_metadata={"app": b"dice", "epoch": b"\x00\x01"})
     md = bk.ledger_metadata(lh.ledger_id)

@@ -48,6 +48,12 @@ def test_shell_commands_on_a_real_cluster(cluster3):
     assert sanity.returncode == 0, sanity.stdout + sanity.stderr
     assert sanity.stdout.count(": ok") == 3
 
+    with BookKeeper(uri) as bk:
+        protected = bk.create_ledger(3, 3, 2, password=b"pw")
+        protected.add_entry(b"kept")
+    assert_one_line_error(shell(uri, "deleteledger", str(protected.ledger_id)))
+    deleted = shell(uri, "deleteledger", str(protected.ledger_id), "--password", "pw")
+    assert deleted.returncode == 0, deleted.stderr
     deleted = shell(uri, "deleteledger", ledger)
     assert deleted.returncode == 0
     assert shell(uri, "listledgers").stdout.split() == []

@@ -93,7 +93,7 @@ def test_r2_fence_and_write_lac_and_delete_are_answered_after_sync(driver, monke
         answers = [
             driver.send(FenceRequest(0, 2, KEY)),
             driver.send(WriteLacRequest(0, 3, KEY, 7)),
-            driver.send(DeleteLedgerRequest(0, 4)),
+            driver.send(DeleteLedgerRequest(0, 4, KEY)),
             driver.send(ReadRequest(0, 5, 0, 1, flags=1, master_key=KEY)),  # fencing read
         ]
         assert await asyncio.to_thread(sync.entered.wait, 5)
@@ -234,7 +234,7 @@ def test_r2_replay_after_crash_restores_every_acknowledged_change(driver):
         await driver.call(FenceRequest(0, 21, KEY))
         await driver.call(WriteLacRequest(0, 22, KEY, 9))
         await driver.call(add(23, [blob(23, 0)]))
-        await driver.call(DeleteLedgerRequest(0, 23))
+        await driver.call(DeleteLedgerRequest(0, 23, KEY))
         await driver.crash()
 
         bookie = await driver.start()
@@ -413,7 +413,7 @@ def test_garbage_collection_drops_dead_ledgers_and_their_entry_logs(make_driver)
         # Ledger 50 fills the first logs alone; then 51 and 52 share the later ones.
         for i in range(0, 200, 20):
             await driver.call(add(50, [blob(50, j, size=400) for j in range(i, i + 20)]))
-        await driver.call(DeleteLedgerRequest(0, 53))  # a tombstone: never collected
+        await driver.call(DeleteLedgerRequest(0, 53, KEY))  # a tombstone: never collected
         for i in range(0, 100, 20):
             await driver.call(add(51, [blob(51, j, size=400) for j in range(i, i + 20)]))
             await driver.call(add(52, [blob(52, j, size=400) for j in range(i, i + 20)]))

@@ -430,7 +430,7 @@ def test_delete_leaves_a_tombstone_add_after_delete_fails(driver):
         poll = driver.send(
             ReadRequest(0, 30, 5, 1, ReadFlag.LONG_POLL, previous_lac=5, timeout_ms=10_000)
         )
-        deleted = await driver.call(DeleteLedgerRequest(0, 30))
+        deleted = await driver.call(DeleteLedgerRequest(0, 30, KEY))
         assert (deleted.status, deleted.op) == (Status.OK, Op.DELETE_LEDGER)
         assert (await poll).status == Status.NO_SUCH_LEDGER
         # BookKeeper #4462: a late add of the old writer must not revive the ledger.
@@ -442,13 +442,39 @@ def test_delete_leaves_a_tombstone_add_after_delete_fails(driver):
         assert (await driver.call(FenceRequest(0, 30, KEY))).status == Status.NO_SUCH_LEDGER
         assert 30 not in bookie.ledger_ids()
         # A delete of a ledger this bookie never saw leaves a tombstone too.
-        await driver.call(DeleteLedgerRequest(0, 31))
+        await driver.call(DeleteLedgerRequest(0, 31, KEY))
         assert (await driver.call(add(31, [blob(31, 0)]))).status == Status.NO_SUCH_LEDGER
         await bookie.checkpoint()
         assert bookie.storage.index.count_entries(30) == 0
         await driver.restart()
         assert (await driver.call(add(30, [blob(30, 2)]))).status == Status.NO_SUCH_LEDGER
         assert (await driver.call(ReadRequest(0, 30, 0))).status == Status.NO_SUCH_LEDGER
+        await driver.close()
+
+    run(scenario())
+
+
+def test_r10_delete_with_another_master_key_is_refused_and_changes_nothing(driver):
+    async def scenario():
+        bookie = await driver.start()
+        blobs = [blob(32, 0), blob(32, 1)]
+        await driver.call(add(32, blobs))
+        poll = driver.send(
+            ReadRequest(0, 32, 2, 1, ReadFlag.LONG_POLL, previous_lac=0, timeout_ms=10_000)
+        )
+        refused = await driver.call(DeleteLedgerRequest(0, 32, OTHER_KEY))
+        assert (refused.status, refused.op) == (Status.UNAUTHORIZED, Op.DELETE_LEDGER)
+        assert not poll.done(), "a refused delete answered the ledger's parked poll"
+        assert 32 in bookie.ledger_ids() and not bookie.state(32).deleted
+        assert (await driver.call(ReadRequest(0, 32, 0, 2))).entries == blobs
+        assert (await driver.call(add(32, [blob(32, 2)]))).status == Status.OK
+        assert (await poll).status == Status.OK
+        # Nothing of the refused delete was journaled: it is still refused after a restart.
+        await driver.restart()
+        assert (await driver.call(ReadRequest(0, 32, 0, 3))).status == Status.OK
+        deleted = await driver.call(DeleteLedgerRequest(0, 32, KEY))
+        assert deleted.status == Status.OK
+        assert (await driver.call(ReadRequest(0, 32, 0))).status == Status.NO_SUCH_LEDGER
         await driver.close()
 
     run(scenario())

@@ -50,7 +50,7 @@ def sample_messages():
         FenceResponse(4, 6, 7, -1, -1),
         WriteLacRequest(5, 7, KEY, 9),
         StatusResponse(5, Op.WRITE_LAC, 0, 7),
-        DeleteLedgerRequest(6, 7),
+        DeleteLedgerRequest(6, 7, KEY),
         StatusResponse(6, Op.DELETE_LEDGER, 1, 7),
         BookieInfoRequest(8),
         BookieInfoResponse(8, 0, True, 10, 20),
