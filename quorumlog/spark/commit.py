@@ -291,7 +291,9 @@ async def commit(
             if unknown_at is not None or conflicted is not None:
                 if _holds(metadata, ledgers, sink):  # an earlier CAS of ours was applied
                     unknown_at = None
-                    return await _committed(bk, log_name, token, metadata, ledgers, rows, sink)
+                    return await _committed(
+                        bk, log_name, token, metadata, ledgers, rows, sink, password
+                    )
                 if version != unknown_at:
                     unknown_at = None  # the log moved on without it: it can never apply
             if conflicted is not None:
@@ -310,7 +312,9 @@ async def commit(
             if sink is not None and _already_committed(log_name, metadata, sink):
                 # Keep what the log holds: the first run's registrations may still be there
                 # if its driver died between the compare-and-set and the clean-up.
-                deleted = await _best_effort_clean_up(bk, log_name, token, metadata.ledgers)
+                deleted = await _best_effort_clean_up(
+                    bk, log_name, token, metadata.ledgers, password
+                )
                 return CommitOutcome((), 0, True, deleted)
             if ledgers and metadata.ledgers and metadata.ledgers[-1] >= ledgers[0]:
                 raise LogFencedError(
@@ -344,7 +348,7 @@ async def commit(
                 )
                 continue  # applied or not: the next read of the log tells (R13)
             unknown_at = None
-            return await _committed(bk, log_name, token, updated, ledgers, rows, sink)
+            return await _committed(bk, log_name, token, updated, ledgers, rows, sink, password)
         raise LogFencedError(
             f"log {log_name}: the ledger list kept changing; the write was not added"
         )
@@ -407,6 +411,7 @@ async def _committed(
     ledgers: Sequence[int],
     rows: int,
     sink: SinkBatch | None,
+    password: bytes,
 ) -> CommitOutcome:
     log.info(
         "log %s: appended ledgers %s (%d rows)%s",
@@ -415,21 +420,29 @@ async def _committed(
         rows,
         "" if sink is None else f" for sink {sink.sink_id} batch {sink.batch_id}",
     )
-    deleted = await _best_effort_clean_up(bk, log_name, token, metadata.ledgers, sweep=True)
+    deleted = await _best_effort_clean_up(
+        bk, log_name, token, metadata.ledgers, password, sweep=True
+    )
     return CommitOutcome(tuple(ledgers), rows, False, deleted)
 
 
 async def _best_effort_clean_up(
-    bk: BookKeeper, log_name: str, token: str, keep: Sequence[int], *, sweep: bool = False
+    bk: BookKeeper,
+    log_name: str,
+    token: str,
+    keep: Sequence[int],
+    password: bytes,
+    *,
+    sweep: bool = False,
 ) -> tuple[int, ...]:
     """Clean up after the outcome is known. The rows are in the log (or the batch was
     there already): a failure here must not make the write look failed, or the user's
     retry would append the rows twice. What is left is cleaned by a later clean-up of
     the same write, or by the day-old sweep."""
     try:
-        deleted = await clean_up(bk, log_name, token, keep=keep)
+        deleted = await clean_up(bk, log_name, token, keep=keep, password=password)
         if sweep:
-            deleted += await sweep_stale(bk, log_name, keep)
+            deleted += await sweep_stale(bk, log_name, keep, password=password)
         return deleted
     except Exception as exc:
         log.warning(
@@ -534,7 +547,9 @@ async def _metadata_or_none(bk: BookKeeper, ledger_id: int) -> LedgerMetadata | 
         return None
 
 
-async def abort(bk: BookKeeper, log_name: str, token: str) -> tuple[int, ...]:
+async def abort(
+    bk: BookKeeper, log_name: str, token: str, *, password: bytes = b""
+) -> tuple[int, ...]:
     """Delete every ledger the write's tasks registered that is not in the log; nothing
     while a compare-and-set of the write's commit may still be applied (R13)."""
     if await bk.store.exists(f"{staging_path(token)}/{COMMIT_MARKER}") is not None:
@@ -549,13 +564,14 @@ async def abort(bk: BookKeeper, log_name: str, token: str) -> tuple[int, ...]:
         keep: Sequence[int] = metadata.ledgers
     except NoSuchLogError:
         keep = ()
-    return await clean_up(bk, log_name, token, keep=keep)
+    return await clean_up(bk, log_name, token, keep=keep, password=password)
 
 
 async def clean_up(
-    bk: BookKeeper, log_name: str, token: str, keep: Sequence[int]
+    bk: BookKeeper, log_name: str, token: str, keep: Sequence[int], *, password: bytes = b""
 ) -> tuple[int, ...]:
-    """Delete the write's registered ledgers that are not in ``keep``, then its staging nodes."""
+    """Delete the write's registered ledgers that are not in ``keep``, then its staging
+    nodes. ``password``: the ledgers' (bookies purge a ledger only for its key, R10)."""
     root = staging_path(token)
     try:
         names = await bk.store.children(root)
@@ -568,7 +584,7 @@ async def clean_up(
             ledger_id = int(name[1:])
             if ledger_id not in kept:
                 try:
-                    await bk.delete_ledger(ledger_id)
+                    await bk.delete_ledger(ledger_id, password)
                     deleted.append(ledger_id)
                 except NoSuchLedgerError:
                     pass  # registered, but the task died before creating it
@@ -586,10 +602,17 @@ async def clean_up(
 
 
 async def sweep_stale(
-    bk: BookKeeper, log_name: str, keep: Sequence[int], older_than_ms: int = STALE_STAGING_MS
+    bk: BookKeeper,
+    log_name: str,
+    keep: Sequence[int],
+    older_than_ms: int = STALE_STAGING_MS,
+    *,
+    password: bytes = b"",
 ) -> tuple[int, ...]:
     """Clean up the staging of earlier writes to ``log_name`` whose driver never
-    committed or aborted (it died), once older than ``older_than_ms``."""
+    committed or aborted (it died), once older than ``older_than_ms``. Their ledgers
+    are deleted with ``password``, the log's; one written with another is kept (and
+    said so) until a clean-up with its password."""
     try:
         tokens = await bk.store.children(STAGING_PATH)
     except NoNodeError:
@@ -606,5 +629,5 @@ async def sweep_stale(
             or now_ms - int(header.get("created_ms", now_ms)) < older_than_ms
         ):
             continue
-        deleted += await clean_up(bk, log_name, token, keep)
+        deleted += await clean_up(bk, log_name, token, keep, password=password)
     return tuple(deleted)

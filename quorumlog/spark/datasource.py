@@ -312,7 +312,7 @@ async def _commit(
         # The commit's own error is the one to report. abort deletes nothing while the
         # commit's outcome is unknown (the commit left its marker for that).
         try:
-            await commits.abort(bk, opts.log, token)
+            await commits.abort(bk, opts.log, token, password=opts.password)
         except Exception as exc:
             log.warning("log %s: aborting the write failed: %s", opts.log, exc)
         raise
@@ -320,7 +320,7 @@ async def _commit(
 
 async def _abort(opts: WriteOptions, token: str) -> None:
     bk = await scan.client_for(opts.metadata_uri)
-    await commits.abort(bk, opts.log, token)
+    await commits.abort(bk, opts.log, token, password=opts.password)
 
 
 class QuorumlogWriter(DataSourceArrowWriter):

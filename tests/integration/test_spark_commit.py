@@ -30,14 +30,25 @@ MAX_PARTITIONS = 8
 
 
 async def task(
-    bk: BookKeeper, token: str, log: str, partition: int, rows: int, attempt: int = 0
+    bk: BookKeeper,
+    token: str,
+    log: str,
+    partition: int,
+    rows: int,
+    attempt: int = 0,
+    password: bytes = b"",
 ) -> TaskResult:
     """What a write task does: its ledger id, the ledger, its rows, close."""
     ledger_id = await commits.task_ledger_id(
         bk, token, log, "stage-1", partition, attempt, MAX_PARTITIONS
     )
     handle = await bk.create_ledger(
-        3, 3, 2, ledger_id=ledger_id, custom_metadata=commits.ledger_tags(log, token, partition)
+        3,
+        3,
+        2,
+        password=password,
+        ledger_id=ledger_id,
+        custom_metadata=commits.ledger_tags(log, token, partition),
     )
     for i in range(rows):
         await handle.add_entry(b"p%d-%d" % (partition, i))
@@ -196,6 +207,30 @@ def test_task_ledgers_sort_by_partition_whatever_order_tasks_run(cluster3: Local
             assert await staging(bk, token) == []
             with pytest.raises(InvalidArgumentError, match="maxWritePartitions=8"):
                 await commits.task_ledger_id(bk, token, "ordered", "s", 8, 0, MAX_PARTITIONS)
+
+    asyncio.run(main())
+
+
+def test_r10_a_write_with_a_password_deletes_the_ledgers_it_does_not_keep(
+    cluster3: LocalCluster,
+) -> None:
+    """Bookies purge a ledger only for its master key (R10): the clean-ups of a write
+    whose ledgers have a password delete them with it."""
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster3.metadata_uri) as bk:
+            await commits.prepare_log(bk, "secret")
+            token = commits.new_write_token()
+            failed = await task(bk, token, "secret", 0, 2, password=b"pw")
+            kept = await task(bk, token, "secret", 0, 2, attempt=1, password=b"pw")
+            outcome = await commits.commit(bk, "secret", token, [kept], password=b"pw")
+            assert outcome.deleted == (failed.ledger_id,)
+            assert not await bk.ledger_exists(failed.ledger_id)
+            assert await staging(bk, token) == []
+            aborted = commits.new_write_token()
+            staged = await task(bk, aborted, "secret", 0, 2, password=b"pw")
+            assert await commits.abort(bk, "secret", aborted, password=b"pw") == (staged.ledger_id,)
+            assert await staging(bk, aborted) == []
 
     asyncio.run(main())
 
