@@ -37,6 +37,7 @@ from quorumlog.bookie.checkpoints import Checkpoints
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.disk_checker import DiskChecker
 from quorumlog.bookie.errors import BookieStartError
+from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.bookie.journal import Journal, ScanReport
 from quorumlog.bookie.ledger_changes import LedgerChanges
 from quorumlog.bookie.ledger_state import LedgerState
@@ -53,6 +54,9 @@ __all__ = ["Bookie", "BookieStartError", "Respond"]
 
 log = logging.getLogger(__name__)
 
+Workers = Callable[[str], concurrent.futures.Executor]
+"""``workers(name)``: a new single-worker executor ("journal", "checkpoint")."""
+
 
 class Bookie:
     """Journal + ledger storage + per-ledger state (fence, master key, LACs).
@@ -68,7 +72,9 @@ class Bookie:
 
     storage: LedgerStorage
 
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(
+        self, config: BookieConfig, *, files: FileOps = REAL_FILES, workers: Workers | None = None
+    ) -> None:
         """Open the directories and replay the journal (what :meth:`open` does)."""
         problems = config.problems()
         if problems:
@@ -77,12 +83,13 @@ class Bookie:
         self.data_dir = Path(config.data_dir)
         self.journal_dir = Path(config.journal_path)
         self.replay_report = ScanReport()
-        self._locks = DirectoryLocks()
+        self._locks = DirectoryLocks(files)
         self._closed = False
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._workers = workers
+        self._executor: concurrent.futures.Executor | None = None
         try:
             opened = open_storage(
-                config, self.data_dir, self.journal_dir, self._locks, self.replay_report
+                config, self.data_dir, self.journal_dir, self._locks, self.replay_report, files
             )
         except BaseException:
             self._locks.release()
@@ -113,13 +120,20 @@ class Bookie:
         storage.entry_log.on_write_error = lambda _error: self._mode.storage_checked(storage)
 
     @classmethod
-    def open(cls, config: BookieConfig) -> Bookie:
+    def open(
+        cls, config: BookieConfig, *, files: FileOps = REAL_FILES, workers: Workers | None = None
+    ) -> Bookie:
         """Check directories, replay the journal into ledger storage, and return the bookie.
 
         Raises BookieStartError with a clear message on a damaged journal (unless
         ``journal_skip_corruption``) or unusable directories.
+
+        ``files`` makes every system call on the bookie's files (a simulated disk, or
+        a test's faults); ``workers(name)`` makes the executors that stand for the
+        journal's and the checkpoints' threads (a simulation's deterministic
+        scheduler). The defaults are the real ones.
         """
-        return cls(config)
+        return cls(config, files=files, workers=workers)
 
     # ------------------------------------------------------------ life cycle
 
@@ -128,16 +142,21 @@ class Bookie:
         config = self.config
         self._timers.loop = loop
         self._polls.loop = loop
-        self._executor = executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="bookie-checkpoint"
-        )
+        journal_executor = None
+        if self._workers is None:
+            self._executor = executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="bookie-checkpoint"
+            )
+        else:
+            self._executor = executor = self._workers("checkpoint")
+            journal_executor = self._workers("journal")
         if not config.journal_sync:
             log.warning(
                 "bookie %s: JOURNAL SYNC IS OFF: adds are acknowledged before they are "
                 "durable; a crash or power loss can lose acknowledged entries",
                 self.data_dir,
             )
-        self._journal.start(loop, self._requests.on_journal_batch)
+        self._journal.start(loop, self._requests.on_journal_batch, journal_executor)
 
         def write_chunk(fn: Callable[..., None], *args: Any) -> asyncio.Future[None]:
             return loop.run_in_executor(executor, fn, *args)

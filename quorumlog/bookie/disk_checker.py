@@ -41,6 +41,7 @@ class DiskChecker:
         high_threshold: float,
         low_threshold: float,
         usage_fn: Callable[[Path], DiskUsage] = disk_usage,
+        device_fn: Callable[[Path], int] = lambda path: os.stat(path).st_dev,
     ) -> None:
         if not 0.0 <= low_threshold <= high_threshold <= 1.0:
             raise ValueError(
@@ -50,7 +51,7 @@ class DiskChecker:
         # One path per filesystem is enough.
         seen: dict[int, Path] = {}
         for path in paths:
-            seen.setdefault(os.stat(path).st_dev, path)
+            seen.setdefault(device_fn(path), path)
         self.paths = list(seen.values())
         self.high_threshold = high_threshold
         self.low_threshold = low_threshold

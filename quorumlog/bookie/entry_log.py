@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import struct
 import threading
@@ -55,9 +54,9 @@ def log_file_name(log_id: int) -> str:
     return f"{log_id:08x}.log"
 
 
-def list_log_ids(directory: Path) -> list[int]:
+def list_log_ids(directory: Path, ops: FileOps = REAL_FILES) -> list[int]:
     ids = []
-    for name in os.listdir(directory):
+    for name in ops.listdir(directory):
         match = _NAME.match(name)
         if match:
             ids.append(int(match.group(1), 16))
@@ -148,9 +147,9 @@ class EntryLogger:
         self.max_bytes = max_bytes
         self.write_buffer_bytes = write_buffer_bytes
         self.ops = ops
-        directory.mkdir(parents=True, exist_ok=True)
+        ops.mkdir(directory)
         self._fds: dict[int, int] = {}  # open file descriptors by log id
-        self.current_id = max([0, *list_log_ids(directory), *known_ids]) + 1
+        self.current_id = max([0, *list_log_ids(directory, ops), *known_ids]) + 1
         self._buffer = bytearray()
         self._buffer_start = 0  # file offset of the buffer's first byte
         self._end = 0  # logical end of the current log, buffer included

@@ -1,14 +1,20 @@
-"""The system calls ledger storage makes on its entry logs, in one replaceable object.
+"""The system calls a bookie makes on its files, in one replaceable object.
 
-:class:`FileOps` does the real ones. A simulated disk (unsynced writes lost at a
-power loss, a sync that fails once, a full disk) or a test passes another object
-with the same methods to :class:`~quorumlog.bookie.storage.LedgerStorage`.
+:class:`FileOps` does the real ones: journal, entry logs, index (LMDB), directory
+locks and disk usage all go through it. A simulated disk (unsynced writes lost at
+a power loss, a sync that fails once, a full disk) or a test passes another object
+with the same methods to :class:`~quorumlog.bookie.bookie.Bookie` (or to
+:class:`~quorumlog.bookie.storage.LedgerStorage`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
+
+from quorumlog.bookie.disk_checker import DiskUsage, disk_usage
+from quorumlog.bookie.index import LedgerIndex
 
 
 class FileOps:
@@ -43,6 +49,59 @@ class FileOps:
 
     def close(self, fd: int) -> None:
         os.close(fd)
+
+    # The journal's files: appended to, read whole at replay, cut at a torn tail.
+
+    def create_append(self, path: Path) -> int:
+        """A new file open for appending; it must not exist."""
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def read_file(self, path: Path) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def truncate(self, path: Path, size: int) -> None:
+        os.truncate(path, size)
+
+    def size(self, path: Path) -> int:
+        return os.stat(path).st_size
+
+    # Directories, locks, space.
+
+    def listdir(self, directory: Path) -> list[str]:
+        return os.listdir(directory)
+
+    def mkdir(self, directory: Path) -> None:
+        """Create ``directory`` and its parents if missing."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
+
+    def lock(self, path: Path) -> int:
+        """An open descriptor of ``path`` (created if missing) holding an exclusive lock;
+        BlockingIOError if another process holds it."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def disk_usage(self, path: Path) -> DiskUsage:
+        return disk_usage(path)
+
+    def device(self, path: Path) -> int:
+        """The filesystem ``path`` is on (one usage check per filesystem)."""
+        return os.stat(path).st_dev
+
+    def open_index(self, directory: Path, map_size_bytes: int) -> LedgerIndex:
+        """The durable index in ``directory`` (LMDB)."""
+        return LedgerIndex(directory, map_size_bytes)
 
 
 REAL_FILES = FileOps()

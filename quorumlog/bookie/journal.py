@@ -16,7 +16,9 @@ longer than ``journal_max_group_wait_ms``), writes it with one system call,
 fdatasyncs once, and hands the whole batch's completions back to the loop with
 one ``call_soon_threadsafe``. When the queue is empty it syncs at once: an idle
 journal never waits for company. A batch is written only after the one before
-it was synced, in this file or an earlier one.
+it was synced, in this file or an earlier one. Given an executor instead (a
+simulation's deterministic scheduler), each batch is one job on it, timed by the
+loop's clock; files go through a :class:`~quorumlog.bookie.fileops.FileOps`.
 
 The mark (:attr:`Journal.mark`) is the position after the last batch written:
 every record before it was queued, hence applied to ledger storage, before the
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -51,6 +54,7 @@ from typing import Any
 
 from crc32c import crc32c
 
+from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.errors import BookieIOError
 
 log = logging.getLogger(__name__)
@@ -144,35 +148,29 @@ def journal_file_name(file_id: int) -> str:
     return f"{file_id:016x}.jnl"
 
 
-def list_journal_ids(directory: Path) -> list[int]:
+def list_journal_ids(directory: Path, ops: FileOps = REAL_FILES) -> list[int]:
     ids = []
-    for name in os.listdir(directory):
+    for name in ops.listdir(directory):
         match = _NAME.match(name)
         if match:
             ids.append(int(match.group(1), 16))
     return sorted(ids)
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def create_journal_file(directory: Path, file_id: int, salt: bytes | None = None) -> int:
+def create_journal_file(
+    directory: Path, file_id: int, salt: bytes | None = None, ops: FileOps = REAL_FILES
+) -> int:
     """Create a new journal file with its header, durable (file and directory entry)."""
     if salt is None:
         salt = os.urandom(SALT_SIZE)
     path = directory / journal_file_name(file_id)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    fd = ops.create_append(path)
     try:
-        os.write(fd, _FILE_HEADER.pack(JOURNAL_MAGIC, file_id, salt))
-        os.fsync(fd)
-        _fsync_directory(directory)
+        ops.write(fd, _FILE_HEADER.pack(JOURNAL_MAGIC, file_id, salt))
+        ops.fsync(fd)
+        ops.fsync_directory(directory)
     except BaseException:
-        os.close(fd)
+        ops.close(fd)
         raise
     return fd
 
@@ -215,18 +213,13 @@ def _record_at(buf: bytes, view: memoryview, pos: int, end: int) -> tuple[int, s
     return length + 8, ""
 
 
-def _read_file(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def _cut(path: Path, offset: int) -> None:
-    os.truncate(path, offset)
-    fd = os.open(path, os.O_RDONLY)
+def _cut(path: Path, offset: int, ops: FileOps) -> None:
+    ops.truncate(path, offset)
+    fd = ops.open_read(path)
     try:
-        os.fsync(fd)
+        ops.fsync(fd)
     finally:
-        os.close(fd)
+        ops.close(fd)
 
 
 def _check_start(directory: Path, ids: list[int], mark: tuple[int, int] | None) -> None:
@@ -262,13 +255,14 @@ def scan(
     mark: tuple[int, int] | None,
     skip_corruption: bool,
     report: ScanReport,
+    ops: FileOps = REAL_FILES,
 ) -> Iterator[tuple[int, memoryview]]:
     """Yield (record type, payload) of every record from ``mark`` on, in order.
 
     Cuts torn tails off (truncating the file); raises JournalCorruptionError for
     damage to synced data, unless ``skip_corruption``.
     """
-    ids = list_journal_ids(directory)
+    ids = list_journal_ids(directory, ops)
     _check_start(directory, ids, mark)
     start_id, start_offset = mark if mark is not None else (0, FILE_HEADER_SIZE)
     ids = [i for i in ids if i >= start_id]
@@ -278,7 +272,7 @@ def scan(
         # The writer creates a file only after the last batch of the file before it was
         # synced: all but the last file hold nothing torn.
         last_file = n == len(ids) - 1
-        buf = _read_file(path)
+        buf = ops.read_file(path)
         end = len(buf)
         view = memoryview(buf)
         if end >= FILE_HEADER_SIZE and buf[:8] == _OLD_MAGIC:
@@ -296,7 +290,7 @@ def scan(
             # after it is a creation cut short, anything else is damage.
             if last_file and _NONZERO.search(buf, FILE_HEADER_SIZE) is None:
                 log.warning("journal %s: incomplete file header; removing the file", path)
-                os.unlink(path)
+                ops.unlink(path)
                 report.truncated = [*(report.truncated or []), (path, 0)]
                 continue
             message = (
@@ -337,7 +331,7 @@ def scan(
                     pos,
                     why,
                 )
-                _cut(path, pos)
+                _cut(path, pos, ops)
                 report.truncated = [*(report.truncated or []), (path, pos)]
                 break
             where = (
@@ -378,8 +372,11 @@ class Journal:
         max_batch_bytes: int,
         max_batch_records: int,
         file_max_bytes: int,
+        ops: FileOps = REAL_FILES,
     ) -> None:
         self.directory = directory
+        self._ops = ops
+        self._clock: Callable[[], float] = time.monotonic
         self.sync_enabled = sync
         self.max_group_wait_s = max_group_wait_ms / 1000
         self.max_batch_bytes = max_batch_bytes
@@ -398,6 +395,7 @@ class Journal:
         self._idle = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._jobs: _Jobs | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_batch: BatchCallback | None = None
         self._failure: BaseException | None = None
@@ -421,11 +419,27 @@ class Journal:
     def failed(self) -> BaseException | None:
         return self._failure
 
-    def start(self, loop: asyncio.AbstractEventLoop, on_batch: BatchCallback) -> None:
-        """Start the writer thread; ``on_batch(dones, nbytes, error)`` runs on ``loop``."""
+    def start(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_batch: BatchCallback,
+        executor: concurrent.futures.Executor | None = None,
+    ) -> None:
+        """Start the writer thread; ``on_batch(dones, nbytes, error)`` runs on ``loop``.
+
+        With ``executor`` (a deterministic scheduler that runs jobs on the loop's
+        thread, as a simulation's), each batch is a job on it instead, timed by the
+        loop's clock.
+        """
         self._loop = loop
         self._on_batch = on_batch
         self._stopped = loop.create_future()
+        if executor is not None:
+            self._clock = loop.time
+            self._jobs = jobs = _Jobs(self, executor)
+            self._wake = jobs  # type: ignore[assignment]  # append()'s set() submits a job
+            self._idle = True
+            return
         self._thread = threading.Thread(target=self._run, name="bookie-journal", daemon=True)
         self._thread.start()
 
@@ -439,21 +453,22 @@ class Journal:
 
     def abandon(self) -> None:
         """Close the file of a journal that was never started."""
-        if self._thread is None:
+        if self._thread is None and self._jobs is None:
             with contextlib.suppress(OSError):
-                os.close(self._fd)
+                self._ops.close(self._fd)
 
     async def close(self) -> None:
         """Write and sync what is queued, deliver its completions, stop the thread."""
-        if self._thread is None:
-            os.close(self._fd)
+        if self._thread is None and self._jobs is None:
+            self._ops.close(self._fd)
             return
         self._stopping = True
         self._wake.set()
         assert self._stopped is not None
         await self._stopped
-        self._thread.join()
-        self._thread = None
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
     # ------------------------------------------------------------ writer thread
 
@@ -475,10 +490,13 @@ class Journal:
                         continue
                 self._write_batch(queue, loop)
         finally:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            with contextlib.suppress(RuntimeError):  # the loop was closed under us
-                loop.call_soon_threadsafe(self._finish)
+            self._stop_writing(loop)
+
+    def _stop_writing(self, loop: asyncio.AbstractEventLoop) -> None:
+        with contextlib.suppress(OSError):
+            self._ops.close(self._fd)
+        with contextlib.suppress(RuntimeError):  # the loop was closed under us
+            loop.call_soon_threadsafe(self._finish)
 
     def _finish(self) -> None:
         if self._stopped is not None and not self._stopped.done():
@@ -491,7 +509,8 @@ class Journal:
     ) -> None:
         max_records = self.max_batch_records
         max_bytes = self.max_batch_bytes
-        deadline = time.monotonic() + self.max_group_wait_s
+        clock = self._clock
+        deadline = clock() + self.max_group_wait_s
         dones: list[Done] = []
         # Pieces of the batch, each for one file and led by that file's batch marker;
         # only the first piece goes to the current file.
@@ -517,7 +536,7 @@ class Journal:
             count += 1
             if done is not None:
                 dones.append(done)
-            if count & 63 == 0 and time.monotonic() >= deadline:
+            if count & 63 == 0 and clock() >= deadline:
                 break
         pieces.append(parts)
         error: BaseException | None = self._failure
@@ -550,34 +569,74 @@ class Journal:
         view = memoryview(data)
         written = 0
         while written < len(view):
-            written += os.write(self._fd, view[written:])
+            written += self._ops.write(self._fd, view[written:])
         self._unsynced = True
 
     def _sync_current(self) -> None:
         if self.sync_enabled and self._unsynced:
-            fdatasync(self._fd)
+            if self._ops is REAL_FILES:
+                fdatasync(self._fd)  # the module's, which tests may replace
+            else:
+                self._ops.fdatasync(self._fd)
             self.sync_count += 1
         self._unsynced = False
 
     def _open_file(self, file_id: int) -> None:
         salt = os.urandom(SALT_SIZE)
-        self._fd = create_journal_file(self.directory, file_id, salt)
+        self._fd = create_journal_file(self.directory, file_id, salt, self._ops)
         self._marker = batch_marker(salt)
 
     def _next_file(self, file_id: int) -> None:
-        os.close(self._fd)
+        self._ops.close(self._fd)
         self._open_file(file_id)
         self._mark = (file_id, FILE_HEADER_SIZE)
 
 
-def delete_journal_files_before(directory: Path, file_id: int) -> list[int]:
+class _Jobs:
+    """The writer as jobs of an executor instead of a thread.
+
+    Stands in for the thread's wake-up event: ``set()`` (what :meth:`Journal.append`
+    calls on an idle journal, and :meth:`Journal.close`) submits one job; a job
+    writes one batch and submits the next while records wait. Meant for executors
+    that run jobs one at a time on the loop's thread (a simulation's scheduler).
+    """
+
+    def __init__(self, journal: Journal, executor: concurrent.futures.Executor) -> None:
+        self._journal = journal
+        self._executor = executor
+        self._submitted = False
+
+    def set(self) -> None:
+        if not self._submitted:
+            self._submitted = True
+            self._journal._idle = False
+            self._executor.submit(self._run)
+
+    def _run(self) -> None:
+        journal = self._journal
+        loop = journal._loop
+        assert loop is not None
+        self._submitted = False
+        if journal._queue:
+            journal._write_batch(journal._queue, loop)
+        if journal._queue:
+            self.set()
+        elif journal._stopping:
+            journal._stop_writing(loop)
+        else:
+            journal._idle = True
+
+
+def delete_journal_files_before(
+    directory: Path, file_id: int, ops: FileOps = REAL_FILES
+) -> list[int]:
     """Remove journal files wholly before the mark's file; returns their ids."""
     removed = []
-    for old in list_journal_ids(directory):
+    for old in list_journal_ids(directory, ops):
         if old >= file_id:
             break
         try:
-            os.unlink(directory / journal_file_name(old))
+            ops.unlink(directory / journal_file_name(old))
         except FileNotFoundError:
             continue
         removed.append(old)

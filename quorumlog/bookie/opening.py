@@ -11,9 +11,7 @@ stops the start, unless it is a torn tail or ``journal_skip_corruption`` is set
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,6 +20,7 @@ from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.cookie import check_directories
 from quorumlog.bookie.disk_checker import DiskChecker
 from quorumlog.bookie.errors import BookieStartError
+from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.bookie.journal import Journal, JournalCorruptionError, ScanReport, list_journal_ids
 from quorumlog.bookie.ledger_changes import raise_explicit_lac
 from quorumlog.bookie.storage import LedgerStorage
@@ -37,28 +36,24 @@ _LOCK_FILE_NAME = "LOCK"
 class DirectoryLocks:
     """flock of each directory a bookie runs on, held until :meth:`release`."""
 
-    def __init__(self) -> None:
+    def __init__(self, ops: FileOps = REAL_FILES) -> None:
+        self._ops = ops
         self._fds: list[int] = []
 
     def lock(self, directory: Path) -> None:
         path = directory / _LOCK_FILE_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = self._ops.lock(path)
         except BlockingIOError:
-            os.close(fd)
             raise BookieStartError(
                 f"directory {directory} is in use by another bookie process (lock {path})"
             ) from None
-        except OSError:
-            os.close(fd)
-            raise
         self._fds.append(fd)
 
     def release(self) -> None:
         for fd in self._fds:
             with contextlib.suppress(OSError):
-                os.close(fd)
+                self._ops.close(fd)
         self._fds.clear()
 
 
@@ -74,13 +69,14 @@ def open_storage(
     journal_dir: Path,
     locks: DirectoryLocks,
     report: ScanReport,
+    ops: FileOps = REAL_FILES,
 ) -> OpenedStorage:
     """Lock, check, open and replay; ends with a checkpoint. The caller releases ``locks``
     if this raises (every failure is a :class:`BookieStartError` with the reason)."""
     locked: set[Path] = set()
     for name, directory in (("data", data_dir), ("journal", journal_dir)):
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            ops.mkdir(directory)
         except OSError as exc:
             raise BookieStartError(f"{name} directory {directory}: {exc}") from None
         if directory.resolve() not in locked:  # the journal may share the data directory
@@ -96,13 +92,14 @@ def open_storage(
             entry_log_write_buffer_bytes=config.entry_log_write_buffer_bytes,
             read_cache_max_bytes=config.read_cache_max_bytes,
             index_map_size_bytes=config.index_map_size_bytes,
+            ops=ops,
         )
     except (BKError, OSError) as exc:
         raise BookieStartError(f"ledger storage in {data_dir}: {exc}") from None
     journal: Journal | None = None
     try:
         replay(storage, journal_dir, config.journal_skip_corruption, report, data_dir)
-        existing = list_journal_ids(journal_dir)
+        existing = list_journal_ids(journal_dir, ops)
         last = max([*existing, storage.mark[0] if storage.mark else 0])
         journal = Journal(
             journal_dir,
@@ -112,6 +109,7 @@ def open_storage(
             max_batch_bytes=config.journal_max_batch_bytes,
             max_batch_records=config.journal_max_batch_records,
             file_max_bytes=config.journal_file_max_bytes,
+            ops=ops,
         )
         # Everything replayed goes to ledger storage now, and the old journal files go.
         work = storage.capture(journal.mark, journal_dir)
@@ -121,6 +119,8 @@ def open_storage(
             [data_dir, journal_dir],
             config.disk_usage_threshold,
             config.disk_usage_lwm_threshold,
+            usage_fn=ops.disk_usage,
+            device_fn=ops.device,
         )
         disk_checker.check()
     except BaseException as exc:
@@ -147,7 +147,7 @@ def replay(
 ) -> None:
     """Apply the journal records after the checkpoint mark to ``storage`` (idempotent)."""
     states = storage.states
-    records = journal_mod.scan(journal_dir, storage.mark, skip_corruption, report)
+    records = journal_mod.scan(journal_dir, storage.mark, skip_corruption, report, storage.ops)
     for kind, payload in records:
         ledger_id = journal_mod.decode_ledger(payload)
         st = states.get(ledger_id)

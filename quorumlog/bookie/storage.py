@@ -78,13 +78,14 @@ class LedgerStorage:
         ops: FileOps = REAL_FILES,
     ) -> None:
         self.data_dir = data_dir
-        self.index = LedgerIndex(data_dir / "index", index_map_size_bytes)
+        self.ops = ops
+        self.index: LedgerIndex = ops.open_index(data_dir / "index", index_map_size_bytes)
         try:
             self.states: dict[int, LedgerState] = self.index.load_states()
             self.log_ledgers: dict[int, set[int]] = self.index.load_logs()
             self.mark = self.index.load_mark()
             logs_dir = data_dir / "entrylogs"
-            logs_dir.mkdir(parents=True, exist_ok=True)
+            ops.mkdir(logs_dir)
             self._orphan_logs = self._check_logs(logs_dir)
             self.entry_log = EntryLogger(
                 logs_dir,
@@ -109,12 +110,12 @@ class LedgerStorage:
         R15: an index without a checkpoint mark beside logs that hold entries was lost
         or replaced, not empty: refuse, and remove nothing.
         """
-        present = list_log_ids(logs_dir)
+        present = list_log_ids(logs_dir, self.ops)
         if self.mark is None:
             holding = [
                 log_file_name(log_id)
                 for log_id in present
-                if (logs_dir / log_file_name(log_id)).stat().st_size > LOG_HEADER_SIZE
+                if self.ops.size(logs_dir / log_file_name(log_id)) > LOG_HEADER_SIZE
             ]
             if holding:
                 shown = ", ".join(holding[:5]) + (", ..." if len(holding) > 5 else "")
@@ -384,7 +385,7 @@ class LedgerStorage:
             for log_id in work.free_logs:
                 self.entry_log.unlink(log_id)
             work.removed_journal_files = delete_journal_files_before(
-                work.journal_dir, work.update.mark[0]
+                work.journal_dir, work.update.mark[0], self.ops
             )
         except OSError as exc:
             log.warning("checkpoint: could not remove old files: %s", exc)
