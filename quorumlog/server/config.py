@@ -22,6 +22,9 @@ class ServerConfig:
     max_queued_response_bytes: int = 16 * 1024 * 1024
     # Reads in flight count their max_bytes (the largest answer they may get) until answered.
     max_in_flight_read_bytes: int = 64 * 1024 * 1024
+    # Parked long polls of one connection; beyond it a poll is answered TOO_MANY_REQUESTS at
+    # once. Polls count only here: they never stop the connection's reading.
+    max_long_polls_per_connection: int = 1_000
     # Transport write buffer: above the high mark the peer is not reading its answers, so
     # the server stops reading its requests until the buffer drains below the low mark.
     write_buffer_high_bytes: int = 8 * 1024 * 1024

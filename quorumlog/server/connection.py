@@ -6,13 +6,22 @@ them into requests, each goes to :meth:`Bookie.submit` with this connection's
 ``writelines`` per event-loop turn (the flush is scheduled once per turn), so
 a pipelined client costs one send system call per turn, not one per entry.
 
-Memory stays bounded (R12): the decoder holds at most one maximum-size frame;
+Memory stays bounded (R12, R16): the decoder holds at most one maximum-size frame;
 when a connection has too many requests in flight, too many answer bytes
 queued, too many bytes of read answers announced (each read counts its
 ``max_bytes`` until answered), or a full transport write buffer (its peer is
 not reading), the connection stops reading from the socket until it drains. Any bytes that do
 not decode close this connection only; other connections and the stored state
 are untouched.
+
+Long polls never stop a connection's reading (a tailing reader and its writer may share
+one connection): a parked poll holds only its small request, so it counts against its
+own bound, ``max_long_polls_per_connection`` (beyond it a poll is answered
+TOO_MANY_REQUESTS at once), not against the budgets above. A poll that wakes while its
+connection already has ``max_queued_response_bytes`` of answers waiting, or its peer is
+not reading, is answered with the LAC and no entries (the reader then reads them with a
+plain, back-pressured READ), so that a burst of woken polls cannot queue their entries
+without bound.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from quorumlog.proto.codec import (
     BookieInfoResponse,
     FenceResponse,
     FrameDecoder,
+    ReadFlag,
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
@@ -59,6 +69,21 @@ class RequestHandler(Protocol):
     def submit(self, request: Request, respond: Callable[[Response], None]) -> None: ...
 
 
+class _Answer:
+    """The ``respond`` callback of one request: hands the answer to its connection with what
+    the request held there (read-answer bytes reserved; whether it is a long poll)."""
+
+    __slots__ = ("connection", "poll", "reserved_bytes")
+
+    def __init__(self, connection: BookieProtocol, reserved_bytes: int, poll: bool) -> None:
+        self.connection = connection
+        self.reserved_bytes = reserved_bytes
+        self.poll = poll
+
+    def __call__(self, response: Response) -> None:
+        self.connection._answered(self, response)
+
+
 class BookieProtocol(asyncio.Protocol):
     """asyncio protocol of one accepted connection."""
 
@@ -78,9 +103,9 @@ class BookieProtocol(asyncio.Protocol):
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._flush_scheduled = False
-        self.in_flight = 0
+        self.in_flight = 0  # requests not answered yet, parked long polls included
+        self.polls = 0  # parked long polls among them
         self._read_reserved_bytes = 0
-        self._read_reservations: dict[int, int] = {}
         self._writing_paused = False
         self._reading_paused = False
         self._draining = False  # server stopping: read nothing more
@@ -111,39 +136,49 @@ class BookieProtocol(asyncio.Protocol):
             self._protocol_violation(str(exc))
             return
         submit = self._handler.submit
-        respond = self._respond
+        config = self._config
         for message in messages:
             if isinstance(message, _RESPONSE_TYPES):
                 self._protocol_violation(f"a {type(message).__name__} sent to a bookie")
                 return
+            reserved = 0
+            poll = False
             if type(message) is ReadRequest:
-                self._reserve_read(message)
+                if message.flags & ReadFlag.LONG_POLL:
+                    if self.polls >= config.max_long_polls_per_connection:
+                        self.requests_total += 1
+                        self.in_flight += 1
+                        self._answered(
+                            _Answer(self, 0, False),
+                            error_response(message, Status.TOO_MANY_REQUESTS),
+                        )
+                        continue
+                    poll = True
+                    self.polls += 1
+                else:
+                    # A read's answer may be as large as its max_bytes: count that against
+                    # the connection before the bookie answers, or a peer could ask for
+                    # many large answers and never read them.
+                    reserved = min(message.max_bytes, config.max_frame_size_bytes)
+                    self._read_reserved_bytes += reserved
             self.in_flight += 1
             self.requests_total += 1
+            respond = _Answer(self, reserved, poll)
             try:
                 submit(message, respond)
             except Exception:
                 # A bug in request handling must cost one answer, not the process.
                 log.exception("request %r from %s failed", message, self.peer)
-                self._respond(error_response(message, Status.IO_ERROR))
+                respond(error_response(message, Status.IO_ERROR))
         if (
-            self.in_flight >= self._config.max_in_flight_requests
-            or self._read_reserved_bytes >= self._config.max_in_flight_read_bytes
+            self.in_flight - self.polls >= config.max_in_flight_requests
+            or self._read_reserved_bytes >= config.max_in_flight_read_bytes
         ):
             self._update_reading()
 
-    def _reserve_read(self, request: ReadRequest) -> None:
-        # A read's answer may be as large as its max_bytes: count that against the
-        # connection before the bookie answers, or a peer could ask for many large
-        # answers and never read them.
-        size = min(request.max_bytes, self._config.max_frame_size_bytes)
-        self._read_reserved_bytes += size
-        reservations = self._read_reservations
-        reservations[request.request_id] = reservations.get(request.request_id, 0) + size
-
     def eof_received(self) -> bool | None:
         # The peer will send nothing more; answers still in flight are written, then the
-        # transport closes once the last one is out (see _respond).
+        # transport closes once the last one is out (see _answered).
         if self.in_flight == 0 and not self._out:
             return None  # nothing left to say: close now
         self._draining = True
@@ -166,11 +201,24 @@ class BookieProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------ answers
 
-    def _respond(self, response: Response) -> None:
-        """Called by the bookie, exactly once per request, on the loop."""
+    def _answered(self, answer: _Answer, response: Response) -> None:
+        """A request's answer (through its :class:`_Answer`, exactly once, on the loop)."""
         self.in_flight = max(0, self.in_flight - 1)
-        if type(response) is ReadResponse and self._read_reservations:
-            self._read_reserved_bytes -= self._read_reservations.pop(response.request_id, 0)
+        if answer.poll:
+            self.polls -= 1
+            if type(response) is ReadResponse and response.entries and self._answers_backed_up():
+                # Woken polls must not queue entries without bound: the LAC tells the
+                # reader what to read next with a plain (back-pressured) READ.
+                response = ReadResponse(
+                    response.request_id,
+                    response.status,
+                    response.ledger_id,
+                    response.first_entry_id,
+                    response.lac,
+                    [],
+                )
+        elif answer.reserved_bytes:
+            self._read_reserved_bytes -= answer.reserved_bytes
         if self.closed:
             return
         try:
@@ -206,6 +254,9 @@ class BookieProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------ flow control
 
+    def _answers_backed_up(self) -> bool:
+        return self._writing_paused or self._out_bytes >= self._config.max_queued_response_bytes
+
     def _update_reading(self) -> None:
         transport = self._transport
         if transport is None or self.closed or transport.is_closing():
@@ -214,7 +265,7 @@ class BookieProtocol(asyncio.Protocol):
         should_pause = (
             self._draining
             or self._writing_paused
-            or self.in_flight >= config.max_in_flight_requests
+            or self.in_flight - self.polls >= config.max_in_flight_requests
             or self._out_bytes >= config.max_queued_response_bytes
             or self._read_reserved_bytes >= config.max_in_flight_read_bytes
         )

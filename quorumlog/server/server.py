@@ -302,7 +302,8 @@ class BookieServer:
         self._tasks.clear()
         if self._registration is not None:
             await self._registration.stop(timeout_s=timeout_s)
-        await self._wait_answered(timeout_s)
+        # Parked long polls are answered by the bookie's close: do not wait for them here.
+        await self._wait_answered(timeout_s, polls=False)
         if self.bookie is not None:
             try:
                 await self.bookie.close()  # answers what is still queued
@@ -321,8 +322,10 @@ class BookieServer:
                 log.warning("bookie %s: closing the metadata store: %s", self.address, exc)
         self._stopped.set()
 
-    async def _wait_answered(self, timeout_s: float) -> None:
+    async def _wait_answered(self, timeout_s: float, *, polls: bool = True) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while any(p.in_flight for p in self._connections) and loop.time() < deadline:
+        while loop.time() < deadline and any(
+            p.in_flight - (0 if polls else p.polls) for p in self._connections
+        ):
             await asyncio.sleep(0.01)
