@@ -4,12 +4,29 @@ Several :class:`MemoryStore` sessions can share one :class:`MemoryTree`, which
 is how the simulator gives each simulated client its own session over the
 same metadata. Watches fire through ``loop.call_soon``, so they are ordered
 and deterministic under the simulator's virtual-time loop.
+
+It keeps the metadata contract the real drivers keep (tests/integration/
+test_meta_contract.py runs it as a third driver), and can misbehave the way a
+real store does, when given :class:`MetadataFaults` (``store.faults``):
+
+- an operation fails before it reaches the store (MetadataError, nothing changed);
+- a write is applied but its reply is lost (MetadataError after the change: the
+  outcome is unknown to the caller, R13) -- ZooKeeper's connection loss or
+  operation timeout;
+- replies are slow (the change is visible to others before the caller hears);
+- a partition from the store: every operation fails after a timeout, unapplied.
+
+:meth:`MemoryStore.expire` ends the session as a server would after missed
+heartbeats: its ephemeral nodes go and its listeners hear LOST. A lost session
+refuses ephemeral nodes and operations on the ephemerals it had; other
+operations go on (a driver's next request runs on a new connection).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +38,7 @@ from quorumlog.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
+from quorumlog.meta.paths import check_counter_name, check_id_count, check_path
 from quorumlog.meta.store import (
     EventType,
     MetadataStore,
@@ -31,6 +49,8 @@ from quorumlog.meta.store import (
     WatchCallback,
     WatchEvent,
 )
+
+__all__ = ["MemoryStore", "MemoryStoreFactory", "MemoryTree", "MetadataFaults"]
 
 
 @dataclass
@@ -49,6 +69,27 @@ class MemoryTree:
     counters: dict[str, int] = field(default_factory=dict)
     watches: list[_MemoryWatch] = field(default_factory=list)
     session_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+@dataclass
+class MetadataFaults:
+    """How one session misbehaves; every choice comes from ``rng`` (the seed)."""
+
+    rng: random.Random
+    fail_probability: float = 0.0  # an operation fails unapplied
+    unknown_probability: float = 0.0  # a write is applied and its reply lost
+    slow_probability: float = 0.0  # a reply comes late ...
+    slow_ms_max: float = 50.0  # ... by up to this much
+    partitioned: bool = False  # every operation fails unapplied after timeout_ms
+    timeout_ms: float = 200.0
+    # What happened, for the trace and the checkers.
+    failed: int = 0
+    unknown: list[str] = field(default_factory=list)  # "op path" of writes applied, reply lost
+    on_event: Callable[[str], None] | None = None
+
+    def _note(self, what: str) -> None:
+        if self.on_event is not None:
+            self.on_event(what)
 
 
 class _MemoryWatch(Watch):
@@ -78,25 +119,64 @@ def _parent(path: str) -> str:
     return head or "/"
 
 
-def _check_path(path: str) -> None:
-    if not path.startswith("/") or (path != "/" and path.endswith("/")) or "//" in path:
-        raise MetadataError(f"bad metadata path {path!r}")
-
-
 class MemoryStore(MetadataStore):
     """One session on a :class:`MemoryTree`."""
 
-    def __init__(self, tree: MemoryTree | None = None, uri: str = "memory://") -> None:
+    def __init__(
+        self,
+        tree: MemoryTree | None = None,
+        uri: str = "memory://",
+        faults: MetadataFaults | None = None,
+    ) -> None:
         self.tree = tree if tree is not None else MemoryTree()
         self.uri = uri
+        self.faults = faults
         self.session_id = next(self.tree.session_ids)
         self._state = SessionState.CONNECTED
         self._listeners: list[SessionCallback] = []
+        self._own_ephemerals: set[str] = set()
         self._loop = asyncio.get_running_loop()
 
-    def _alive(self) -> None:
-        if self._state is SessionState.LOST:
-            raise SessionExpiredError(f"metadata session {self.session_id} expired")
+    # ------------------------------------------------------------ faults
+
+    async def _gate(self, op: str, path: str) -> None:
+        """Before an operation reaches the store: a partition, or a plain failure."""
+        faults = self.faults
+        if faults is None:
+            return
+        if faults.partitioned:
+            await asyncio.sleep(faults.timeout_ms / 1000)
+            faults.failed += 1
+            raise MetadataError(f"metadata store unreachable: {op} {path} timed out")
+        if faults.fail_probability and faults.rng.random() < faults.fail_probability:
+            faults.failed += 1
+            faults._note(f"{op} {path} failed (not applied)")
+            raise MetadataError(f"metadata store connection lost: {op} {path} not sent")
+
+    async def _reply(self, op: str, path: str, write: bool) -> None:
+        """After an operation was applied: a slow reply, or a lost one."""
+        faults = self.faults
+        if faults is None:
+            return
+        rng = faults.rng
+        if faults.slow_probability and rng.random() < faults.slow_probability:
+            await asyncio.sleep(rng.uniform(0, faults.slow_ms_max) / 1000)
+        if faults.partitioned or (
+            write and faults.unknown_probability and rng.random() < faults.unknown_probability
+        ):
+            faults.unknown.append(f"{op} {path}")
+            faults._note(f"{op} {path} APPLIED, reply lost")
+            raise MetadataError(
+                f"metadata store connection lost: the outcome of {op} {path} is unknown"
+            )
+
+    # ------------------------------------------------------------ sessions
+
+    def _check_alive_for(self, path: str) -> None:
+        if self._state is SessionState.LOST and path in self._own_ephemerals:
+            raise SessionExpiredError(
+                f"metadata session {self.session_id} expired: ephemeral {path} is gone"
+            )
 
     def _fire(self, path: str, kind: EventType) -> None:
         parent = _parent(path)
@@ -108,17 +188,25 @@ class MemoryStore(MetadataStore):
             elif watch.children and watch.path == parent and kind is not EventType.CHANGED:
                 watch.loop.call_soon(_deliver, watch, WatchEvent(EventType.CHILDREN, parent))
 
+    # ------------------------------------------------------------ operations
+
     async def get(self, path: str) -> Versioned:
-        self._alive()
+        check_path(path)
+        self._check_alive_for(path)
+        await self._gate("get", path)
         node = self.tree.nodes.get(path)
+        await self._reply("get", path, False)
         if node is None:
             raise NoNodeError(f"metadata path {path} does not exist")
         return Versioned(node.data, node.version)
 
     async def exists(self, path: str) -> int | None:
-        self._alive()
+        check_path(path)
+        await self._gate("exists", path)
         node = self.tree.nodes.get(path)
-        return None if node is None else node.version
+        version = None if node is None else node.version
+        await self._reply("exists", path, False)
+        return version
 
     async def create(
         self,
@@ -129,26 +217,46 @@ class MemoryStore(MetadataStore):
         sequential: bool = False,
         make_parents: bool = True,
     ) -> str:
-        self._alive()
-        _check_path(path)
+        check_path(path)
+        if path == "/":
+            raise NodeExistsError("metadata path / already exists")
+        if ephemeral and self._state is SessionState.LOST:
+            raise SessionExpiredError(
+                f"metadata session {self.session_id} expired: cannot create ephemeral {path}"
+            )
+        await self._gate("create", path)
+        created = self._create(path, bytes(data), ephemeral, sequential, make_parents)
+        await self._reply("create", created, True)
+        return created
+
+    def _create(
+        self, path: str, data: bytes, ephemeral: bool, sequential: bool, make_parents: bool
+    ) -> str:
         nodes = self.tree.nodes
         parent = _parent(path)
-        if parent not in nodes:
+        parent_node = nodes.get(parent)
+        if parent_node is None:
             if not make_parents:
-                raise NoNodeError(f"metadata path {parent} does not exist")
-            await self.create(parent, b"", make_parents=True)
-        if sequential:
+                raise NoNodeError(f"metadata path {parent} (parent of {path}) does not exist")
+            self._create(parent, b"", False, False, True)
             parent_node = nodes[parent]
+        elif parent_node.owner is not None:
+            raise MetadataError(f"metadata path {parent} is ephemeral: it cannot have children")
+        if sequential:
             path = f"{path}{parent_node.sequence:010d}"
             parent_node.sequence += 1
         if path in nodes:
             raise NodeExistsError(f"metadata path {path} already exists")
-        nodes[path] = _Node(bytes(data), 0, self.session_id if ephemeral else None)
+        nodes[path] = _Node(data, 0, self.session_id if ephemeral else None)
+        if ephemeral:
+            self._own_ephemerals.add(path)
         self._fire(path, EventType.CREATED)
         return path
 
     async def set(self, path: str, data: bytes, version: int = -1) -> int:
-        self._alive()
+        check_path(path)
+        self._check_alive_for(path)
+        await self._gate("set", path)
         node = self.tree.nodes.get(path)
         if node is None:
             raise NoNodeError(f"metadata path {path} does not exist")
@@ -158,11 +266,15 @@ class MemoryStore(MetadataStore):
             )
         node.data = bytes(data)
         node.version += 1
+        new_version = node.version
         self._fire(path, EventType.CHANGED)
-        return node.version
+        await self._reply("set", path, True)
+        return new_version
 
     async def delete(self, path: str, version: int = -1) -> None:
-        self._alive()
+        check_path(path)
+        self._check_alive_for(path)
+        await self._gate("delete", path)
         nodes = self.tree.nodes
         node = nodes.get(path)
         if node is None:
@@ -175,23 +287,31 @@ class MemoryStore(MetadataStore):
         if any(p.startswith(prefix) for p in nodes):
             raise NotEmptyError(f"metadata path {path} has children")
         del nodes[path]
+        self._own_ephemerals.discard(path)
         self._fire(path, EventType.DELETED)
+        await self._reply("delete", path, True)
 
     async def children(self, path: str) -> list[str]:
-        self._alive()
+        check_path(path)
+        await self._gate("children", path)
         if path not in self.tree.nodes:
             raise NoNodeError(f"metadata path {path} does not exist")
         prefix = "/" if path == "/" else path + "/"
-        return sorted(
+        names = sorted(
             p[len(prefix) :]
             for p in self.tree.nodes
             if p != "/" and p.startswith(prefix) and "/" not in p[len(prefix) :]
         )
+        await self._reply("children", path, False)
+        return names
 
     async def next_id(self, counter: str, count: int = 1) -> int:
-        self._alive()
+        check_counter_name(counter)
+        check_id_count(counter, count)
+        await self._gate("next_id", counter)
         value = self.tree.counters.get(counter, 0) + count
         self.tree.counters[counter] = value
+        await self._reply("next_id", counter, True)
         return value
 
     def watch(self, path: str, callback: WatchCallback, *, children: bool = False) -> Watch:

@@ -1,4 +1,6 @@
-"""The metadata store contract, run against both drivers (``metadata_uri``: sqlite and zk).
+"""The metadata store contract, run against both drivers (``metadata_uri``: sqlite and zk)
+and the in-memory store the simulator uses (``memory``: sessions sharing a tree in this
+process; the tests that need another process are skipped for it).
 
 What every driver must do: ZooKeeper's node semantics (versions, compare-and-set,
 parents, sorted children, sequential names, NotEmpty), ids unique across stores
@@ -34,8 +36,9 @@ from quorumlog.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from quorumlog.meta.factory import open_store
+from quorumlog.meta import factory
 from quorumlog.meta.store import EventType, MetadataStore, SessionState, WatchEvent
+from quorumlog.testing.memory_store import MemoryStore, MemoryTree
 from quorumlog.testing.zookeeper import (
     ZooKeeperServer,
     missing_zookeeper_message,
@@ -45,6 +48,41 @@ from quorumlog.testing.zookeeper import (
 SHORT_SESSION_MS = 1_000
 WATCH_DEADLINE_S = 1.0
 PROCESS_DEADLINE_S = 15.0
+
+_memory_trees: dict[str, MemoryTree] = {}
+
+
+@pytest.fixture(
+    params=["sqlite", pytest.param("zk", marks=pytest.mark.zookeeper), "memory"],
+)
+def metadata_uri(request: pytest.FixtureRequest, tmp_path) -> str:
+    """The shared drivers' URIs (tests/conftest.py), and ``memory://<test>`` for MemoryStore."""
+    if request.param == "memory":
+        return f"memory://{request.node.nodeid}"
+    return request.getfixturevalue(f"{request.param}_metadata_uri")
+
+
+@pytest.fixture
+def sqlite_metadata_uri(tmp_path) -> str:
+    return f"sqlite://{os.path.join(os.fspath(tmp_path), 'metadata.db')}"
+
+
+@pytest.fixture
+def zk_metadata_uri(zookeeper_server: ZooKeeperServer) -> str:
+    return zookeeper_server.uri(f"/contract-{os.getpid()}-{time.monotonic_ns()}")
+
+
+async def open_store(uri: str, **options: int) -> MetadataStore:
+    """The driver's store for ``uri``; ``memory://`` URIs are sessions on one tree per test."""
+    if uri.startswith("memory://"):
+        return MemoryStore(_memory_trees.setdefault(uri, MemoryTree()), uri)
+    return await factory.open_store(uri, **options)
+
+
+def needs_processes(uri: str) -> None:
+    """The in-memory store lives in one process: tests of other processes skip it."""
+    if uri.startswith("memory://"):
+        pytest.skip("MemoryStore is shared by the sessions of one process only")
 
 
 async def wait_until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> float:
@@ -363,6 +401,8 @@ def test_next_id_reserves_blocks_that_never_overlap(metadata_uri):
 
 
 def test_next_id_is_unique_across_processes(metadata_uri):
+    needs_processes(metadata_uri)
+
     async def body():
         async with await open_store(metadata_uri) as store:
             ours: list[int] = []
@@ -403,6 +443,8 @@ def test_ephemeral_is_deleted_when_its_store_closes(metadata_uri):
 
 
 def test_ephemeral_expires_when_its_process_is_killed(metadata_uri):
+    needs_processes(metadata_uri)
+
     async def body():
         async with await open_store(metadata_uri, session_timeout_ms=SHORT_SESSION_MS) as store:
             with agent(metadata_uri, SHORT_SESSION_MS, "ephemeral", "/live/killed") as proc:
@@ -427,6 +469,7 @@ def test_ephemeral_expires_when_its_process_is_killed(metadata_uri):
 def test_session_lost_after_stopped_process_expired(metadata_uri):
     """SIGSTOP the owner past its session timeout: others expire it, it hears LOST on SIGCONT,
     and it cannot create ephemerals any more."""
+    needs_processes(metadata_uri)
 
     async def body():
         async with await open_store(metadata_uri, session_timeout_ms=SHORT_SESSION_MS) as store:
@@ -527,6 +570,8 @@ def test_children_watch_sees_children_come_and_go(metadata_uri):
 
 
 def test_watch_fires_for_a_change_made_by_another_process(metadata_uri):
+    needs_processes(metadata_uri)
+
     async def body():
         async with await open_store(metadata_uri) as store:
             await store.create("/remote", b"before")
