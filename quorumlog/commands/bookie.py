@@ -73,10 +73,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="garbage collection interval (default: %(default)s)",
     )
     p.add_argument(
+        "--max-connections",
+        type=int,
+        default=_SERVER_DEFAULTS.max_connections,
+        help="connections held at once; one more is closed at once (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-in-flight-bytes",
+        type=int,
+        default=_SERVER_DEFAULTS.max_in_flight_bytes,
+        help="bytes the requests in flight of all connections may hold, shared equally; a "
+        "connection over its share is not read until answered (default: %(default)s)",
+    )
+    p.add_argument(
         "--skip-journal-corruption",
         action="store_true",
-        help="start even if the journal has a damaged record before its tail (loses the "
-        "records after it)",
+        help="start even if the journal has a damaged record before its tail (skips the "
+        "damaged part; the records in it are lost)",
     )
     p.add_argument(
         "--metadata-session-timeout-ms",
@@ -107,6 +120,10 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         raise ValueError("--gc-interval-ms must be positive")
     if args.metadata_session_timeout_ms <= 0:
         raise ValueError("--metadata-session-timeout-ms must be positive")
+    if args.max_connections <= 0:
+        raise ValueError("--max-connections must be positive")
+    if args.max_in_flight_bytes <= 0:
+        raise ValueError("--max-in-flight-bytes must be positive")
     data_dir = args.data_dir.absolute()
     journal_dir = args.journal_dir.absolute() if args.journal_dir is not None else None
     config = BookieConfig(
@@ -122,6 +139,8 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
     server_config = ServerConfig(
         gc_interval_ms=args.gc_interval_ms,
         metadata_session_timeout_ms=args.metadata_session_timeout_ms,
+        max_connections=args.max_connections,
+        max_in_flight_bytes=args.max_in_flight_bytes,
     )
     return config, server_config, resolve_metadata_uri(args.metadata)
 
