@@ -14,7 +14,9 @@ Opening (:func:`open_writer`):
 If the compare-and-set of step 4 loses because another writer appended a ledger,
 this writer lost the race: its new ledger is deleted and :class:`LogFencedError`
 raised. If it lost only to a truncation (ledgers removed from the front), it
-tries again on the new version.
+tries again on the new version. A compare-and-set whose outcome is unknown (the
+connection was lost: it may have been applied) is resolved by reading the list
+back (R13); a ledger is deleted only once a read shows it is not in the list.
 
 Rolling over (by size or age, checked on each append): create a ledger, append
 it to the list with a compare-and-set, wait for the adds still in flight on the
@@ -41,6 +43,7 @@ from quorumlog.errors import (
     BKError,
     LedgerClosedError,
     LedgerFencedError,
+    MetadataError,
     MetadataVersionError,
     NoNodeError,
     NoSuchLedgerError,
@@ -62,7 +65,9 @@ async def append_ledger_to_list(
     """Compare-and-set ``ledger_id`` onto the end of the list read at ``version``.
 
     Retries only when the list changed by truncation; a ledger appended by someone
-    else means another writer owns the log now: LogFencedError.
+    else means another writer owns the log now: LogFencedError. A set whose outcome
+    is unknown is resolved by reading the list back (R13); if it cannot be read,
+    MetadataError: the ledger may be in the list, so the caller must not delete it.
     """
     store = log_obj.store
     path = log_path(log_obj.name)
@@ -75,36 +80,101 @@ async def append_ledger_to_list(
                 f"log {log_obj.name}: deleted while ledger {ledger_id} was being added ({path})"
             ) from None
         except MetadataVersionError:
-            try:
-                current, current_version = await read_log(store, log_obj.name)
-            except NoSuchLogError:
-                raise LogFencedError(
-                    f"log {log_obj.name}: deleted while ledger {ledger_id} was being added"
-                ) from None
-            if not current.only_truncated_since(metadata):
-                raise LogFencedError(
-                    f"log {log_obj.name}: another writer changed the ledger list "
-                    f"(now {list(current.ledgers)[-3:]} at version {current_version}, "
-                    f"this writer read version {version}); ledger {ledger_id} was not added"
-                ) from None
-            metadata, version = current, current_version
-            continue
-        return updated, new_version
+            current, current_version = await _read_after_conflict(log_obj, ledger_id)
+        except MetadataError as exc:
+            # The set may have been applied with its reply lost: look before deciding.
+            current, current_version = await _read_back(log_obj, ledger_id, exc)
+            if ledger_id in current.ledgers:
+                if current.ledgers[-1] != ledger_id:
+                    raise LogFencedError(
+                        f"log {log_obj.name}: ledger {ledger_id} was added, but another "
+                        f"writer added ledger {current.ledgers[-1]} after it"
+                    ) from None
+                return current, current_version
+        else:
+            return updated, new_version
+        # Not applied: retry on the new version only if the list merely lost ledgers at
+        # its front (a truncation); a compare-and-set on a stale version cannot apply.
+        if not current.only_truncated_since(metadata):
+            raise LogFencedError(
+                f"log {log_obj.name}: another writer changed the ledger list "
+                f"(now {list(current.ledgers)[-3:]} at version {current_version}, "
+                f"this writer read version {version}); ledger {ledger_id} was not added"
+            )
+        metadata, version = current, current_version
     raise LogFencedError(
         f"log {log_obj.name}: the ledger list kept changing; ledger {ledger_id} was not added"
     )
 
 
+async def _read_after_conflict(log_obj: Log, ledger_id: int) -> tuple[LogMetadata, int]:
+    try:
+        return await read_log(log_obj.store, log_obj.name)
+    except NoSuchLogError:
+        raise LogFencedError(
+            f"log {log_obj.name}: deleted while ledger {ledger_id} was being added"
+        ) from None
+
+
+# Reads of the list after a set whose outcome is unknown, and the pause before each retry.
+_READ_BACK_ATTEMPTS = 5
+_READ_BACK_DELAY_S = 0.05
+
+
+async def _read_back(log_obj: Log, ledger_id: int, cause: MetadataError) -> tuple[LogMetadata, int]:
+    """The list after a set of unknown outcome; MetadataError if it cannot be read."""
+    for attempt in range(_READ_BACK_ATTEMPTS):
+        try:
+            return await _read_after_conflict(log_obj, ledger_id)
+        except LogFencedError:
+            raise
+        except MetadataError as exc:
+            log.warning(
+                "log %s: adding ledger %d: outcome unknown (%s); reading the list back failed: %s",
+                log_obj.name,
+                ledger_id,
+                cause.message,
+                exc.message,
+            )
+            if attempt + 1 < _READ_BACK_ATTEMPTS:
+                await asyncio.sleep(_READ_BACK_DELAY_S * 2**attempt)
+    raise MetadataError(
+        f"log {log_obj.name}: adding ledger {ledger_id} to the list had an unknown outcome "
+        f"({cause.message}) and the list could not be read back; ledger {ledger_id} is kept"
+    )
+
+
 async def _discard(log_obj: Log, handle: LedgerHandle) -> None:
-    """Close and delete a ledger that never made it into the list (best effort)."""
+    """Close a ledger this writer could not add to the list, and delete it once a read of
+    the list shows it is not there (best effort).
+
+    A compare-and-set that failed with an unknown outcome may have added it (R13):
+    a listed ledger that was deleted would stop every reader at it. When the list
+    cannot be read, the ledger is only closed (empty and closed, readers pass it).
+    """
+    ledger_id = handle.ledger_id
     with contextlib.suppress(BKError):
         await handle.close()
     try:
-        await log_obj.bk.delete_ledger(handle.ledger_id, log_obj.config.password)
+        metadata, _ = await read_log(log_obj.store, log_obj.name)
+    except NoSuchLogError:
+        pass  # the log is gone: nothing can list the ledger
     except BKError as exc:
         log.warning(
-            "log %s: could not delete unused ledger %d: %s", log_obj.name, handle.ledger_id, exc
+            "log %s: ledger %d kept (closed): the list could not be read to see whether "
+            "it holds it: %s",
+            log_obj.name,
+            ledger_id,
+            exc.message,
         )
+        return
+    else:
+        if ledger_id in metadata.ledgers:
+            return  # added after all, by a set whose reply was lost: it stays, closed
+    try:
+        await log_obj.bk.delete_ledger(ledger_id, log_obj.config.password)
+    except BKError as exc:
+        log.warning("log %s: could not delete unused ledger %d: %s", log_obj.name, ledger_id, exc)
 
 
 async def fence_previous_ledgers(log_obj: Log, metadata: LogMetadata) -> list[int]:

@@ -1,0 +1,118 @@
+"""Log streams on the simulator under metadata faults and crashed writers.
+
+Unknown outcomes of the list's compare-and-set (R13), fencing what crashed writers
+left open (R11), resuming from a checkpoint next to the truncation point, and a
+fenced log staying final. Same simulator as test_log_sim.py: virtual time, the same
+seed gives the same run.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_log_sim import Sim, run_sim
+
+from quorumlog.errors import MetadataError
+from quorumlog.log import LogConfig
+from quorumlog.log.bookkeeper import BookKeeper
+from quorumlog.log.log import Log
+from quorumlog.log.metadata import log_path
+from quorumlog.meta.store import Versioned
+from quorumlog.testing.memory_store import MemoryStore, MemoryTree
+from quorumlog.testing.sim_scenarios import SIM_CONFIG
+
+
+class LostReplyStore(MemoryStore):
+    """A session whose next ``lose_sets`` sets of ``path`` are applied and then fail as
+    a lost connection would (MetadataError: the outcome is unknown to the caller); after
+    such a set, the next ``then_fail_gets`` gets of ``path`` fail unapplied."""
+
+    def __init__(self, tree: MemoryTree, path: str) -> None:
+        super().__init__(tree)
+        self.path = path
+        self.lose_sets = 0
+        self.then_fail_gets = 0
+        self.fail_gets = 0
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> int:
+        new_version = await super().set(path, data, version)
+        if path == self.path and self.lose_sets > 0:
+            self.lose_sets -= 1
+            self.fail_gets = self.then_fail_gets
+            raise MetadataError(f"connection lost: the outcome of set {path} is unknown")
+        return new_version
+
+    async def get(self, path: str) -> Versioned:
+        if path == self.path and self.fail_gets > 0:
+            self.fail_gets -= 1
+            raise MetadataError(f"connection lost: get {path} not sent")
+        return await super().get(path)
+
+
+def client_on(sim: Sim, store: MemoryStore) -> BookKeeper:
+    """A client of the simulated cluster whose metadata session is ``store``."""
+    bk = BookKeeper(store, SIM_CONFIG, pool=sim.network, rng=random.Random(sim.rng.random()))  # type: ignore[arg-type]
+    sim.clients.append(bk)
+    return bk
+
+
+async def assert_listed_ledgers_exist_and_read(log: Log, expected: list[bytes]) -> None:
+    """Every listed ledger exists, and a reader reads exactly ``expected`` (in order)."""
+    for ledger_id in await log.ledgers():
+        assert await log.bk.ledger_exists(ledger_id), f"ledger {ledger_id} is listed but deleted"
+    reader = await log.open_reader()
+    got = [await reader.read_next(2000) for _ in expected]
+    await reader.close()
+    assert [r.data if r else None for r in got] == expected
+
+
+# ---------------------------------------------------------------- L4 (R13)
+
+
+def test_l4_r13_open_writer_whose_list_cas_reply_is_lost_keeps_its_listed_ledger() -> None:
+    async def body(sim: Sim) -> None:
+        store = LostReplyStore(sim.tree, log_path("lost"))
+        log = await client_on(sim, store).open_log("lost")
+        store.lose_sets = 1  # the compare-and-set adding the writer's ledger
+        writer = await log.open_writer()  # re-reads the list: its ledger is in it
+        assert (await log.ledgers())[-1] == writer.ledger_id
+        await writer.append(b"after")
+        await writer.close()
+        await assert_listed_ledgers_exist_and_read(log, [b"after"])
+
+    run_sim(body)
+
+
+def test_l4_r13_rollover_whose_list_cas_reply_is_lost_keeps_its_listed_ledger() -> None:
+    async def body(sim: Sim) -> None:
+        store = LostReplyStore(sim.tree, log_path("lostroll"))
+        log = await client_on(sim, store).open_log("lostroll", LogConfig(rollover_size_bytes=4))
+        writer = await log.open_writer()
+        first = await writer.append(b"1234")
+        store.lose_sets = 1  # the next append rolls over: its compare-and-set is lost
+        second = await writer.append(b"5678")
+        assert second.ledger_id > first.ledger_id and writer.rollovers == 1
+        await writer.close()
+        await assert_listed_ledgers_exist_and_read(log, [b"1234", b"5678"])
+
+    run_sim(body)
+
+
+def test_l4_r13_an_unresolved_cas_outcome_never_deletes_the_ledger() -> None:
+    async def body(sim: Sim) -> None:
+        store = LostReplyStore(sim.tree, log_path("unknown"))
+        log = await client_on(sim, store).open_log("unknown")
+        store.lose_sets = 1
+        store.then_fail_gets = 1_000  # the list cannot be read back: the outcome stays unknown
+        with pytest.raises(MetadataError):
+            await log.open_writer()  # it gives up, but must not delete a ledger maybe listed
+        store.fail_gets = 0
+        other = await sim.client().open_log("unknown")
+        successor = await other.open_writer()
+        position = await successor.append(b"next")
+        assert position.ledger_id == successor.ledger_id
+        await successor.close()
+        await assert_listed_ledgers_exist_and_read(other, [b"next"])
+
+    run_sim(body)
