@@ -6,6 +6,11 @@ one event-loop turn leaves in one ``transport.write``. Answers are matched by
 request id and may arrive in any order. When the connection fails, every
 callback still waiting gets a :class:`BookieUnavailableError`; a request that
 outlives its timeout gets a timeout error (its late answer is dropped).
+
+R12 holds for answers too: an answer of the wrong type, for another ledger or
+entry, or with more entries than asked is not handed on; its callback gets a
+:class:`ProtocolError` naming the bookie, as for a failed request. The check is
+per answer (a frame), never per entry.
 """
 
 from __future__ import annotations
@@ -18,15 +23,80 @@ from typing import Protocol, cast
 from quorumlog.errors import BKError, BookieUnavailableError, ProtocolError, TimeoutError_
 from quorumlog.proto.codec import (
     MAX_FRAME_SIZE_BYTES_DEFAULT,
+    AddRequest,
+    AddResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    DeleteLedgerRequest,
+    FenceRequest,
+    FenceResponse,
     FrameDecoder,
+    Op,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
     Request,
     Response,
+    StatusResponse,
+    WriteLacRequest,
     encode_parts,
 )
 
 log = logging.getLogger(__name__)
 
 ResponseCallback = Callable[[Response | BKError], None]
+
+# The answer each request must get, and the operation named in messages.
+_ANSWERS: dict[type, tuple[type, Op]] = {
+    AddRequest: (AddResponse, Op.ADD),
+    ReadRequest: (ReadResponse, Op.READ),
+    ReadLacRequest: (ReadLacResponse, Op.READ_LAC),
+    FenceRequest: (FenceResponse, Op.FENCE),
+    WriteLacRequest: (StatusResponse, Op.WRITE_LAC),
+    DeleteLedgerRequest: (StatusResponse, Op.DELETE_LEDGER),
+    BookieInfoRequest: (BookieInfoResponse, Op.BOOKIE_INFO),
+}
+_ANSWER_OPS: dict[type, Op] = {
+    AddResponse: Op.ADD,
+    ReadResponse: Op.READ,
+    ReadLacResponse: Op.READ_LAC,
+    FenceResponse: Op.FENCE,
+    BookieInfoResponse: Op.BOOKIE_INFO,
+}
+
+
+def _answer_name(answer: object) -> str:
+    op = answer.op if isinstance(answer, StatusResponse) else _ANSWER_OPS.get(type(answer), -1)
+    try:
+        return Op(op).name
+    except ValueError:
+        return type(answer).__name__
+
+
+def answer_problem(request: Request, answer: Response) -> str | None:
+    """What makes ``answer`` unfit as the answer to ``request``; None if nothing does.
+
+    A decoded frame is well formed, not necessarily an answer to what was asked: a
+    bookie that acknowledges an add for another ledger, or sends entries past those
+    asked (past the LAC, possibly), must not be believed (R12 both ways).
+    """
+    expected, op = _ANSWERS[type(request)]
+    if type(answer) is not expected or (isinstance(answer, StatusResponse) and answer.op != op):
+        return f"a {_answer_name(answer)} answer"
+    if isinstance(request, BookieInfoRequest) or isinstance(answer, BookieInfoResponse):
+        return None
+    if answer.ledger_id != request.ledger_id:
+        return f"an answer for ledger {answer.ledger_id}"
+    if isinstance(request, AddRequest) and isinstance(answer, AddResponse):
+        if answer.entry_count != len(request.entries):
+            return f"{answer.entry_count} entries acknowledged, {len(request.entries)} sent"
+    elif isinstance(request, ReadRequest) and isinstance(answer, ReadResponse):
+        if answer.first_entry_id != request.first_entry_id:
+            return f"entries from {answer.first_entry_id}, asked from {request.first_entry_id}"
+        if len(answer.entries) > request.count:
+            return f"{len(answer.entries)} entries, asked {request.count}"
+    return None
 
 
 class BookieConnection(asyncio.Protocol):
@@ -45,7 +115,9 @@ class BookieConnection(asyncio.Protocol):
         self._loop = loop
         self._decoder = FrameDecoder(max_frame_size_bytes)
         self._out: list[bytes] = []
-        self._pending: dict[int, tuple[ResponseCallback, asyncio.TimerHandle | None]] = {}
+        # Each request waiting for its answer: the callback, the timeout, and the request
+        # itself, to check the answer against (answer_problem).
+        self._pending: dict[int, tuple[ResponseCallback, asyncio.TimerHandle | None, Request]] = {}
         self._next_request_id = 1
         self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
@@ -85,10 +157,21 @@ class BookieConnection(asyncio.Protocol):
             waiting = pending.pop(message.request_id, None)
             if waiting is None:
                 continue  # answer to a request that already timed out
-            callback, timer = waiting
+            callback, timer, request = waiting
             if timer is not None:
                 timer.cancel()
-            callback(message)  # type: ignore[arg-type]
+            problem = answer_problem(request, message)  # type: ignore[arg-type]
+            if problem is None:
+                callback(message)  # type: ignore[arg-type]
+            else:
+                # Only this request fails: the frame decoded, the stream is still in step.
+                name = _ANSWERS[type(request)][1].name
+                callback(
+                    ProtocolError(
+                        f"bookie {self.address}: bad answer to {name} request "
+                        f"{message.request_id}: {problem}"
+                    )
+                )
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = f": {exc}" if exc else ""
@@ -111,7 +194,7 @@ class BookieConnection(asyncio.Protocol):
             if timeout_ms
             else None
         )
-        self._pending[request_id] = (callback, timer)
+        self._pending[request_id] = (callback, timer, request)
         if not self._flush_scheduled and self._transport is not None:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -142,7 +225,7 @@ class BookieConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
         pending, self._pending = self._pending, {}
-        for callback, timer in pending.values():
+        for callback, timer, _ in pending.values():
             if timer is not None:
                 timer.cancel()
             callback(error)

@@ -23,11 +23,18 @@ from quorumlog.errors import (
     InvalidArgumentError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    ProtocolError,
     Status,
     error_for_status,
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
-from quorumlog.proto.codec import ReadFlag, ReadLacRequest, ReadLacResponse, ReadRequest
+from quorumlog.proto.codec import (
+    ReadFlag,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+)
 from quorumlog.proto.entry import Entry, EntryCodec, master_key
 
 if TYPE_CHECKING:
@@ -240,17 +247,20 @@ class ReadHandle:
         raise self._read_failure(first, replicas, errors)
 
     def _decode_read(self, response: object, first: int, address: str) -> list[Entry]:
-        status = getattr(response, "status", Status.IO_ERROR)
+        if not isinstance(response, ReadResponse):
+            # The connection checks answers (R12); a stand-in pool may not.
+            raise ProtocolError(f"bookie {address}: a {type(response).__name__} answers a READ")
+        status = response.status
         if status != Status.OK:
             raise error_for_status(
                 status, f"ledger {self.ledger_id} entry {first} on bookie {address}"
             )
-        self._learn_lac(response.lac)  # type: ignore[attr-defined]
+        self._learn_lac(response.lac)
         entries: list[Entry] = []
         decode = self._codec.decode
         ledger_id = self.ledger_id
         entry_id = first
-        for blob in response.entries:  # type: ignore[attr-defined]
+        for blob in response.entries:
             try:
                 decoded = decode(blob, ledger_id, entry_id)
             except DigestMismatchError as exc:
@@ -302,7 +312,10 @@ class ReadHandle:
                 except BKError as exc:
                     errors.append(exc.message)
                     continue
-                assert isinstance(response, ReadLacResponse)
+                if not isinstance(response, ReadLacResponse):
+                    # The connection checks answers (R12); a stand-in pool may not.
+                    errors.append(f"bookie {ensemble[index]}: a {type(response).__name__}")
+                    continue
                 if response.status == Status.OK:
                     self._learn_lac(max(response.lac, -1))
                     answered.add(index)
@@ -364,11 +377,11 @@ class ReadHandle:
                     response = future.result()
                 except BKError:
                     continue
-                if response.status != Status.OK:
+                if not isinstance(response, ReadResponse) or response.status != Status.OK:
                     continue
-                self._learn_lac(response.lac)  # type: ignore[union-attr]
+                self._learn_lac(response.lac)
                 if self._lac >= entry_id:
-                    entries = response.entries  # type: ignore[union-attr]
+                    entries = response.entries
                     if entries:
                         try:
                             decoded = self._codec.decode(entries[0], self.ledger_id, entry_id)

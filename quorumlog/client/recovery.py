@@ -126,7 +126,10 @@ class LedgerRecovery:
                     progress.on_failed(index)
                     errors.append(exc.message)
                     continue
-                assert isinstance(response, FenceResponse)
+                if not isinstance(response, FenceResponse):  # a stand-in pool's (R12)
+                    progress.on_failed(index)
+                    errors.append(f"bookie {ensemble[index]}: a {type(response).__name__}")
+                    continue
                 if response.status == Status.OK:
                     progress.on_fenced(index, response.lac)
                 elif response.status == Status.UNAUTHORIZED:
@@ -232,7 +235,9 @@ class LedgerRecovery:
                 except BKError:
                     decision.on_unknown(index)
                     continue
-                assert isinstance(response, ReadResponse)
+                if not isinstance(response, ReadResponse):  # a stand-in pool's (R12)
+                    decision.on_unknown(index)
+                    continue
                 if response.status == Status.OK and response.entries:
                     blob = response.entries[0]
                     try:
