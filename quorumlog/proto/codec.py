@@ -471,7 +471,11 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return len(self._buffer)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
+    def feed(
+        self, data: bytes | bytearray | memoryview, sizes: list[int] | None = None
+    ) -> list[Message]:
+        """The whole messages completed by ``data``, in order; with ``sizes``, each one's
+        frame length is appended to it (a server counts the bytes a request holds)."""
         if self._failed:
             raise ProtocolError("decoder already failed on an earlier frame")
         buf = self._buffer
@@ -498,6 +502,8 @@ class FrameDecoder:
                     start = offset + 4 + _HEADER_AFTER_LENGTH
                     end = offset + 4 + length
                     messages.append(decode_message(op, request_id, view[start:end]))
+                    if sizes is not None:
+                        sizes.append(length + 4)
                     offset = end
         except ProtocolError:
             self._failed = True

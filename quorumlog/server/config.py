@@ -16,12 +16,17 @@ class ServerConfig:
 
     # A frame longer than this is hostile (R12): the connection is closed.
     max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT
+    # Connections held at once; one more is closed at once (R16), the others go on.
+    max_connections: int = 512
+    # Bytes that the requests in flight of all connections hold together: each request its
+    # frame, a read also its max_bytes (the largest answer it may get), until answered.
+    # Each connection may hold an equal share (at least one maximum frame); over it, the
+    # server stops reading that connection until its answers are out.
+    max_in_flight_bytes: int = 256 * 1024 * 1024
     # Per connection: beyond either bound the server stops reading from the socket until
     # answers have been written (back-pressure instead of unbounded queues).
     max_in_flight_requests: int = 10_000
     max_queued_response_bytes: int = 16 * 1024 * 1024
-    # Reads in flight count their max_bytes (the largest answer they may get) until answered.
-    max_in_flight_read_bytes: int = 64 * 1024 * 1024
     # Parked long polls of one connection; beyond it a poll is answered TOO_MANY_REQUESTS at
     # once. Polls count only here: they never stop the connection's reading.
     max_long_polls_per_connection: int = 1_000

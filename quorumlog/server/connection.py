@@ -6,13 +6,17 @@ them into requests, each goes to :meth:`Bookie.submit` with this connection's
 ``writelines`` per event-loop turn (the flush is scheduled once per turn), so
 a pipelined client costs one send system call per turn, not one per entry.
 
-Memory stays bounded (R12, R16): the decoder holds at most one maximum-size frame;
-when a connection has too many requests in flight, too many answer bytes
-queued, too many bytes of read answers announced (each read counts its
-``max_bytes`` until answered), or a full transport write buffer (its peer is
-not reading), the connection stops reading from the socket until it drains. Any bytes that do
-not decode close this connection only; other connections and the stored state
-are untouched.
+Memory stays bounded in bytes (R12, R16): the decoder holds at most one maximum-size
+frame, and every request holds its frame's bytes (a read also the largest answer it may
+get, its ``max_bytes``) until it is answered, whether it waits in the bookie's deferred
+adds, its journal queue or for a fence. All connections share ``max_in_flight_bytes``
+(:class:`RequestBudget`): each may hold an equal share, never less than one maximum
+frame. A connection over its share, over ``max_in_flight_requests``, with
+``max_queued_response_bytes`` of answers queued, or with a full transport write buffer
+(its peer is not reading) stops reading from its socket until it drains; the others read
+on. The server caps the number of connections (``max_connections``). Any bytes that do
+not decode close this connection only; other connections and the stored state are
+untouched.
 
 Long polls never stop a connection's reading (a tailing reader and its writer may share
 one connection): a parked poll holds only its small request, so it counts against its
@@ -69,15 +73,39 @@ class RequestHandler(Protocol):
     def submit(self, request: Request, respond: Callable[[Response], None]) -> None: ...
 
 
+class RequestBudget:
+    """The request bytes that all connections of a server may hold together, shared out
+    equally: a connection over its share stops reading, the others go on (R16)."""
+
+    def __init__(self, total_bytes: int, *, floor_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        # A connection must always be able to hold one frame of the largest size, or a
+        # large request could never be read.
+        self.floor_bytes = floor_bytes
+        self.connections = 0
+        self.share_bytes = max(total_bytes, floor_bytes)
+
+    def join(self) -> None:
+        self.connections += 1
+        self._share()
+
+    def leave(self) -> None:
+        self.connections = max(0, self.connections - 1)
+        self._share()
+
+    def _share(self) -> None:
+        self.share_bytes = max(self.total_bytes // max(self.connections, 1), self.floor_bytes)
+
+
 class _Answer:
     """The ``respond`` callback of one request: hands the answer to its connection with what
-    the request held there (read-answer bytes reserved; whether it is a long poll)."""
+    the request held there (its bytes; whether it is a long poll)."""
 
-    __slots__ = ("connection", "poll", "reserved_bytes")
+    __slots__ = ("connection", "held_bytes", "poll")
 
-    def __init__(self, connection: BookieProtocol, reserved_bytes: int, poll: bool) -> None:
+    def __init__(self, connection: BookieProtocol, held_bytes: int, poll: bool) -> None:
         self.connection = connection
-        self.reserved_bytes = reserved_bytes
+        self.held_bytes = held_bytes
         self.poll = poll
 
     def __call__(self, response: Response) -> None:
@@ -93,9 +121,15 @@ class BookieProtocol(asyncio.Protocol):
         config: ServerConfig,
         loop: asyncio.AbstractEventLoop,
         on_closed: Callable[[BookieProtocol], None],
+        budget: RequestBudget | None = None,
     ) -> None:
+        """``budget`` is shared by the server's connections (default: one of its own)."""
         self._handler = handler
         self._config = config
+        self._budget = budget or RequestBudget(
+            config.max_in_flight_bytes, floor_bytes=config.max_frame_size_bytes
+        )
+        self._joined = False
         self._loop = loop
         self._on_closed = on_closed
         self._decoder = FrameDecoder(config.max_frame_size_bytes)
@@ -105,7 +139,7 @@ class BookieProtocol(asyncio.Protocol):
         self._flush_scheduled = False
         self.in_flight = 0  # requests not answered yet, parked long polls included
         self.polls = 0  # parked long polls among them
-        self._read_reserved_bytes = 0
+        self.held_bytes = 0  # what the requests in flight hold (see _Answer)
         self._writing_paused = False
         self._reading_paused = False
         self._draining = False  # server stopping: read nothing more
@@ -124,24 +158,26 @@ class BookieProtocol(asyncio.Protocol):
         transport.set_write_buffer_limits(
             high=self._config.write_buffer_high_bytes, low=self._config.write_buffer_low_bytes
         )
+        self._joined = True
+        self._budget.join()
         if self._draining:
             self._update_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        sizes: list[int] = []
         try:
-            messages = self._decoder.feed(data)
+            messages = self._decoder.feed(data, sizes)
         except ProtocolError as exc:
             self._protocol_violation(str(exc))
             return
         submit = self._handler.submit
         config = self._config
-        for message in messages:
+        for message, held in zip(messages, sizes, strict=True):
             if isinstance(message, _RESPONSE_TYPES):
                 self._protocol_violation(f"a {type(message).__name__} sent to a bookie")
                 return
-            reserved = 0
             poll = False
             if type(message) is ReadRequest:
                 if message.flags & ReadFlag.LONG_POLL:
@@ -153,17 +189,19 @@ class BookieProtocol(asyncio.Protocol):
                             error_response(message, Status.TOO_MANY_REQUESTS),
                         )
                         continue
+                    # A parked poll holds only its request: bounded by the count above.
                     poll = True
+                    held = 0
                     self.polls += 1
                 else:
                     # A read's answer may be as large as its max_bytes: count that against
                     # the connection before the bookie answers, or a peer could ask for
                     # many large answers and never read them.
-                    reserved = min(message.max_bytes, config.max_frame_size_bytes)
-                    self._read_reserved_bytes += reserved
+                    held += min(message.max_bytes, config.max_frame_size_bytes)
+            self.held_bytes += held
             self.in_flight += 1
             self.requests_total += 1
-            respond = _Answer(self, reserved, poll)
+            respond = _Answer(self, held, poll)
             try:
                 submit(message, respond)
             except Exception:
@@ -171,8 +209,8 @@ class BookieProtocol(asyncio.Protocol):
                 log.exception("request %r from %s failed", message, self.peer)
                 respond(error_response(message, Status.IO_ERROR))
         if (
-            self.in_flight - self.polls >= config.max_in_flight_requests
-            or self._read_reserved_bytes >= config.max_in_flight_read_bytes
+            self.held_bytes >= self._budget.share_bytes
+            or self.in_flight - self.polls >= config.max_in_flight_requests
         ):
             self._update_reading()
 
@@ -185,6 +223,9 @@ class BookieProtocol(asyncio.Protocol):
         return True  # keep the write side open until the last answer is out
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._joined:
+            self._joined = False
+            self._budget.leave()
         self.closed = True
         self._out.clear()
         self._out_bytes = 0
@@ -217,8 +258,8 @@ class BookieProtocol(asyncio.Protocol):
                     response.lac,
                     [],
                 )
-        elif answer.reserved_bytes:
-            self._read_reserved_bytes -= answer.reserved_bytes
+        else:
+            self.held_bytes -= answer.held_bytes
         if self.closed:
             return
         try:
@@ -265,9 +306,9 @@ class BookieProtocol(asyncio.Protocol):
         should_pause = (
             self._draining
             or self._writing_paused
+            or self.held_bytes >= self._budget.share_bytes
             or self.in_flight - self.polls >= config.max_in_flight_requests
             or self._out_bytes >= config.max_queued_response_bytes
-            or self._read_reserved_bytes >= config.max_in_flight_read_bytes
         )
         if should_pause and not self._reading_paused:
             self._reading_paused = True

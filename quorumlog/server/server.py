@@ -46,13 +46,21 @@ from quorumlog.meta.factory import open_store
 from quorumlog.meta.store import MetadataStore, SessionState
 from quorumlog.server import cookies
 from quorumlog.server.config import ServerConfig
-from quorumlog.server.connection import BookieProtocol
+from quorumlog.server.connection import BookieProtocol, RequestBudget
 from quorumlog.server.gc import collect_once, gc_loop
 from quorumlog.server.registration import Registration
 
 log = logging.getLogger(__name__)
 
 LISTEN_HOST = "127.0.0.1"
+_REFUSAL_LOG_INTERVAL_S = 10.0
+
+
+class _RefusedConnection(asyncio.Protocol):
+    """A connection beyond ``max_connections``: closed as soon as it is made (R16)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 class BookieServer:
@@ -77,6 +85,12 @@ class BookieServer:
         self._registration: Registration | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[BookieProtocol] = set()
+        self._budget = RequestBudget(
+            self.server_config.max_in_flight_bytes,
+            floor_bytes=self.server_config.max_frame_size_bytes,
+        )
+        self._refused = 0  # connections refused since the last warning about them
+        self._refusal_logged_at = -_REFUSAL_LOG_INTERVAL_S
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
@@ -227,15 +241,33 @@ class BookieServer:
                 ) from None
             raise BookieStartError(f"bookie {self._host}:{port}: cannot listen: {exc}") from None
 
-    def _make_protocol(self) -> BookieProtocol:
+    def _make_protocol(self) -> asyncio.Protocol:
         assert self.bookie is not None and self._loop is not None
+        if len(self._connections) >= self.server_config.max_connections:
+            self._refuse()
+            return _RefusedConnection()
         protocol = BookieProtocol(
-            self.bookie, self.server_config, self._loop, self._connections.discard
+            self.bookie, self.server_config, self._loop, self._connections.discard, self._budget
         )
         self._connections.add(protocol)
         if self._stopping:
             protocol.drain()
         return protocol
+
+    def _refuse(self) -> None:
+        # One warning per interval, not one per connection: a flood must not flood the log.
+        assert self._loop is not None
+        self._refused += 1
+        now = self._loop.time()
+        if now - self._refusal_logged_at >= _REFUSAL_LOG_INTERVAL_S:
+            log.warning(
+                "bookie %s: %d connection(s) closed at once: already holding max_connections=%d",
+                self.address,
+                self._refused,
+                self.server_config.max_connections,
+            )
+            self._refused = 0
+            self._refusal_logged_at = now
 
     def _watch_read_only(self, bookie: Bookie) -> None:
         def changed(*_: object) -> None:

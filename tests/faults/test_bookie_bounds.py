@@ -12,6 +12,7 @@ from support import run
 
 from quorumlog.errors import Status
 from quorumlog.proto.codec import ReadFlag, ReadRequest, ReadResponse
+from quorumlog.server.config import ServerConfig
 from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.testing.raw_client import RawClient, make_entry, master_key
 
@@ -62,4 +63,49 @@ def test_r16_parked_long_polls_never_stall_the_same_connections_adds(
             await client.close()
 
     run(scenario())
+    assert bookie.bookies[0].alive()
+
+
+def test_r16_connections_beyond_the_cap_are_closed_and_the_others_go_on(
+    bookie: LocalCluster,
+) -> None:
+    """The bookie holds at most ``max_connections`` (512 by default): the ones beyond are
+    closed at once, the ones it holds keep working, and a place freed is taken again."""
+    cap = ServerConfig().max_connections
+    ledger_id = 5101
+
+    async def scenario() -> None:
+        address = bookie.addresses[0]
+        clients = [await RawClient.connect(address) for _ in range(cap + 8)]
+        try:
+            closed = [c for c in clients if await c.wait_closed(0.01)]
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(closed) < 8 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+                closed = [c for c in clients if c.is_closed]
+            assert len(closed) >= 8, f"{len(closed)} of {len(clients)} connections closed"
+            held = [c for c in clients if not c.is_closed]
+            assert len(held) <= cap
+            answers = await asyncio.gather(
+                *(
+                    c.add(ledger_id, KEY, [make_entry(ledger_id, i, b"c%d" % i)])
+                    for i, c in enumerate(held)
+                )
+            )
+            assert all(a.status == Status.OK for a in answers)
+            await held[0].close()
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:  # the bookie sees the close soon after: then the place is free
+                again = await RawClient.connect(address)
+                if not await again.wait_closed(0.2):
+                    break
+                assert asyncio.get_running_loop().time() < deadline, "no place freed"
+            blob = make_entry(ledger_id, len(held), b"again")
+            assert (await again.add(ledger_id, KEY, [blob])).status == Status.OK
+            await again.close()
+        finally:
+            for client in clients:
+                await client.close()
+
+    run(scenario(), timeout_s=120)
     assert bookie.bookies[0].alive()

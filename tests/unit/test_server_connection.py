@@ -11,6 +11,8 @@ from support import run
 
 from quorumlog.errors import Status
 from quorumlog.proto.codec import (
+    AddRequest,
+    AddResponse,
     FrameDecoder,
     ReadFlag,
     ReadRequest,
@@ -20,7 +22,10 @@ from quorumlog.proto.codec import (
     encode,
 )
 from quorumlog.server.config import ServerConfig
-from quorumlog.server.connection import BookieProtocol
+from quorumlog.server.connection import BookieProtocol, RequestBudget
+from quorumlog.testing.raw_client import make_entry, master_key
+
+KEY = master_key(b"connection-test")
 
 
 class Transport:
@@ -76,10 +81,12 @@ class HeldBookie:
         self.requests.append((request, respond))
 
 
-def connect(**config: Any) -> tuple[BookieProtocol, Transport, HeldBookie]:
+def connect(
+    budget: RequestBudget | None = None, **config: Any
+) -> tuple[BookieProtocol, Transport, HeldBookie]:
     bookie = HeldBookie()
     protocol = BookieProtocol(
-        bookie, ServerConfig(**config), asyncio.get_running_loop(), lambda _: None
+        bookie, ServerConfig(**config), asyncio.get_running_loop(), lambda _: None, budget
     )
     transport = Transport()
     protocol.connection_made(transport)  # type: ignore[arg-type]
@@ -126,5 +133,66 @@ def test_r16_a_poll_woken_while_answers_back_up_carries_the_lac_and_no_entries()
         assert answers[1].entries == [b"entry zero"]
         assert (answers[2].status, answers[2].lac, answers[2].entries) == (Status.OK, 0, [])
         assert protocol.in_flight == 0 and protocol.polls == 0
+
+    run(scenario())
+
+
+def add_frame(request_id: int, size: int, ledger_id: int = 9) -> bytes:
+    blob = make_entry(ledger_id, request_id, bytes(size))
+    return encode(AddRequest(request_id, ledger_id, KEY, [blob]))
+
+
+def test_r16_a_connection_stops_reading_at_its_share_of_request_bytes():
+    """Requests count their frame's bytes until answered: a flood of large adds that the
+    bookie holds (its journal is behind) stops the connection's reading at its share, not at
+    a number of requests."""
+
+    async def scenario() -> None:
+        protocol, transport, bookie = connect(
+            max_in_flight_bytes=4 << 20, max_frame_size_bytes=1 << 20
+        )
+        frame = add_frame(1, 256 << 10)
+        fed = 0
+        while transport.reading and fed < 100:
+            protocol.data_received(frame)
+            fed += 1
+        assert not transport.reading, f"still reading after {fed} frames of {len(frame)} bytes"
+        assert len(bookie.requests) * len(frame) < (4 << 20) + len(frame)
+        for request, respond in bookie.requests:
+            respond(AddResponse(request.request_id, Status.OK, 9, 1))
+        await asyncio.sleep(0)  # the flush, which looks at the bounds again
+        assert transport.reading
+
+    run(scenario())
+
+
+def test_r16_connections_share_the_request_bytes_and_a_flooder_holds_only_its_share():
+    async def scenario() -> None:
+        budget = RequestBudget(8 << 20, floor_bytes=1 << 20)
+        config = {"max_in_flight_bytes": 8 << 20, "max_frame_size_bytes": 1 << 20}
+        flooder, flooder_transport, held = connect(budget=budget, **config)
+        frame = add_frame(1, 512 << 10)
+        while flooder_transport.reading:
+            flooder.data_received(frame)
+        alone = len(held.requests)
+        assert alone * len(frame) < (8 << 20) + len(frame)  # alone: the whole budget
+        other, other_transport, other_bookie = connect(budget=budget, **config)
+        # Two connections now: the flooder is over its share and stays paused until it is
+        # back under it; the other connection reads as much as its own share.
+        for request, respond in held.requests[: alone // 4]:
+            respond(AddResponse(request.request_id, Status.OK, 9, 1))
+        await asyncio.sleep(0)
+        assert not flooder_transport.reading
+        fed = 0
+        while other_transport.reading and fed < 100:
+            other.data_received(frame)
+            fed += 1
+        assert len(other_bookie.requests) * len(frame) >= (4 << 20)
+        assert len(other_bookie.requests) * len(frame) < (4 << 20) + len(frame)
+        other.connection_lost(None)  # alone again: the flooder reads as its share grows
+        for request, respond in held.requests[alone // 4 :]:
+            respond(AddResponse(request.request_id, Status.OK, 9, 1))
+        await asyncio.sleep(0)
+        assert flooder_transport.reading
 
     run(scenario())
