@@ -3,10 +3,10 @@
 Opening (:func:`open_writer`):
 
 1. read the ledger list and its version;
-2. fence the ledgers a previous writer may still hold: walking back from the end,
-   every ledger not yet closed is opened with recovery (fenced, recovered, closed);
-   the walk stops at the first closed ledger, because a writer closes its previous
-   ledger before anyone can see a later one closed;
+2. fence the ledgers a previous writer may still hold: every listed ledger not yet
+   closed is opened with recovery (fenced, recovered, closed), newest first; an
+   older ledger can be open behind a closed one when writers crashed one after
+   another, so the walk does not stop at the first closed ledger;
 3. create a new ledger;
 4. append it to the list with a compare-and-set on the version read in 1;
 5. only then accept appends.
@@ -55,6 +55,7 @@ from quorumlog.log.position import Position
 if TYPE_CHECKING:
     from quorumlog.client.writing import LedgerHandle
     from quorumlog.log.log import Log
+    from quorumlog.meta.ledger_metadata import LedgerMetadata
 
 log = logging.getLogger(__name__)
 
@@ -177,25 +178,39 @@ async def _discard(log_obj: Log, handle: LedgerHandle) -> None:
         log.warning("log %s: could not delete unused ledger %d: %s", log_obj.name, ledger_id, exc)
 
 
-async def fence_previous_ledgers(log_obj: Log, metadata: LogMetadata) -> list[int]:
-    """Step 2 of R11: open with recovery every trailing ledger that is not closed.
+# Ledger metadata reads in flight at once while looking for ledgers to fence.
+_FENCE_READS_AT_ONCE = 32
 
-    Returns the ledgers fenced (newest first).
+
+async def fence_previous_ledgers(log_obj: Log, metadata: LogMetadata) -> list[int]:
+    """Step 2 of R11: open with recovery every listed ledger that is not closed.
+
+    Every ledger is looked at, not only the trailing ones: writers that crash one
+    after another can leave an older ledger open behind a closed one (one crashed
+    mid-rollover, the next while fencing, after closing the newer ledger), and a
+    reader waits for an open ledger to close. Returns the ledgers fenced (newest first).
     """
+    ids = list(reversed(metadata.ledgers))
+    found: list[LedgerMetadata | None] = []
+    for start in range(0, len(ids), _FENCE_READS_AT_ONCE):
+        chunk = ids[start : start + _FENCE_READS_AT_ONCE]
+        found += await asyncio.gather(*(_ledger_metadata(log_obj, x) for x in chunk))
     fenced: list[int] = []
-    password = log_obj.config.password
-    for ledger_id in reversed(metadata.ledgers):
-        try:
-            ledger_md = await log_obj.bk.ledger_metadata(ledger_id)
-        except NoSuchLedgerError:
-            log.warning("log %s: ledger %d is listed but does not exist", log_obj.name, ledger_id)
+    for ledger_id, ledger_md in zip(ids, found, strict=True):
+        if ledger_md is None or ledger_md.is_closed:
             continue
-        if ledger_md.is_closed:
-            break
-        handle = await log_obj.bk.open_ledger(ledger_id, password)
+        handle = await log_obj.bk.open_ledger(ledger_id, log_obj.config.password)
         await handle.close()
         fenced.append(ledger_id)
     return fenced
+
+
+async def _ledger_metadata(log_obj: Log, ledger_id: int) -> LedgerMetadata | None:
+    try:
+        return await log_obj.bk.ledger_metadata(ledger_id)
+    except NoSuchLedgerError:
+        log.warning("log %s: ledger %d is listed but does not exist", log_obj.name, ledger_id)
+        return None
 
 
 async def open_writer(log_obj: Log) -> LogWriter:

@@ -14,10 +14,11 @@ import pytest
 from test_log_sim import Sim, run_sim
 
 from quorumlog.errors import MetadataError
-from quorumlog.log import LogConfig
+from quorumlog.log import LogConfig, LogFencedError, Position
 from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.log import Log
 from quorumlog.log.metadata import log_path
+from quorumlog.log.writer import LogWriter
 from quorumlog.meta.store import Versioned
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree
 from quorumlog.testing.sim_scenarios import SIM_CONFIG
@@ -114,5 +115,49 @@ def test_l4_r13_an_unresolved_cas_outcome_never_deletes_the_ledger() -> None:
         assert position.ledger_id == successor.ledger_id
         await successor.close()
         await assert_listed_ledgers_exist_and_read(other, [b"next"])
+
+    run_sim(body)
+
+
+# ---------------------------------------------------------------- L5 (R11)
+
+
+async def _two_crashed_writers(sim: Sim, name: str) -> tuple[Log, LogWriter, list[Position]]:
+    """A log whose first ledger is open behind a closed one: writer 1 crashed mid-rollover
+    (its next ledger listed, its current one not closed), then writer 2 crashed while
+    fencing, after it had closed the newer ledger and before the older one."""
+    log = await sim.client().open_log(name)
+    first = await log.open_writer()
+    confirmed = [await first.append(b"a%d" % i) for i in range(3)]
+    following = await log.create_ledger()  # writer 1's rollover: created, listed ...
+    metadata, version = await log.metadata()
+    await log.store.set(log.path, metadata.with_ledger(following.ledger_id).to_bytes(), version)
+    # ... and writer 1 stops. Writer 2 fences the newest ledger, then stops too.
+    await (await sim.client().open_ledger(following.ledger_id)).close()
+    assert not (await log.bk.ledger_metadata(first.ledger_id)).is_closed
+    return log, first, confirmed
+
+
+def test_l5_r11_a_new_writer_fences_an_open_ledger_behind_a_closed_one() -> None:
+    async def body(sim: Sim) -> None:
+        log, first, confirmed = await _two_crashed_writers(sim, "crashes")
+        third = await (await sim.client().open_log("crashes")).open_writer()
+        assert (await log.bk.ledger_metadata(first.ledger_id)).is_closed
+        with pytest.raises(LogFencedError):
+            await first.append(b"stale")
+        after = await third.append(b"c")
+        reader = await log.open_reader()
+        got = [await reader.read_next(3000) for _ in range(4)]
+        assert [r.position if r else None for r in got] == [*confirmed, after]
+
+    run_sim(body)
+
+
+def test_l5_r11_log_fence_closes_an_open_ledger_behind_a_closed_one() -> None:
+    async def body(sim: Sim) -> None:
+        log, first, confirmed = await _two_crashed_writers(sim, "fenced")
+        assert first.ledger_id in await log.fence()
+        assert (await log.bk.ledger_metadata(first.ledger_id)).is_closed
+        assert [r.position for r in await log.read_all()] == confirmed
 
     run_sim(body)
