@@ -69,6 +69,7 @@ class BookKeeper:
             self.loop,
             connect_timeout_ms=self.config.connect_timeout_ms,
             max_frame_size_bytes=self.config.max_frame_size_bytes,
+            max_queued_bytes=self.config.max_queued_bytes_per_connection,
         )
         # Bookie placement draws from here; the simulator passes a seeded one.
         self.rng = rng or random.Random()

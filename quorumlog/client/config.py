@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from quorumlog.client.connection import MAX_QUEUED_BYTES_DEFAULT
 from quorumlog.proto.codec import MAX_FRAME_SIZE_BYTES_DEFAULT
 
 
@@ -36,6 +37,11 @@ class ClientConfig:
     recovery_add_attempts: int = 3
     metadata_session_timeout_ms: int = 10_000
     max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT
+    # Per bookie connection: bytes sent but not yet taken by the bookie (the client's
+    # queue and the socket's write buffer). Past it, requests to that bookie fail at once
+    # with TooManyRequestsError (a writer replaces the bookie) instead of queueing more:
+    # a bookie that stopped reading must not grow the client's memory (R16).
+    max_queued_bytes_per_connection: int = MAX_QUEUED_BYTES_DEFAULT
     # Sessions to the metadata store retry a compare-and-set this many times when a
     # concurrent change (not a state change) made it lose.
     metadata_cas_retries: int = 20

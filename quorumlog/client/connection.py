@@ -7,6 +7,13 @@ request id and may arrive in any order. When the connection fails, every
 callback still waiting gets a :class:`BookieUnavailableError`; a request that
 outlives its timeout gets a timeout error (its late answer is dropped).
 
+Memory is bounded in bytes (R16): the bytes a connection holds that its bookie
+has not taken (its own queue and the socket's write buffer) stay under
+``max_queued_bytes_per_connection``; past it a request fails at once with
+:class:`TooManyRequestsError` naming the bookie. While the transport asks to
+pause (the bookie is not reading), frames wait in the connection's own queue, so
+that the count is exact.
+
 R12 holds for answers too: an answer of the wrong type, for another ledger or
 entry, or with more entries than asked is not handed on; its callback gets a
 :class:`ProtocolError` naming the bookie, as for a failed request. The check is
@@ -17,10 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Callable
 from typing import Protocol, cast
 
-from quorumlog.errors import BKError, BookieUnavailableError, ProtocolError, TimeoutError_
+from quorumlog.errors import (
+    BKError,
+    BookieUnavailableError,
+    ProtocolError,
+    TimeoutError_,
+    TooManyRequestsError,
+)
 from quorumlog.proto.codec import (
     MAX_FRAME_SIZE_BYTES_DEFAULT,
     AddRequest,
@@ -44,6 +58,9 @@ from quorumlog.proto.codec import (
 )
 
 log = logging.getLogger(__name__)
+
+MAX_QUEUED_BYTES_DEFAULT = 64 * 1024 * 1024
+_LENGTH = struct.Struct(">I")  # a frame's length prefix (quorumlog.proto.codec)
 
 ResponseCallback = Callable[[Response | BKError], None]
 
@@ -109,12 +126,16 @@ class BookieConnection(asyncio.Protocol):
         *,
         connect_timeout_ms: int,
         max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT,
+        max_queued_bytes: int = MAX_QUEUED_BYTES_DEFAULT,
         on_closed: Callable[[BookieConnection], None] | None = None,
     ) -> None:
         self.address = address
         self._loop = loop
         self._decoder = FrameDecoder(max_frame_size_bytes)
         self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._max_queued_bytes = max_queued_bytes
+        self._paused = False  # the transport's buffer is over its high-water mark
         # Each request waiting for its answer: the callback, the timeout, and the request
         # itself, to check the answer against (answer_problem).
         self._pending: dict[int, tuple[ResponseCallback, asyncio.TimerHandle | None, Request]] = {}
@@ -143,6 +164,14 @@ class BookieConnection(asyncio.Protocol):
         if self.closed:
             transport.close()
             return
+        if self._out:
+            self._flush()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
         if self._out:
             self._flush()
 
@@ -180,15 +209,29 @@ class BookieConnection(asyncio.Protocol):
     # ------------------------------------------------------------ sending
 
     def send(self, request: Request, callback: ResponseCallback, timeout_ms: float | None) -> None:
-        """Queue ``request`` (its request id is assigned here); ``callback`` gets the answer."""
+        """Queue ``request`` (its request id is assigned here); ``callback`` gets the answer,
+        or TooManyRequestsError at once if the bookie has not taken what is queued (R16)."""
         if self.closed:
             error = BookieUnavailableError(f"bookie {self.address}: connection is closed")
             self._loop.call_soon(callback, error)
             return
         request_id = self._next_request_id
-        self._next_request_id = request_id + 1
         request.request_id = request_id
-        self._out.extend(encode_parts(request))
+        parts = encode_parts(request)
+        # The frame's size from its length prefix: one look per frame, not per entry.
+        size = _LENGTH.unpack_from(parts[0])[0] + _LENGTH.size
+        queued = self.queued_bytes
+        if queued and queued + size > self._max_queued_bytes:
+            refused = TooManyRequestsError(
+                f"bookie {self.address}: {queued} bytes are queued that it has not taken; "
+                f"a frame of {size} more would pass max_queued_bytes_per_connection "
+                f"({self._max_queued_bytes})"
+            )
+            self._loop.call_soon(callback, refused)
+            return
+        self._next_request_id = request_id + 1
+        self._out.extend(parts)
+        self._out_bytes += size
         timer = (
             self._loop.call_later(timeout_ms / 1000, self._on_timeout, request_id)
             if timeout_ms
@@ -201,10 +244,20 @@ class BookieConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._out and self._transport is not None and not self.closed:
+        # While paused, frames stay here (resume_writing flushes): the transport would
+        # buffer them all the same, and here queued_bytes counts them without a call.
+        if self._out and self._transport is not None and not self.closed and not self._paused:
             data = b"".join(self._out)
             self._out.clear()
+            self._out_bytes = 0
             self._transport.write(data)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes sent on this connection that the bookie has not taken yet."""
+        transport = self._transport
+        buffered = transport.get_write_buffer_size() if transport is not None else 0
+        return self._out_bytes + buffered
 
     def _on_timeout(self, request_id: int) -> None:
         waiting = self._pending.pop(request_id, None)
@@ -222,6 +275,7 @@ class BookieConnection(asyncio.Protocol):
             return
         self.closed = True
         self._out.clear()
+        self._out_bytes = 0
         if self._transport is not None:
             self._transport.close()
         pending, self._pending = self._pending, {}
@@ -281,10 +335,12 @@ class ConnectionPool:
         *,
         connect_timeout_ms: int,
         max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT,
+        max_queued_bytes: int = MAX_QUEUED_BYTES_DEFAULT,
     ) -> None:
         self._loop = loop
         self._connect_timeout_ms = connect_timeout_ms
         self._max_frame_size_bytes = max_frame_size_bytes
+        self._max_queued_bytes = max_queued_bytes
         self._connections: dict[str, BookieConnection] = {}
 
     def get(self, address: str) -> BookieConnection:
@@ -295,6 +351,7 @@ class ConnectionPool:
                 self._loop,
                 connect_timeout_ms=self._connect_timeout_ms,
                 max_frame_size_bytes=self._max_frame_size_bytes,
+                max_queued_bytes=self._max_queued_bytes,
                 on_closed=self._forget,
             )
             self._connections[address] = conn
