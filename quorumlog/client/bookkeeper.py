@@ -183,13 +183,18 @@ class BookKeeper:
         return handle
 
     async def delete_ledger(self, ledger_id: int, password: bytes = b"") -> None:
-        """Delete a ledger: its bookies drop it (later adds to it fail), then its metadata.
+        """Delete a ledger: its metadata, then its bookies drop it (later adds to it fail).
 
         Needs the ledger's password (R10): bookies purge a ledger only for its master key,
         and a wrong password is refused here before anything changes.
+
+        The metadata goes first (R15): when its delete fails or its outcome is unknown
+        (R13), the error is raised before any bookie was told, so metadata never names
+        data that is gone.
         """
         self._check_open()
         metadata, _ = await self._read_checked(ledger_id, password)
+        await self.ledgers.delete(ledger_id)
         key = master_key(password)
         futures = [
             self.pool.request(
@@ -198,9 +203,8 @@ class BookKeeper:
             for bookie in sorted(metadata.all_bookies())
         ]
         # Best effort on the bookies: one that is down drops the ledger at its next
-        # garbage collection, since the metadata is gone by then.
+        # garbage collection, which finds the metadata gone.
         await asyncio.gather(*futures, return_exceptions=True)
-        await self.ledgers.delete(ledger_id)
 
     async def list_ledgers(self) -> list[int]:
         self._check_open()
