@@ -8,9 +8,11 @@ module imports by its bare name from every test directory.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -42,6 +44,41 @@ def run_virtual(
         return loop.run_until_complete(asyncio.wait_for(main(loop), timeout=timeout_s))
     finally:
         loop.close()
+
+
+def poll_until(
+    condition: Callable[[], object], *, timeout_s: float, what: str, interval_s: float = 0.01
+) -> None:
+    """Wait until ``condition()`` is true, checking every ``interval_s``; AssertionError
+    naming ``what`` if it is still false after ``timeout_s`` (a bound for the event to
+    happen at all, never a latency target)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout_s} s")
+        time.sleep(interval_s)
+
+
+async def poll_until_async(
+    condition: Callable[[], object | Awaitable[object]],
+    *,
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.01,
+) -> None:
+    """:func:`poll_until` on the running loop; ``condition`` may be a coroutine function.
+    Timed by the loop's clock, so under :func:`run_virtual` it takes no real time."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout_s} s")
+        await asyncio.sleep(interval_s)
 
 
 def shell(

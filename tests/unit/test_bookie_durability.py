@@ -75,7 +75,9 @@ def test_r2_no_answer_before_the_journal_sync(driver, monkeypatch):
         await driver.start()
         answer = driver.send(add(1, [blob(1, 0)]))
         assert await asyncio.to_thread(sync.entered.wait, 5)  # written, sync in progress
-        await asyncio.sleep(0.1)
+        # A later request that needs no sync is answered: the bookie did everything it
+        # does for the add short of the sync, which the gate holds.
+        assert (await driver.call(ReadLacRequest(0, 1))).status == Status.OK
         assert not answer.done()  # R2: not durable, not answered
         sync.gate.set()
         assert (await asyncio.wait_for(answer, 5)).status == Status.OK
@@ -97,7 +99,9 @@ def test_r2_fence_and_write_lac_and_delete_are_answered_after_sync(driver, monke
             driver.send(ReadRequest(0, 5, 0, 1, flags=1, master_key=KEY)),  # fencing read
         ]
         assert await asyncio.to_thread(sync.entered.wait, 5)
-        await asyncio.sleep(0.1)
+        # A later request that needs no sync is answered: the bookie did everything it
+        # does for these requests short of the sync, which the gate holds.
+        assert (await driver.call(ReadLacRequest(0, 99))).status == Status.NO_SUCH_LEDGER
         assert not any(a.done() for a in answers)
         sync.gate.set()
         statuses = [(await asyncio.wait_for(a, 5)).status for a in answers]
@@ -149,15 +153,17 @@ def test_group_commit_respects_the_batch_record_bound(make_driver, monkeypatch):
 
 def test_idle_journal_syncs_at_once(make_driver):
     # A long group wait must not delay a lone add: with nothing else queued, sync now.
-    driver = make_driver(journal_max_group_wait_ms=5_000)
+    # The bound below is that behaviour (far below the 10-minute group wait), not a
+    # latency target: it leaves room for a slow shared disk.
+    driver = make_driver(journal_max_group_wait_ms=600_000)
 
     async def scenario():
         await driver.start()
         loop = asyncio.get_running_loop()
         for i in range(5):
             started = loop.time()
-            assert (await driver.call(add(8, [blob(8, i)]))).status == Status.OK
-            assert loop.time() - started < 1.0
+            assert (await driver.call(add(8, [blob(8, i)]), timeout_s=120)).status == Status.OK
+            assert loop.time() - started < 60, "a lone add waited for the group window"
         await driver.close()
 
     run(scenario())
@@ -392,8 +398,11 @@ def test_periodic_checkpoint_runs(make_driver):
         bookie = await driver.start()
         await driver.call(add(41, [blob(41, 0)]))
         first = bookie.checkpoints_done
-        await asyncio.sleep(0.3)
-        assert bookie.checkpoints_done >= first + 3
+        await support.poll_until_async(
+            lambda: bookie.checkpoints_done >= first + 3,
+            timeout_s=30,
+            what="three periodic checkpoints (every 20 ms)",
+        )
         assert bookie.state(41).recent == {}
         assert (await driver.call(ReadRequest(0, 41, 0))).entries == [blob(41, 0)]
         await driver.close()
