@@ -175,7 +175,7 @@ class Log:
                     f"log {self.name}: cannot truncate before {cut}: ledger {cut.ledger_id} "
                     f"is not in the log {list(metadata.ledgers)}"
                 )
-            updated = metadata.truncated(cut)
+            updated = metadata.truncated(cut, await self._removed_end(metadata, cut))
             if updated == metadata:
                 return []
             try:
@@ -186,6 +186,26 @@ class Log:
             await self._delete_ledgers(removed)
             return removed
         raise BKError(f"log {self.name}: the ledger list kept changing; truncation not done")
+
+    async def _removed_end(self, metadata: LogMetadata, cut: Position) -> Position | None:
+        """Where the records before ``cut`` end, when that is below ``cut``: the position
+        after the last record of the closed ledgers just before a cut at a ledger's first
+        entry (empty closed ledgers hold none). None when unknown (a ledger still open or
+        gone) or ``cut`` itself. A reader checkpointed there lost nothing to the cut."""
+        if cut.entry_id != 0:
+            return None
+        end: Position | None = None
+        for ledger_id in reversed([x for x in metadata.ledgers if x < cut.ledger_id]):
+            try:
+                md = await self.bk.ledger_metadata(ledger_id)
+            except NoSuchLedgerError:
+                break
+            if not md.is_closed:
+                break
+            end = Position(ledger_id, md.last_entry_id + 1)
+            if md.last_entry_id >= 0:
+                break
+        return end
 
     async def _delete_ledgers(self, ledger_ids: list[int]) -> None:
         for ledger_id in ledger_ids:

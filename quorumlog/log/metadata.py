@@ -4,6 +4,7 @@ Layout (see docs/LOGS.md)::
 
     /logs/<name>    JSON: {"format": 1, "ledgers": [12, 15, 19],
                            "truncated_before": [15, 0] or null, "created_ms": ...,
+                           "removed_end": [12, 8],                           (optional)
                            "sink_batches": {"<sink id>": <last batch id>}}   (optional)
 
 The node's version is what writers compare-and-set on (R11): appending a ledger
@@ -55,6 +56,18 @@ class LogMetadata:
     # The last batch each streaming sink appended (see quorumlog.spark.commit): kept
     # in the node the ledger list is in, so one compare-and-set moves both.
     sink_batches: Mapping[str, int] = field(default_factory=dict)
+    # Where the removed records end, when below truncated_before: no record lies in
+    # [removed_end, truncated_before) (the cut is a ledger's first entry and the ledgers
+    # just before it were closed, or empty). A reader checkpointed at the end of the
+    # last removed ledger lost nothing and may resume there.
+    removed_end: Position | None = None
+
+    def is_truncated(self, position: Position) -> bool:
+        """Whether records at or after ``position`` were removed by a truncation."""
+        if self.truncated_before is None:
+            return False
+        end = self.truncated_before if self.removed_end is None else self.removed_end
+        return position < end
 
     def to_bytes(self) -> bytes:
         raw: dict[str, object] = {
@@ -67,6 +80,8 @@ class LogMetadata:
         }
         if self.sink_batches:
             raw["sink_batches"] = dict(self.sink_batches)
+        if self.removed_end is not None:
+            raw["removed_end"] = list(self.removed_end)
         return json.dumps(
             raw,
             sort_keys=True,
@@ -84,13 +99,20 @@ class LogMetadata:
             truncated = None if cut is None else Position(int(cut[0]), int(cut[1]))
             created_ms = int(raw.get("created_ms", 0))
             sinks = {str(k): int(v) for k, v in dict(raw.get("sink_batches") or {}).items()}
+            end = raw.get("removed_end")
+            removed_end = None if end is None else Position(int(end[0]), int(end[1]))
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise MetadataError(
                 f"log {name}: metadata at {log_path(name)} is damaged: {exc}"
             ) from None
         if any(b <= a for a, b in itertools.pairwise(ledgers)):
             raise MetadataError(f"log {name}: ledger list is not increasing: {list(ledgers)}")
-        return cls(name, ledgers, truncated, created_ms, sinks)
+        if removed_end is not None and (truncated is None or removed_end >= truncated):
+            raise MetadataError(
+                f"log {name}: removed_end {removed_end} is not below the truncation point "
+                f"{truncated}"
+            )
+        return cls(name, ledgers, truncated, created_ms, sinks, removed_end)
 
     def with_ledger(self, ledger_id: int) -> LogMetadata:
         return self.with_ledgers((ledger_id,))
@@ -110,10 +132,22 @@ class LogMetadata:
         """The metadata recording that streaming sink ``sink_id`` appended ``batch_id``."""
         return replace(self, sink_batches={**self.sink_batches, sink_id: batch_id})
 
-    def truncated(self, before: Position) -> LogMetadata:
+    def truncated(self, before: Position, removed_end: Position | None = None) -> LogMetadata:
+        """The list without the ledgers wholly before ``before``, truncated before it.
+
+        ``removed_end``: where the records before ``before`` end, if below it (no record
+        lies in ``[removed_end, before)``); None if unknown or ``before`` itself.
+        """
         kept = tuple(x for x in self.ledgers if x >= before.ledger_id)
-        cut = before if self.truncated_before is None else max(before, self.truncated_before)
-        return replace(self, ledgers=kept, truncated_before=cut)
+        old = self.truncated_before
+        if old is not None and before <= old:
+            return replace(self, ledgers=kept)  # truncated there already
+        end = removed_end if removed_end is not None and removed_end < before else None
+        if end is not None and old is not None and end <= old:
+            # Nothing between the old cut and the new one: the old cut's own empty stretch
+            # below it joins this one.
+            end = min(end, old if self.removed_end is None else self.removed_end)
+        return replace(self, ledgers=kept, truncated_before=before, removed_end=end)
 
     def only_truncated_since(self, older: LogMetadata) -> bool:
         """Whether this list is ``older``'s with some of its first ledgers removed (a

@@ -16,7 +16,9 @@ at most that long.
 
 Positions: a reader from position ``p`` returns every record at or after ``p``, in
 order. Records before the log's truncation point are gone: asking for them raises
-:class:`LogTruncatedError`.
+:class:`LogTruncatedError`. A position after every removed record (the end of the
+last ledger removed, say, where a reader that had read it stood) lost nothing: the
+reader resumes at the truncation point.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class LogReader:
         assert self._metadata is not None
         cut = self._metadata.truncated_before
         if cut is not None and (self._start is None or self._next < cut):
-            if self._start is not None:
+            if self._start is not None and self._metadata.is_truncated(self._start):
                 await self.close()
                 raise LogTruncatedError(
                     f"log {self._log.name}: position {self._start} is before the truncation "
@@ -173,10 +175,12 @@ class LogReader:
         assert metadata is not None
         cut = metadata.truncated_before
         if cut is not None and self._next < cut:
-            raise LogTruncatedError(
-                f"log {self._log.name}: the reader is at {self._next}, but records before "
-                f"{cut} were truncated"
-            )
+            if metadata.is_truncated(self._next):
+                raise LogTruncatedError(
+                    f"log {self._log.name}: the reader is at {self._next}, but records "
+                    f"before {cut} were truncated"
+                )
+            self._next = cut  # nothing lies between: the reader missed no record
         ledger_id = metadata.first_ledger_from(self._next.ledger_id)
         if ledger_id is None:
             await self._wait(deadline)  # nothing written there yet

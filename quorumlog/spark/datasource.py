@@ -120,7 +120,10 @@ async def _snapshot(
             to_ledger_id=to_ledger_id,
             read_lac=read_lac,
         )
-        return metadata.truncated_before, extents
+        # Records end at removed_end when it is set (nothing lies between it and the
+        # truncation point): an offset at a removed ledger's end lost nothing.
+        cut = metadata.truncated_before if metadata.removed_end is None else metadata.removed_end
+        return cut, extents
     assert opts.ledgers is not None
     return None, await scan.ledger_snapshot(bk, opts.ledgers, opts.password)
 

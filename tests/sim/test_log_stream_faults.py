@@ -14,7 +14,7 @@ import pytest
 from test_log_sim import Sim, run_sim
 
 from quorumlog.errors import MetadataError
-from quorumlog.log import LogConfig, LogFencedError, Position
+from quorumlog.log import LogConfig, LogFencedError, LogTruncatedError, Position
 from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.log import Log
 from quorumlog.log.metadata import log_path
@@ -159,5 +159,58 @@ def test_l5_r11_log_fence_closes_an_open_ledger_behind_a_closed_one() -> None:
         assert first.ledger_id in await log.fence()
         assert (await log.bk.ledger_metadata(first.ledger_id)).is_closed
         assert [r.position for r in await log.read_all()] == confirmed
+
+    run_sim(body)
+
+
+# ---------------------------------------------------------------- L6
+
+
+def test_l6_a_reader_at_the_end_of_a_closed_ledger_resumes_after_a_truncation_next_to_it() -> None:
+    async def body(sim: Sim) -> None:
+        log = await sim.client().open_log("resume", LogConfig(rollover_size_bytes=4))
+        writer = await log.open_writer()
+        positions = [await writer.append(b"r%03d" % i) for i in range(4)]  # one per ledger
+        assert len({p.ledger_id for p in positions}) == 4
+        live = await log.open_reader()
+        assert [(await live.read_next(1000)).position for _ in range(2)] == positions[:2]  # type: ignore[union-attr]
+        checkpoint = live.position  # the end of the second ledger, which is closed
+        assert checkpoint == positions[1].next()
+        unread = await log.open_reader(positions[1])  # one record before the cut not read yet
+        await log.truncate(positions[2])  # the cut is the next ledger's first record
+        resumed = await log.open_reader(checkpoint)
+        for reader in (live, resumed):
+            got = [await reader.read_next(1000) for _ in range(2)]
+            assert [r.position if r else None for r in got] == positions[2:]
+        with pytest.raises(LogTruncatedError):
+            await unread.read_next(1000)
+        with pytest.raises(LogTruncatedError):
+            await log.open_reader(positions[1])
+
+    run_sim(body)
+
+
+def test_l6_empty_ledgers_before_the_truncation_point_hold_nothing_to_miss() -> None:
+    async def body(sim: Sim) -> None:
+        bk = sim.client()
+        log = await bk.open_log("empties")
+        writer = await log.open_writer()
+        first = await writer.append(b"first")
+        await writer.close()
+        # Two writers that wrote nothing: two empty closed ledgers, then a record.
+        for _ in range(2):
+            await (await log.open_writer()).close()
+        writer = await log.open_writer()
+        last = await writer.append(b"last")
+        ledgers = await log.ledgers()
+        assert len(ledgers) == 4
+        checkpoint = first.next()
+        await log.truncate(Position(ledgers[2], 0))  # before the second empty ledger
+        await log.truncate(Position(ledgers[3], 0))  # then before the last record
+        for start in (checkpoint, Position(ledgers[1], 0), Position(ledgers[2], 0)):
+            reader = await log.open_reader(start)
+            assert (await reader.read_next(1000)) == (last, b"last")
+        with pytest.raises(LogTruncatedError):
+            await log.open_reader(first)
 
     run_sim(body)

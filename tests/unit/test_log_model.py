@@ -72,6 +72,32 @@ def test_truncation_keeps_ledgers_from_the_position_and_never_moves_back() -> No
     assert md.only_truncated_since(md)
 
 
+def test_l6_removed_end_marks_the_empty_stretch_before_the_truncation_point() -> None:
+    md = LogMetadata("x", (3, 8, 9, 12))
+    # Ledger 3 closed at entry 4, ledger 8 empty: nothing lies in [3:5, 9:0).
+    cut = md.truncated(Position(9, 0), Position(3, 5))
+    assert (cut.ledgers, cut.truncated_before, cut.removed_end) == (
+        (9, 12),
+        Position(9, 0),
+        Position(3, 5),
+    )
+    assert LogMetadata.from_bytes("x", cut.to_bytes()) == cut
+    assert cut.is_truncated(Position(3, 4)) and not cut.is_truncated(Position(3, 5))
+    assert not cut.is_truncated(Position(8, 0)) and not cut.is_truncated(Position(9, 0))
+    # Ledger 9 empty too: the stretch grows down to the old one.
+    assert md.truncated(Position(9, 0), Position(3, 5)).truncated(
+        Position(12, 0), Position(9, 0)
+    ).removed_end == Position(3, 5)
+    # Ledger 9 held records: they are removed, a position in it is truncated.
+    later = cut.truncated(Position(12, 0), Position(9, 7))
+    assert later.removed_end == Position(9, 7) and later.is_truncated(Position(3, 5))
+    assert cut.truncated(Position(9, 0)) == cut  # truncated there already
+    assert md.truncated(Position(9, 2)).removed_end is None
+    assert not md.is_truncated(Position(0, 0))
+    with pytest.raises(MetadataError, match="removed_end"):
+        LogMetadata.from_bytes("x", b'{"format": 1, "ledgers": [], "removed_end": [1, 0]}')
+
+
 def test_log_config_checks_quorum_shape_r1() -> None:
     with pytest.raises(InvalidArgumentError):
         LogConfig(ensemble=2, write_quorum=3, ack_quorum=2)
