@@ -21,7 +21,8 @@ part has one job:
 - :mod:`.reads`: reads (R4, R9), long polls, read-LAC;
 - :mod:`.checkpoints`: ledger storage made durable so journal files can go;
 - :mod:`.maintenance`: read-only mode (disk usage, journal failure), garbage collection;
-- :mod:`.timers`: the timed jobs, stopped first on close.
+- :mod:`.timers`: the timed jobs, stopped first on close;
+- :mod:`.invariants`: a broken invariant stops the bookie at once (by default the process).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.disk_checker import DiskChecker
 from quorumlog.bookie.errors import BookieStartError
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
+from quorumlog.bookie.invariants import Halt
 from quorumlog.bookie.journal import Journal, ScanReport
 from quorumlog.bookie.ledger_changes import LedgerChanges
 from quorumlog.bookie.ledger_state import LedgerState
@@ -73,7 +75,12 @@ class Bookie:
     storage: LedgerStorage
 
     def __init__(
-        self, config: BookieConfig, *, files: FileOps = REAL_FILES, workers: Workers | None = None
+        self,
+        config: BookieConfig,
+        *,
+        files: FileOps = REAL_FILES,
+        workers: Workers | None = None,
+        on_broken_invariant: Callable[[str], None] | None = None,
     ) -> None:
         """Open the directories and replay the journal (what :meth:`open` does)."""
         problems = config.problems()
@@ -98,14 +105,23 @@ class Bookie:
         self._journal: Journal = opened.journal
         self._disk_checker: DiskChecker = opened.disk_checker
         self._timers = timers = Timers()
+        self.halt = Halt(self.data_dir, on_broken_invariant)
+        self.halt.on_halt(timers.stop)  # no checkpoint may write a state that cannot be
         self._mode = ReadOnlyMode(
             opened.disk_checker, timers, config.disk_check_interval_ms, self.data_dir
         )
         self._polls = LongPolls(config.long_poll_max_per_ledger, config.long_poll_max_total)
-        self._reads = Reads(config, storage, self._polls)
-        changes = LedgerChanges(storage, self._journal, self._reads, self._mode)
+        self._reads = Reads(config, storage, self._polls, self.halt)
+        changes = LedgerChanges(storage, self._journal, self._reads, self._mode, self.halt)
         self._requests = Requests(
-            config, storage, self._journal, self._polls, self._reads, changes, self._mode
+            config,
+            storage,
+            self._journal,
+            self._polls,
+            self._reads,
+            changes,
+            self._mode,
+            self.halt,
         )
         self.submit = self._requests.submit
         self._checkpoints = Checkpoints(
@@ -121,7 +137,12 @@ class Bookie:
 
     @classmethod
     def open(
-        cls, config: BookieConfig, *, files: FileOps = REAL_FILES, workers: Workers | None = None
+        cls,
+        config: BookieConfig,
+        *,
+        files: FileOps = REAL_FILES,
+        workers: Workers | None = None,
+        on_broken_invariant: Callable[[str], None] | None = None,
     ) -> Bookie:
         """Check directories, replay the journal into ledger storage, and return the bookie.
 
@@ -132,8 +153,11 @@ class Bookie:
         a test's faults); ``workers(name)`` makes the executors that stand for the
         journal's and the checkpoints' threads (a simulation's deterministic
         scheduler). The defaults are the real ones.
+
+        ``on_broken_invariant(message)`` is what :attr:`halt` does after logging a broken
+        invariant; the default ends the process (:mod:`.invariants`).
         """
-        return cls(config, files=files, workers=workers)
+        return cls(config, files=files, workers=workers, on_broken_invariant=on_broken_invariant)
 
     # ------------------------------------------------------------ life cycle
 

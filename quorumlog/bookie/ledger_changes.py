@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from quorumlog.bookie.invariants import Halt
 from quorumlog.bookie.journal import (
     Journal,
     delete_record,
@@ -25,7 +26,7 @@ from quorumlog.bookie.journal import (
 )
 from quorumlog.bookie.ledger_state import LedgerState
 from quorumlog.bookie.maintenance import ReadOnlyMode
-from quorumlog.bookie.reads import Reads, Respond
+from quorumlog.bookie.reads import Reads, Respond, describe
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.errors import BKError, Status
 from quorumlog.proto.codec import (
@@ -62,8 +63,14 @@ class LedgerChanges:
     """Fence, explicit LAC and delete of one bookie (event loop only)."""
 
     def __init__(
-        self, storage: LedgerStorage, journal: Journal, reads: Reads, mode: ReadOnlyMode
+        self,
+        storage: LedgerStorage,
+        journal: Journal,
+        reads: Reads,
+        mode: ReadOnlyMode,
+        halt: Halt,
     ) -> None:
+        self._halt = halt
         self._storage = storage
         self._journal = journal
         self._reads = reads
@@ -133,9 +140,12 @@ class LedgerChanges:
                 "bookie %s: %s failed: %s", self._storage.data_dir, type(request).__name__, exc
             )
             respond(error_response(request, exc.status))
-        except Exception:
-            log.exception("bookie %s: %r failed", self._storage.data_dir, request)
+        except OSError as exc:  # a disk failed: that request's answer, not the bookie
+            log.error("bookie %s: %s failed: %s", self._storage.data_dir, describe(request), exc)
             respond(error_response(request, Status.IO_ERROR))
+        except Exception as exc:
+            self._halt(f"answering {describe(request)} after its fence", exc)
+            respond(error_response(request, Status.SHUTTING_DOWN))  # only if halt returns
 
     def on_fence(self, request: FenceRequest, respond: Respond) -> None:
         self.fence(request, respond, self._answer_fence)

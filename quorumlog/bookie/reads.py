@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 
 from quorumlog.bookie.config import BookieConfig
+from quorumlog.bookie.invariants import Halt
 from quorumlog.bookie.ledger_state import LedgerState
 from quorumlog.bookie.long_poll import LongPolls, Poll
 from quorumlog.bookie.storage import LedgerStorage
@@ -27,11 +28,20 @@ from quorumlog.proto.codec import (
     error_response,
 )
 
-__all__ = ["Reads", "Respond"]
+__all__ = ["Reads", "Respond", "describe"]
 
 log = logging.getLogger(__name__)
 
 Respond = Callable[[Response], None]
+
+
+def describe(request: object) -> str:
+    """A request in a few words for a message (never its entries)."""
+    return (
+        f"{type(request).__name__}(request {getattr(request, 'request_id', '?')}, "
+        f"ledger {getattr(request, 'ledger_id', '-')})"
+    )
+
 
 _OK = Status.OK
 
@@ -39,8 +49,11 @@ _OK = Status.OK
 class Reads:
     """Answers reads and read-LACs, and keeps the parked long polls (event loop only)."""
 
-    def __init__(self, config: BookieConfig, storage: LedgerStorage, polls: LongPolls) -> None:
+    def __init__(
+        self, config: BookieConfig, storage: LedgerStorage, polls: LongPolls, halt: Halt
+    ) -> None:
         self._config = config
+        self._halt = halt
         self._storage = storage
         self._states = storage.states
         self._polls = polls
@@ -134,6 +147,9 @@ class Reads:
         except BKError as exc:
             log.warning("bookie %s: long poll: %s", self._storage.data_dir, exc)
             poll.respond(error_response(request, exc.status))
-        except Exception:
-            log.exception("bookie %s: long poll %r failed", self._storage.data_dir, request)
+        except OSError as exc:  # a disk failed: that poll's answer, not the bookie
+            log.error("bookie %s: long poll: %s", self._storage.data_dir, exc)
             poll.respond(error_response(request, Status.IO_ERROR))
+        except Exception as exc:
+            # Not answered: the failure may lie in the answering itself.
+            self._halt(f"answering the long poll {describe(request)}", exc)

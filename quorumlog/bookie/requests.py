@@ -23,11 +23,12 @@ from typing import Any
 from quorumlog.bookie import journal as journal_mod
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.disk_checker import disk_usage
+from quorumlog.bookie.invariants import Halt
 from quorumlog.bookie.journal import Journal, add_record, master_key_record
 from quorumlog.bookie.ledger_changes import LedgerChanges
 from quorumlog.bookie.long_poll import LongPolls
 from quorumlog.bookie.maintenance import ReadOnlyMode
-from quorumlog.bookie.reads import Reads, Respond
+from quorumlog.bookie.reads import Reads, Respond, describe
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.errors import BKError, Status
 from quorumlog.proto.codec import (
@@ -69,8 +70,11 @@ class Requests:
         reads: Reads,
         changes: LedgerChanges,
         mode: ReadOnlyMode,
+        halt: Halt,
     ) -> None:
         self.serving = False  # between the bookie's start() and close()
+        self._halt = halt
+        halt.on_halt(self._stop_serving)
         self._deferred: collections.deque[tuple[AddRequest, Respond]] = collections.deque()
         self._config = config
         self._mode = mode
@@ -91,6 +95,9 @@ class Requests:
         }
         self._fence = changes.fence
 
+    def _stop_serving(self) -> None:
+        self.serving = False
+
     @property
     def deferred_adds(self) -> int:
         return len(self._deferred)
@@ -109,6 +116,8 @@ class Requests:
     def _run_guarded(self, handler: Handler, request: Any, respond: Respond) -> None:
         # Handlers check everything before they change anything, and hand ``respond``
         # on (or call it) as their last step, so an exception means it was not called.
+        # Bad input and a failing disk cost that request only; anything else is a state
+        # that cannot be, and stops the bookie (see .invariants).
         try:
             handler(request, respond)
         except BKError as exc:
@@ -121,9 +130,12 @@ class Requests:
             log.warning(
                 "bookie %s: bad %s: %s", self._storage.data_dir, type(request).__name__, exc
             )
-        except Exception:
-            log.exception("bookie %s: %r failed", self._storage.data_dir, request)
+        except OSError as exc:
+            log.error("bookie %s: %s failed: %s", self._storage.data_dir, describe(request), exc)
             respond(error_response(request, Status.IO_ERROR))
+        except Exception as exc:
+            self._halt(f"handling {describe(request)}", exc)
+            respond(error_response(request, Status.SHUTTING_DOWN))  # only if halt returns
 
     def _on_read(self, request: ReadRequest, respond: Respond) -> None:
         if request.first_entry_id < 0 or request.count < 0:
@@ -250,8 +262,8 @@ class Requests:
             for fn, arg in dones:
                 try:
                     fn(arg)
-                except Exception:
-                    log.exception("bookie %s: answering a request failed", self._storage.data_dir)
+                except Exception as exc:
+                    self._halt("answering a request after its journal batch", exc)
         else:
             if not self._mode.journal_failed:
                 log.error(
@@ -268,7 +280,7 @@ class Requests:
                     else:
                         arg.status = Status.IO_ERROR
                         fn(arg)
-                except Exception:
-                    log.exception("bookie %s: answering a request failed", self._storage.data_dir)
+                except Exception as exc:
+                    self._halt("answering a request after its journal batch failed", exc)
         if self._deferred:
             self._drain_deferred()

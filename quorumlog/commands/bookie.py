@@ -4,7 +4,9 @@ Prints ``bookie 127.0.0.1:PORT ready`` (``ready read-only`` in read-only mode)
 on stdout once it is registered; SIGTERM or SIGINT stop it gracefully (exit
 status 0). A bookie that refuses to start (cookie mismatch, damaged journal,
 port in use) prints one line on stderr and exits with status 2; an unreachable
-metadata store or another runtime failure exits with status 1.
+metadata store or another runtime failure exits with status 1; a broken invariant
+(a state that cannot be) stops the bookie at once with status 70
+(:mod:`quorumlog.bookie.invariants`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ frame. A connection over its share, over ``max_in_flight_requests``, with
 (its peer is not reading) stops reading from its socket until it drains; the others read
 on. The server caps the number of connections (``max_connections``). Any bytes that do
 not decode close this connection only; other connections and the stored state are
-untouched.
+untouched. What cannot be — a request answered twice, an answer that cannot be encoded, an
+exception escaping the bookie's own guards — is a broken invariant: the connection hands
+it to the bookie's halt (:mod:`quorumlog.bookie.invariants`), which stops the bookie.
 
 Long polls never stop a connection's reading (a tailing reader and its writer may share
 one connection): a parked poll holds only its small request, so it counts against its
@@ -35,6 +37,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol, cast
 
+from quorumlog.bookie.invariants import BrokenInvariant
 from quorumlog.errors import LocalProtocolError, ProtocolError, Status
 from quorumlog.proto.codec import (
     AddResponse,
@@ -73,6 +76,14 @@ class RequestHandler(Protocol):
     def submit(self, request: Request, respond: Callable[[Response], None]) -> None: ...
 
 
+BrokenInvariantHandler = Callable[[str, BaseException], None]
+
+
+def _raise(where: str, exc: BaseException) -> None:
+    """Without a bookie's halt (tests of the connection alone): let the failure be seen."""
+    raise exc
+
+
 class RequestBudget:
     """The request bytes that all connections of a server may hold together, shared out
     equally: a connection over its share stops reading, the others go on (R16)."""
@@ -101,14 +112,21 @@ class _Answer:
     """The ``respond`` callback of one request: hands the answer to its connection with what
     the request held there (its bytes; whether it is a long poll)."""
 
-    __slots__ = ("connection", "held_bytes", "poll")
+    __slots__ = ("answered", "connection", "held_bytes", "poll")
 
     def __init__(self, connection: BookieProtocol, held_bytes: int, poll: bool) -> None:
         self.connection = connection
         self.held_bytes = held_bytes
         self.poll = poll
+        self.answered = False
 
     def __call__(self, response: Response) -> None:
+        if self.answered:
+            self.connection._broken(
+                "answering a request", BrokenInvariant(f"a second answer: {response!r:.200}")
+            )
+            return
+        self.answered = True
         self.connection._answered(self, response)
 
 
@@ -122,9 +140,12 @@ class BookieProtocol(asyncio.Protocol):
         loop: asyncio.AbstractEventLoop,
         on_closed: Callable[[BookieProtocol], None],
         budget: RequestBudget | None = None,
+        on_broken_invariant: BrokenInvariantHandler = _raise,
     ) -> None:
-        """``budget`` is shared by the server's connections (default: one of its own)."""
+        """``budget`` is shared by the server's connections (default: one of its own);
+        ``on_broken_invariant(where, exc)`` is the bookie's halt."""
         self._handler = handler
+        self._on_broken_invariant = on_broken_invariant
         self._config = config
         self._budget = budget or RequestBudget(
             config.max_in_flight_bytes, floor_bytes=config.max_frame_size_bytes
@@ -204,10 +225,11 @@ class BookieProtocol(asyncio.Protocol):
             respond = _Answer(self, held, poll)
             try:
                 submit(message, respond)
-            except Exception:
-                # A bug in request handling must cost one answer, not the process.
-                log.exception("request %r from %s failed", message, self.peer)
-                respond(error_response(message, Status.IO_ERROR))
+            except Exception as exc:
+                # The bookie answers bad input and disk failures itself: what escapes it
+                # is a state that cannot be.
+                self._broken(f"submitting {type(message).__name__}", exc)
+                return
         if (
             self.held_bytes >= self._budget.share_bytes
             or self.in_flight - self.polls >= config.max_in_flight_requests
@@ -244,7 +266,7 @@ class BookieProtocol(asyncio.Protocol):
 
     def _answered(self, answer: _Answer, response: Response) -> None:
         """A request's answer (through its :class:`_Answer`, exactly once, on the loop)."""
-        self.in_flight = max(0, self.in_flight - 1)
+        self.in_flight -= 1
         if answer.poll:
             self.polls -= 1
             if type(response) is ReadResponse and response.entries and self._answers_backed_up():
@@ -264,9 +286,8 @@ class BookieProtocol(asyncio.Protocol):
             return
         try:
             parts = encode_parts(response)
-        except LocalProtocolError:
-            log.exception("cannot encode an answer for %s; closing the connection", self.peer)
-            self._close()
+        except LocalProtocolError as exc:  # the bookie made an answer that cannot be
+            self._broken("encoding an answer", exc)
             return
         self._out.extend(parts)
         self._out_bytes += sum(map(len, parts))
@@ -318,6 +339,11 @@ class BookieProtocol(asyncio.Protocol):
             transport.resume_reading()
 
     # ------------------------------------------------------------ closing
+
+    def _broken(self, where: str, exc: BaseException) -> None:
+        """A broken invariant: the bookie stops; if its halt returns, so does this connection."""
+        self._on_broken_invariant(f"connection from {self.peer}: {where}", exc)
+        self._close()
 
     def _protocol_violation(self, reason: str) -> None:
         log.warning("closing connection from %s: %s", self.peer, reason)

@@ -247,7 +247,12 @@ class BookieServer:
             self._refuse()
             return _RefusedConnection()
         protocol = BookieProtocol(
-            self.bookie, self.server_config, self._loop, self._connections.discard, self._budget
+            self.bookie,
+            self.server_config,
+            self._loop,
+            self._connections.discard,
+            self._budget,
+            self.bookie.halt,
         )
         self._connections.add(protocol)
         if self._stopping:

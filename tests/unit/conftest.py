@@ -23,9 +23,12 @@ class Driver:
     def __init__(self, config: BookieConfig) -> None:
         self.config = config
         self.bookie: Bookie | None = None
+        # Broken invariants the bookie reported: it stops serving instead of ending the
+        # test process.
+        self.broken: list[str] = []
 
     async def start(self) -> Bookie:
-        self.bookie = Bookie.open(self.config)
+        self.bookie = Bookie.open(self.config, on_broken_invariant=self.broken.append)
         await self.bookie.start(asyncio.get_running_loop())
         return self.bookie
 
@@ -45,6 +48,8 @@ class Driver:
         return await asyncio.wait_for(self.send(request), timeout_s)
 
     async def close(self) -> None:
+        if self.bookie is not None and self.broken:
+            await self.crash()  # a halted bookie writes nothing more, not even a checkpoint
         if self.bookie is not None:
             await self.bookie.close()
             self.bookie = None

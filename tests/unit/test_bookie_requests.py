@@ -548,16 +548,16 @@ def test_read_only_follows_disk_usage_with_hysteresis(make_driver):
 # ---------------------------------------------------------------- failures of one request
 
 
-def test_an_exception_answers_that_request_only(driver, monkeypatch):
+def test_r12_a_failing_disk_answers_that_request_only(driver, monkeypatch):
     async def scenario():
         bookie = await driver.start()
         await driver.call(add(50, [blob(50, 0)]))
 
-        def broken(*args, **kwargs):
-            raise RuntimeError("simulated bug")
+        def failing_disk(*args, **kwargs):
+            raise OSError(5, "Input/output error")
 
         with monkeypatch.context() as patch:
-            patch.setattr(bookie.storage, "read_entries", broken)
+            patch.setattr(bookie.storage, "read_entries", failing_disk)
             assert (await driver.call(ReadRequest(0, 50, 0))).status == Status.IO_ERROR
             # Other requests are unaffected.
             assert (await driver.call(ReadLacRequest(0, 50))).status == Status.OK
@@ -566,6 +566,40 @@ def test_an_exception_answers_that_request_only(driver, monkeypatch):
             blob(50, 0),
             blob(50, 1),
         ]
+        assert driver.broken == []
+        await driver.close()
+
+    run(scenario())
+
+
+def test_broken_invariant_in_request_handling_stops_the_bookie(driver, monkeypatch):
+    """A state that cannot be is not an IO_ERROR answer: the bookie stops (in a bookie
+    process, the process ends; here the test's hook hears of it) and serves nothing more,
+    and no checkpoint writes what it had in memory."""
+
+    async def scenario():
+        bookie = await driver.start()
+        await driver.call(add(53, [blob(53, 0)]))
+        checkpoints = bookie.checkpoints_done
+
+        def impossible(*args, **kwargs):
+            raise AssertionError("an entry both present and absent")
+
+        monkeypatch.setattr(bookie.storage, "read_entries", impossible)
+        answer = await driver.call(ReadRequest(0, 53, 0))
+        assert answer.status != Status.IO_ERROR
+        assert len(driver.broken) == 1
+        assert "broken invariant in handling ReadRequest" in driver.broken[0]
+        assert "an entry both present and absent" in driver.broken[0]
+        assert bookie.halt.message == driver.broken[0]
+        assert (await driver.call(ReadLacRequest(0, 53))).status == Status.SHUTTING_DOWN
+        assert (await driver.call(add(53, [blob(53, 1)]))).status == Status.SHUTTING_DOWN
+        assert bookie._timers.stopped and bookie.checkpoints_done == checkpoints
+        await driver.close()
+        # The journal had it all: a restart serves what was acknowledged.
+        driver.broken.clear()
+        await driver.start()
+        assert (await driver.call(ReadRequest(0, 53, 0))).entries == [blob(53, 0)]
         await driver.close()
 
     run(scenario())

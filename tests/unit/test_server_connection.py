@@ -196,3 +196,28 @@ def test_r16_connections_share_the_request_bytes_and_a_flooder_holds_only_its_sh
         assert flooder_transport.reading
 
     run(scenario())
+
+
+def test_a_request_answered_twice_is_a_broken_invariant_not_a_second_answer():
+    async def scenario() -> None:
+        broken: list[tuple[str, BaseException]] = []
+        bookie = HeldBookie()
+        protocol = BookieProtocol(
+            bookie,
+            ServerConfig(),
+            asyncio.get_running_loop(),
+            lambda _: None,
+            on_broken_invariant=lambda where, exc: broken.append((where, exc)),
+        )
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(encode(ReadRequest(1, 7, 0)))
+        [(_, respond)] = bookie.requests
+        respond(ReadResponse(1, Status.OK, 7, 0, -1, [b"e"]))
+        respond(ReadResponse(1, Status.OK, 7, 0, -1, [b"e"]))
+        [(where, exc)] = broken
+        assert "answering a request" in where and "second answer" in str(exc)
+        assert transport.closing
+        assert [a.request_id for a in transport.answers()] == [1]  # one answer only
+
+    run(scenario())
