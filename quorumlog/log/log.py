@@ -103,9 +103,22 @@ class Log:
         Afterwards the log holds exactly what it will hold until a next writer opens:
         the current writer (if any) gets LogFencedError on its next append.
         Returns the ledgers fenced.
+
+        First the list is sealed (its ``fences`` count raised with a compare-and-set):
+        a writer rolling over afterwards loses its own compare-and-set of the list and
+        stops, even when the ledger it leaves was closed exactly where it would have
+        closed it. Then every ledger of the sealed list that is not closed is fenced.
         """
-        metadata, _ = await self.metadata()
-        return await fence_previous_ledgers(self, metadata)
+        for _ in range(_CAS_ATTEMPTS):
+            metadata, version = await self.metadata()
+            try:
+                await self.store.set(self.path, metadata.fenced().to_bytes(), version)
+            except MetadataVersionError:
+                continue
+            except NoNodeError:
+                raise NoSuchLogError(f"log {self.name} does not exist ({self.path})") from None
+            return await fence_previous_ledgers(self, metadata)
+        raise BKError(f"log {self.name}: the ledger list kept changing; the log was not fenced")
 
     async def read_all(self, *, fence: bool = False) -> list[Record]:
         """Every record of the log, read ledger by ledger (up to each ledger's LAC when

@@ -5,6 +5,7 @@ Layout (see docs/LOGS.md)::
     /logs/<name>    JSON: {"format": 1, "ledgers": [12, 15, 19],
                            "truncated_before": [15, 0] or null, "created_ms": ...,
                            "removed_end": [12, 8],                           (optional)
+                           "fences": 2,                                      (optional)
                            "sink_batches": {"<sink id>": <last batch id>}}   (optional)
 
 The node's version is what writers compare-and-set on (R11): appending a ledger
@@ -61,6 +62,9 @@ class LogMetadata:
     # just before it were closed, or empty). A reader checkpointed at the end of the
     # last removed ledger lost nothing and may resume there.
     removed_end: Position | None = None
+    # How many times Log.fence() sealed the list. A fence changes nothing else, so a
+    # writer whose compare-and-set lost to one would otherwise retry and go on writing.
+    fences: int = 0
 
     def is_truncated(self, position: Position) -> bool:
         """Whether records at or after ``position`` were removed by a truncation."""
@@ -82,6 +86,8 @@ class LogMetadata:
             raw["sink_batches"] = dict(self.sink_batches)
         if self.removed_end is not None:
             raw["removed_end"] = list(self.removed_end)
+        if self.fences:
+            raw["fences"] = self.fences
         return json.dumps(
             raw,
             sort_keys=True,
@@ -101,6 +107,7 @@ class LogMetadata:
             sinks = {str(k): int(v) for k, v in dict(raw.get("sink_batches") or {}).items()}
             end = raw.get("removed_end")
             removed_end = None if end is None else Position(int(end[0]), int(end[1]))
+            fences = int(raw.get("fences", 0))
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise MetadataError(
                 f"log {name}: metadata at {log_path(name)} is damaged: {exc}"
@@ -112,7 +119,7 @@ class LogMetadata:
                 f"log {name}: removed_end {removed_end} is not below the truncation point "
                 f"{truncated}"
             )
-        return cls(name, ledgers, truncated, created_ms, sinks, removed_end)
+        return cls(name, ledgers, truncated, created_ms, sinks, removed_end, fences)
 
     def with_ledger(self, ledger_id: int) -> LogMetadata:
         return self.with_ledgers((ledger_id,))
@@ -127,6 +134,10 @@ class LogMetadata:
                 )
             previous = ledger_id
         return replace(self, ledgers=(*self.ledgers, *ledger_ids))
+
+    def fenced(self) -> LogMetadata:
+        """The metadata of a list sealed once more by Log.fence()."""
+        return replace(self, fences=self.fences + 1)
 
     def with_sink_batch(self, sink_id: str, batch_id: int) -> LogMetadata:
         """The metadata recording that streaming sink ``sink_id`` appended ``batch_id``."""

@@ -61,12 +61,15 @@ log = logging.getLogger(__name__)
 
 
 async def append_ledger_to_list(
-    log_obj: Log, metadata: LogMetadata, version: int, ledger_id: int
+    log_obj: Log, metadata: LogMetadata, version: int, ledger_id: int, *, opening: bool = False
 ) -> tuple[LogMetadata, int]:
     """Compare-and-set ``ledger_id`` onto the end of the list read at ``version``.
 
     Retries only when the list changed by truncation; a ledger appended by someone
-    else means another writer owns the log now: LogFencedError. A set whose outcome
+    else means another writer owns the log now: LogFencedError. So does a Log.fence()
+    since ``version``, unless ``opening``: a writer being opened has fenced the listed
+    ledgers itself, while one rolling over must stop (the fence made the log final
+    until a next writer opens). A set whose outcome
     is unknown is resolved by reading the list back (R13); if it cannot be read,
     MetadataError: the ledger may be in the list, so the caller must not delete it.
     """
@@ -94,6 +97,11 @@ async def append_ledger_to_list(
                 return current, current_version
         else:
             return updated, new_version
+        if current.fences != metadata.fences and not opening:
+            raise LogFencedError(
+                f"log {log_obj.name}: the log was fenced (at version {current_version}, "
+                f"this writer read version {version}); ledger {ledger_id} was not added"
+            )
         # Not applied: retry on the new version only if the list merely lost ledgers at
         # its front (a truncation); a compare-and-set on a stale version cannot apply.
         if not current.only_truncated_since(metadata):
@@ -220,7 +228,7 @@ async def open_writer(log_obj: Log) -> LogWriter:
     handle = await log_obj.create_ledger()
     try:
         metadata, version = await append_ledger_to_list(
-            log_obj, metadata, version, handle.ledger_id
+            log_obj, metadata, version, handle.ledger_id, opening=True
         )
     except BaseException:
         await _discard(log_obj, handle)

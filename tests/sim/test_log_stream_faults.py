@@ -8,6 +8,7 @@ seed gives the same run.
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -212,5 +213,44 @@ def test_l6_empty_ledgers_before_the_truncation_point_hold_nothing_to_miss() -> 
             assert (await reader.read_next(1000)) == (last, b"last")
         with pytest.raises(LogTruncatedError):
             await log.open_reader(first)
+
+    run_sim(body)
+
+
+# ---------------------------------------------------------------- L7
+
+
+def test_l7_r11_log_fence_stops_a_writer_that_rolls_over_afterwards() -> None:
+    async def body(sim: Sim) -> None:
+        writer = await (await sim.client().open_log("final")).open_writer()
+        confirmed = [await writer.append(b"w%d" % i) for i in range(3)]
+        log = await sim.client().open_log("final")
+        assert await log.fence() == [writer.ledger_id]
+        with pytest.raises(LogFencedError):
+            await writer.rollover()  # its old ledger closed where the fence closed it
+        with pytest.raises(LogFencedError):
+            await writer.append(b"late")
+        assert [r.position for r in await log.read_all()] == confirmed
+        # A next writer still opens, after the fence, and appends.
+        successor = await log.open_writer()
+        after = await successor.append(b"next")
+        await successor.close()  # its ledger's LAC is then known to every reader
+        assert [r.position for r in await log.read_all()] == [*confirmed, after]
+
+    run_sim(body)
+
+
+def test_l7_r11_read_all_fenced_is_final_for_a_writer_rolling_over_by_age() -> None:
+    async def body(sim: Sim) -> None:
+        config = LogConfig(rollover_age_ms=100)
+        writer = await (await sim.client().open_log("aged", config)).open_writer()
+        confirmed = [await writer.append(b"w%d" % i) for i in range(3)]
+        log = await sim.client().open_log("aged", config)
+        final = await log.read_all(fence=True)
+        assert [r.position for r in final] == confirmed
+        await asyncio.sleep(0.2)  # the next append rolls over to a new ledger
+        with pytest.raises(LogFencedError):
+            await writer.append(b"late")
+        assert await log.read_all() == final
 
     run_sim(body)

@@ -98,6 +98,14 @@ def test_l6_removed_end_marks_the_empty_stretch_before_the_truncation_point() ->
         LogMetadata.from_bytes("x", b'{"format": 1, "ledgers": [], "removed_end": [1, 0]}')
 
 
+def test_l7_a_fence_seals_the_list_and_survives_every_other_change() -> None:
+    md = LogMetadata("x", (3, 8)).fenced()
+    assert md.fences == 1 and LogMetadata.from_bytes("x", md.to_bytes()) == md
+    later = md.with_ledger(9).truncated(Position(8, 0)).with_sink_batch("s", 4).fenced()
+    assert later.fences == 2
+    assert b"fences" not in LogMetadata("x").to_bytes()  # lists never fenced keep their bytes
+
+
 def test_log_config_checks_quorum_shape_r1() -> None:
     with pytest.raises(InvalidArgumentError):
         LogConfig(ensemble=2, write_quorum=3, ack_quorum=2)
