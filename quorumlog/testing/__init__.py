@@ -18,12 +18,15 @@ In one process, no I/O
     :class:`MemoryStore` (sessions over a shared :class:`MemoryTree`) -- a metadata
     store with ZooKeeper's semantics (versions, ephemeral and sequential nodes,
     watches, session expiry) in memory.
-    :class:`VirtualTimeLoop`, :class:`SimNetwork`, :class:`SimBookie`,
-    :class:`NetworkFaults` -- the seeded simulator: the real client against in-memory
-    bookies over a network that delays, reorders and drops, on a loop whose clock jumps
-    to the next timer (minutes of timeouts in milliseconds; one seed, one run).
-    :func:`run_scenario` and :func:`check_history` -- the shipped fault scenario (a
-    writer, a tailing reader, concurrent recoveries) and its history checker.
+    :class:`VirtualTimeLoop`, :class:`Cluster`, :class:`SimDisk`, :class:`SimNetwork`,
+    :class:`NetworkFaults` -- the seeded whole-system simulator: the real client and the
+    real bookie on simulated machines (a disk that loses unsynced writes at a power loss,
+    fails syncs, fills up, flips bits), over a network that delays, reorders across
+    connections, drops and partitions, on a loop whose clock jumps to the next timer
+    (one seed, one run). :class:`MetadataFaults` make a :class:`MemoryStore` lose
+    replies, fail, answer late or be cut off.
+    :func:`run_scenario` and :func:`check_history` -- one seeded run of the shipped
+    workloads under faults, and the history checkers (:mod:`quorumlog.testing.checkers`).
 
 The wire protocol, raw
     :class:`RawClient` -- one connection to one bookie, raw requests and answers
@@ -50,16 +53,18 @@ Nothing shipped imports this package: it is for tests.
 from quorumlog.server.local_cluster import BookieProcess, ClusterError, LocalCluster
 from quorumlog.testing.faults import kill_process, pause_process, resume_process
 from quorumlog.testing.fixtures import local_cluster
-from quorumlog.testing.memory_store import MemoryStore, MemoryTree
+from quorumlog.testing.memory_store import MemoryStore, MemoryTree, MetadataFaults
 from quorumlog.testing.raw_client import RawClient, make_entry, master_key
 from quorumlog.testing.sim import (
+    SIM_CONFIG,
+    Cluster,
     NetworkFaults,
-    SimBookie,
+    SimDisk,
     SimNetwork,
     SimulationDeadlock,
     VirtualTimeLoop,
 )
-from quorumlog.testing.sim_scenarios import SIM_CONFIG, History, check_history, run_scenario
+from quorumlog.testing.sim_scenarios import History, check_history, run_scenario
 from quorumlog.testing.zookeeper import (
     ZooKeeperServer,
     ZooKeeperUnavailableError,
@@ -69,14 +74,16 @@ from quorumlog.testing.zookeeper import (
 __all__ = [
     "SIM_CONFIG",
     "BookieProcess",
+    "Cluster",
     "ClusterError",
     "History",
     "LocalCluster",
     "MemoryStore",
     "MemoryTree",
+    "MetadataFaults",
     "NetworkFaults",
     "RawClient",
-    "SimBookie",
+    "SimDisk",
     "SimNetwork",
     "SimulationDeadlock",
     "VirtualTimeLoop",

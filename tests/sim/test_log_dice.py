@@ -1,5 +1,6 @@
-"""The dice application on the simulator: three instances, a crashed leader, a late
-instance; every instance's output must be a prefix of the log (virtual time)."""
+"""The dice application on the simulator (real bookies on simulated machines): three
+instances, a crashed leader, a late instance; every instance's output must be a prefix of
+the log (virtual time)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,15 @@ from quorumlog.apps.dice import CATCHUP, FOLLOWING, LEADING, Dice, DiceConfig, R
 from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.checker import check_observations
 from quorumlog.log.position import Position
-from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.store import MetadataStore
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree
-from quorumlog.testing.sim import NetworkFaults, SimBookie, SimNetwork
-from quorumlog.testing.sim_scenarios import SIM_CONFIG
+from quorumlog.testing.sim import SIM_CONFIG, ClientPool, Cluster, NetworkFaults
 
 CONFIG = DiceConfig(interval_ms=100, check_interval_ms=50, session_timeout_ms=1000)
 
 
 class Instance:
-    def __init__(self, name: str, tree: MemoryTree, network: SimNetwork, seed: int) -> None:
+    def __init__(self, name: str, tree: MemoryTree, network: ClientPool, seed: int) -> None:
         self.name = name
         self.rolls: list[Roll] = []
         self.sessions: list[MemoryStore] = []
@@ -61,14 +60,12 @@ class Instance:
 
 def test_dice_instances_show_prefixes_of_one_log_across_a_crash_and_a_late_start() -> None:
     async def main(loop: asyncio.AbstractEventLoop) -> None:
-        rng = random.Random(7)
-        bookies = [SimBookie(f"10.0.0.{i}:3181") for i in range(4)]
-        network = SimNetwork(loop, rng, bookies, NetworkFaults(delay_ms_max=1.0))
-        tree = MemoryTree()
-        registry = BookieRegistry(MemoryStore(tree))
-        for bookie in bookies:
-            await registry.register(bookie.address)
-        instances = [Instance(f"d{i}", tree, network, i) for i in range(3)]
+        cluster = Cluster(
+            loop, random.Random(7), bookies=4, network_faults=NetworkFaults(delay_ms_max=1.0)
+        )
+        await cluster.start()
+        tree = cluster.tree
+        instances = [Instance(f"d{i}", tree, cluster.network.pool(f"d{i}"), i) for i in range(3)]
         await asyncio.sleep(2.0)
         leaders = [x for x in instances if x.dice.is_leader]
         assert len(leaders) == 1
@@ -78,17 +75,18 @@ def test_dice_instances_show_prefixes_of_one_log_across_a_crash_and_a_late_start
         await asyncio.sleep(3.0)
         survivors = [x for x in instances if x is not first]
         assert sum(x.dice.is_leader for x in survivors) == 1
-        late = Instance("late", tree, network, 99)
+        late = Instance("late", tree, cluster.network.pool("late"), 99)
         await asyncio.sleep(2.0)
         for x in [*survivors, late]:
             await x.stop()
 
-        checker_bk = BookKeeper(MemoryStore(tree), SIM_CONFIG, pool=network)  # type: ignore[arg-type]
+        checker_bk = BookKeeper(MemoryStore(tree), SIM_CONFIG, pool=cluster.network.pool("checker"))  # type: ignore[arg-type]
         log = await checker_bk.open_log(CONFIG.log_name)
         final: list[tuple[Position, int | None]] = [
             (r.position, decode_value(r.data)) for r in await log.read_all(fence=True)
         ]
         await checker_bk.close()
+        await cluster.close()
         every = [*instances, late]
         report = check_observations(
             final, prefixes={x.name: [(r.position, r.value) for r in x.rolls] for x in every}

@@ -1,0 +1,261 @@
+"""History checkers: the rules a run must keep, judged from what the clients were told.
+
+Apart from the system on purpose: nothing here calls quorumlog's client or bookie.
+A workload records a history (what was written, what was confirmed and when, what
+every reader read, what each recovery closed at, what the checker's own final
+recovery read); :func:`check_ledger_history` and :func:`check_log_history` turn it
+into :class:`Violation`\\ s, each named after the rule it breaks, so a test can say
+which rule a run broke and a person can read why.
+
+Rules (names used in violations):
+
+``R3-order``          confirmations came in entry-id order, without gaps
+``R4-tail``           a tailing reader read only at or below a LAC it had learnt, and
+                      nothing past the recovered end
+``single-value``      never two values at one (ledger, entry), across every read
+``R7-fencing``        nothing confirmed after a recovery's close lies beyond the closed
+                      last entry
+``R8-durability``     every confirmed entry is at or below the recovered last entry and
+                      reads back with its bytes
+``R8-agreement``      every close of a ledger agrees on its last entry
+``R8-final``          the checker's own recovery and reads at the end succeeded
+``R8-past-end``       nothing past the recovered last entry is readable
+``R11-log``           every record confirmed to a log writer is in the final log once,
+                      in order; a tailing reader saw a prefix of it
+``bookie-restart``    a bookie whose disk lost no synced byte starts again after a crash
+``system-error``      the system raised where it must not (an assertion, a crash)
+``liveness``          the run did not finish within its virtual-time budget
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from quorumlog.log.checker import check_observations
+from quorumlog.log.position import Position
+
+__all__ = [
+    "RULES",
+    "LedgerHistory",
+    "LogHistory",
+    "RunHistory",
+    "Violation",
+    "check_ledger_history",
+    "check_log_history",
+    "check_run",
+]
+
+RULES = (
+    "R3-order",
+    "R4-tail",
+    "single-value",
+    "R7-fencing",
+    "R8-durability",
+    "R8-agreement",
+    "R8-final",
+    "R8-past-end",
+    "R11-log",
+    "bookie-restart",
+    "system-error",
+    "liveness",
+)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule, in words."""
+
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.message}"
+
+
+@dataclass
+class LedgerHistory:
+    """What happened to one ledger, as its clients saw it."""
+
+    ledger_id: int
+    shape: tuple[int, int, int]  # ensemble, write quorum, ack quorum
+    written: dict[int, bytes] = field(default_factory=dict)  # entry id -> bytes sent
+    # (entry id, virtual time, order) of each confirmation, in the order it was told
+    confirmed: list[tuple[int, float, int]] = field(default_factory=list)
+    # (who, last entry id, virtual time, order) of each close that succeeded
+    closes: list[tuple[str, int, float, int]] = field(default_factory=list)
+    # (reader, entry id, bytes, the LAC it had learnt, or None when it may read to the end)
+    reads: list[tuple[str, int, bytes, int | None]] = field(default_factory=list)
+    final_last: int | None = None
+    final_entries: dict[int, bytes] = field(default_factory=dict)
+    final_error: str = ""
+    read_past_end: bool = False
+
+
+@dataclass
+class LogHistory:
+    """What happened to one log stream, as its writers and readers saw it."""
+
+    name: str
+    confirmed: dict[str, list[tuple[Position, bytes]]] = field(default_factory=dict)
+    tailed: list[tuple[Position, bytes]] = field(default_factory=list)
+    final: list[tuple[Position, bytes]] | None = None
+    final_error: str = ""
+
+
+@dataclass
+class RunHistory:
+    """One seeded run: its ledgers and logs, and what went wrong outside them."""
+
+    seed: int
+    workload: str = ""
+    ledgers: list[LedgerHistory] = field(default_factory=list)
+    logs: list[LogHistory] = field(default_factory=list)
+    system_errors: list[str] = field(default_factory=list)
+    refused_starts: list[str] = field(default_factory=list)  # nodes with sound disks
+    unfinished: str = ""
+    faults: dict[str, int] = field(default_factory=dict)  # what the nemesis did, counted
+    trace: list[str] = field(default_factory=list)
+
+
+def _first(values: Iterable[Violation], limit: int) -> list[Violation]:
+    out = []
+    for v in values:
+        out.append(v)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def check_ledger_history(h: LedgerHistory, limit: int = 10) -> list[Violation]:
+    """The rules of one ledger (module docstring); at most ``limit`` violations."""
+    out: list[Violation] = []
+    lid = h.ledger_id
+
+    ids = [entry_id for entry_id, _, _ in h.confirmed]
+    if ids != list(range(len(ids))):
+        out.append(Violation("R3-order", f"ledger {lid}: confirmations out of order: {ids[:20]}"))
+
+    # Never two values at one entry: every read agrees with what was written.
+    for reader, entry_id, data, _ in h.reads:
+        sent = h.written.get(entry_id)
+        if data != sent:
+            out.append(
+                Violation(
+                    "single-value",
+                    f"ledger {lid} entry {entry_id}: {reader} read {data[:40]!r}, "
+                    f"written {(sent or b'(nothing)')[:40]!r}",
+                )
+            )
+            break
+
+    # Closes agree; nothing confirmed lies beyond a close.
+    lasts = {last for _, last, _, _ in h.closes}
+    if h.final_last is not None:
+        lasts.add(h.final_last)
+    if len(lasts) > 1:
+        out.append(
+            Violation(
+                "R8-agreement",
+                f"ledger {lid}: closed at different last entries: "
+                + ", ".join(f"{who} at {last}" for who, last, _, _ in h.closes)
+                + (f", the final recovery at {h.final_last}" if h.final_last is not None else ""),
+            )
+        )
+    for who, last, _, close_order in h.closes:
+        late = [(e, t) for e, t, order in h.confirmed if e > last and order > close_order]
+        if late:
+            entry_id, at = late[0]
+            out.append(
+                Violation(
+                    "R7-fencing",
+                    f"ledger {lid}: entry {entry_id} was confirmed to the writer at "
+                    f"{at * 1000:.3f} ms, after {who} closed the ledger at entry {last}",
+                )
+            )
+            break
+
+    if h.final_error:
+        out.append(
+            Violation(
+                "R8-final", f"ledger {lid}: the final recovery or read failed: {h.final_error}"
+            )
+        )
+        return _first(out, limit)
+    if h.final_last is None:
+        return _first(out, limit)
+
+    if ids and max(ids) > h.final_last:
+        entry_id = max(ids)
+        out.append(
+            Violation(
+                "R8-durability",
+                f"ledger {lid}: entry {entry_id} was confirmed but the ledger closed at "
+                f"{h.final_last}",
+            )
+        )
+    for entry_id in range(h.final_last + 1):
+        got = h.final_entries.get(entry_id)
+        sent = h.written.get(entry_id)
+        if got != sent:
+            out.append(
+                Violation(
+                    "R8-durability",
+                    f"ledger {lid} entry {entry_id} reads {(got or b'(nothing)')[:40]!r}, "
+                    f"written {(sent or b'(nothing)')[:40]!r}",
+                )
+            )
+            break
+    if h.read_past_end:
+        out.append(Violation("R8-past-end", f"ledger {lid}: entry {h.final_last + 1} was readable"))
+    for reader, entry_id, _, lac in h.reads:
+        if (lac is not None and entry_id > lac) or entry_id > h.final_last:
+            out.append(
+                Violation(
+                    "R4-tail",
+                    f"ledger {lid}: {reader} read entry {entry_id} with LAC {lac}, and the "
+                    f"ledger ends at {h.final_last}",
+                )
+            )
+            break
+    return _first(out, limit)
+
+
+def check_log_history(h: LogHistory, limit: int = 10) -> list[Violation]:
+    """R11 for one log stream: confirmed records in the final log once, in order."""
+    if h.final_error or h.final is None:
+        return [Violation("R8-final", f"log {h.name}: the final read failed: {h.final_error}")]
+    out: list[Violation] = []
+    report = check_observations(
+        h.final, prefixes={"tailing reader": h.tailed}, subsets=h.confirmed, max_problems=limit
+    )
+    out += [Violation("R11-log", f"log {h.name}: {p}") for p in report.problems]
+    counts: dict[bytes, int] = {}
+    for _, data in h.final:
+        counts[data] = counts.get(data, 0) + 1
+    for writer, records in h.confirmed.items():
+        for position, data in records:
+            if counts.get(data, 0) != 1:
+                out.append(
+                    Violation(
+                        "R11-log",
+                        f"log {h.name}: record {data[:40]!r} confirmed to {writer} at "
+                        f"{position} is in the final log {counts.get(data, 0)} times",
+                    )
+                )
+                break
+    return _first(out, limit)
+
+
+def check_run(run: RunHistory) -> list[Violation]:
+    """Every rule over one run."""
+    out: list[Violation] = []
+    if run.unfinished:
+        out.append(Violation("liveness", run.unfinished))
+    out += [Violation("system-error", e) for e in run.system_errors[:5]]
+    out += [Violation("bookie-restart", e) for e in run.refused_starts]
+    for ledger in run.ledgers:
+        out += check_ledger_history(ledger)
+    for log in run.logs:
+        out += check_log_history(log)
+    return out

@@ -1,0 +1,179 @@
+"""Virtual time and a deterministic scheduler for the simulator.
+
+:class:`VirtualTimeLoop` is an asyncio loop whose clock only moves when it would
+otherwise sleep: when nothing is ready it jumps to the next timer, so seconds of
+timeouts take microseconds and one seed always gives the same run.
+
+:class:`SimExecutor` stands for one worker thread (the bookie's journal writer,
+its checkpoint thread): jobs run one at a time, in order, on the loop's thread,
+each after a latency drawn from the seed. A simulation can freeze it (the process
+is paused) or kill it (the process died: queued jobs never run, and a job that
+meets a :class:`~quorumlog.testing.sim.disk.PowerLoss` completes nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import random
+import selectors
+from collections.abc import Callable
+from typing import Any
+
+from quorumlog.testing.sim.disk import PowerLoss
+
+__all__ = ["SimExecutor", "SimulationDeadlock", "VirtualTimeLoop"]
+
+
+class SimulationDeadlock(RuntimeError):
+    """Nothing is ready and no timer is set, yet the simulated program still waits."""
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """A selector with no file descriptors: 'waiting' moves the virtual clock."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, selectors.SelectorKey] = {}
+        self.loop: VirtualTimeLoop | None = None
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        key = selectors.SelectorKey(fileobj, fd, events, data)
+        self._keys[fd] = key
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        return self._keys.pop(fd)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        self.unregister(fileobj)
+        return self.register(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        assert self.loop is not None
+        if timeout is None:
+            raise SimulationDeadlock("the simulated program waits with no timer set")
+        self.loop.advance(max(timeout, 0.0))
+        return []
+
+    def get_map(self) -> dict[int, selectors.SelectorKey]:  # type: ignore[override]
+        return self._keys
+
+    def close(self) -> None:
+        self._keys.clear()
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop whose clock only moves when it would otherwise sleep."""
+
+    def __init__(self) -> None:
+        self._virtual_now = 0.0
+        selector = _VirtualSelector()
+        super().__init__(selector)
+        selector.loop = self
+
+    def time(self) -> float:
+        return self._virtual_now
+
+    def advance(self, seconds: float) -> None:
+        self._virtual_now += seconds
+
+    def _write_to_self(self) -> None:
+        # Everything runs on this one thread: a wake-up byte would only fill a socket
+        # buffer that nobody reads (the selector never waits on it).
+        pass
+
+
+Job = tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+class SimExecutor(concurrent.futures.Executor):
+    """One simulated worker thread: jobs in order, one at a time, on the loop's thread."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        rng: random.Random,
+        latency_ms: tuple[float, float],
+        name: str = "worker",
+    ) -> None:
+        self._loop = loop
+        self._rng = rng
+        self._latency_ms = latency_ms
+        self.name = name
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._handle: asyncio.TimerHandle | None = None
+        self.frozen = False
+        self.dead = False
+        self.jobs_run = 0
+
+    def submit(  # type: ignore[override]
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if self.dead:
+            return future  # a call from a dead process: it never completes
+        self._jobs.append((future, fn, args, kwargs))
+        self._schedule()
+        return future
+
+    def _schedule(self) -> None:
+        if self._handle is None and self._jobs and not self.frozen and not self.dead:
+            low, high = self._latency_ms
+            delay_s = self._rng.uniform(low, high) / 1000
+            self._handle = self._loop.call_later(delay_s, self._run_next)
+
+    def _run_next(self) -> None:
+        self._handle = None
+        if self.dead or self.frozen or not self._jobs:
+            return
+        self._run(self._jobs.popleft())
+        self._schedule()
+
+    def _run(self, job: Job) -> None:
+        future, fn, args, kwargs = job
+        if not future.set_running_or_notify_cancel():
+            return
+        self.jobs_run += 1
+        try:
+            result = fn(*args, **kwargs)
+        except PowerLoss:
+            return  # the process is gone: nobody may hear of this job again
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    def freeze(self) -> None:
+        """The process is paused: no job starts until :meth:`thaw`."""
+        self.frozen = True
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def thaw(self) -> None:
+        self.frozen = False
+        self._schedule()
+
+    def kill(self) -> None:
+        """The process died: queued jobs never run."""
+        self.dead = True
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._jobs.clear()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        # A thread pool's shutdown waits for the jobs queued before it: run them now.
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        while self._jobs and not self.dead:
+            job = self._jobs.popleft()
+            if cancel_futures:
+                job[0].cancel()
+            else:
+                self._run(job)
+        self.dead = True

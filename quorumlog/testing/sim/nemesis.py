@@ -1,0 +1,312 @@
+"""Faults drawn from the seed, injected while a workload runs, and healed at the end.
+
+Each run turns on its own mix of fault kinds (a calm run tests the happy path, a
+nasty one everything at once), then a loop picks a fault every few milliseconds
+of virtual time and undoes it later:
+
+- a bookie killed (kill -9) or losing power, restarted later on the same disk; a
+  power loss in the middle of the n-th disk call of a bookie;
+- a bookie paused (SIGSTOP) and resumed;
+- partitions between any two parties: a client and a bookie, a client and the
+  metadata store, a bookie (its garbage collection) and the store;
+- disk faults: a sync that fails (its pages lost), a full disk (ENOSPC), a bit
+  flipped in a stored journal or entry-log record;
+- the metadata store: writes applied with their reply lost (R13), failed calls,
+  slow replies, expired sessions.
+
+Faults that destroy synced bytes (bit flips) are kept to at most Qa - 1 bookies,
+the ones :attr:`NemesisPlan.damageable` names: beyond that, losing a confirmed
+entry is what the fault model allows, not a defect. :meth:`Nemesis.heal` ends
+every fault and restarts every bookie that is down, paused or refusing adds, so
+that the checker's own recovery at the end can run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from quorumlog.testing.memory_store import MetadataFaults
+from quorumlog.testing.sim.cluster import BookieNode, Cluster
+
+__all__ = ["Nemesis", "NemesisPlan"]
+
+
+@dataclass
+class NemesisPlan:
+    """Which faults one run has (drawn from its seed)."""
+
+    kill: bool = False
+    power_loss: bool = False
+    power_loss_in_call: bool = False
+    pause: bool = False
+    partition_client_bookie: bool = False
+    partition_client_store: bool = False
+    partition_bookie_store: bool = False
+    sync_failure: bool = False
+    disk_full: bool = False
+    bit_flip: bool = False
+    session_expiry: bool = False
+    metadata_unknown: float = 0.0  # probability per write of "applied, reply lost"
+    metadata_fail: float = 0.0
+    metadata_slow: float = 0.0
+    damageable: list[str] = field(default_factory=list)  # may lose synced bytes
+    interval_ms: tuple[float, float] = (1.0, 20.0)
+
+    @classmethod
+    def draw(cls, rng: random.Random, addresses: list[str], ack_quorum: int) -> NemesisPlan:
+        if rng.random() < 0.1:
+            return cls()  # a calm run
+        plan = cls(
+            kill=rng.random() < 0.5,
+            power_loss=rng.random() < 0.5,
+            power_loss_in_call=rng.random() < 0.3,
+            pause=rng.random() < 0.3,
+            partition_client_bookie=rng.random() < 0.3,
+            partition_client_store=rng.random() < 0.25,
+            partition_bookie_store=rng.random() < 0.2,
+            sync_failure=rng.random() < 0.2,
+            disk_full=rng.random() < 0.15,
+            bit_flip=ack_quorum > 1 and rng.random() < 0.25,
+            session_expiry=rng.random() < 0.2,
+            metadata_unknown=rng.choice([0.0, 0.0, 0.05, 0.2]),
+            metadata_fail=rng.choice([0.0, 0.0, 0.05]),
+            metadata_slow=rng.choice([0.0, 0.1]),
+        )
+        if plan.bit_flip:
+            plan.damageable = rng.sample(addresses, min(ack_quorum - 1, len(addresses)))
+        return plan
+
+    def metadata_faults(self, rng: random.Random) -> MetadataFaults:
+        return MetadataFaults(
+            random.Random(rng.random()),
+            fail_probability=self.metadata_fail,
+            unknown_probability=self.metadata_unknown,
+            slow_probability=self.metadata_slow,
+            slow_ms_max=20.0,
+            timeout_ms=300.0,
+        )
+
+    def kinds(self) -> list[str]:
+        names = [
+            "kill",
+            "power_loss",
+            "power_loss_in_call",
+            "pause",
+            "partition_client_bookie",
+            "partition_client_store",
+            "partition_bookie_store",
+            "sync_failure",
+            "disk_full",
+            "bit_flip",
+            "session_expiry",
+        ]
+        return [n for n in names if getattr(self, n)]
+
+
+class Nemesis:
+    """Injects the faults of a :class:`NemesisPlan` into a :class:`Cluster`."""
+
+    def __init__(self, cluster: Cluster, rng: random.Random, plan: NemesisPlan) -> None:
+        self.cluster = cluster
+        self.loop = cluster.loop
+        self.rng = rng
+        self.plan = plan
+        self.trace = cluster.trace
+        self.counts: Counter[str] = Counter()
+        self.clients: list[str] = []  # names of the clients partitions may cut off
+        self._undo: list[asyncio.TimerHandle] = []
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._healing = False
+        self.flipped: set[str] = set()  # nodes with a flipped bit on their disk
+        cluster.on_down.append(self._node_went_down)
+
+    def _spawn(self, coro: object) -> None:
+        task = self.loop.create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _later(self, low_ms: float, high_ms: float, callback: object, *args: object) -> None:
+        delay_s = self.rng.uniform(low_ms, high_ms) / 1000
+        self._undo.append(self.loop.call_later(delay_s, callback, *args))  # type: ignore[arg-type]
+
+    def _node_went_down(self, node: BookieNode, power_loss: bool) -> None:
+        # Every crash is followed by a restart on the same disk (unless healing does it).
+        if not self._healing:
+            self._later(1, 60, self._restart, node)
+
+    def _restart(self, node: BookieNode) -> None:
+        if node.state == "down" and not self._healing:
+            self._spawn(self._restart_now(node))
+
+    async def _restart_now(self, node: BookieNode) -> None:
+        if not await node.restart() and node.state == "down" and not self._healing:
+            self._later(10, 100, self._restart, node)  # it refused: try again later
+
+    async def run(self, duration_s: float) -> None:
+        """Inject faults for ``duration_s`` of virtual time."""
+        kinds = self.plan.kinds()
+        if not kinds:
+            await asyncio.sleep(duration_s)
+            return
+        deadline = self.loop.time() + duration_s
+        low, high = self.plan.interval_ms
+        while self.loop.time() < deadline:
+            await asyncio.sleep(self.rng.uniform(low, high) / 1000)
+            kind = self.rng.choice(kinds)
+            getattr(self, f"_{kind}")()
+
+    # ------------------------------------------------------------ the faults
+
+    def _up_nodes(self) -> list[BookieNode]:
+        return [n for n in self.cluster.nodes if n.state == "up"]
+
+    def _pick_up(self) -> BookieNode | None:
+        nodes = self._up_nodes()
+        return self.rng.choice(nodes) if nodes else None
+
+    def _kill(self) -> None:
+        node = self._pick_up()
+        if node is not None:
+            self.counts["kill"] += 1
+            node.kill()
+
+    def _power_loss(self) -> None:
+        node = self._pick_up()
+        if node is not None:
+            self.counts["power_loss"] += 1
+            node.power_loss()
+
+    def _power_loss_in_call(self) -> None:
+        node = self._pick_up()
+        if node is not None and node.disk.faults.power_loss_in is None:
+            self.counts["power_loss_in_call"] += 1
+            node.disk.faults.power_loss_in = self.rng.randint(1, 40)
+            self.trace(
+                node.address, "power will fail in disk call %d", node.disk.faults.power_loss_in
+            )
+
+    def _pause(self) -> None:
+        node = self._pick_up()
+        if node is not None:
+            self.counts["pause"] += 1
+            node.pause()
+            self._later(1, 300, node.resume)
+
+    def _partition_client_bookie(self) -> None:
+        if not self.clients:
+            return
+        client = self.rng.choice(self.clients)
+        node = self.rng.choice(self.cluster.nodes)
+        self.counts["partition_client_bookie"] += 1
+        self.cluster.network.partition(client, node.address)
+        self._later(1, 400, self.cluster.network.heal, client, node.address)
+
+    def _partition_client_store(self) -> None:
+        if not self.clients:
+            return
+        name = self.rng.choice(self.clients)
+        store = self.cluster.stores.get(name)
+        if store is None or store.faults is None:
+            return
+        self.counts["partition_client_store"] += 1
+        store.faults.partitioned = True
+        self.trace(name, "PARTITIONED from the metadata store")
+        self._later(1, 600, self._heal_store, name)
+
+    def _heal_store(self, name: str) -> None:
+        store = self.cluster.stores.get(name)
+        if store is not None and store.faults is not None and store.faults.partitioned:
+            store.faults.partitioned = False
+            self.trace(name, "reaches the metadata store again")
+
+    def _partition_bookie_store(self) -> None:
+        node = self.rng.choice(self.cluster.nodes)
+        store = node.gc_store
+        if store is None:
+            return
+        if store.faults is None:
+            store.faults = MetadataFaults(random.Random(self.rng.random()), timeout_ms=300.0)
+        self.counts["partition_bookie_store"] += 1
+        store.faults.partitioned = True
+        self.trace(node.address, "PARTITIONED from the metadata store")
+        self._later(1, 600, setattr, store.faults, "partitioned", False)
+
+    def _sync_failure(self) -> None:
+        node = self._pick_up()
+        if node is not None:
+            self.counts["sync_failure"] += 1
+            node.disk.faults.failing_syncs += 1
+            self.trace(node.address, "the next sync will fail (EIO)")
+
+    def _disk_full(self) -> None:
+        node = self._pick_up()
+        if node is not None and not node.disk.faults.full:
+            self.counts["disk_full"] += 1
+            node.disk.faults.full = True
+            self.trace(node.address, "DISK FULL")
+            self._later(1, 300, self._disk_freed, node)
+
+    def _disk_freed(self, node: BookieNode) -> None:
+        node.disk.faults.full = False
+        self.trace(node.address, "disk space freed")
+
+    def _bit_flip(self) -> None:
+        if not self.plan.damageable:
+            return
+        node = self.cluster.node(self.rng.choice(self.plan.damageable))
+        files = node.disk.stored_files()
+        if not files:
+            return
+        path, size = self.rng.choice(files)
+        offset = self.rng.randrange(size)
+        bit = self.rng.randrange(8)
+        if node.disk.flip_bit(path, offset, bit):
+            self.counts["bit_flip"] += 1
+            self.flipped.add(node.address)
+            self.trace(node.address, "BIT FLIPPED in %s at byte %d", path, offset)
+
+    def _session_expiry(self) -> None:
+        candidates = [n for n in self.clients if n in self.cluster.stores]
+        stores = [self.cluster.stores[n] for n in candidates]
+        stores += [n.gc_store for n in self.cluster.nodes if n.gc_store is not None]
+        if stores:
+            self.counts["session_expiry"] += 1
+            store = self.rng.choice(stores)
+            store.expire()
+            self.trace("metadata", "session %d EXPIRED", store.session_id)
+
+    # ------------------------------------------------------------ healing
+
+    async def heal(self) -> None:
+        """End every fault; restart every bookie that is down, paused or refusing adds."""
+        self._healing = True
+        for handle in self._undo:
+            handle.cancel()
+        self._undo.clear()
+        cluster = self.cluster
+        cluster.network.heal()
+        cluster.network.faults.drop_probability = 0.0
+        for store in cluster.stores.values():
+            if store.faults is not None:
+                store.faults.partitioned = False
+                store.faults.fail_probability = 0.0
+                store.faults.unknown_probability = 0.0
+        for node in cluster.nodes:
+            if node.gc_store is not None and node.gc_store.faults is not None:
+                node.gc_store.faults.partitioned = False
+            faults = node.disk.faults
+            faults.power_loss_in = None
+            faults.failing_syncs = 0
+            faults.full = False
+        for task in list(self._tasks):
+            await asyncio.gather(task, return_exceptions=True)
+        for node in cluster.nodes:
+            if node.state == "paused":
+                node.resume()
+            bookie = node.bookie
+            if node.state == "down" or (bookie is not None and bookie.read_only):
+                await node.restart(last_try=True)
+        self.trace("nemesis", "healed: %s", dict(self.counts))
