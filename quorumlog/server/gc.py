@@ -1,27 +1,47 @@
 """Garbage collection: drop the ledgers that no longer exist in the metadata store.
 
-Order matters. The bookie's own ledger ids are snapshotted *before* the live
-ledgers are listed: a ledger created while the listing runs has its metadata
-written before any of its entries reach a bookie, so it is either in the
-listing or absent from the snapshot, and is never dropped by mistake. Only
-ledgers in the snapshot are candidates.
+Absence is not permission (R15). A round drops a ledger only when the metadata store
+says, for that very ledger, that it does not exist (BookKeeper's ``verifyMetadataOnGc``),
+and only while the store is still the one this bookie started on:
 
-A round whose listing fails does nothing: an unreachable store must never look
-like an empty one.
+1. the bookie's own ledger ids are snapshotted *before* anything is read: a ledger
+   created meanwhile has its metadata written before any of its entries reach a bookie,
+   so it is either in the listing or absent from the snapshot; only ledgers in the
+   snapshot are candidates;
+2. this bookie's cookie must be in the store: a store wiped or re-created empty has
+   none, and there every ledger would look deleted;
+3. the ledgers' node is listed; a missing node is a wiped store, not "no ledgers";
+4. each candidate missing from the listing is read on its own; only "no such node"
+   confirms it (a listing can be stale; an error or timeout is unknown, R13, and keeps
+   the ledger);
+5. the cookie is read again, after those reads: a store wiped while they ran is seen.
+
+A round that cannot prove a deletion drops nothing and says why (:class:`GcSkipped`).
+What the bookie then does in memory cannot fail on bad input: an exception there is a
+broken invariant, and the bookie's halt stops it (:mod:`quorumlog.bookie.invariants`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from quorumlog.errors import BKError
+from quorumlog.errors import BKError, NoNodeError, NoSuchLedgerError
+from quorumlog.meta.bookies import BookieRegistry
+from quorumlog.meta.ledgers import LEDGERS_PATH, LedgerManager
+from quorumlog.meta.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
-ListLiveLedgers = Callable[[], Awaitable[Iterable[int]]]
+# Candidates read at once: enough to finish a large round quickly, few enough not to
+# flood the store.
+_READS_IN_FLIGHT = 16
+
+
+class GcSkipped(BKError):
+    """A round that could not prove any deletion; the message says why."""
 
 
 class Collectable(Protocol):
@@ -29,29 +49,97 @@ class Collectable(Protocol):
 
     def garbage_collect(self, live_ledger_ids: Iterable[int], snapshot: set[int]) -> int: ...
 
+    def halt(self, where: str, exc: BaseException) -> None: ...
 
-async def collect_once(bookie: Collectable, list_live: ListLiveLedgers) -> int:
-    """One round; returns how many ledgers the bookie dropped."""
+
+class GcMetadata(Protocol):
+    """What a round reads from the metadata store."""
+
+    async def cookie_exists(self) -> bool: ...
+
+    async def list_ledgers(self) -> set[int]: ...
+
+    async def ledger_exists(self, ledger_id: int) -> bool: ...
+
+
+class StoreGcMetadata:
+    """:class:`GcMetadata` on the server's current store (it changes after a lost session)."""
+
+    def __init__(self, store: Callable[[], MetadataStore], address: str) -> None:
+        self._store = store
+        self.address = address
+
+    async def cookie_exists(self) -> bool:
+        return await BookieRegistry(self._store()).read_cookie(self.address) is not None
+
+    async def list_ledgers(self) -> set[int]:
+        try:
+            names = await self._store().children(LEDGERS_PATH)
+        except NoNodeError:
+            raise GcSkipped(
+                f"the metadata store has no {LEDGERS_PATH} node: a wiped or re-created "
+                f"store, not a store without ledgers"
+            ) from None
+        return {int(name) for name in names if name.isdigit()}
+
+    async def ledger_exists(self, ledger_id: int) -> bool:
+        try:
+            await LedgerManager(self._store()).read(ledger_id)
+        except NoSuchLedgerError:
+            return False
+        return True
+
+
+async def collect_once(bookie: Collectable, metadata: GcMetadata) -> int:
+    """One round; returns how many ledgers the bookie dropped. GcSkipped when the round
+    proves nothing; BKError or OSError when the store failed (nothing dropped either)."""
     snapshot = set(bookie.ledger_ids())
     if not snapshot:
         return 0
-    live = set(await list_live())
-    dropped = bookie.garbage_collect(live, snapshot)
+    await _check_cookie(metadata)
+    candidates = sorted(snapshot - await metadata.list_ledgers())
+    if not candidates:
+        return 0
+    gone: set[int] = set()
+    for start in range(0, len(candidates), _READS_IN_FLIGHT):
+        chunk = candidates[start : start + _READS_IN_FLIGHT]
+        exists = await asyncio.gather(*(metadata.ledger_exists(lid) for lid in chunk))
+        gone.update(lid for lid, found in zip(chunk, exists, strict=True) if not found)
+    if not gone:
+        return 0
+    await _check_cookie(metadata)
+    try:
+        dropped = bookie.garbage_collect((), gone)
+    except Exception as exc:
+        bookie.halt("garbage collection", exc)
+        return 0
     if dropped:
         log.info("garbage collection dropped %d deleted ledgers", dropped)
     return dropped
 
 
-async def gc_loop(bookie: Collectable, list_live: ListLiveLedgers, interval_ms: int) -> None:
+async def _check_cookie(metadata: GcMetadata) -> None:
+    if not await metadata.cookie_exists():
+        raise GcSkipped(
+            "the metadata store has no cookie for this bookie: a wiped or re-created "
+            "store, or the wrong one; no ledger's absence there proves it was deleted"
+        )
+
+
+async def gc_loop(bookie: Collectable, metadata: GcMetadata, interval_ms: int) -> None:
     """Run :func:`collect_once` every ``interval_ms`` until cancelled."""
     interval_s = max(interval_ms, 1) / 1000
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await collect_once(bookie, list_live)
+            await collect_once(bookie, metadata)
         except asyncio.CancelledError:
             raise
+        except GcSkipped as exc:
+            log.error("garbage collection skipped, nothing deleted: %s", exc)
         except (BKError, OSError) as exc:
             log.warning("garbage collection skipped this round: %s", exc)
         except Exception:
+            # The metadata driver failed in a way it does not name: unknown, so nothing
+            # was dropped; the next round tries again.
             log.exception("garbage collection failed this round")

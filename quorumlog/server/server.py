@@ -37,7 +37,6 @@ import contextlib
 import errno
 import logging
 import socket
-from collections.abc import Iterable
 
 from quorumlog.bookie.bookie import Bookie, BookieStartError
 from quorumlog.bookie.config import BookieConfig
@@ -47,7 +46,7 @@ from quorumlog.meta.store import MetadataStore, SessionState
 from quorumlog.server import cookies
 from quorumlog.server.config import ServerConfig
 from quorumlog.server.connection import BookieProtocol, RequestBudget
-from quorumlog.server.gc import collect_once, gc_loop
+from quorumlog.server.gc import StoreGcMetadata, collect_once, gc_loop
 from quorumlog.server.registration import Registration
 
 log = logging.getLogger(__name__)
@@ -138,7 +137,7 @@ class BookieServer:
         await self._register(self.store)
         self._watch_read_only(self.bookie)
         self._tasks.append(
-            loop.create_task(gc_loop(self.bookie, self._list_live, sc.gc_interval_ms))
+            loop.create_task(gc_loop(self.bookie, self._gc_metadata(), sc.gc_interval_ms))
         )
 
     async def _open_store(self) -> MetadataStore:
@@ -167,11 +166,12 @@ class BookieServer:
             self.bookie.read_only, timeout_s=self.server_config.registration_timeout_ms / 1000
         )
 
-    async def _list_live(self) -> Iterable[int]:
-        from quorumlog.meta.ledgers import LedgerManager
+    def _gc_metadata(self) -> StoreGcMetadata:
+        def store() -> MetadataStore:
+            assert self.store is not None
+            return self.store  # the current one: a lost session brings a new store
 
-        assert self.store is not None
-        return await LedgerManager(self.store).list_ledger_ids()
+        return StoreGcMetadata(store, self.address)
 
     # ------------------------------------------------------------ session loss
 
@@ -304,9 +304,11 @@ class BookieServer:
         return len(self._connections)
 
     async def collect_garbage(self) -> int:
-        """One garbage-collection round now (tests, operators); returns ledgers dropped."""
+        """One garbage-collection round now (tests, operators); returns ledgers dropped.
+
+        GcSkipped when the store cannot prove any deletion (R15)."""
         assert self.bookie is not None
-        return await collect_once(self.bookie, self._list_live)
+        return await collect_once(self.bookie, self._gc_metadata())
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
