@@ -81,6 +81,35 @@ async def poll_until_async(
         await asyncio.sleep(interval_s)
 
 
+def holds_for(
+    condition: Callable[[], object], *, duration_s: float, what: str, interval_s: float = 0.01
+) -> None:
+    """Check ``condition()`` throughout ``duration_s`` (a window the scenario lasts, such as
+    a fault held in place); AssertionError naming ``what`` the moment it is false. Stronger
+    than one check after a sleep: a state that flips and flips back is caught too."""
+    deadline = time.monotonic() + duration_s
+    while True:
+        if not condition():
+            raise AssertionError(f"{what}: no longer true")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval_s)
+
+
+async def holds_for_async(
+    condition: Callable[[], object], *, duration_s: float, what: str, interval_s: float = 0.01
+) -> None:
+    """:func:`holds_for` on the running loop (timed by the loop's clock)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + duration_s
+    while True:
+        if not condition():
+            raise AssertionError(f"{what}: no longer true")
+        if loop.time() >= deadline:
+            return
+        await asyncio.sleep(interval_s)
+
+
 def shell(
     metadata_uri: str | None, *args: str, timeout_s: float = 120
 ) -> subprocess.CompletedProcess[str]:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
-from support import run
+from support import holds_for_async, run
 
 from quorumlog.errors import (
     MetadataError,
@@ -46,7 +46,9 @@ from quorumlog.testing.zookeeper import (
 )
 
 SHORT_SESSION_MS = 1_000
-WATCH_DEADLINE_S = 1.0
+# A bound for a watch event to arrive at all, not a latency target: events come within
+# about 100 ms (docs/METADATA.md; bench/metadata_watch.py measures them).
+WATCH_DEADLINE_S = 10.0
 PROCESS_DEADLINE_S = 15.0
 
 _memory_trees: dict[str, MemoryTree] = {}
@@ -460,6 +462,8 @@ def test_ephemeral_expires_when_its_process_is_killed(metadata_uri):
                     return await store.exists("/live/killed") is None
 
                 elapsed_s = await wait_until(gone, 10.0)
+                # The killed process's 1 s session decided, not the 10 s default: the bound
+                # lies between the two.
                 assert elapsed_s < 5.0
                 await events.wait_for(EventType.DELETED, killed_at, 5.0)
 
@@ -517,7 +521,7 @@ def test_ephemeral_create_after_lost_raises_session_expired_in_process(metadata_
 # ---------------------------------------------------------------------- watches
 
 
-def test_data_watch_sees_create_change_delete_within_a_second(metadata_uri):
+def test_data_watch_sees_create_change_delete(metadata_uri):
     async def body():
         writer, watcher = await two_stores(metadata_uri)
         try:
@@ -533,7 +537,7 @@ def test_data_watch_sees_create_change_delete_within_a_second(metadata_uri):
                 started = time.monotonic()
                 await action()
                 latencies.append(await events.wait_for(kind, started, WATCH_DEADLINE_S))
-            assert max(latencies) <= WATCH_DEADLINE_S
+            print("watch event latencies (ms):", [round(s * 1000, 1) for s in latencies])
             assert events.kinds() == [EventType.CREATED, EventType.CHANGED, EventType.DELETED]
             assert all(event.path == "/w/node" for event, _ in events.events)
         finally:
@@ -599,7 +603,11 @@ def test_cancelled_watch_is_silent(metadata_uri):
             started = time.monotonic()
             await store.create("/quiet", b"")
             await kept.wait_for(EventType.CREATED, started, WATCH_DEADLINE_S)
-            await asyncio.sleep(0.2)
+            # A later change of the path reaches the kept watch: events of one path come
+            # in order, so the cancelled watch's chance to hear the creation has passed.
+            started = time.monotonic()
+            await store.set("/quiet", b"changed")
+            await kept.wait_for(EventType.CHANGED, started, WATCH_DEADLINE_S)
             assert events.events == []
 
     run(body())
@@ -671,8 +679,20 @@ def test_sqlite_session_suspended_while_the_database_is_locked_then_connected(tm
             blocker = sqlite3.connect(tmp_path / "metadata.db", isolation_level=None)
             try:
                 blocker.execute("BEGIN IMMEDIATE")
-                await asyncio.sleep(0.9)
+                locked_at = time.monotonic()
+
+                async def suspended() -> bool:
+                    return bool(states)
+
+                await wait_until(suspended, 10.0)
                 assert states == [SessionState.SUSPENDED]
+                # The lock stays past the session timeout (0.6 s): nobody can expire the
+                # session meanwhile, so it stays SUSPENDED, never LOST.
+                await holds_for_async(
+                    lambda: states == [SessionState.SUSPENDED],
+                    duration_s=max(0.0, 0.9 - (time.monotonic() - locked_at)),
+                    what="only SUSPENDED while the database is locked",
+                )
             finally:
                 blocker.execute("ROLLBACK")
                 blocker.close()
