@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from support import poll_until
 
 import quorumlog
 from quorumlog import (
@@ -121,9 +122,11 @@ def test_r4_reader_without_recovery_stops_at_the_lac_and_long_polls(bk):
         lh.add_entry(b"v%d" % i)
     reader = bk.open_ledger_no_recovery(lh.ledger_id)
     # The idle writer sent an explicit LAC, so the reader sees all ten, not nine.
-    deadline = time.monotonic() + 5
-    while reader.read_last_add_confirmed() < 9 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    poll_until(
+        lambda: reader.read_last_add_confirmed() >= 9,
+        timeout_s=30,
+        what="the reader learns LAC 9 from the idle writer's explicit LAC",
+    )
     assert reader.last_add_confirmed == 9
     assert [e.data for e in reader.read_entries(0, 9)] == [b"v%d" % i for i in range(10)]
     with pytest.raises(NoSuchEntryError, match="last add confirmed"):
@@ -134,9 +137,10 @@ def test_r4_reader_without_recovery_stops_at_the_lac_and_long_polls(bk):
     # Long poll answered as soon as the writer adds.
     threading.Timer(0.2, lh.add_entry, args=(b"v10",)).start()
     started = time.monotonic()
-    lac, entry = reader.read_last_add_confirmed_and_entry(10, timeout_ms=5000)
+    lac, entry = reader.read_last_add_confirmed_and_entry(10, timeout_ms=60_000)
     assert entry is not None and entry.data == b"v10" and lac >= 10
-    assert time.monotonic() - started < 2.0
+    # Answered on the add, not at the poll's 60 s timeout (a bound for a shared machine).
+    assert time.monotonic() - started < 30
     assert not bk.is_closed(lh.ledger_id)  # reading never fenced the writer
     lh.add_entry(b"v11")
     lh.close()
