@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient  # type: ignore[import-untyped]
 from kazoo.recipe.lock import Lock  # type: ignore[import-untyped]
+from support import holds_for, holds_for_async
 from test_election import SESSION_TIMEOUT_MS, ContenderProcess
 
 from quorumlog.recipes.election import LeaderElection
@@ -85,13 +86,19 @@ async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> N
     raise AssertionError(f"{what}: not within {timeout_s} s")
 
 
-def election(uri: str, group: str, name: str, events: list[str] | None = None) -> LeaderElection:
+def election(
+    uri: str,
+    group: str,
+    name: str,
+    events: list[str] | None = None,
+    session_timeout_ms: int = SESSION_TIMEOUT_MS,
+) -> LeaderElection:
     log = events if events is not None else []
     return LeaderElection(
         uri,
         group,
         identifier=name,
-        session_timeout_ms=SESSION_TIMEOUT_MS,
+        session_timeout_ms=session_timeout_ms,
         on_gain=lambda: log.append("gain"),
         on_loss=lambda: log.append("loss"),
     )
@@ -136,8 +143,9 @@ def test_election_on_zookeeper_is_kazoos_lock_and_shares_its_line(
             await until(lambda: acquired == [True], 5, "the outsider holds the lock")
             d = election(uri, "jobs", "d")
             await d.start()
-            await asyncio.sleep(0.3)
-            assert not d.is_leader  # kazoo's lock holder leads the line
+            await holds_for_async(  # kazoo's lock holder leads the line
+                lambda: not d.is_leader, duration_s=0.3, what="d waits behind the outsider"
+            )
             assert [ident for _, ident in await d.contenders()] == ["outsider", "d"]
             outsider.release()
             assert await d.wait_for_leadership(5)
@@ -266,8 +274,11 @@ def test_election_zk_connection_cut_suspends_the_leader_and_a_long_one_requeues_
         # A cut well within the session timeout: the session survives.
         proxy.cut()
         await until(lambda: not first.is_leader, 2, "the cut-off leader steps down")
-        await asyncio.sleep(SESSION_TIMEOUT_MS / 1000 / 4)
-        assert not second.is_leader  # first's node is still there: second waits
+        await holds_for_async(  # first's node is still there: second waits
+            lambda: not second.is_leader,
+            duration_s=SESSION_TIMEOUT_MS / 1000 / 4,
+            what="second waits during a short cut",
+        )
         proxy.restore()
         assert await first.wait_for_leadership(5)
         assert first.node == node and first.terms == 2
@@ -284,8 +295,11 @@ def test_election_zk_connection_cut_suspends_the_leader_and_a_long_one_requeues_
         line = await second.contenders()
         assert [ident for _, ident in line] == ["second", "first"]
         assert line[1][0] == first.node
-        await asyncio.sleep(0.5)
-        assert second.is_leader and not first.is_leader
+        await holds_for_async(
+            lambda: second.is_leader and not first.is_leader,
+            duration_s=0.5,
+            what="second leads, first waits behind it",
+        )
         assert events_1 == ["gain", "loss", "gain", "loss"]
         await second.close()
         assert await first.wait_for_leadership(5)
@@ -306,8 +320,13 @@ def test_election_zk_close_while_cut_off_is_prompt_and_ends_every_thread(
     uri = f"zk://127.0.0.1:{proxy.port}{zk_root}"
     threads_before = set(threading.enumerate())
 
+    # Sessions of 10 s put the elections' operation timeout at 20 s, so a prompt close is
+    # told from a timed-out one with a bound generous for a shared machine.
+    session_timeout_ms = 10_000
+
     async def main() -> list[float]:
-        leader, waiting = election(uri, "cut", "leader"), election(uri, "cut", "waiting")
+        leader = election(uri, "cut", "leader", session_timeout_ms=session_timeout_ms)
+        waiting = election(uri, "cut", "waiting", session_timeout_ms=session_timeout_ms)
         await leader.start()
         await waiting.start()
         assert leader.is_leader and not waiting.is_leader
@@ -325,7 +344,8 @@ def test_election_zk_close_while_cut_off_is_prompt_and_ends_every_thread(
     finally:
         proxy.stop()
     print(f"close while cut off: waiting {close_s[0]:.2f} s, leader {close_s[1]:.2f} s")
-    assert max(close_s) < 3.0  # kazoo's next reconnection attempt, at most, not a timeout
+    # kazoo's next reconnection attempt (at most 1 s) at most, not a 20 s timeout
+    assert max(close_s) < 10.0
     left = [t for t in set(threading.enumerate()) - threads_before if t.is_alive()]
     assert left == [], f"threads still running after close: {left}"
 
@@ -363,8 +383,11 @@ def test_election_zk_sigstopped_leader_is_replaced_and_requeues_in_kazoos_line(
             a.wait_for(lambda: a.state() == "follower", 5, "a reports the loss")
             eventually(lambda: kazoo_line.contenders() == ["b", "a"], 10, "a queues again")
             assert node_of(client, "/election/frozen", "a") not in (None, a_node)
-            time.sleep(1.0)
-            assert a.state() == "follower" and b.state() == "leader"
+            holds_for(
+                lambda: a.state() == "follower" and b.state() == "leader",
+                duration_s=1.0,
+                what="one leader, b, after a resumed",
+            )
             assert [w for w, _ in a.lines() if w in ("leader", "follower")] == [
                 "leader",
                 "follower",
