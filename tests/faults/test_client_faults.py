@@ -68,9 +68,10 @@ def test_r5_bookie_killed_under_load_ensemble_changes_and_nothing_is_lost(cluste
         victim = next(b for b in cluster4.bookies if b.address == ensemble[1])
         futures = []
         killed = threading.Event()
+        under_load = threading.Event()  # adds are in flight
 
         def kill_soon():
-            time.sleep(0.3)
+            under_load.wait(60)
             cluster4.kill(victim.index)
             killed.set()
 
@@ -81,6 +82,8 @@ def test_r5_bookie_killed_under_load_ensemble_changes_and_nothing_is_lost(cluste
         while (not killed.is_set() or count < 20_000) and time.monotonic() < deadline:
             futures.append(lh.add_entry_async(payload(count)))
             count += 1
+            if count == 1_000:
+                under_load.set()
             if count % 500 == 0:
                 futures[-1].result(timeout=30)
         killer.join()
@@ -206,11 +209,15 @@ def test_r7_a_hung_bookie_does_not_stall_fencing(cluster3):
         hung = next(b for b in cluster3.bookies if b.address == lh.ensemble[2])
         cluster3.pause(hung.index)
         try:
-            with BookKeeper(cluster3.metadata_uri) as other:
+            # Requests to the hung bookie would time out only after 120 s: recovery that
+            # waited for it is told from one that did not with a bound generous for a
+            # shared machine.
+            patient = ClientConfig(fence_timeout_ms=120_000, read_timeout_ms=120_000)
+            with BookKeeper(cluster3.metadata_uri, config=patient) as other:
                 started = time.monotonic()
                 rh = other.open_ledger(lh.ledger_id)
                 assert rh.metadata.last_entry_id == 19
-                assert time.monotonic() - started < 20
+                assert time.monotonic() - started < 60, "recovery waited for the hung bookie"
             with pytest.raises(LedgerFencedError):
                 lh.add_entry(b"zombie")
         finally:
@@ -218,7 +225,9 @@ def test_r7_a_hung_bookie_does_not_stall_fencing(cluster3):
 
 
 def test_speculative_read_goes_around_a_hung_replica(cluster3):
-    config = ClientConfig(speculative_read_timeout_ms=100, read_timeout_ms=30_000)
+    # The read timeout (120 s) is far from the bound below: a read that went around the
+    # hung replica is told from one that waited for it, on a shared machine too.
+    config = ClientConfig(speculative_read_timeout_ms=100, read_timeout_ms=120_000)
     with BookKeeper(cluster3.metadata_uri, config=config) as bk:
         lh = bk.create_ledger(3, 3, 3)
         for i in range(30):
@@ -231,7 +240,7 @@ def test_speculative_read_goes_around_a_hung_replica(cluster3):
                 started = time.monotonic()
                 entries = rh.read_entries(first, first + 2)
                 assert [e.data for e in entries] == [payload(i) for i in range(first, first + 3)]
-                assert time.monotonic() - started < 5, "waited for the hung replica"
+                assert time.monotonic() - started < 30, "waited for the hung replica"
         finally:
             cluster3.resume(0)
 
