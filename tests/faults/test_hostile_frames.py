@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import run
+from support import poll_until_async, run
 
 from quorumlog.errors import Status
 from quorumlog.proto.codec import (
@@ -114,10 +114,16 @@ async def _with_good_client(
     address = cluster.addresses[0]
     good = GoodClient(address, ledger_id)
     task = asyncio.create_task(good.run())
-    await asyncio.sleep(0.1)
+    await poll_until_async(
+        lambda: good.rounds > 0 or task.done(), timeout_s=30, what="the good client's first round"
+    )
     before = good.rounds
     await attack(address)
-    await asyncio.sleep(0.1)
+    await poll_until_async(
+        lambda: good.rounds > before or task.done(),
+        timeout_s=30,
+        what="the good client made no progress during the attack",
+    )
     good.stop()
     await task
     assert good.failures == []
@@ -279,7 +285,9 @@ def test_r12_peer_that_never_reads_its_answers_is_throttled(bookie: LocalCluster
                     await asyncio.sleep(0.01)
             # Unthrottled, the bookie would now hold sent/len(request) answers of ~30 KB.
             assert sent < 200 * len(burst), "the bookie read everything: no back-pressure"
-            await asyncio.sleep(0.5)
+            # A request answered on another connection: the bookie has turned its loop
+            # past everything it read from this one.
+            await _assert_unchanged(address)
             growth_kib = _rss_kib(pid) - rss_before_kib
             assert growth_kib < 64 * 1024, f"bookie RSS grew by {growth_kib} KiB"
         finally:
