@@ -11,7 +11,7 @@ read (fenced, so it is final). The checker then asks:
 - the frozen leader prints nothing as leader after it was fenced: whatever it
   printed after SIGCONT is in the log (its last draw, refused by the fence, is not).
 
-Runs on both metadata drivers, each in well under 90 s.
+Runs on both metadata drivers; the summary line gives the time each took.
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ def leads_with(proc: DiceProcess, count: int, after: Position | None = None) -> 
 
 def freeze_leader(leader: DiceProcess, procs: list[DiceProcess], events: list[str]) -> None:
     """SIGSTOP ``leader`` until another instance leads in a later ledger and twice the
-    session timeout passed, then SIGCONT it and give it two seconds to notice."""
+    session timeout passed, then SIGCONT it and wait until it prints again (it noticed
+    and follows, or leads in a later term)."""
     ledger = leader.leading()[-1].position.ledger_id
     leader.signal(signal.SIGSTOP)
     paused_at = time.monotonic()
@@ -151,9 +152,15 @@ def freeze_leader(leader: DiceProcess, procs: list[DiceProcess], events: list[st
         procs,
     )
     time.sleep(max(0.0, 2 * SESSION_TIMEOUT_MS / 1000 - (time.monotonic() - paused_at)))
+    printed = len(leader.rolls())
     leader.signal(signal.SIGCONT)
     events.append(f"resumed {leader.name} after {time.monotonic() - paused_at:.1f} s")
-    time.sleep(2.0)
+    wait_until(
+        f"{leader.name} prints again after it resumed",
+        lambda: len(leader.rolls()) > printed,
+        30,
+        procs,
+    )
 
 
 async def final_log(uri: str) -> tuple[list[tuple[Position, int]], list[int]]:
@@ -286,4 +293,3 @@ def test_dice_chaos_every_instance_shows_a_prefix_of_one_log(
     )
     late_rolls = late.rolls()
     assert len(late_rolls) >= history_len and late_rolls[0].position == final[0][0]
-    assert elapsed_s < 90
