@@ -350,25 +350,28 @@ def test_long_poll_answers_when_lac_moves(driver):
     async def scenario():
         bookie = await driver.start()
         await driver.call(add(22, [blob(22, 0), blob(22, 1)]))  # LAC 0
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+
+        def parked() -> bool:
+            return bookie.stats()["parked_polls"] == 1
+
+        # The polls ask for 60 s; answers come within 30 s, so they were woken, not timed
+        # out (a timed-out poll also carries no entries).
         poll = driver.send(
-            ReadRequest(0, 22, 1, 1, ReadFlag.LONG_POLL, previous_lac=0, timeout_ms=10_000)
+            ReadRequest(0, 22, 1, 1, ReadFlag.LONG_POLL, previous_lac=0, timeout_ms=60_000)
         )
-        await asyncio.sleep(0.05)
-        assert not poll.done() and bookie.stats()["parked_polls"] == 1
+        await support.poll_until_async(parked, timeout_s=30, what="the poll parks")
+        assert not poll.done()
         await driver.call(add(22, [blob(22, 2)]))  # carries LAC 1
-        answer = await asyncio.wait_for(poll, 2)
+        answer = await asyncio.wait_for(poll, 30)
         assert (answer.status, answer.lac, answer.entries) == (Status.OK, 1, [blob(22, 1)])
-        assert loop.time() - started < 5
         # An explicit LAC wakes polls too, also on a ledger that has no entry yet.
         other = driver.send(
-            ReadRequest(0, 23, 0, 1, ReadFlag.LONG_POLL, previous_lac=-1, timeout_ms=10_000)
+            ReadRequest(0, 23, 0, 1, ReadFlag.LONG_POLL, previous_lac=-1, timeout_ms=60_000)
         )
-        await asyncio.sleep(0.02)
+        await support.poll_until_async(parked, timeout_s=30, what="the second poll parks")
         assert not other.done()
         await driver.call(WriteLacRequest(0, 23, KEY, 0))
-        woken = await asyncio.wait_for(other, 2)
+        woken = await asyncio.wait_for(other, 30)
         assert (woken.status, woken.lac, woken.entries) == (Status.OK, 0, [])
         assert bookie.stats()["parked_polls"] == 0
         await driver.close()
@@ -384,13 +387,15 @@ def test_long_poll_times_out_with_ok_and_no_entries(make_driver):
         await driver.call(add(24, [blob(24, 0)]))
         loop = asyncio.get_running_loop()
         started = loop.time()
-        # Asks for 10 s; the bookie caps it at 100 ms.
+        # Asks for 10 minutes; the bookie caps it at 100 ms. The upper bound tells the two
+        # apart with room for a shared machine.
         answer = await driver.call(
-            ReadRequest(0, 24, 1, 1, ReadFlag.LONG_POLL, previous_lac=-1, timeout_ms=10_000)
+            ReadRequest(0, 24, 1, 1, ReadFlag.LONG_POLL, previous_lac=-1, timeout_ms=600_000),
+            timeout_s=120,
         )
         waited = loop.time() - started
         assert (answer.status, answer.lac, answer.entries) == (Status.OK, -1, [])
-        assert 0.08 <= waited < 2
+        assert 0.08 <= waited < 60
         assert bookie.stats()["parked_polls"] == 0
         await driver.close()
 
@@ -522,22 +527,30 @@ def test_read_only_follows_disk_usage_with_hysteresis(make_driver):
 
         bookie = await driver.start()
         usage = {"fraction": 0.5}
-        bookie._disk_checker._usage_fn = lambda p: DiskUsage(p, usage["fraction"], 1, 2)
+        measured: list[float] = []  # what disk checks measured; each decides at once
+
+        def usage_fn(path):
+            measured.append(usage["fraction"])
+            return DiskUsage(path, usage["fraction"], 1, 2)
+
+        bookie._disk_checker._usage_fn = usage_fn
         changes = []
         bookie.add_read_only_listener(changes.append)
 
-        async def settle():
-            await asyncio.sleep(0.1)
+        async def settle(fraction):
+            """The disk is ``fraction`` used; return once a disk check has measured it."""
+            usage["fraction"] = fraction
+            measured.clear()
+            await support.poll_until_async(
+                lambda: fraction in measured, timeout_s=30, what=f"a disk check of {fraction}"
+            )
 
-        usage["fraction"] = 0.95
-        await settle()
+        await settle(0.95)
         assert bookie.read_only and changes == [True]
         assert (await driver.call(add(41, [blob(41, 0)]))).status == Status.READ_ONLY
-        usage["fraction"] = 0.85  # below the high mark, above the low one: still read-only
-        await settle()
+        await settle(0.85)  # below the high mark, above the low one: still read-only
         assert bookie.read_only
-        usage["fraction"] = 0.7
-        await settle()
+        await settle(0.7)
         assert not bookie.read_only and changes == [True, False]
         assert (await driver.call(add(41, [blob(41, 0)]))).status == Status.OK
         await driver.close()
