@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import poll_until
 
 import quorumlog
 from quorumlog.server.local_cluster import LocalCluster
@@ -141,7 +142,9 @@ def test_streaming_query_stopped_and_restarted_while_a_writer_appends(
     feeder.start()
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     try:
-        for seconds in (8, 6):  # run, stop mid-stream, restart from the checkpoint
+        # Run, stop mid-stream, restart from the checkpoint: each run stops once it has read
+        # past a rollover (records 601 and 1,201 start new ledgers).
+        for rows in (800, 600):
             query = (
                 run_stream_to_parquet(
                     spark, uri, "tailed", out, checkpoint, maxRecordsPerTrigger="300"
@@ -149,7 +152,14 @@ def test_streaming_query_stopped_and_restarted_while_a_writer_appends(
                 .trigger(processingTime="300 milliseconds")
                 .start()
             )
-            time.sleep(seconds)
+            poll_until(
+                lambda q=query, rows=rows: (
+                    not q.isActive or sum(p["numInputRows"] for p in q.recentProgress) >= rows
+                ),
+                timeout_s=120,
+                what=f"the streaming query reads {rows} records",
+                interval_s=0.1,
+            )
             query.stop()
             assert query.exception() is None
     finally:
