@@ -2,10 +2,11 @@
 
 - ``zookeeper_server``: one real ZooKeeper (Debian package ``zookeeper``) per test
   session, started the first time a test asks for it, stopped by pid at the end.
-- ``metadata_uri``: a fresh metadata store URI per test, once for each driver:
+- ``metadata_uri``: a fresh, empty metadata store per test, once for each driver:
   ``sqlite`` (a file under ``tmp_path``) and ``zk`` (a chroot of its own on the
   shared ZooKeeper; those cases carry the ``zookeeper`` marker, so
-  ``-m "not zookeeper"`` leaves them out).
+  ``-m "not zookeeper"`` leaves them out). It exists, as if a bookie had made it:
+  clients refuse a store that does not.
 - ``cluster3``, ``cluster4``: three or four real bookie processes (journal sync on) on
   the test's ``metadata_uri``, stopped by pid after the test.
 
@@ -15,6 +16,7 @@ this file: ``from support import run``.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from quorumlog.meta.factory import open_store
 from quorumlog.server.local_cluster import LocalCluster, running_cluster
 from quorumlog.testing.zookeeper import (
     ZooKeeperServer,
@@ -48,9 +51,18 @@ def zookeeper_server() -> Iterator[ZooKeeperServer]:
 def metadata_uri(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> str:
     """A metadata URI nobody else uses: ``sqlite:///<tmp>/metadata.db`` or ``zk://.../<chroot>``."""
     if request.param == "sqlite":
-        return f"sqlite://{os.path.join(os.fspath(tmp_path), 'metadata.db')}"
-    server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
-    return server.uri(f"/test-{os.getpid()}-{next(_chroot_numbers)}")
+        uri = f"sqlite://{os.path.join(os.fspath(tmp_path), 'metadata.db')}"
+    else:
+        server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+        uri = server.uri(f"/test-{os.getpid()}-{next(_chroot_numbers)}")
+    asyncio.run(_make_store(uri))
+    return uri
+
+
+async def _make_store(uri: str) -> None:
+    """Create the store at ``uri``, as a cluster's first bookie would."""
+    store = await open_store(uri, create=True)
+    await store.close()
 
 
 @pytest.fixture

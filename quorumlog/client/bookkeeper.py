@@ -79,12 +79,22 @@ class BookKeeper:
 
     @classmethod
     async def connect(
-        cls, metadata: str | None = None, *, config: ClientConfig | None = None
+        cls,
+        metadata: str | None = None,
+        *,
+        config: ClientConfig | None = None,
+        create: bool = False,
     ) -> Self:
-        """Open the metadata store (explicit URI, else $QUORUMLOG_METADATA, else ./.quorumlog)."""
+        """Open the metadata store (explicit URI, else $QUORUMLOG_METADATA, else ./.quorumlog).
+
+        A store that does not exist is a MetadataError naming it, unless ``create``:
+        bookies make stores, a client with a mistyped URI must not.
+        """
         config = config or ClientConfig()
         store = await open_store(
-            resolve_metadata_uri(metadata), session_timeout_ms=config.metadata_session_timeout_ms
+            resolve_metadata_uri(metadata),
+            session_timeout_ms=config.metadata_session_timeout_ms,
+            create=create,
         )
         return cls(store, config)
 

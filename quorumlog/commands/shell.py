@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -94,6 +95,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def run(args: argparse.Namespace) -> int:
     from quorumlog.client.sync import new_event_loop
+
+    # kazoo warns on every failed connection attempt, dozens of lines while ZooKeeper is
+    # down; the store's own error says it in the one line this command prints.
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
 
     handlers: dict[str, Callable[..., Awaitable[int]]] = {
         "listbookies": _listbookies,

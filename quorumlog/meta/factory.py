@@ -37,13 +37,21 @@ def resolve_metadata_uri(uri: str | None) -> str:
     return chosen
 
 
-async def open_store(uri: str | None = None, *, session_timeout_ms: int = 10_000) -> MetadataStore:
-    """Open the store named by ``uri`` (see :func:`resolve_metadata_uri`) on the running loop."""
+async def open_store(
+    uri: str | None = None, *, session_timeout_ms: int = 10_000, create: bool = True
+) -> MetadataStore:
+    """Open the store named by ``uri`` (see :func:`resolve_metadata_uri`) on the running loop.
+
+    ``create``: make the store if it does not exist (the SQLite file and its directory,
+    ZooKeeper's root node). Bookies do. Clients pass False (``BookKeeper.connect``, the
+    leader election) and get a MetadataError naming the missing store instead: a
+    mistyped URI must not give a new, empty cluster that answers "no bookies".
+    """
     chosen = resolve_metadata_uri(uri)
     if chosen.startswith("sqlite://"):
         from quorumlog.meta.sqlite_store import SqliteStore
 
-        return await SqliteStore.open(chosen, session_timeout_ms=session_timeout_ms)
+        return await SqliteStore.open(chosen, session_timeout_ms=session_timeout_ms, create=create)
     from quorumlog.meta.zk_store import ZkStore
 
-    return await ZkStore.open(chosen, session_timeout_ms=session_timeout_ms)
+    return await ZkStore.open(chosen, session_timeout_ms=session_timeout_ms, create=create)

@@ -38,6 +38,7 @@ import socket
 import sqlite3
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -152,11 +153,27 @@ def db_path_from_uri(uri: str) -> str:
     return path
 
 
-def _connect(db_path: str, *, busy_timeout_ms: int, synchronous: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(db_path, isolation_level=None, timeout=busy_timeout_ms / 1000)
+def _connect(
+    db_path: str, *, busy_timeout_ms: int, synchronous: str, create: bool = True
+) -> sqlite3.Connection:
+    if create:
+        conn = sqlite3.connect(db_path, isolation_level=None, timeout=busy_timeout_ms / 1000)
+    else:
+        # mode=rw: SQLite opens an existing file only, atomically, instead of making one.
+        conn = sqlite3.connect(
+            f"file:{urllib.request.pathname2url(db_path)}?mode=rw",
+            uri=True,
+            isolation_level=None,
+            timeout=busy_timeout_ms / 1000,
+        )
     conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     return conn
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused for now because another connection holds a lock."""
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 class _Txn:
@@ -222,10 +239,13 @@ class SqliteStore(MetadataStore):
         await store.close()
     """
 
-    def __init__(self, uri: str, db_path: str, session_timeout_ms: int) -> None:
+    def __init__(
+        self, uri: str, db_path: str, session_timeout_ms: int, create: bool = True
+    ) -> None:
         self.uri = uri
         self.db_path = db_path
         self.session_timeout_ms = session_timeout_ms
+        self._may_create = create
         self.session_id = 0
         self._loop = asyncio.get_running_loop()
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -250,13 +270,17 @@ class SqliteStore(MetadataStore):
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    async def open(cls, uri: str, *, session_timeout_ms: int = 10_000) -> SqliteStore:
-        """Open (creating file and directory if needed) and start a session."""
+    async def open(
+        cls, uri: str, *, session_timeout_ms: int = 10_000, create: bool = True
+    ) -> SqliteStore:
+        """Open and start a session. With ``create``, a missing file (and directory) is
+        made; without, a missing file or one that is no store is a MetadataError (a
+        client given a mistyped path must not start an empty cluster of its own)."""
         if session_timeout_ms < MIN_SESSION_TIMEOUT_MS:
             raise InvalidArgumentError(
                 f"session_timeout_ms={session_timeout_ms}: must be >= {MIN_SESSION_TIMEOUT_MS}"
             )
-        store = cls(uri, db_path_from_uri(uri), session_timeout_ms)
+        store = cls(uri, db_path_from_uri(uri), session_timeout_ms, create)
         try:
             await store._in_thread(store._start_session_retrying)
         except BaseException:
@@ -287,13 +311,47 @@ class SqliteStore(MetadataStore):
                 time.sleep(delay_s)
                 delay_s = min(delay_s * 2, 0.2)
 
-    def _start_session(self) -> None:
-        directory = os.path.dirname(self.db_path)
+    def _connect_existing(self) -> sqlite3.Connection:
+        """A connection to a store some bookie created; MetadataError if there is none."""
+        missing = MetadataError(
+            f"no metadata store at {self.db_path}: the file does not exist (only "
+            "`quorumlog bookie` and `quorumlog localbookie` create one; check the URI)"
+        )
         try:
-            os.makedirs(directory, exist_ok=True)
-            conn = _connect(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, synchronous="FULL")
-        except OSError as exc:
-            raise MetadataError(f"cannot create metadata store {self.db_path}: {exc}") from exc
+            conn = _connect(
+                self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, synchronous="FULL", create=False
+            )
+        except sqlite3.OperationalError as exc:
+            if not os.path.exists(self.db_path):
+                raise missing from None
+            if _busy(exc):
+                raise  # a bookie is creating it: _start_session_retrying tries again
+            raise MetadataError(f"cannot open metadata store {self.db_path}: {exc}") from exc
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.OperationalError) and _busy(exc):
+                raise
+            raise MetadataError(f"cannot open metadata store {self.db_path}: {exc}") from exc
+        if version == 0:  # checked before any change: another program's file stays as it is
+            conn.close()
+            raise MetadataError(
+                f"no metadata store at {self.db_path}: the file is not a quorumlog store "
+                "(empty, or another program's database; check the URI)"
+            )
+        return conn
+
+    def _start_session(self) -> None:
+        if self._may_create:
+            directory = os.path.dirname(self.db_path)
+            try:
+                os.makedirs(directory, exist_ok=True)
+                conn = _connect(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, synchronous="FULL")
+            except OSError as exc:
+                raise MetadataError(f"cannot create metadata store {self.db_path}: {exc}") from exc
+        else:
+            conn = self._connect_existing()
         self._conn = conn
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":

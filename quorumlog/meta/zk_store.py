@@ -127,23 +127,28 @@ class ZkStore(MetadataStore):
         *,
         session_timeout_ms: int = 10_000,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+        create: bool = True,
     ) -> ZkStore:
-        """Connect, create the root if missing, and start a session."""
+        """Connect, create the root if missing (else, without ``create``, MetadataError),
+        and start a session."""
         hosts, root = parse_zk_uri(uri)
         store = cls(uri, hosts, root, session_timeout_ms)
         try:
-            await asyncio.to_thread(store._connect, connect_timeout_ms)
+            await asyncio.to_thread(store._connect, connect_timeout_ms, create)
         except BaseException:
             await asyncio.to_thread(store._shutdown_client)
             raise
         store._client.add_listener(store._on_kazoo_state)
         return store
 
-    def _connect(self, connect_timeout_ms: int) -> None:
+    def _connect(self, connect_timeout_ms: int, create: bool = True) -> None:
+        root_missing = False
         try:
             self._client.start(timeout=connect_timeout_ms / 1000)
-            if self.root:
+            if self.root and create:
                 self._client.ensure_path(self.root)
+            elif self.root:
+                root_missing = self._client.exists(self.root) is None
         except (kz.KazooException, OSError) as exc:
             raise MetadataError(
                 f"cannot reach ZooKeeper at {self.hosts} within {connect_timeout_ms} ms: "
@@ -154,6 +159,11 @@ class ZkStore(MetadataStore):
                 f"cannot reach ZooKeeper at {self.hosts} within {connect_timeout_ms} ms: "
                 f"{type(exc).__name__} {exc}"
             ) from exc
+        if root_missing:
+            raise MetadataError(
+                f"no metadata store at {self.uri}: ZooKeeper has no node {self.root} (only "
+                "`quorumlog bookie` creates it; check the URI)"
+            )
         # From here on every path is relative to the root (kazoo's chroot).
         self._client.chroot = self.root
 

@@ -120,7 +120,9 @@ class LeaderElection:
             )
 
         async def open_own() -> MetadataStore:
-            return await open_store(uri, session_timeout_ms=self.session_timeout_ms)
+            # A contender is a client: it never makes a store of its own (a mistyped
+            # path would elect it alone in an empty one).
+            return await open_store(uri, session_timeout_ms=self.session_timeout_ms, create=False)
 
         return self._store_contender(open_own)
 

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 from support import shell
 
+import quorumlog.errors
 from quorumlog import BookKeeper
+from quorumlog.server.local_cluster import LocalCluster
+from quorumlog.testing.zookeeper import ZooKeeperServer
 
 
-def assert_one_line_error(result):
+def assert_one_line_error(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 @pytest.mark.parametrize("metadata_uri", ["sqlite"], indirect=True)
-def test_shell_commands_on_a_real_cluster(cluster3):
+def test_shell_commands_on_a_real_cluster(cluster3: LocalCluster) -> None:
     uri = cluster3.metadata_uri
     listed = shell(uri, "listbookies")
     assert listed.returncode == 0, listed.stderr
@@ -62,8 +69,37 @@ def test_shell_commands_on_a_real_cluster(cluster3):
     assert_one_line_error(shell(uri, "simpletest", "--ensemble", "5"))  # not enough bookies
 
 
-def test_shell_bad_arguments_and_stores_are_one_line_errors(tmp_path):
+def test_shell_bad_arguments_and_stores_are_one_line_errors(tmp_path: Path) -> None:
     assert_one_line_error(shell("mysql://nowhere", "listledgers"))
     assert_one_line_error(shell(f"sqlite://{tmp_path}/db", "ledgermetadata", "notanumber"))
     assert_one_line_error(shell("sqlite:///proc/no-such-dir/metadata.db", "listledgers"))
     assert_one_line_error(shell(f"sqlite://{tmp_path}/db", "nosuchcommand"))
+
+
+def test_u1_a_client_refuses_a_missing_store_and_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "typo" / "metadata.db"
+    result = shell(f"sqlite://{missing}", "listbookies")
+    assert_one_line_error(result)
+    assert str(missing) in result.stderr and "no metadata store" in result.stderr
+    assert not missing.parent.exists()  # neither the file nor its directory was made
+    with pytest.raises(quorumlog.errors.MetadataError, match="no metadata store"):
+        BookKeeper(f"sqlite://{missing}")
+    assert not missing.parent.exists()
+
+
+@pytest.mark.zookeeper
+def test_u1_a_client_refuses_a_missing_zookeeper_root(zookeeper_server: ZooKeeperServer) -> None:
+    result = shell(zookeeper_server.uri(f"/u1-typo-{time.monotonic_ns()}"), "listbookies")
+    assert_one_line_error(result)
+    assert "no metadata store" in result.stderr
+
+
+def test_u1_shell_with_zookeeper_down_prints_one_line_within_a_bounded_time() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    result = shell(f"zk://127.0.0.1:{port}/ql", "listbookies", timeout_s=60)
+    assert_one_line_error(result)
+    assert f"127.0.0.1:{port}" in result.stderr
+    assert time.monotonic() - started < 30
