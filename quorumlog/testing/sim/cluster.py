@@ -31,10 +31,9 @@ from quorumlog.client.connection import request_future
 from quorumlog.errors import BKError, BookieUnavailableError, TimeoutError_
 from quorumlog.log.bookkeeper import BookKeeper as LogBookKeeper
 from quorumlog.meta.bookies import BookieRegistry
-from quorumlog.meta.ledgers import LedgerManager
 from quorumlog.meta.store import MetadataStore
 from quorumlog.proto.codec import FrameDecoder, Message, Request, Response, encode_parts
-from quorumlog.server.gc import collect_once
+from quorumlog.server.gc import StoreGcMetadata, collect_once
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree, MetadataFaults
 from quorumlog.testing.sim.disk import PowerLoss, SimDisk
 from quorumlog.testing.sim.loop import SimExecutor
@@ -275,16 +274,22 @@ class BookieNode:
     # ------------------------------------------------------------ garbage collection
 
     async def _gc_loop(self, incarnation: int) -> None:
-        """The server's garbage collection, on this machine's metadata session."""
+        """The server's garbage collection, on this machine's metadata session; like the
+        server's, it needs this bookie's cookie in the store (R15), written here as the
+        server's start-up writes it."""
         assert self.gc_store is not None
-        manager = LedgerManager(self.gc_store)
+        store = self.gc_store
+        registry = BookieRegistry(store)
+        metadata = StoreGcMetadata(lambda: store, self.address)
         while self.incarnation == incarnation:
             await asyncio.sleep(self.rng.uniform(0.02, 0.2))
             bookie = self.bookie
             if bookie is None or self.incarnation != incarnation or self.state != "up":
                 continue
             try:
-                dropped = await collect_once(bookie, manager.list_ledger_ids)
+                if await registry.read_cookie(self.address) is None:
+                    await registry.write_cookie(self.address, b"simulated bookie", -1)
+                dropped = await collect_once(bookie, metadata)
             except (BKError, OSError):
                 continue
             except PowerLoss:
