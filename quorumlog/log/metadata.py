@@ -6,6 +6,7 @@ Layout (see docs/LOGS.md)::
                            "truncated_before": [15, 0] or null, "created_ms": ...,
                            "removed_end": [12, 8],                           (optional)
                            "fences": 2,                                      (optional)
+                           "closed_through": 15,                             (optional)
                            "sink_batches": {"<sink id>": <last batch id>}}   (optional)
 
 The node's version is what writers compare-and-set on (R11): appending a ledger
@@ -65,6 +66,10 @@ class LogMetadata:
     # How many times Log.fence() sealed the list. A fence changes nothing else, so a
     # writer whose compare-and-set lost to one would otherwise retry and go on writing.
     fences: int = 0
+    # Every listed ledger with an id up to this one is closed (-1: none known). Written by
+    # writers, which know it when they compare-and-set the list, so that fencing the log
+    # reads the metadata of the ledgers after it only, not of the whole history.
+    closed_through: int = -1
 
     def is_truncated(self, position: Position) -> bool:
         """Whether records at or after ``position`` were removed by a truncation."""
@@ -88,6 +93,8 @@ class LogMetadata:
             raw["removed_end"] = list(self.removed_end)
         if self.fences:
             raw["fences"] = self.fences
+        if self.closed_through >= 0:
+            raw["closed_through"] = self.closed_through
         return json.dumps(
             raw,
             sort_keys=True,
@@ -108,6 +115,7 @@ class LogMetadata:
             end = raw.get("removed_end")
             removed_end = None if end is None else Position(int(end[0]), int(end[1]))
             fences = int(raw.get("fences", 0))
+            closed_through = int(raw.get("closed_through", -1))
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise MetadataError(
                 f"log {name}: metadata at {log_path(name)} is damaged: {exc}"
@@ -119,7 +127,7 @@ class LogMetadata:
                 f"log {name}: removed_end {removed_end} is not below the truncation point "
                 f"{truncated}"
             )
-        return cls(name, ledgers, truncated, created_ms, sinks, removed_end, fences)
+        return cls(name, ledgers, truncated, created_ms, sinks, removed_end, fences, closed_through)
 
     def with_ledger(self, ledger_id: int) -> LogMetadata:
         return self.with_ledgers((ledger_id,))
@@ -134,6 +142,16 @@ class LogMetadata:
                 )
             previous = ledger_id
         return replace(self, ledgers=(*self.ledgers, *ledger_ids))
+
+    def with_closed_through(self, ledger_id: int) -> LogMetadata:
+        """The metadata noting that every listed ledger up to ``ledger_id`` is closed."""
+        if ledger_id <= self.closed_through:
+            return self
+        return replace(self, closed_through=ledger_id)
+
+    def with_all_closed(self) -> LogMetadata:
+        """The metadata noting that every ledger listed now is closed (after fencing)."""
+        return self.with_closed_through(self.ledgers[-1]) if self.ledgers else self
 
     def fenced(self) -> LogMetadata:
         """The metadata of a list sealed once more by Log.fence()."""

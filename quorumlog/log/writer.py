@@ -61,7 +61,13 @@ log = logging.getLogger(__name__)
 
 
 async def append_ledger_to_list(
-    log_obj: Log, metadata: LogMetadata, version: int, ledger_id: int, *, opening: bool = False
+    log_obj: Log,
+    metadata: LogMetadata,
+    version: int,
+    ledger_id: int,
+    *,
+    opening: bool = False,
+    closed_through: int = -1,
 ) -> tuple[LogMetadata, int]:
     """Compare-and-set ``ledger_id`` onto the end of the list read at ``version``.
 
@@ -69,14 +75,15 @@ async def append_ledger_to_list(
     else means another writer owns the log now: LogFencedError. So does a Log.fence()
     since ``version``, unless ``opening``: a writer being opened has fenced the listed
     ledgers itself, while one rolling over must stop (the fence made the log final
-    until a next writer opens). A set whose outcome
+    until a next writer opens). ``closed_through``: every listed ledger up to this id is
+    known closed, noted in the list for the next fence to skip. A set whose outcome
     is unknown is resolved by reading the list back (R13); if it cannot be read,
     MetadataError: the ledger may be in the list, so the caller must not delete it.
     """
     store = log_obj.store
     path = log_path(log_obj.name)
     for _ in range(log_obj.config.list_cas_retries):
-        updated = metadata.with_ledger(ledger_id)
+        updated = metadata.with_closed_through(closed_through).with_ledger(ledger_id)
         try:
             new_version = await store.set(path, updated.to_bytes(), version)
         except NoNodeError:
@@ -196,9 +203,10 @@ async def fence_previous_ledgers(log_obj: Log, metadata: LogMetadata) -> list[in
     Every ledger is looked at, not only the trailing ones: writers that crash one
     after another can leave an older ledger open behind a closed one (one crashed
     mid-rollover, the next while fencing, after closing the newer ledger), and a
-    reader waits for an open ledger to close. Returns the ledgers fenced (newest first).
+    reader waits for an open ledger to close. Only the ledgers the list does not note
+    as closed (``closed_through``) are read. Returns the ledgers fenced (newest first).
     """
-    ids = list(reversed(metadata.ledgers))
+    ids = [x for x in reversed(metadata.ledgers) if x > metadata.closed_through]
     found: list[LedgerMetadata | None] = []
     for start in range(0, len(ids), _FENCE_READS_AT_ONCE):
         chunk = ids[start : start + _FENCE_READS_AT_ONCE]
@@ -227,8 +235,15 @@ async def open_writer(log_obj: Log) -> LogWriter:
     fenced = await fence_previous_ledgers(log_obj, metadata)
     handle = await log_obj.create_ledger()
     try:
+        # Every ledger listed was closed or fenced above: the list notes it.
+        closed_through = metadata.ledgers[-1] if metadata.ledgers else -1
         metadata, version = await append_ledger_to_list(
-            log_obj, metadata, version, handle.ledger_id, opening=True
+            log_obj,
+            metadata,
+            version,
+            handle.ledger_id,
+            opening=True,
+            closed_through=closed_through,
         )
     except BaseException:
         await _discard(log_obj, handle)
@@ -474,9 +489,16 @@ class LogWriter:
                 exc.message,
             )
             return
+        # The ledgers before the current one are closed: fenced when this writer opened,
+        # or its own, closed by its earlier rollovers.
+        before = [x for x in self._metadata.ledgers if x < old.ledger_id]
         try:
             self._metadata, self._version = await append_ledger_to_list(
-                self._log, self._metadata, self._version, new.ledger_id
+                self._log,
+                self._metadata,
+                self._version,
+                new.ledger_id,
+                closed_through=before[-1] if before else -1,
             )
         except BaseException:
             await _discard(self._log, new)

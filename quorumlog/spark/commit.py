@@ -325,7 +325,8 @@ async def commit(
                 await check_staged(bk, log_name, token, results)
                 checked = True
             await fence_previous_ledgers(log_obj, metadata)
-            updated = metadata.with_ledgers(ledgers)
+            # Every ledger listed is closed now: noted, so later fences skip them.
+            updated = metadata.with_all_closed().with_ledgers(ledgers)
             if sink is not None:
                 updated = updated.with_sink_batch(sink.sink_id, sink.batch_id)
             if ledgers and not marked:

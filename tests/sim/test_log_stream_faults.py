@@ -20,6 +20,7 @@ from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.log import Log
 from quorumlog.log.metadata import log_path
 from quorumlog.log.writer import LogWriter
+from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.store import Versioned
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree
 from quorumlog.testing.sim_scenarios import SIM_CONFIG
@@ -160,6 +161,34 @@ def test_l5_r11_log_fence_closes_an_open_ledger_behind_a_closed_one() -> None:
         assert first.ledger_id in await log.fence()
         assert (await log.bk.ledger_metadata(first.ledger_id)).is_closed
         assert [r.position for r in await log.read_all()] == confirmed
+
+    run_sim(body)
+
+
+def test_l5_opening_a_writer_reads_only_the_ledgers_a_previous_writer_may_hold() -> None:
+    async def body(sim: Sim) -> None:
+        config = LogConfig(rollover_size_bytes=4)
+        for _ in range(2):  # writers rolling over many times, then a crashed one
+            writer = await (await sim.client().open_log("long", config)).open_writer()
+            for i in range(8):
+                await writer.append(b"r%03d" % i)
+        crashed = writer.ledger_id
+        bk = sim.client()
+        log = await bk.open_log("long", config)
+        assert len(await log.ledgers()) == 16  # one ledger per record
+        looked_at: list[int] = []
+        read_metadata = bk.ledger_metadata
+
+        async def counted(ledger_id: int) -> LedgerMetadata:
+            looked_at.append(ledger_id)
+            return await read_metadata(ledger_id)
+
+        bk.ledger_metadata = counted  # type: ignore[method-assign]
+        await log.open_writer()
+        # The ledgers before the crashed writer's previous one were closed when it rolled
+        # over (and those before it when it opened): only those two are looked at.
+        assert crashed in looked_at and len(looked_at) <= 2, looked_at
+        assert (await read_metadata(crashed)).is_closed
 
     run_sim(body)
 

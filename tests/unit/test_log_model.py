@@ -106,6 +106,15 @@ def test_l7_a_fence_seals_the_list_and_survives_every_other_change() -> None:
     assert b"fences" not in LogMetadata("x").to_bytes()  # lists never fenced keep their bytes
 
 
+def test_l5_closed_through_only_grows_and_round_trips() -> None:
+    md = LogMetadata("x", (3, 8)).with_all_closed()
+    assert md.closed_through == 8 and LogMetadata.from_bytes("x", md.to_bytes()) == md
+    assert md.with_closed_through(3).closed_through == 8
+    assert md.with_ledger(9).truncated(Position(9, 0)).closed_through == 8
+    assert LogMetadata("x").with_all_closed().closed_through == -1
+    assert b"closed_through" not in LogMetadata("x", (3,)).to_bytes()
+
+
 def test_log_config_checks_quorum_shape_r1() -> None:
     with pytest.raises(InvalidArgumentError):
         LogConfig(ensemble=2, write_quorum=3, ack_quorum=2)
