@@ -29,10 +29,12 @@ from typing import NoReturn
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "quorumlog.commands.bookie",
     "quorumlog.commands.localbookie",
+    "quorumlog.commands.autorecovery",
     "quorumlog.commands.shell",
     "quorumlog.commands.bench",
     "quorumlog.commands.dice",
     "quorumlog.commands.pipeline",
+    "quorumlog.commands.db",
 )
 
 EXIT_OK = 0

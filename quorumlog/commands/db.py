@@ -1,0 +1,181 @@
+"""``quorumlog db``: a replicated SQL database served over rqlite's HTTP API.
+
+``serve`` runs one replica; ``status``, ``nodes`` and ``shell`` talk to a running
+replica over HTTP (``--addr``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int
+from quorumlog.errors import BKError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "db",
+        help="a replicated SQL database (rqlite's HTTP API) on a log stream",
+        description="Run or talk to the replicas of a database kept in the log db.NAME.",
+    )
+    sub = parser.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+
+    serve = sub.add_parser("serve", help="run one replica of a database")
+    serve.add_argument("--metadata", default=None, help="metadata store URI")
+    serve.add_argument("--name", required=True, help="database name (its log is db.NAME)")
+    serve.add_argument("--data-dir", required=True, help="where this replica's SQLite file lives")
+    serve.add_argument("--http-addr", default="127.0.0.1:4001", help="HOST:PORT to listen on")
+    serve.add_argument("--node-id", default=None, help="this replica's id (default: HOST:PORT)")
+    serve.add_argument(
+        "--session-timeout-ms", type=positive_int, default=3000, help="election session (3000)"
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=positive_int, default=4 << 20, help="request body limit (4 MiB)"
+    )
+    serve.add_argument("--ensemble", type=positive_int, default=3)
+    serve.add_argument("--write-quorum", type=positive_int, default=3)
+    serve.add_argument("--ack-quorum", type=positive_int, default=2)
+    serve.add_argument("--verbose", action="store_true", help="log role changes on stderr")
+    serve.set_defaults(func=run_serve)
+
+    for action, text in (("status", "a replica's /status"), ("nodes", "the group's /nodes")):
+        p = sub.add_parser(action, help=f"print {text}")
+        p.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
+        p.set_defaults(func=run_get, path=f"/{action}")
+
+    shell = sub.add_parser("shell", help="run SQL against a group, one result table each")
+    shell.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
+    shell.add_argument("--level", default="weak", help="read consistency (none|weak|strong)")
+    shell.add_argument("sql", nargs="*", help="statements to run (none: read lines from stdin)")
+    shell.set_defaults(func=run_shell)
+
+
+def _split_addr(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"bad address {text!r}: expected HOST:PORT")
+    return host, int(port)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from quorumlog.client.sync import new_event_loop
+    from quorumlog.log.config import LogConfig
+
+    try:
+        host, port = _split_addr(args.http_addr)
+        log_config = LogConfig(
+            ensemble=args.ensemble, write_quorum=args.write_quorum, ack_quorum=args.ack_quorum
+        )
+    except (ValueError, BKError) as exc:
+        print(f"quorumlog db serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        try:
+            return runner.run(_serve(args, host, port, log_config))
+        except (BKError, OSError) as exc:
+            print(f"quorumlog db serve: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+
+
+async def _serve(args: argparse.Namespace, host: str, port: int, log_config: Any) -> int:
+    from quorumlog.aio import BookKeeper
+    from quorumlog.client.config import ClientConfig
+    from quorumlog.db.http import DbHttpApi
+    from quorumlog.db.replica import Replica, ReplicaConfig
+
+    bk = await BookKeeper.connect(args.metadata, config=ClientConfig())
+    config = ReplicaConfig(
+        name=args.name,
+        data_dir=args.data_dir,
+        node_id=args.node_id or f"{host}:{port}",
+        http_addr=f"http://{host}:{port}",
+        session_timeout_ms=args.session_timeout_ms,
+        log_config=log_config,
+    )
+    replica = Replica(bk, config)
+    api = DbHttpApi(replica, max_body_bytes=args.max_body_bytes)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await api.start(host, port)
+        await replica.start()
+        print(f"quorumlog db: {args.name} serving on http://{host}:{port}", flush=True)
+        await stop.wait()
+    finally:
+        await api.close()
+        await replica.close()
+        await bk.close()
+    return EXIT_OK
+
+
+def _http(addr: str, path: str, body: object | None = None) -> Any:
+    url = f"http://{addr}{path}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read() or b"{}")
+
+
+def run_get(args: argparse.Namespace) -> int:
+    try:
+        print(json.dumps(_http(args.addr, args.path), indent=2))
+    except (OSError, ValueError) as exc:
+        print(f"quorumlog db: {args.addr}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def _table(result: dict[str, Any]) -> str:
+    if "error" in result:
+        return f"error: {result['error']}"
+    if "columns" not in result:
+        return f"rows affected: {result.get('rows_affected', 0)}" + (
+            f", last insert id: {result['last_insert_id']}" if "last_insert_id" in result else ""
+        )
+    rows = [[("NULL" if v is None else str(v)) for v in row] for row in result.get("values", [])]
+    header = [str(c) for c in result["columns"]]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    lines = [" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("-+-".join("-" * w for w in widths))
+    lines += [" | ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def run_shell(args: argparse.Namespace) -> int:
+    statements = args.sql or [line.strip() for line in sys.stdin if line.strip()]
+    query = urllib.parse.urlencode({"level": args.level})
+    status = EXIT_OK
+    for sql in statements:
+        try:
+            answer = _http(args.addr, f"/db/request?{query}", [sql])
+        except (OSError, ValueError) as exc:
+            print(f"quorumlog db shell: {args.addr}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        if "error" in answer:
+            print(f"error: {answer['error']}")
+            status = EXIT_FAILURE
+            continue
+        for result in answer.get("results", []):
+            print(_table(result))
+            if "error" in result:
+                status = EXIT_FAILURE
+    return status

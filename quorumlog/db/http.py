@@ -1,0 +1,335 @@
+"""rqlite's HTTP API over a :class:`~quorumlog.db.replica.Replica` (aiohttp).
+
+Endpoints: ``/db/execute``, ``/db/query``, ``/db/request``, ``/status``, ``/nodes``,
+``/readyz``. A follower sends writes (and weak/strong reads) on to the leader as a
+proxy, as rqlite 8 does by default; with ``?redirect`` it answers 301 with the
+leader's address instead. docs/DB.md has the details and the status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from quorumlog.db.machine import StatementResult
+from quorumlog.db.replica import NotLeaderError, Replica
+from quorumlog.db.sql import BadRequestError, Statement, is_read_only, parse_statements
+from quorumlog.errors import BKError, InvalidArgumentError
+from quorumlog.log.position import Position
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DbHttpApi"]
+
+DEFAULT_MAX_BODY_BYTES = 4 << 20  # below a log entry's frame limit (8 MiB)
+FORWARDED_HEADER = "X-Quorumlog-Forwarded"
+_MIN_POSITION_WAIT_S_DEFAULT = 10.0
+_LEVELS = ("none", "weak", "strong", "linearizable")
+_READ = "read"
+_WRITE = "write"
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    """rqlite's flags are present (``?pretty``) or given a value (``?pretty=true``)."""
+    if name not in request.query:
+        return False
+    return request.query[name].lower() not in ("false", "0", "no")
+
+
+def _json_value(value: object) -> object:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return value
+
+
+def _result_json(result: StatementResult, *, associative: bool, timings: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if result.error is not None:
+        out["error"] = result.error
+        return out
+    if result.columns is not None:
+        values = [[_json_value(v) for v in row] for row in result.values or []]
+        types = result.types or []
+        if associative:
+            out["types"] = dict(zip(result.columns, types, strict=False))
+            out["rows"] = [dict(zip(result.columns, row, strict=False)) for row in values]
+        else:
+            out["columns"] = result.columns
+            out["types"] = types
+            if values:
+                out["values"] = values
+    if result.last_insert_id is not None:
+        out["last_insert_id"] = result.last_insert_id
+    if result.rows_affected is not None:
+        out["rows_affected"] = result.rows_affected
+    if timings:
+        out["time"] = result.time_s
+    return out
+
+
+class DbHttpApi:
+    """The HTTP server of one replica."""
+
+    def __init__(
+        self,
+        replica: Replica,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        forward_timeout_s: float = 30.0,
+    ) -> None:
+        self.replica = replica
+        self.max_body_bytes = max_body_bytes
+        self.forward_timeout_s = forward_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors])
+        self.app.router.add_route("*", "/db/execute", self._execute)
+        self.app.router.add_route("*", "/db/query", self._query)
+        self.app.router.add_route("*", "/db/request", self._request)
+        self.app.router.add_get("/status", self._status)
+        self.app.router.add_get("/nodes", self._nodes)
+        self.app.router.add_get("/readyz", self._readyz)
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: a free port); the port."""
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.forward_timeout_s)
+        )
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        return int(sockets[0].getsockname()[1]) if sockets else port
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    # ------------------------------------------------------------ plumbing
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        except web.HTTPRequestEntityTooLarge:
+            return self._error(request, 413, f"request body over {self.max_body_bytes} bytes")
+        except web.HTTPNotFound:
+            return self._error(request, 404, f"unknown endpoint {request.path}")
+        except web.HTTPMethodNotAllowed:
+            return self._error(request, 405, f"method {request.method} not allowed here")
+
+    def _reply(self, request: web.Request, body: object, status: int = 200) -> web.Response:
+        indent = 4 if _flag(request, "pretty") else None
+        return web.Response(
+            text=json.dumps(body, indent=indent),
+            status=status,
+            content_type="application/json",
+        )
+
+    def _error(self, request: web.Request, status: int, message: str) -> web.Response:
+        return self._reply(request, {"error": message}, status)
+
+    async def _statements(self, request: web.Request) -> list[Statement]:
+        """The request's statements: the JSON body, or ``?q=`` on a GET."""
+        if request.method == "GET":
+            query = request.query.get("q")
+            if query is None:
+                raise BadRequestError("a GET needs the statement in ?q=")
+            return [Statement(query, [])]
+        if request.method != "POST":
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
+        raw = await request.read()
+        if len(raw) > self.max_body_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=self.max_body_bytes, actual_size=len(raw))
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequestError(f"malformed JSON body: {exc}") from None
+        return parse_statements(body)
+
+    def _answer(
+        self,
+        request: web.Request,
+        results: list[StatementResult],
+        started: float,
+        position: Position | None = None,
+    ) -> web.Response:
+        associative = _flag(request, "associative")
+        timings = _flag(request, "timings")
+        body: dict[str, Any] = {
+            "results": [_result_json(r, associative=associative, timings=timings) for r in results]
+        }
+        if timings:
+            body["time"] = time.perf_counter() - started
+        if position is not None:
+            body["position"] = str(position)
+        return self._reply(request, body)
+
+    # ------------------------------------------------------------ leader
+
+    async def _leader_api(self) -> str | None:
+        for node_id, api, leads in await self.replica.members():
+            if leads and node_id != self.replica.config.node_id:
+                return api or None
+        return None
+
+    async def _forward(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        """Send the request on to the leader and relay its answer (rqlite's forwarding),
+        or 301 to it with ``?redirect``; 503 when no other replica leads."""
+        if request.headers.get(FORWARDED_HEADER):
+            return self._error(request, 503, "not leader (forwarded to a replica that is not)")
+        try:
+            leader = await self._leader_api()
+        except BKError as exc:
+            return self._error(request, 503, f"leader not found: {exc}")
+        if leader is None:
+            return self._error(request, 503, "leader not found")
+        target = f"{leader}{request.path_qs}"
+        if _flag(request, "redirect"):
+            raise web.HTTPMovedPermanently(location=target)
+        assert self._session is not None
+        try:
+            async with self._session.request(
+                request.method,
+                target,
+                data=body if request.method == "POST" else None,
+                headers={FORWARDED_HEADER: "1", "Content-Type": "application/json"},
+            ) as answer:
+                text = await answer.read()
+                return web.Response(
+                    body=text, status=answer.status, content_type="application/json"
+                )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return self._error(request, 503, f"leader {leader} unreachable: {exc}")
+
+    # ------------------------------------------------------------ endpoints
+
+    async def _execute(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, _WRITE)
+
+    async def _query(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, _READ)
+
+    async def _request(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, None)
+
+    async def _handle(self, request: web.Request, kind: str | None) -> web.StreamResponse:
+        started = time.perf_counter()
+        try:
+            statements = await self._statements(request)
+        except BadRequestError as exc:
+            return self._error(request, 400, exc.message)
+        if kind is None:
+            kind = _READ if all(is_read_only(s.sql) for s in statements) else _WRITE
+        if kind == _WRITE and request.method != "POST":
+            return self._error(request, 405, "writes are POSTed")
+        body = await request.read() if request.method == "POST" else b""
+        replica = self.replica
+        try:
+            if kind == _WRITE:
+                if not replica.is_leader:
+                    return await self._forward(request, body)
+                answer = await replica.execute(
+                    statements, transaction=_flag(request, "transaction")
+                )
+                return self._answer(request, answer.results, started, answer.position)
+            level = request.query.get("level", "weak").lower()
+            if level not in _LEVELS:
+                return self._error(request, 400, f"unknown read level {level!r}")
+            if "min_position" in request.query:
+                try:
+                    wanted = Position.parse(request.query["min_position"])
+                except InvalidArgumentError as exc:
+                    return self._error(request, 400, exc.message)
+                wait_s = _MIN_POSITION_WAIT_S_DEFAULT
+                if not await replica.wait_applied(wanted, wait_s):
+                    return self._error(
+                        request, 503, f"position {wanted} not applied here within {wait_s} s"
+                    )
+                level = "none"  # this replica has applied it: read here
+            if level != "none":
+                if not replica.is_leader:
+                    return await self._forward(request, body)
+                if level in ("strong", "linearizable"):
+                    await replica.barrier()
+            return self._answer(request, replica.query(statements), started)
+        except BadRequestError as exc:
+            return self._error(request, 400, exc.message)
+        except NotLeaderError as exc:
+            return self._error(request, 503, exc.message)
+        except BKError as exc:
+            return self._error(request, 503, exc.message)
+
+    async def _members_json(self) -> list[dict[str, Any]]:
+        try:
+            members = await self.replica.members()
+        except BKError:
+            members = []
+        return [
+            {
+                "id": node_id,
+                "api_addr": api,
+                "addr": api,
+                "reachable": True,
+                "leader": leads,
+                "voter": True,
+            }
+            for node_id, api, leads in members
+        ]
+
+    async def _nodes(self, request: web.Request) -> web.StreamResponse:
+        nodes = await self._members_json()
+        if request.query.get("ver") == "2":
+            return self._reply(request, {"nodes": nodes})
+        return self._reply(request, {n["id"]: n for n in nodes})
+
+    async def _status(self, request: web.Request) -> web.StreamResponse:
+        replica = self.replica
+        nodes = await self._members_json()
+        leader = next((n for n in nodes if n["leader"]), None)
+        applied = replica.applied
+        body = {
+            "store": {
+                "node_id": replica.config.node_id,
+                "db_name": replica.config.name,
+                "log": replica.log_name,
+                "role": replica.role,
+                "ready": replica.is_leader or replica.role != "catching-up",
+                "leader": {"node_id": leader["id"], "addr": leader["api_addr"]} if leader else {},
+                "applied_position": None if applied is None else str(applied),
+                "sqlite3": {
+                    "path": str(replica.machine.path),
+                    "db_size": replica.machine.size_bytes(),
+                },
+                "failure": replica.failure,
+            },
+            "http": {"addr": replica.config.http_addr},
+            "node": {"start_time": replica.started_at, "uptime": time.time() - replica.started_at},
+        }
+        return self._reply(request, body)
+
+    async def _readyz(self, request: web.Request) -> web.StreamResponse:
+        nodes = await self._members_json()
+        leader_ok = any(n["leader"] for n in nodes)
+        store_ok = self.replica.failure is None
+        lines = [
+            "[+]node ok",
+            f"[{'+' if leader_ok else '-'}]leader ok",
+            f"[{'+' if store_ok else '-'}]store ok",
+        ]
+        status = 200 if leader_ok and store_ok else 503
+        return web.Response(text="\n".join(lines) + "\n", status=status)
+
+
+async def wait_forever(stop: asyncio.Event) -> None:
+    await stop.wait()

@@ -1,0 +1,275 @@
+"""The replicated state machine: log records in, a SQLite file changed, results out.
+
+No network and no event loop: the replica (``replica.py``) feeds records in log order
+and this module applies each one in a single SQLite transaction that also stores the
+record's position in ``_quorumlog_applied``. A replica killed at any moment therefore
+has either all of a record (and its position) or none of it, and resumes at the
+record after the stored position: nothing applied twice, nothing skipped.
+
+Applying is deterministic: the same file and the same record give the same changes
+and the same per-statement errors on every replica (the leader already replaced the
+non-deterministic calls, ``sql.py``). A failure that is not the statement's (disk
+full, I/O error, a corrupt file) would not repeat elsewhere, so it is never reported
+as a statement error: it raises :class:`ReplicaStorageError` and the replica stops.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quorumlog.db.sql import APPLIED_TABLE, BadRequestError, Statement
+from quorumlog.errors import BKError
+from quorumlog.log.position import Position
+
+__all__ = [
+    "BARRIER",
+    "EXECUTE",
+    "DbRecord",
+    "ReplicaStorageError",
+    "StateMachine",
+    "StatementResult",
+]
+
+RECORD_FORMAT = 1
+EXECUTE = "execute"
+BARRIER = "barrier"
+
+# SQLite primary result codes that come from the machine, not from the statement.
+_ENVIRONMENT_CODES = frozenset({3, 5, 6, 7, 8, 10, 11, 13, 14, 26})
+
+
+class ReplicaStorageError(BKError):
+    """The local SQLite file failed (not the statement): this replica must stop."""
+
+
+@dataclass(frozen=True, slots=True)
+class DbRecord:
+    """One log record: a write request (statements, whether they form one transaction)
+    or a barrier (nothing to change: a strong read proves leadership with it)."""
+
+    kind: str
+    statements: tuple[Statement, ...] = ()
+    transaction: bool = False
+
+    def encode(self) -> bytes:
+        body: dict[str, object] = {"v": RECORD_FORMAT, "kind": self.kind}
+        if self.kind == EXECUTE:
+            body["tx"] = self.transaction
+            body["stmts"] = [s.to_json() for s in self.statements]
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> DbRecord:
+        try:
+            raw = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequestError(f"not a database record: {exc}") from None
+        if not isinstance(raw, dict) or raw.get("v") != RECORD_FORMAT:
+            raise BadRequestError("not a database record of a known format")
+        kind = raw.get("kind")
+        if kind == BARRIER:
+            return cls(BARRIER)
+        if kind != EXECUTE:
+            raise BadRequestError(f"unknown record kind {kind!r}")
+        stmts = tuple(Statement.from_json(s) for s in raw.get("stmts", []))
+        return cls(EXECUTE, stmts, bool(raw.get("tx", False)))
+
+
+@dataclass(slots=True)
+class StatementResult:
+    """What one statement did: rows (columns/values) and/or changes, or an error."""
+
+    columns: list[str] | None = None
+    types: list[str] | None = None
+    values: list[list[object]] | None = None
+    last_insert_id: int | None = None
+    rows_affected: int | None = None
+    error: str | None = None
+    time_s: float = 0.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def _type_of(value: object) -> str:
+    if isinstance(value, bool | int):
+        return "integer"
+    if isinstance(value, float):
+        return "real"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, bytes):
+        return "blob"
+    return ""
+
+
+def _types(rows: list[list[object]], width: int) -> list[str]:
+    """Each column's type from its first non-null value (SQLite types values, not columns)."""
+    types = [""] * width
+    for row in rows:
+        for i, value in enumerate(row):
+            if not types[i] and value is not None:
+                types[i] = _type_of(value)
+        if all(types):
+            break
+    return types
+
+
+def _is_environment_error(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in _ENVIRONMENT_CODES
+
+
+class StateMachine:
+    """One replica's SQLite file (``path``) and the position applied into it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit mode: every transaction is begun and ended here explicitly.
+        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        # NORMAL: a commit may be lost at a power loss (never at a process kill); the
+        # position goes with it, so the replica re-applies those records from the log.
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {APPLIED_TABLE} ("
+            "id INTEGER PRIMARY KEY CHECK (id = 1), ledger_id INTEGER NOT NULL, "
+            "entry_id INTEGER NOT NULL)"
+        )
+        row = self._conn.execute(f"SELECT ledger_id, entry_id FROM {APPLIED_TABLE}").fetchone()
+        self._applied: Position | None = None if row is None else Position(row[0], row[1])
+        self._reader = sqlite3.connect(
+            f"file:{self.path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+        )
+
+    @property
+    def applied(self) -> Position | None:
+        """The position of the last record applied (None before the first)."""
+        return self._applied
+
+    def close(self) -> None:
+        self._reader.close()
+        self._conn.close()
+
+    # ------------------------------------------------------------ writes
+
+    def apply(self, position: Position, record: DbRecord) -> list[StatementResult] | None:
+        """Apply ``record`` found at ``position``; its results, or None when the position
+        was applied already (a record is never applied twice)."""
+        if self._applied is not None and position <= self._applied:
+            return None
+        conn = self._conn
+        results: list[StatementResult] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if record.kind == EXECUTE:
+                results = self._run_writes(record)
+            conn.execute(
+                f"INSERT OR REPLACE INTO {APPLIED_TABLE} (id, ledger_id, entry_id) "
+                "VALUES (1, ?, ?)",
+                position,
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise ReplicaStorageError(
+                f"database {self.path}: cannot apply the record at {position}: {exc}"
+            ) from exc
+        self._applied = position
+        return results
+
+    def _run_writes(self, record: DbRecord) -> list[StatementResult]:
+        conn = self._conn
+        results: list[StatementResult] = []
+        if record.transaction:
+            conn.execute("SAVEPOINT request")
+        for statement in record.statements:
+            if not record.transaction:
+                conn.execute("SAVEPOINT statement")
+            started = time.perf_counter()
+            try:
+                result = self._run_one(conn, statement)
+            except (sqlite3.Error, OverflowError, ValueError) as exc:
+                if isinstance(exc, sqlite3.Error) and _is_environment_error(exc):
+                    raise
+                error = StatementResult(error=str(exc))
+                error.time_s = time.perf_counter() - started
+                results.append(error)
+                if not conn.in_transaction:
+                    # An OR ROLLBACK conflict ended the whole transaction: that happens
+                    # the same way on every replica; go on in a new one.
+                    conn.execute("BEGIN IMMEDIATE")
+                    if record.transaction:
+                        break
+                    continue
+                if record.transaction:
+                    conn.execute("ROLLBACK TO request")
+                    conn.execute("RELEASE request")
+                    break
+                conn.execute("ROLLBACK TO statement")
+                conn.execute("RELEASE statement")
+                continue
+            result.time_s = time.perf_counter() - started
+            results.append(result)
+            if not record.transaction:
+                conn.execute("RELEASE statement")
+        else:
+            if record.transaction:
+                conn.execute("RELEASE request")
+        return results
+
+    @staticmethod
+    def _run_one(conn: sqlite3.Connection, statement: Statement) -> StatementResult:
+        cursor = conn.execute(statement.sql, statement.params)
+        result = StatementResult()
+        if cursor.description is not None:
+            rows = [list(r) for r in cursor.fetchall()]
+            result.columns = [d[0] for d in cursor.description]
+            result.types = _types(rows, len(result.columns))
+            result.values = rows
+        result.rows_affected = max(cursor.rowcount, 0)
+        if cursor.lastrowid:
+            result.last_insert_id = cursor.lastrowid
+        return result
+
+    # ------------------------------------------------------------ reads
+
+    def query(self, statements: list[Statement]) -> list[StatementResult]:
+        """Run read-only statements on one snapshot of the committed data. A statement
+        that tries to write fails with SQLite's read-only error."""
+        conn = self._reader
+        results: list[StatementResult] = []
+        conn.execute("BEGIN")
+        try:
+            for statement in statements:
+                started = time.perf_counter()
+                try:
+                    result = self._run_one(conn, statement)
+                    result.rows_affected = None
+                    result.last_insert_id = None
+                except (sqlite3.Error, OverflowError, ValueError) as exc:
+                    result = StatementResult(error=str(exc))
+                result.time_s = time.perf_counter() - started
+                results.append(result)
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+        return results
+
+    def dump(self) -> list[str]:
+        """The file's contents as SQL text (``iterdump``), for comparing replicas."""
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            return list(conn.iterdump())
+        finally:
+            conn.close()
+
+    def size_bytes(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0

@@ -1,0 +1,395 @@
+"""One replica of a database: its SQLite file, its place in the election, the log.
+
+Every replica of database ``NAME`` joins the election group ``db.NAME`` and works on
+the log ``db.NAME``. A follower tails the log and applies each record. The leader:
+
+1. opens the log writer, which fences whatever the previous leader still held (R11);
+2. applies every record before its new ledger (the log's end when it took over);
+3. only then takes writes: each request becomes one record, appended (pipelined, in
+   order) and applied to the local file once confirmed, with the same code the
+   followers run. The answer is the result of that application, so it goes out only
+   for a record that is in the log.
+
+A leader that loses the election stops taking writes at once; one whose append is
+refused because another writer fenced it (``LogFencedError``) fails every request it
+has not answered and goes back to following: the records it could not confirm may or
+may not be in the log, and whichever are will be applied from the log like any other.
+
+Example::
+
+    replica = Replica(bk, ReplicaConfig(name="shop", data_dir="/var/lib/shop"))
+    await replica.start()
+    answer = await replica.execute([Statement("INSERT INTO t VALUES (1)")])
+    await replica.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quorumlog.db.machine import BARRIER, EXECUTE, DbRecord, StateMachine, StatementResult
+from quorumlog.db.sql import BadRequestError, Choices, Statement, rewrite_for_replay
+from quorumlog.errors import BKError
+from quorumlog.log.config import LogConfig
+from quorumlog.log.errors import LogFencedError
+from quorumlog.log.log import open_log
+from quorumlog.log.position import Position
+from quorumlog.recipes.election import LeaderElection
+
+if TYPE_CHECKING:
+    from quorumlog.client.bookkeeper import BookKeeper
+    from quorumlog.log.log import Log
+    from quorumlog.log.writer import LogWriter
+
+__all__ = [
+    "NotLeaderError",
+    "Replica",
+    "ReplicaConfig",
+    "WriteAnswer",
+    "log_name_of",
+]
+
+log = logging.getLogger(__name__)
+
+FOLLOWER = "follower"
+CATCHING_UP = "catching-up"
+LEADER = "leader"
+
+
+def log_name_of(name: str) -> str:
+    """The log (and election group) of database ``name``."""
+    return f"db.{name}"
+
+
+class NotLeaderError(BKError):
+    """This replica cannot take the write: it does not lead, or lost the lead meanwhile
+    (the write was not acknowledged; it may or may not be in the log)."""
+
+
+@dataclass
+class ReplicaConfig:
+    name: str
+    data_dir: str | Path
+    node_id: str = "node"
+    http_addr: str = ""  # advertised in the election so followers can reach the leader
+    session_timeout_ms: int = 3_000
+    log_config: LogConfig = field(default_factory=LogConfig)
+    check_interval_ms: int = 100
+    max_pending_writes: int = 10_000  # requests appended but not yet applied (back-pressure)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteAnswer:
+    position: Position
+    results: list[StatementResult]
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: DbRecord
+    appended: asyncio.Future[Position]
+    answer: asyncio.Future[WriteAnswer]
+
+
+class Replica:
+    """One replica of database ``config.name`` on an asyncio BookKeeper client."""
+
+    def __init__(self, bk: BookKeeper, config: ReplicaConfig) -> None:
+        self.bk = bk
+        self.config = config
+        self.log_name = log_name_of(config.name)
+        data_dir = Path(config.data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.machine = StateMachine(data_dir / f"{config.name}.sqlite")
+        self.role = FOLLOWER
+        self.started_at = time.time()
+        self.failure: str | None = None
+        self._stop = asyncio.Event()
+        self._applied_event = asyncio.Event()
+        self._election: LeaderElection | None = None
+        self._log: Log | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._writer: LogWriter | None = None
+        self._pending: deque[_Pending] = deque()
+        self._pending_added = asyncio.Event()
+        self._taking_writes = False
+
+    # ------------------------------------------------------------ public
+
+    @property
+    def applied(self) -> Position | None:
+        return self.machine.applied
+
+    @property
+    def is_leader(self) -> bool:
+        """Leads and takes writes (the log is open for writing and caught up)."""
+        return self._taking_writes
+
+    @property
+    def identifier(self) -> str:
+        return json.dumps({"id": self.config.node_id, "api": self.config.http_addr})
+
+    async def start(self) -> None:
+        self._log = await open_log(self.bk, self.log_name, self.config.log_config)
+        self._election = LeaderElection(
+            self.bk,
+            self.log_name,
+            identifier=self.identifier,
+            session_timeout_ms=self.config.session_timeout_ms,
+        )
+        await self._election.start()
+        self._task = asyncio.create_task(self._run(), name=f"db {self.config.name}")
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError, BKError, TimeoutError):
+                await asyncio.wait_for(self._task, 10)
+        if self._election is not None:
+            with contextlib.suppress(BKError, TimeoutError):
+                await asyncio.wait_for(self._election.close(), 5)
+        self.machine.close()
+
+    async def members(self) -> list[tuple[str, str, bool]]:
+        """``(node id, HTTP address, leads)`` of every replica in the election, the
+        leader first."""
+        if self._election is None:
+            return []  # not started yet
+        out: list[tuple[str, str, bool]] = []
+        for index, (_node, identifier) in enumerate(await self._election.contenders()):
+            try:
+                raw = json.loads(identifier)
+                out.append((str(raw["id"]), str(raw["api"]), index == 0))
+            except (ValueError, KeyError, TypeError):
+                out.append((identifier, "", index == 0))
+        return out
+
+    async def execute(
+        self, statements: list[Statement], *, transaction: bool = False
+    ) -> WriteAnswer:
+        """Log and apply one write request; its results once the record is confirmed.
+
+        Raises :class:`BadRequestError` (nothing logged) for statements that cannot be
+        replicated, :class:`NotLeaderError` when this replica does not take writes.
+        """
+        choices = Choices.fresh()
+        rewritten = tuple(rewrite_for_replay(s, choices) for s in statements)
+        return await self._submit(DbRecord(EXECUTE, rewritten, transaction))
+
+    async def barrier(self) -> Position:
+        """Append an empty record and wait until it is applied here: proves this replica
+        was still the log's writer after the call began (a strong read's first step)."""
+        return (await self._submit(DbRecord(BARRIER))).position
+
+    async def wait_applied(self, position: Position, timeout_s: float) -> bool:
+        """Wait until ``position`` is applied here; False after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.applied is None or self.applied < position:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._applied_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._applied_event.wait(), remaining)
+        return True
+
+    def query(self, statements: list[Statement]) -> list[StatementResult]:
+        return self.machine.query(statements)
+
+    # ------------------------------------------------------------ writes
+
+    async def _submit(self, record: DbRecord) -> WriteAnswer:
+        writer = self._writer
+        if not self._taking_writes or writer is None:
+            raise NotLeaderError(f"database {self.config.name}: this replica is not the leader")
+        if len(self._pending) >= self.config.max_pending_writes:
+            await writer.wait_for_capacity()
+        if not self._taking_writes or self._writer is not writer:
+            raise NotLeaderError(f"database {self.config.name}: leadership lost")
+        loop = asyncio.get_running_loop()
+        pending = _Pending(record, writer.append_nowait(record.encode()), loop.create_future())
+        self._pending.append(pending)
+        self._pending_added.set()
+        return await asyncio.shield(pending.answer)
+
+    async def _apply_pending(self) -> None:
+        """Apply the leader's records in append order as each is confirmed (R3: they
+        are confirmed in that order too). A failed append fails it and every later one."""
+        for _ in range(1 << 62):  # bounded by the leader's term; exits by cancellation
+            if not self._pending:
+                self._pending_added.clear()
+                await self._pending_added.wait()
+                continue
+            pending = self._pending[0]
+            try:
+                position = await asyncio.shield(pending.appended)
+            except BKError as exc:
+                self._fail_pending(exc)
+                self._taking_writes = False
+                return
+            self._pending.popleft()
+            results = self._apply(position, pending.record)
+            if not pending.answer.done():
+                pending.answer.set_result(WriteAnswer(position, results or []))
+
+    def _fail_pending(self, cause: BaseException) -> None:
+        while self._pending:
+            pending = self._pending.popleft()
+            if not pending.answer.done():
+                pending.answer.set_exception(
+                    NotLeaderError(
+                        f"database {self.config.name}: the write was not confirmed "
+                        f"({cause}); it may or may not be in the log"
+                    )
+                )
+            # The append's own outcome is consumed here so it is never left unobserved.
+            pending.appended.add_done_callback(_observe)
+
+    def _apply(self, position: Position, record: DbRecord) -> list[StatementResult] | None:
+        results = self.machine.apply(position, record)
+        self._applied_event.set()
+        return results
+
+    # ------------------------------------------------------------ roles
+
+    async def _run(self) -> None:
+        assert self._election is not None and self._log is not None
+        election, the_log = self._election, self._log
+        try:
+            for _ in range(1 << 62):  # each turn leads or follows for a while
+                if self._stop.is_set():
+                    break
+                if election.is_leader:
+                    await self._lead(the_log, election)
+                else:
+                    await self._follow(the_log, election)
+        except Exception as exc:  # a storage failure: stop taking part, say why
+            self.failure = str(exc)
+            self._taking_writes = False
+            log.exception("database %s: replica stopped", self.config.name)
+
+    def _start(self) -> Position | None:
+        applied = self.machine.applied
+        return None if applied is None else applied.next()
+
+    def _apply_record(self, position: Position, data: bytes) -> None:
+        try:
+            record = DbRecord.decode(data)
+        except BadRequestError as exc:
+            log.warning("database %s: record %s skipped: %s", self.config.name, position, exc)
+            record = DbRecord(BARRIER)
+        self._apply(position, record)
+
+    async def _follow(self, the_log: Log, election: LeaderElection) -> None:
+        self.role = FOLLOWER
+        try:
+            reader = await the_log.open_reader(self._start())
+        except BKError as exc:
+            log.info("database %s: cannot read the log: %s", self.config.name, exc)
+            await self._pause()
+            return
+        try:
+            while not self._stop.is_set() and not election.is_leader:
+                record = await reader.read_next(timeout_ms=self.config.check_interval_ms)
+                if record is not None:
+                    self._apply_record(record.position, record.data)
+        except BKError as exc:
+            log.info("database %s: reading failed: %s", self.config.name, exc)
+            await self._pause()
+        finally:
+            with contextlib.suppress(BKError):
+                await reader.close()
+
+    async def _lead(self, the_log: Log, election: LeaderElection) -> None:
+        self.role = CATCHING_UP
+        try:
+            writer = await the_log.open_writer()  # fences the previous leader (R11)
+        except BKError as exc:
+            log.info("database %s: cannot open the log for writing: %s", self.config.name, exc)
+            self.role = FOLLOWER
+            await self._pause()
+            return
+        applier: asyncio.Task[None] | None = None
+        try:
+            if not await self._catch_up(the_log, election, Position(writer.ledger_id, 0)):
+                return
+            self._writer = writer
+            self._taking_writes = True
+            self.role = LEADER
+            log.info("database %s: leading, ledger %s", self.config.name, writer.ledger_id)
+            applier = asyncio.create_task(self._apply_pending())
+            while (
+                election.is_leader
+                and not self._stop.is_set()
+                and self._taking_writes
+                and not writer.is_fenced
+                and not applier.done()
+            ):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.config.check_interval_ms / 1000)
+        except BKError as exc:
+            log.info("database %s: leading failed: %s", self.config.name, exc)
+        finally:
+            self._taking_writes = False
+            self.role = FOLLOWER
+            if applier is not None:
+                # Records already appended are answered if they get confirmed; give them
+                # a bounded time, then fail the rest (unacknowledged, maybe in the log).
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(self._drain(applier), 5)
+                applier.cancel()
+                with contextlib.suppress(asyncio.CancelledError, BKError):
+                    await applier
+            self._fail_pending(NotLeaderError("leadership ended"))
+            self._writer = None
+            with contextlib.suppress(BKError, TimeoutError):
+                await asyncio.wait_for(writer.close(), 5)
+            log.info("database %s: no longer leading", self.config.name)
+
+    async def _drain(self, applier: asyncio.Task[None]) -> None:
+        for _ in range(100_000):
+            if not self._pending or applier.done():
+                return
+            await asyncio.sleep(0.005)
+
+    async def _catch_up(self, the_log: Log, election: LeaderElection, end: Position) -> bool:
+        """Apply every record before ``end``; False if leadership went meanwhile."""
+        reader = await the_log.open_reader(self._start())
+        try:
+            for _ in range(1 << 62):  # ends at ``end``: every earlier ledger is closed
+                if reader.position >= end:
+                    return True
+                if not election.is_leader or self._stop.is_set():
+                    return False
+                record = await reader.read_next(timeout_ms=self.config.check_interval_ms)
+                if record is None:
+                    continue
+                if record.position >= end:
+                    return True
+                self._apply_record(record.position, record.data)
+            return False
+        finally:
+            with contextlib.suppress(BKError):
+                await reader.close()
+
+    async def _pause(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), self.config.check_interval_ms / 1000 * 2)
+
+
+def _observe(future: asyncio.Future[Position]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+# Re-exported for the HTTP layer's error mapping.
+__all__ += ["BadRequestError", "LogFencedError"]

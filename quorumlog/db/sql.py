@@ -1,0 +1,319 @@
+"""Statements as requests carry them, and the rewrite that makes them replay identically.
+
+No I/O here: text in, text out. The leader turns each write request into one log
+record; every replica applies that record to its own SQLite file, so whatever the
+record asks for must come out the same on each of them. SQLite is deterministic given
+the same file and the same statements, except for the functions that read the clock
+or a random source. Those the leader evaluates once and writes into the statement as
+literals (as rqlite does); the ones it cannot evaluate safely are refused before
+anything is logged (docs/DB.md lists them function by function).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from quorumlog.errors import InvalidArgumentError
+
+__all__ = [
+    "BadRequestError",
+    "Param",
+    "Statement",
+    "is_read_only",
+    "parse_statements",
+    "rewrite_for_replay",
+]
+
+Param = int | float | str | None
+Params = list[Param] | dict[str, Param]
+
+# Statements that would end or escape the transaction a record is applied in: a COMMIT
+# in the middle would store changes without the applied position (breaking exactly
+# once), ATTACH would reach files outside the replica. Refused before logging.
+_REFUSED_FIRST_WORDS = frozenset(
+    {"BEGIN", "COMMIT", "END", "ROLLBACK", "SAVEPOINT", "RELEASE", "ATTACH", "DETACH", "VACUUM"}
+)
+# Functions whose value depends on the connection's history, which differs between a
+# replica that restarted and one that did not: refused in writes (use RETURNING).
+_CONNECTION_FUNCTIONS = frozenset({"last_insert_rowid", "changes", "total_changes"})
+_DATE_FUNCTIONS = frozenset({"date", "time", "datetime", "julianday", "unixepoch", "strftime"})
+_CURRENT_KEYWORDS = {
+    "CURRENT_TIMESTAMP": "%Y-%m-%d %H:%M:%S",
+    "CURRENT_DATE": "%Y-%m-%d",
+    "CURRENT_TIME": "%H:%M:%S",
+}
+APPLIED_TABLE = "_quorumlog_applied"
+
+
+class BadRequestError(InvalidArgumentError):
+    """The request cannot be run as sent (the client's fault): HTTP 400, nothing logged."""
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One SQL statement and its parameters (positional list or named dict)."""
+
+    sql: str
+    params: Params = field(default_factory=list)
+
+    def to_json(self) -> list[object]:
+        return [self.sql, self.params]
+
+    @classmethod
+    def from_json(cls, raw: object) -> Statement:
+        if not isinstance(raw, list) or len(raw) != 2 or not isinstance(raw[0], str):
+            raise BadRequestError(f"not a logged statement: {raw!r}")
+        params = raw[1]
+        if not isinstance(params, list | dict):
+            raise BadRequestError(f"not logged parameters: {params!r}")
+        return cls(raw[0], params)
+
+
+def _check_param(value: object, where: str) -> Param:
+    # bool is an int in Python; SQLite stores it as 0/1, as rqlite does.
+    if isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
+        raise BadRequestError(f"{where}: integer {value} does not fit SQLite's 64 bits")
+    if value is None or isinstance(value, int | float | str):
+        return value
+    raise BadRequestError(
+        f"{where}: unsupported parameter type {type(value).__name__} "
+        "(use a number, a string, true/false or null)"
+    )
+
+
+def parse_statements(body: object) -> list[Statement]:
+    """The statements of a request body: ``["sql", ["sql ?", 1], ["sql :a", {"a": 1}]]``.
+
+    Raises :class:`BadRequestError` for any other shape (nothing is logged for it).
+    """
+    if not isinstance(body, list):
+        raise BadRequestError("the body must be a JSON array of statements")
+    if not body:
+        raise BadRequestError("empty statement list")
+    statements: list[Statement] = []
+    for index, item in enumerate(body):
+        where = f"statement {index}"
+        if isinstance(item, str):
+            statements.append(Statement(item, []))
+            continue
+        if not isinstance(item, list) or not item or not isinstance(item[0], str):
+            raise BadRequestError(f"{where}: expected a string or [sql, parameters...]")
+        sql, rest = item[0], item[1:]
+        if len(rest) == 1 and isinstance(rest[0], dict):
+            named = {
+                str(k): _check_param(v, f"{where} parameter {k!r}") for k, v in rest[0].items()
+            }
+            statements.append(Statement(sql, named))
+        else:
+            positional = [_check_param(v, f"{where} parameter {i + 1}") for i, v in enumerate(rest)]
+            statements.append(Statement(sql, positional))
+    return statements
+
+
+# ---------------------------------------------------------------- tokens
+
+_TOKEN = re.compile(
+    r"""
+    (?P<space>\s+)
+  | (?P<comment>--[^\n]*|/\*.*?(?:\*/|\Z))
+  | (?P<string>'(?:[^']|'')*'?)
+  | (?P<quoted>"(?:[^"]|"")*"?|`(?:[^`]|``)*`?|\[[^\]]*\]?)
+  | (?P<blob>[xX]'[0-9a-fA-F]*'?)
+  | (?P<word>[A-Za-z_][A-Za-z0-9_$]*)
+  | (?P<number>[0-9][0-9A-Za-z_.]*|\.[0-9][0-9A-Za-z_.]*)
+  | (?P<other>.)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+
+
+@dataclass(slots=True)
+class _Token:
+    kind: str
+    text: str
+
+
+def _tokens(sql: str) -> list[_Token]:
+    return [_Token(str(m.lastgroup), m.group()) for m in _TOKEN.finditer(sql)]
+
+
+def _significant(tokens: list[_Token]) -> list[int]:
+    return [i for i, t in enumerate(tokens) if t.kind not in ("space", "comment")]
+
+
+def first_word(sql: str) -> str:
+    for token in _tokens(sql):
+        if token.kind == "word":
+            return token.text.upper()
+        if token.kind not in ("space", "comment"):
+            return ""
+    return ""
+
+
+def is_read_only(sql: str) -> bool:
+    """Whether a statement only reads, judged by its words (as a unified request needs
+    before running anything): SELECT, EXPLAIN, VALUES, a WITH that writes nothing, and
+    PRAGMA without an assignment."""
+    words = [t.text.upper() for t in _tokens(sql) if t.kind == "word"]
+    if not words:
+        return False
+    head = words[0]
+    if head in ("SELECT", "EXPLAIN", "VALUES"):
+        return True
+    if head == "WITH":
+        return not any(w in ("INSERT", "UPDATE", "DELETE", "REPLACE") for w in words)
+    if head == "PRAGMA":
+        return "=" not in sql and "(" not in sql
+    return False
+
+
+# ---------------------------------------------------------------- the rewrite
+
+
+@dataclass(frozen=True, slots=True)
+class Choices:
+    """What the leader chose for one request: the time 'now' is and a random source."""
+
+    now: datetime
+    random_int: Callable[[], int]
+    random_bytes: Callable[[int], bytes]
+
+    @classmethod
+    def fresh(cls) -> Choices:
+        return cls(
+            now=datetime.now(UTC),
+            random_int=lambda: int.from_bytes(secrets.token_bytes(8), "big", signed=True),
+            random_bytes=secrets.token_bytes,
+        )
+
+
+_MAX_RANDOMBLOB_BYTES = 1 << 20
+
+
+def _closing(tokens: list[_Token], sig: list[int], open_at: int) -> int:
+    """Index in ``sig`` of the ')' matching the '(' at ``sig[open_at]``; -1 if none."""
+    depth = 0
+    for k in range(open_at, len(sig)):
+        text = tokens[sig[k]].text
+        if text == "(":
+            depth += 1
+        elif text == ")":
+            depth -= 1
+            if depth == 0:
+                return k
+    return -1
+
+
+def rewrite_for_replay(statement: Statement, choices: Choices) -> Statement:
+    """``statement`` with every non-deterministic call replaced by the leader's value.
+
+    RANDOM() becomes an integer literal, RANDOMBLOB(n) (n a literal) a blob literal,
+    the date and time functions' 'now' (and their no-argument forms) and
+    CURRENT_TIMESTAMP/DATE/TIME the leader's UTC time as text. Refused (BadRequestError):
+    transaction control, ATTACH/DETACH/VACUUM, statements naming the applied-position
+    table, last_insert_rowid()/changes()/total_changes(), RANDOMBLOB of a computed size,
+    and any of these in CREATE statements (a default, trigger or view would evaluate
+    them later, separately on each replica).
+    """
+    tokens = _tokens(statement.sql)
+    sig = _significant(tokens)
+    words = [tokens[i].text.upper() for i in sig if tokens[i].kind == "word"]
+    head = words[0] if words else ""
+    if head in _REFUSED_FIRST_WORDS:
+        raise BadRequestError(
+            f"{head} is not allowed: each request runs in a transaction of its own "
+            "(ask for one with the 'transaction' parameter)"
+        )
+    if APPLIED_TABLE in statement.sql.lower():
+        raise BadRequestError(f"{APPLIED_TABLE} is the replica's own table")
+    creating = head == "CREATE"
+    changed = False
+    now = choices.now
+    k = 0
+    while k < len(sig):
+        token = tokens[sig[k]]
+        if token.kind != "word":
+            k += 1
+            continue
+        name = token.text.lower()
+        upper = token.text.upper()
+        is_call = k + 1 < len(sig) and tokens[sig[k + 1]].text == "("
+        if upper in _CURRENT_KEYWORDS and not is_call:
+            if creating:
+                raise BadRequestError(
+                    f"{upper} in CREATE would be evaluated separately on each replica: "
+                    "store the value explicitly"
+                )
+            token.kind, token.text = "string", f"'{now.strftime(_CURRENT_KEYWORDS[upper])}'"
+            changed = True
+            k += 1
+            continue
+        if not is_call:
+            k += 1
+            continue
+        end = _closing(tokens, sig, k + 1)
+        if end < 0:
+            k += 1  # unbalanced: SQLite reports the syntax error when applying
+            continue
+        args = sig[k + 2 : end]
+        if name in _CONNECTION_FUNCTIONS:
+            raise BadRequestError(
+                f"{name}() depends on the replica's connection and is refused in writes "
+                "(use RETURNING)"
+            )
+        reads_clock = name in _DATE_FUNCTIONS and (
+            (not args and name != "strftime")
+            or any(tokens[j].text.lower() == "'now'" for j in args)
+        )
+        if creating and (name in ("random", "randomblob") or reads_clock):
+            raise BadRequestError(
+                f"{name}() in CREATE would be evaluated separately on each replica"
+            )
+        if name == "random" and not args:
+            literal = str(choices.random_int())
+            tokens[sig[k]].kind, tokens[sig[k]].text = "number", f"({literal})"
+            for j in sig[k + 1 : end + 1]:
+                tokens[j].text = ""
+            changed = True
+            k = end + 1
+            continue
+        if name == "randomblob":
+            size = _literal_int([tokens[j] for j in args])
+            if size is None:
+                raise BadRequestError("randomblob() needs a literal size to be replicated")
+            blob = choices.random_bytes(max(1, min(size, _MAX_RANDOMBLOB_BYTES)))
+            tokens[sig[k]].kind, tokens[sig[k]].text = "blob", f"X'{blob.hex()}'"
+            for j in sig[k + 1 : end + 1]:
+                tokens[j].text = ""
+            changed = True
+            k = end + 1
+            continue
+        if name in _DATE_FUNCTIONS:
+            stamp = f"'{now.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}'"
+            if not args and name != "strftime":
+                tokens[sig[k + 1]].text = f"({stamp}"
+                changed = True
+            for j in args:
+                if tokens[j].kind == "string" and tokens[j].text.lower() == "'now'":
+                    tokens[j].text = stamp
+                    changed = True
+            k += 2
+            continue
+        k += 1
+    if not changed:
+        return statement
+    return Statement("".join(t.text for t in tokens), statement.params)
+
+
+def _literal_int(args: list[_Token]) -> int | None:
+    significant = [t for t in args if t.kind not in ("space", "comment")]
+    if len(significant) == 1 and significant[0].kind == "number":
+        try:
+            return int(significant[0].text)
+        except ValueError:
+            return None
+    return None

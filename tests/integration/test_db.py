@@ -1,0 +1,273 @@
+"""quorumlog db: three ``quorumlog db serve`` processes over three real bookies, on both
+metadata drivers, driven through rqlite's HTTP API (plain HTTP and pyrqlite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quorumlog.server.local_cluster import LocalCluster
+from quorumlog.testing.zookeeper import free_port
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+DB = "shop"
+
+
+class DbProcess:
+    """One ``quorumlog db serve`` replica; stdout/stderr go to files, stopped by pid."""
+
+    def __init__(self, uri: str, node_id: str, base: Path, *, max_body_bytes: int = 4 << 20):
+        self.node_id = node_id
+        self.port = free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.data_dir = base / node_id
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.err_path = base / f"{node_id}.err"
+        with open(base / f"{node_id}.out", "wb") as out, open(self.err_path, "wb") as err:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "quorumlog",
+                    "db",
+                    "serve",
+                    "--metadata",
+                    uri,
+                    "--name",
+                    DB,
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--http-addr",
+                    self.addr,
+                    "--node-id",
+                    node_id,
+                    "--session-timeout-ms",
+                    "1500",
+                    "--max-body-bytes",
+                    str(max_body_bytes),
+                    "--verbose",
+                ],
+                stdout=out,
+                stderr=err,
+                env={**os.environ, "PYTHONPATH": _ROOT},
+            )
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.data_dir / f"{DB}.sqlite"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+def http(
+    addr: str, path: str, body: object | None = None, *, raw: bytes | None = None
+) -> tuple[int, Any]:
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(
+        f"http://{addr}{path}", data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            text = answer.read()
+            status = answer.status
+    except urllib.error.HTTPError as exc:
+        text, status = exc.read(), exc.code
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text.decode()
+
+
+def wait_ready(replicas: list[DbProcess], timeout_s: float = 60) -> DbProcess:
+    """Wait until a leader takes writes and every replica is up; the leader."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        statuses = []
+        for replica in replicas:
+            assert replica.process.poll() is None, replica.err_path.read_text()[-3000:]
+            try:
+                answer = http(replica.addr, "/status")[1]
+                statuses.append(answer if isinstance(answer, dict) else None)
+            except OSError:
+                statuses.append(None)
+        leaders = [
+            r
+            for r, s in zip(replicas, statuses, strict=True)
+            if s and s["store"]["role"] == "leader"
+        ]
+        if len(leaders) == 1 and all(statuses):
+            return leaders[0]
+        time.sleep(0.1)
+    errors = "".join(r.err_path.read_text()[-2000:] for r in replicas)
+    raise AssertionError(f"no leader taking writes within the bound:\n{errors}")
+
+
+def dump(path: Path) -> list[str]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def replicas(cluster3: LocalCluster, tmp_path: Path) -> Any:
+    group = [DbProcess(cluster3.metadata_uri, f"n{i}", tmp_path / "db") for i in range(3)]
+    try:
+        yield group
+    finally:
+        for replica in group:
+            replica.stop()
+
+
+def test_db_writes_through_any_replica_reads_at_each_level(replicas: list[DbProcess]) -> None:
+    leader = wait_ready(replicas)
+    followers = [r for r in replicas if r is not leader]
+    status, answer = http(
+        followers[0].addr,
+        "/db/execute",
+        ["CREATE TABLE fruit (id INTEGER PRIMARY KEY, name TEXT, price REAL)"],
+    )
+    assert status == 200 and "error" not in answer["results"][0], answer
+    positions = []
+    for i, replica in enumerate(replicas):
+        status, answer = http(
+            replica.addr,
+            "/db/execute?timings",
+            [
+                ["INSERT INTO fruit(name, price) VALUES (?, ?)", f"apple{i}", 1.5],
+                [
+                    "INSERT INTO fruit(name, price) VALUES (:name, :price)",
+                    {"name": f"pear{i}", "price": 2},
+                ],
+            ],
+        )
+        assert status == 200, answer
+        assert [r["rows_affected"] for r in answer["results"]] == [1, 1]
+        assert "time" in answer and "position" in answer
+        positions.append(answer["position"])
+    # read-your-writes on a follower: it waits until it applied the last write
+    status, answer = http(
+        followers[1].addr, f"/db/query?min_position={positions[-1]}&q=SELECT+count(*)+FROM+fruit"
+    )
+    assert status == 200 and answer["results"][0]["values"] == [[6]], answer
+    for replica in replicas:
+        for level in ("weak", "strong", "linearizable"):
+            status, answer = http(
+                replica.addr, f"/db/query?level={level}&q=SELECT+count(*)+FROM+fruit"
+            )
+            assert status == 200 and answer["results"][0]["values"] == [[6]], (level, answer)
+    status, answer = http(
+        leader.addr, "/db/query?associative", ["SELECT name, price FROM fruit WHERE id = 1"]
+    )
+    assert answer["results"][0]["rows"] == [{"name": "apple0", "price": 1.5}]
+    assert answer["results"][0]["types"] == {"name": "text", "price": "real"}
+    # a transaction that fails is rolled back as a whole, everywhere
+    status, answer = http(
+        followers[0].addr,
+        "/db/execute?transaction",
+        [["INSERT INTO fruit(name) VALUES (?)", "kiwi"], "INSERT INTO fruit(id) VALUES (1)"],
+    )
+    assert status == 200 and "error" in answer["results"][-1], answer
+    # the unified endpoint mixes reads and writes
+    status, answer = http(
+        leader.addr,
+        "/db/request",
+        [["INSERT INTO fruit(name) VALUES (?)", "plum"], "SELECT count(*) FROM fruit"],
+    )
+    assert answer["results"][1]["values"] == [[7]], answer
+    last = answer["position"]
+    status, nodes = http(leader.addr, "/nodes?ver=2")
+    assert [n["id"] for n in nodes["nodes"] if n["leader"]] == [leader.node_id]
+    for replica in replicas:
+        assert http(replica.addr, "/readyz")[0] == 200
+        status, answer = http(
+            replica.addr, f"/db/query?min_position={last}&q=SELECT+count(*)+FROM+fruit"
+        )
+        assert answer["results"][0]["values"] == [[7]]
+    # every replica holds the same contents
+    for replica in replicas:
+        replica.stop()
+    dumps = [dump(r.sqlite_path) for r in replicas]
+    assert dumps[0] == dumps[1] == dumps[2]
+    assert sum('INSERT INTO "fruit"' in line for line in dumps[0]) == 7
+
+
+def test_db_bad_input_gets_rqlite_status_codes_and_stores_nothing(
+    cluster3: LocalCluster, tmp_path: Path
+) -> None:
+    replicas = [
+        DbProcess(cluster3.metadata_uri, f"b{i}", tmp_path / "db", max_body_bytes=4096)
+        for i in range(2)
+    ]
+    try:
+        leader = wait_ready(replicas)
+        follower = next(r for r in replicas if r is not leader)
+        assert http(leader.addr, "/db/execute", ["CREATE TABLE t (a INTEGER)"])[0] == 200
+        before = http(leader.addr, "/db/query?level=strong&q=SELECT+count(*)+FROM+t")[1]
+        for replica in (leader, follower):
+            status, answer = http(replica.addr, "/db/execute", raw=b"[not json")
+            assert status == 400 and "error" in answer
+            status, answer = http(replica.addr, "/db/nothing")
+            assert status == 404 and "error" in answer
+            status, answer = http(replica.addr, "/db/execute", [["INSERT INTO t VALUES (?)", [1]]])
+            assert status == 400 and "parameter" in answer["error"]
+            status, answer = http(
+                replica.addr, "/db/execute", ["INSERT INTO t VALUES ('x')" + " " * 5000]
+            )
+            assert status == 413 and "error" in answer
+            status, answer = http(replica.addr, "/db/execute", ["INSRT INTO t VALUES (1)"])
+            assert status == 200 and "syntax error" in answer["results"][0]["error"]
+            status, answer = http(replica.addr, "/db/execute", ["BEGIN"])
+            assert status == 400
+        after = http(leader.addr, "/db/query?level=strong&q=SELECT+count(*)+FROM+t")[1]
+        assert before == after
+        # no leader: the leader goes, the follower's write gets 503 until one is elected
+        leader.kill()
+        status, answer = http(follower.addr, "/db/execute", ["INSERT INTO t VALUES (9)"])
+        assert status in (200, 503), answer
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+def test_db_pyrqlite_client(replicas: list[DbProcess]) -> None:
+    import pyrqlite.dbapi2 as dbapi2
+
+    leader = wait_ready(replicas)
+    follower = next(r for r in replicas if r is not leader)
+    connection = dbapi2.connect(host="127.0.0.1", port=follower.port)
+    try:
+        cursor = connection.cursor()
+        cursor.execute("CREATE TABLE people (id INTEGER PRIMARY KEY, name TEXT, age INTEGER)")
+        cursor.execute("INSERT INTO people(name, age) VALUES (?, ?)", ("ada", 36))
+        cursor.executemany("INSERT INTO people(name, age) VALUES (?, ?)", [("bob", 20), ("cy", 30)])
+        cursor.execute("SELECT name, age FROM people ORDER BY id", consistency="strong")
+        assert cursor.fetchall() == [("ada", 36), ("bob", 20), ("cy", 30)]
+        cursor.execute("SELECT count(*) FROM people WHERE age > ?", (25,))
+        assert cursor.fetchone()[0] == 2
+    finally:
+        connection.close()
