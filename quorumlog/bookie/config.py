@@ -46,6 +46,19 @@ class BookieConfig:
     # Parked long-poll reads beyond these bounds are refused with TOO_MANY_REQUESTS.
     long_poll_max_per_ledger: int = 1_000
     long_poll_max_total: int = 10_000
+    # Entry-log compaction (BookKeeper's minor and major compaction): a log whose live
+    # bytes are below the threshold's fraction of its size is rewritten, at most once
+    # per interval; a threshold or interval of 0 turns that kind off.
+    minor_compaction_threshold: float = 0.2
+    minor_compaction_interval_ms: int = 3_600_000
+    major_compaction_threshold: float = 0.8
+    major_compaction_interval_ms: int = 86_400_000
+    # Copy pace of compaction (0: unpaced), so that it leaves the disk to adds and reads.
+    compaction_rate_bytes_per_s: float = 16 * 1024 * 1024
+    compaction_rate_entries_per_s: float = 0.0
+    # While a disk is at its usage threshold compaction is suspended (its copies need
+    # room); with this on, minor compaction still runs then, to win space back.
+    compaction_allowed_when_disk_full: bool = False
 
     def problems(self) -> list[str]:
         """What makes these settings unusable, in words (empty when they are fine)."""
@@ -76,9 +89,16 @@ class BookieConfig:
             "journal_max_group_wait_ms",
             "read_cache_max_bytes",
             "long_poll_max_timeout_ms",
+            "minor_compaction_interval_ms",
+            "major_compaction_interval_ms",
+            "compaction_rate_bytes_per_s",
+            "compaction_rate_entries_per_s",
         ):
             if getattr(self, name) < 0:
                 out.append(f"{name} must not be negative, got {getattr(self, name)}")
+        for name in ("minor_compaction_threshold", "major_compaction_threshold"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                out.append(f"{name} must be between 0 and 1, got {getattr(self, name)}")
         return out
 
     @property

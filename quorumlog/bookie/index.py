@@ -8,7 +8,11 @@ Four named databases in ``<data_dir>/index``:
 - ``ledgers``: key ledger id, value :meth:`LedgerState.to_bytes`;
 - ``logs``: key entry log id, value the ledger ids it holds (for garbage collection);
 - ``meta``: ``last_mark`` = the journal position (file id, offset) up to which
-  everything is in ledger storage.
+  everything is in ledger storage;
+- ``usage``: key entry log id, value (ledger id, record bytes) pairs as two uint64:
+  the bytes each ledger's records take in that log, for compaction's choice of logs.
+  An estimate that errs only high (an entry written twice counts twice); what is
+  copied is always decided from ``entries``.
 
 Only the checkpoint writes, in one transaction that LMDB syncs on commit, so the
 index, the states and the mark always move together. Reads run on the event
@@ -45,6 +49,7 @@ class IndexUpdate:
     dropped_states: list[int] = field(default_factory=list)
     logs: list[tuple[int, list[int]]] = field(default_factory=list)
     dropped_logs: list[int] = field(default_factory=list)
+    usage: list[tuple[int, dict[int, int]]] = field(default_factory=list)
 
 
 class LedgerIndex:
@@ -56,7 +61,7 @@ class LedgerIndex:
             self._env = lmdb.open(
                 str(directory),
                 map_size=map_size_bytes,
-                max_dbs=4,
+                max_dbs=8,
                 sync=True,
                 metasync=True,
                 readahead=False,
@@ -69,6 +74,7 @@ class LedgerIndex:
         self._ledgers = self._env.open_db(b"ledgers")
         self._logs = self._env.open_db(b"logs")
         self._meta = self._env.open_db(b"meta")
+        self._usage = self._env.open_db(b"usage")
 
     # ------------------------------------------------------------ loading
 
@@ -88,6 +94,58 @@ class LedgerIndex:
                 count = len(value) // 8
                 logs[log_id] = set(struct.unpack(f">{count}Q", value))
         return logs
+
+    def load_usage(self) -> dict[int, dict[int, int]] | None:
+        """Bytes per ledger per entry log; None for an index written before the table
+        existed while it holds entries (then :meth:`scan_usage` rebuilds it)."""
+        usage: dict[int, dict[int, int]] = {}
+        with self._env.begin(db=self._usage) as txn:
+            for key, value in txn.cursor():
+                (log_id,) = _LOG_KEY.unpack(key)
+                pairs = struct.unpack(f">{len(value) // 8}Q", value)
+                usage[log_id] = dict(zip(pairs[::2], pairs[1::2], strict=True))
+        if not usage:
+            with self._env.begin(db=self._entries) as txn:
+                if txn.cursor().first():
+                    return None
+        return usage
+
+    def scan_usage(self) -> dict[int, dict[int, int]]:
+        """Bytes per ledger per entry log, counted from every entry (one pass)."""
+        usage: dict[int, dict[int, int]] = {}
+        unpack_key, unpack_loc = _ENTRY_KEY.unpack, _LOCATION.unpack
+        with self._env.begin(db=self._entries) as txn:
+            for key, value in txn.cursor():
+                ledger_id = unpack_key(key)[0]
+                log_id, _, size = unpack_loc(value)
+                per_ledger = usage.setdefault(log_id, {})
+                per_ledger[ledger_id] = per_ledger.get(ledger_id, 0) + size + 8
+        return usage
+
+    def entries_in_log(
+        self, ledger_id: int, log_id: int, after: int, limit: int
+    ) -> tuple[list[int], int | None]:
+        """Ids of ``ledger_id``'s entries above ``after`` that the index places in log
+        ``log_id``, looking at most at ``limit`` entries; and the entry id to go on
+        after (None when the ledger's entries are all seen)."""
+        prefix = _LEDGER_KEY.pack(ledger_id)
+        found: list[int] = []
+        unpack_key, unpack_loc = _ENTRY_KEY.unpack, _LOCATION.unpack
+        with self._env.begin(db=self._entries) as txn:
+            cursor = txn.cursor()
+            start = _ENTRY_KEY.pack(ledger_id, after + 1) if after >= 0 else prefix + bytes(8)
+            ok = cursor.set_range(start)
+            seen = 0
+            last = after
+            while ok and cursor.key()[:8] == prefix:
+                if seen >= limit:
+                    return found, last
+                last = unpack_key(cursor.key())[1]
+                if unpack_loc(cursor.value())[0] == log_id:
+                    found.append(last)
+                seen += 1
+                ok = cursor.next()
+        return found, None
 
     def load_mark(self) -> tuple[int, int] | None:
         with self._env.begin(db=self._meta) as txn:
@@ -143,6 +201,10 @@ class LedgerIndex:
                 txn.put(_LEDGER_KEY.pack(ledger_id), state_bytes, db=self._ledgers)
             for log_id in update.dropped_logs:
                 txn.delete(_LOG_KEY.pack(log_id), db=self._logs)
+                txn.delete(_LOG_KEY.pack(log_id), db=self._usage)
+            for log_id, per_ledger in update.usage:
+                flat = [n for pair in sorted(per_ledger.items()) for n in pair]
+                txn.put(_LOG_KEY.pack(log_id), struct.pack(f">{len(flat)}Q", *flat), db=self._usage)
             for log_id, ledger_ids in update.logs:
                 value = struct.pack(f">{len(ledger_ids)}Q", *ledger_ids)
                 txn.put(_LOG_KEY.pack(log_id), value, db=self._logs)

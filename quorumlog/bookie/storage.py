@@ -84,6 +84,11 @@ class LedgerStorage:
             self.states: dict[int, LedgerState] = self.index.load_states()
             self.log_ledgers: dict[int, set[int]] = self.index.load_logs()
             self.mark = self.index.load_mark()
+            # Record bytes per ledger per entry log (compaction's estimate of live data).
+            usage = self.index.load_usage()
+            self.log_usage: dict[int, dict[int, int]] = (
+                usage if usage is not None else self.index.scan_usage()
+            )
             logs_dir = data_dir / "entrylogs"
             ops.mkdir(logs_dir)
             self._orphan_logs = self._check_logs(logs_dir)
@@ -221,7 +226,15 @@ class LedgerStorage:
         if st.ledger_id not in ledgers:
             ledgers.add(st.ledger_id)
             self._dirty_logs.add(log_id)
+        self._count_usage(log_id, st.ledger_id, len(data))
         return data
+
+    def _count_usage(self, log_id: int, ledger_id: int, size: int) -> None:
+        # Once per batch; the logs written since a checkpoint are saved by that checkpoint.
+        per_ledger = self.log_usage.get(log_id)
+        if per_ledger is None:
+            per_ledger = self.log_usage[log_id] = {}
+        per_ledger[ledger_id] = per_ledger.get(ledger_id, 0) + size
 
     def add_one(self, st: LedgerState, blob: bytes, size: int, entry_id: int) -> bytes:
         """:meth:`add_entries` for one entry, with less machinery."""
@@ -237,7 +250,20 @@ class LedgerStorage:
         if ledgers is None or st.ledger_id not in ledgers:
             self.log_ledgers.setdefault(log_id, set()).add(st.ledger_id)
             self._dirty_logs.add(log_id)
+        self._count_usage(log_id, st.ledger_id, len(data))
         return data
+
+    def release_log(self, log_id: int) -> None:
+        """Compaction moved every live entry out of ``log_id``: the next checkpoint writes
+        the new locations, drops the log from the index in the same transaction, and only
+        then deletes the file."""
+        if log_id == self.entry_log.current_id:
+            raise ValueError("the current entry log cannot be released")
+        ledgers = self.log_ledgers.get(log_id)
+        if ledgers:
+            ledgers.clear()
+            self._dirty_logs.add(log_id)
+        self.log_usage.pop(log_id, None)
 
     def replay_add(self, st: LedgerState, data: bytes | memoryview, where: str) -> int:
         """Apply a journaled add record's entries; returns the largest LAC they carry."""
@@ -326,6 +352,8 @@ class LedgerStorage:
             self._dirty_states.discard(ledger_id)
             self._dropped_states.add(ledger_id)
         self._purge.add(ledger_id)
+        for per_ledger in self.log_usage.values():
+            per_ledger.pop(ledger_id, None)
         for log_id, ledgers in self.log_ledgers.items():
             if ledger_id in ledgers:
                 ledgers.discard(ledger_id)
@@ -365,14 +393,18 @@ class LedgerStorage:
         ]
         free_logs += self._orphan_logs
         self._orphan_logs = []
+        # Logs written since the last checkpoint have new usage to save.
+        self._dirty_logs.update(log_id for log_id, _ in sync_logs)
         for log_id in free_logs:
             self.log_ledgers.pop(log_id, None)
+            self.log_usage.pop(log_id, None)
             self._dirty_logs.discard(log_id)
         update.dropped_logs = free_logs
         for log_id in sorted(self._dirty_logs):
             ledgers = self.log_ledgers.get(log_id)
             if ledgers is not None:
                 update.logs.append((log_id, sorted(ledgers)))
+                update.usage.append((log_id, dict(self.log_usage.get(log_id, {}))))
         self._dirty_logs.clear()
         return CheckpointWork(update, sync_logs, free_logs, journal_dir, flushed)
 

@@ -155,6 +155,7 @@ class _IndexData:
     entries: dict[tuple[int, int], Location] = field(default_factory=dict)
     states: dict[int, bytes] = field(default_factory=dict)
     logs: dict[int, list[int]] = field(default_factory=dict)
+    usage: dict[int, dict[int, int]] = field(default_factory=dict)
     mark: tuple[int, int] | None = None
 
 
@@ -460,6 +461,27 @@ class MemoryIndex:
         self._files._live()
         return self._data.mark
 
+    def load_usage(self) -> dict[int, dict[int, int]] | None:
+        self._files._live()
+        if not self._data.usage and self._data.entries:
+            return None
+        return {log_id: dict(per) for log_id, per in self._data.usage.items()}
+
+    def scan_usage(self) -> dict[int, dict[int, int]]:
+        usage: dict[int, dict[int, int]] = {}
+        for (ledger_id, _), (log_id, _, size) in self._data.entries.items():
+            per = usage.setdefault(log_id, {})
+            per[ledger_id] = per.get(ledger_id, 0) + size + 8
+        return usage
+
+    def entries_in_log(
+        self, ledger_id: int, log_id: int, after: int, limit: int
+    ) -> tuple[list[int], int | None]:
+        self._files._live()
+        ids = sorted(e for lid, e in self._data.entries if lid == ledger_id and e > after)
+        found = [e for e in ids[:limit] if self._data.entries[(ledger_id, e)][0] == log_id]
+        return found, (ids[limit - 1] if len(ids) > limit else None)
+
     def get(self, ledger_id: int, entry_id: int) -> Location | None:
         self._files._live()
         return self._data.entries.get((ledger_id, entry_id))
@@ -495,8 +517,11 @@ class MemoryIndex:
             data.states[ledger_id] = state_bytes
         for log_id in update.dropped_logs:
             data.logs.pop(log_id, None)
+            data.usage.pop(log_id, None)
         for log_id, ledger_ids in update.logs:
             data.logs[log_id] = list(ledger_ids)
+        for log_id, per_ledger in update.usage:
+            data.usage[log_id] = dict(per_ledger)
         data.mark = update.mark
 
     def close(self) -> None:
