@@ -29,6 +29,7 @@ from typing import NoReturn
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "quorumlog.commands.bookie",
     "quorumlog.commands.localbookie",
+    "quorumlog.commands.autorecovery",
     "quorumlog.commands.shell",
     "quorumlog.commands.bench",
     "quorumlog.commands.dice",

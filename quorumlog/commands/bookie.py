@@ -18,11 +18,16 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from quorumlog.commands import autorecovery as _autorecovery_command
 from quorumlog.errors import BKError
 from quorumlog.server.config import ServerConfig
+
+if TYPE_CHECKING:
+    from quorumlog.replication.autorecovery import AutoRecoveryConfig
 
 _DEFAULTS = BookieConfig(data_dir=Path("."))
 _SERVER_DEFAULTS = ServerConfig()
@@ -52,6 +57,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="TCP port on 127.0.0.1 (default: the port the cookie records, else a free one)",
     )
     p.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="serve the HTTP admin API and /metrics on 127.0.0.1:PORT (0: a free port, "
+        "printed on stdout; default: not served)",
+    )
+    p.add_argument(
         "--no-journal-sync",
         action="store_true",
         help="acknowledge adds before they are fsynced (unsafe: benchmarks only)",
@@ -74,6 +86,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         default=_SERVER_DEFAULTS.gc_interval_ms,
         help="garbage collection interval (default: %(default)s)",
     )
+    _add_compaction_options(p)
     p.add_argument(
         "--max-connections",
         type=int,
@@ -100,12 +113,59 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="metadata session timeout (default: %(default)s)",
     )
     p.add_argument(
+        "--autorecovery",
+        action="store_true",
+        help="also run the autorecovery daemon (auditor candidate and replication worker) "
+        "in this process; its options are those of quorumlog autorecovery",
+    )
+    _autorecovery_command.add_options(p)
+    p.add_argument(
         "--log-level",
         default="WARNING",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="log level on stderr (default: %(default)s)",
     )
     p.set_defaults(func=run)
+
+
+def _add_compaction_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--entry-log-max-bytes",
+        type=int,
+        default=_DEFAULTS.entry_log_max_bytes,
+        help="size at which a new entry log is started (default: %(default)s)",
+    )
+    for kind in ("minor", "major"):
+        p.add_argument(
+            f"--{kind}-compaction-threshold",
+            type=float,
+            default=getattr(_DEFAULTS, f"{kind}_compaction_threshold"),
+            help=f"{kind} compaction rewrites entry logs with less than this fraction "
+            f"live; 0 turns it off (default: %(default)s)",
+        )
+        p.add_argument(
+            f"--{kind}-compaction-interval-ms",
+            type=int,
+            default=getattr(_DEFAULTS, f"{kind}_compaction_interval_ms"),
+            help=f"time between {kind} compactions; 0 turns it off (default: %(default)s)",
+        )
+    p.add_argument(
+        "--compaction-rate-bytes-per-s",
+        type=float,
+        default=_DEFAULTS.compaction_rate_bytes_per_s,
+        help="most entry bytes compaction copies per second; 0: no limit (default: %(default)s)",
+    )
+    p.add_argument(
+        "--compaction-rate-entries-per-s",
+        type=float,
+        default=_DEFAULTS.compaction_rate_entries_per_s,
+        help="most entries compaction copies per second; 0: no limit (default: %(default)s)",
+    )
+    p.add_argument(
+        "--compaction-allowed-when-disk-full",
+        action="store_true",
+        help="keep running minor compaction while the disk is over its usage threshold",
+    )
 
 
 def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]:
@@ -126,6 +186,8 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         raise ValueError("--max-connections must be positive")
     if args.max_in_flight_bytes <= 0:
         raise ValueError("--max-in-flight-bytes must be positive")
+    if args.http_port is not None and not 0 <= args.http_port <= 65535:
+        raise ValueError(f"--http-port {args.http_port}: expected 0..65535")
     data_dir = args.data_dir.absolute()
     journal_dir = args.journal_dir.absolute() if args.journal_dir is not None else None
     config = BookieConfig(
@@ -137,12 +199,24 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         disk_usage_threshold=args.disk_usage_threshold,
         # The low mark must not be above the high one (0.0 means: read-only from the start).
         disk_usage_lwm_threshold=min(_DEFAULTS.disk_usage_lwm_threshold, args.disk_usage_threshold),
+        entry_log_max_bytes=args.entry_log_max_bytes,
+        minor_compaction_threshold=args.minor_compaction_threshold,
+        minor_compaction_interval_ms=args.minor_compaction_interval_ms,
+        major_compaction_threshold=args.major_compaction_threshold,
+        major_compaction_interval_ms=args.major_compaction_interval_ms,
+        compaction_rate_bytes_per_s=args.compaction_rate_bytes_per_s,
+        compaction_rate_entries_per_s=args.compaction_rate_entries_per_s,
+        compaction_allowed_when_disk_full=args.compaction_allowed_when_disk_full,
     )
+    problems = config.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
     server_config = ServerConfig(
         gc_interval_ms=args.gc_interval_ms,
         metadata_session_timeout_ms=args.metadata_session_timeout_ms,
         max_connections=args.max_connections,
         max_in_flight_bytes=args.max_in_flight_bytes,
+        http_port=args.http_port,
     )
     return config, server_config, resolve_metadata_uri(args.metadata)
 
@@ -164,9 +238,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # InvalidArgumentError is a ValueError too
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        recovery = _autorecovery_command.config_from_args(args) if args.autorecovery else None
+    except ValueError as exc:
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     loop = _new_event_loop()
     try:
-        return loop.run_until_complete(_serve(config, server_config, uri, args.port))
+        return loop.run_until_complete(_serve(config, server_config, uri, args.port, recovery))
     except BookieStartError as exc:
         print(f"{_PROG}: refusing to start: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -185,7 +264,14 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-async def _serve(config: BookieConfig, server_config: ServerConfig, uri: str, port: int) -> int:
+async def _serve(
+    config: BookieConfig,
+    server_config: ServerConfig,
+    uri: str,
+    port: int,
+    recovery: AutoRecoveryConfig | None = None,
+) -> int:
+    from quorumlog.replication.autorecovery import AutoRecovery
     from quorumlog.server.server import BookieServer
 
     loop = asyncio.get_running_loop()
@@ -193,6 +279,8 @@ async def _serve(config: BookieConfig, server_config: ServerConfig, uri: str, po
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
     server = BookieServer(config, uri, port=port, server_config=server_config)
+    daemon: AutoRecovery | None = None
+    daemon_task: asyncio.Task[None] | None = None
     starting = loop.create_task(server.start())
     stop_wait = loop.create_task(stop_requested.wait())
     try:
@@ -205,10 +293,20 @@ async def _serve(config: BookieConfig, server_config: ServerConfig, uri: str, po
             return EXIT_OK
         starting.result()  # raises the start-up error, if any
         mode = " read-only" if server.registered_read_only else ""
+        if server_config.http_port is not None:
+            print(f"bookie {server.address} admin http://127.0.0.1:{server.http_port}", flush=True)
         print(f"bookie {server.address} ready{mode}", flush=True)
+        if recovery is not None:
+            # Identified by the bookie's address: whoisauditor then names a bookie.
+            daemon = AutoRecovery(uri, recovery, identifier=server.address)
+            daemon_task = loop.create_task(daemon.run())
         await stop_wait
     finally:
         stop_wait.cancel()
+        if daemon is not None and daemon_task is not None:
+            daemon.stop()
+            with contextlib.suppress(asyncio.CancelledError, BKError):
+                await asyncio.wait_for(daemon_task, 30)
     await server.stop()
     print(f"bookie {server.address} stopped", flush=True)
     return EXIT_OK

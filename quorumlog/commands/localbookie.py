@@ -5,8 +5,9 @@ processes, each with its own directories under the data directory (default
 ``./.quorumlog``). Prints ``metadata: URI`` first, then ``N bookies ready``
 once every bookie is registered, and runs until SIGINT or SIGTERM, when it
 stops every bookie (SIGTERM by pid, a bounded wait, then SIGKILL) and exits 0.
-The data stays in the data directory: a second run with the same directory
-finds the same bookies (same ports) and ledgers.
+Each bookie also runs autorecovery (``quorumlog bookie --autorecovery``) unless
+``--no-autorecovery``. The data stays in the data directory: a second run with the
+same directory finds the same bookies (same ports) and ledgers.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="bookies acknowledge adds before they are fsynced (unsafe: benchmarks only)",
     )
     p.add_argument(
+        "--no-autorecovery",
+        action="store_true",
+        help="do not run autorecovery in the bookies (by default each bookie runs an "
+        "auditor candidate and a replication worker)",
+    )
+    p.add_argument(
         "--start-timeout-s",
         type=float,
         default=60.0,
@@ -77,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         data_dir,
         args.num_bookies,
         journal_sync=not args.no_journal_sync,
+        extra_args=() if args.no_autorecovery else ("--autorecovery",),
         start_timeout_s=args.start_timeout_s,
     )
     try:

@@ -10,6 +10,12 @@
     quorumlog shell auditledger ID [--json] [--password TEXT]
     quorumlog shell recoverbookie BOOKIE [--ledger ID ...] [--dry-run] [--skip-open-ledgers |
                                          --close-open-ledgers] [--json] [--password TEXT]
+    quorumlog shell listunderreplicated [--json]
+    quorumlog shell whoisauditor
+    quorumlog shell autorecovery enable|disable|status
+    quorumlog shell lostbookierecoverydelay [SECONDS]
+    quorumlog shell triggeraudit
+    quorumlog shell decommissionbookie BOOKIE [--password TEXT]
 
 Every failure is one line on stderr and a non-zero exit status, never a traceback.
 """
@@ -90,7 +96,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     recover.add_argument("--json", action="store_true", help="print the report as one JSON object")
     recover.add_argument("--password", default="", help="the ledgers' password (text)")
+    _add_autorecovery_commands(commands)
     shell.set_defaults(func=run)
+
+
+def _add_autorecovery_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    listur = commands.add_parser(
+        "listunderreplicated", help="list the ledgers marked under-replicated, with lost bookies"
+    )
+    listur.add_argument("--json", action="store_true", help="one JSON object per line")
+    commands.add_parser("whoisauditor", help="print the autorecovery auditor's identifier")
+    ar = commands.add_parser("autorecovery", help="enable, disable or show autorecovery")
+    ar.add_argument("action", choices=["enable", "disable", "status"])
+    delay = commands.add_parser(
+        "lostbookierecoverydelay",
+        help="print, or set cluster-wide, how long a bookie may be gone before its "
+        "ledgers are re-replicated",
+    )
+    delay.add_argument("seconds", type=int, nargs="?", default=None)
+    commands.add_parser("triggeraudit", help="ask the auditor for a full audit now")
+    decommission = commands.add_parser(
+        "decommissionbookie",
+        help="re-replicate everything a bookie holds (fencing and closing open ledgers "
+        "whose last fragment names it), then delete its cookie and registration",
+    )
+    decommission.add_argument("bookie", help="host:port")
+    decommission.add_argument("--password", default="", help="the ledgers' password (text)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
         "bookiesanity": _bookiesanity,
         "auditledger": _auditledger,
         "recoverbookie": _recoverbookie,
+        "listunderreplicated": _listunderreplicated,
+        "whoisauditor": _whoisauditor,
+        "autorecovery": _autorecovery,
+        "lostbookierecoverydelay": _lostbookierecoverydelay,
+        "triggeraudit": _triggeraudit,
+        "decommissionbookie": _decommissionbookie,
     }
     handler = handlers[args.shell_command]
     loop = new_event_loop()
@@ -285,3 +322,81 @@ async def _recoverbookie(bk, args: argparse.Namespace) -> int:  # type: ignore[n
     else:
         print(report.summary(ledgers=False))
     return report.exit_status
+
+
+async def _listunderreplicated(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from quorumlog.replication.underreplication import UnderReplicationManager
+
+    marks = UnderReplicationManager(bk.store)
+    for mark in await marks.list_marks():
+        owner = await marks.lock_owner(mark.ledger_id)
+        if args.json:
+            print(json.dumps({**mark.to_dict(), "claimed_by": owner}, sort_keys=True))
+        else:
+            claim = f" (being repaired by {owner})" if owner else ""
+            print(f"{mark.ledger_id}\tlost {', '.join(mark.bookies)}{claim}")
+    return 0
+
+
+async def _whoisauditor(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from quorumlog.replication.underreplication import UnderReplicationManager
+
+    auditor = await UnderReplicationManager(bk.store).auditor()
+    if auditor is None:
+        print("no auditor (no autorecovery process is running)", file=sys.stderr)
+        return 1
+    print(auditor)
+    return 0
+
+
+async def _autorecovery(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from quorumlog.replication.underreplication import UnderReplicationManager
+
+    marks = UnderReplicationManager(bk.store)
+    if args.action != "status":
+        await marks.set_enabled(args.action == "enable")
+    enabled = await marks.is_enabled()
+    print(f"autorecovery {'enabled' if enabled else 'disabled'}")
+    if args.action == "status":
+        print(f"auditor: {await marks.auditor() or 'none'}")
+        print(f"lost bookie recovery delay: {await marks.lost_bookie_recovery_delay_s()} s")
+        print(f"under-replicated ledgers: {len(await marks.marked_ledgers())}")
+        last = await marks.last_audit()
+        if last is not None:
+            print(f"last audit: {json.dumps(last, sort_keys=True)}")
+    return 0
+
+
+async def _lostbookierecoverydelay(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from quorumlog.replication.underreplication import UnderReplicationManager
+
+    marks = UnderReplicationManager(bk.store)
+    if args.seconds is not None:
+        await marks.set_lost_bookie_recovery_delay_s(args.seconds)
+    print(f"lostBookieRecoveryDelay {await marks.lost_bookie_recovery_delay_s()} s")
+    return 0
+
+
+async def _triggeraudit(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from quorumlog.replication.underreplication import UnderReplicationManager
+
+    marks = UnderReplicationManager(bk.store)
+    await marks.request_audit()
+    auditor = await marks.auditor()
+    if auditor is None:
+        print("audit requested; no auditor is running: it runs when one starts")
+    else:
+        print(f"audit requested from the auditor {auditor}")
+    return 0
+
+
+async def _decommissionbookie(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from quorumlog.replication.decommission import decommission_bookie
+
+    result = await decommission_bookie(bk, args.bookie, password=args.password.encode())
+    for report in result.reports:
+        for ledger in report.ledgers:
+            if ledger.error:
+                print(ledger.summary(), file=sys.stderr)
+    print(result.summary())
+    return 0 if result.complete else 1

@@ -1,0 +1,168 @@
+"""``quorumlog autorecovery``: the autorecovery daemon (an auditor candidate and a
+replication worker) in the foreground.
+
+Prints ``autorecovery IDENTIFIER running`` once it has joined the auditor election;
+SIGTERM or SIGINT stop it (exit status 0). ``quorumlog bookie --autorecovery`` runs
+the same daemon inside a bookie process, with the same options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from quorumlog.errors import BKError
+from quorumlog.replication.auditor import AUDIT_INTERVAL_S_DEFAULT, BOOKIE_CHECK_INTERVAL_S_DEFAULT
+from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
+from quorumlog.replication.worker import OPEN_LEDGER_GRACE_S_DEFAULT, RETRY_BACKOFF_S_DEFAULT
+
+_PROG = "quorumlog autorecovery"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "autorecovery",
+        help="run the autorecovery daemon (auditor candidate and replication worker)",
+        description="Run an auditor candidate and a replication worker until SIGTERM or SIGINT.",
+    )
+    p.add_argument(
+        "--metadata",
+        metavar="URI",
+        help="metadata store (default: $QUORUMLOG_METADATA, else sqlite:// ./.quorumlog)",
+    )
+    add_options(p)
+    p.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level on stderr (default: %(default)s)",
+    )
+    p.set_defaults(func=run)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The daemon's options, shared with ``quorumlog bookie --autorecovery``."""
+    p.add_argument(
+        "--audit-interval-s",
+        type=float,
+        default=AUDIT_INTERVAL_S_DEFAULT,
+        help="seconds between periodic audits of the closed ledgers (default: %(default)s)",
+    )
+    p.add_argument(
+        "--audit-sample",
+        type=float,
+        default=1.0,
+        help="fraction of the closed ledgers each periodic audit checks, 0..1 "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--bookie-check-interval-s",
+        type=float,
+        default=BOOKIE_CHECK_INTERVAL_S_DEFAULT,
+        help="seconds between the auditor's full reads of which bookies ledgers name, "
+        "besides bookie events (default: %(default)s)",
+    )
+    p.add_argument(
+        "--open-ledger-grace-s",
+        type=float,
+        default=OPEN_LEDGER_GRACE_S_DEFAULT,
+        help="how long an open ledger's writer may replace a lost bookie itself before "
+        "the ledger is fenced and closed (default: %(default)s)",
+    )
+    p.add_argument(
+        "--retry-backoff-s",
+        type=float,
+        default=RETRY_BACKOFF_S_DEFAULT,
+        help="pause before retrying a ledger that could not be repaired (default: %(default)s)",
+    )
+    p.add_argument(
+        "--autorecovery-session-timeout-ms",
+        type=int,
+        default=AutoRecoveryConfig().metadata_session_timeout_ms,
+        help="metadata session timeout of the daemon: how long a dead worker's claims and "
+        "a dead auditor's place outlive it (default: %(default)s)",
+    )
+    p.add_argument("--password", default="", help="the ledgers' password (text)")
+    p.add_argument(
+        "--no-auditor", action="store_true", help="run a replication worker only, never audit"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> AutoRecoveryConfig:
+    """ValueError with a one-line reason for bad values."""
+    if args.audit_interval_s <= 0:
+        raise ValueError("--audit-interval-s must be positive")
+    if not 0.0 < args.audit_sample <= 1.0:
+        raise ValueError("--audit-sample must be in (0, 1]")
+    if args.bookie_check_interval_s <= 0:
+        raise ValueError("--bookie-check-interval-s must be positive")
+    if args.open_ledger_grace_s < 0 or args.retry_backoff_s < 0:
+        raise ValueError("--open-ledger-grace-s and --retry-backoff-s must not be negative")
+    if args.autorecovery_session_timeout_ms <= 0:
+        raise ValueError("--autorecovery-session-timeout-ms must be positive")
+    config = AutoRecoveryConfig(
+        election_session_timeout_ms=args.autorecovery_session_timeout_ms,
+        metadata_session_timeout_ms=args.autorecovery_session_timeout_ms,
+        run_auditor=not args.no_auditor,
+    )
+    password = args.password.encode()
+    config.auditor.audit_interval_s = args.audit_interval_s
+    config.auditor.audit_sample_fraction = args.audit_sample
+    config.auditor.bookie_check_interval_s = args.bookie_check_interval_s
+    config.auditor.password = password
+    config.worker.open_ledger_grace_s = args.open_ledger_grace_s
+    config.worker.retry_backoff_s = args.retry_backoff_s
+    config.worker.password = password
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    from quorumlog.client.sync import new_event_loop
+    from quorumlog.meta.factory import resolve_metadata_uri
+
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.log_level != "DEBUG":
+        logging.getLogger("kazoo").setLevel(logging.ERROR)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    uri = resolve_metadata_uri(args.metadata)
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(_serve(uri, config))
+    except (BKError, OSError) as exc:
+        print(f"{_PROG}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    finally:
+        loop.close()
+
+
+async def _serve(uri: str, config: AutoRecoveryConfig) -> int:
+    from quorumlog.client.bookkeeper import BookKeeper
+
+    # Fail at once, in one line, on a store that is not there (a client never makes one).
+    probe = await BookKeeper.connect(uri)
+    await probe.close()
+    daemon = AutoRecovery(uri, config)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, daemon.stop)
+    task = loop.create_task(daemon.run())
+    started = loop.create_task(daemon.started.wait())
+    await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+    if daemon.started.is_set():
+        print(f"autorecovery {daemon.identifier} running", flush=True)
+    await task
+    started.cancel()
+    print(f"autorecovery {daemon.identifier} stopped", flush=True)
+    return EXIT_OK

@@ -1,0 +1,315 @@
+"""The auditor of autorecovery: decides which ledgers are under-replicated and marks them.
+
+One auditor runs at a time among the autorecovery processes (the leader of the
+election group ``autorecovery-auditor``). While it leads it
+
+- watches the available bookies (writable and read-only). A bookie that some
+  ledger names but that is not available is *lost*; once it has been lost for
+  longer than the lost-bookie recovery delay (cluster-wide, in the metadata store),
+  every ledger with a fragment on it is marked under-replicated, naming it;
+- every ``audit_interval_s`` (and when ``quorumlog shell triggeraudit`` asks),
+  audits a sample of the closed ledgers (the replica check of
+  :func:`~quorumlog.replication.audit_ledger`) and marks each ledger where an
+  available bookie misses or holds a damaged copy, naming that bookie. Open
+  ledgers are left out: their last copies may still be on their way (Qa < Qw),
+  and their last fragment belongs to the writer.
+
+It never copies anything: the replication workers do. The decisions (which
+bookies are lost, since when, which ledgers to mark) are pure functions and a small
+clock-driven class, :class:`LossTracker`, tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from quorumlog.errors import BKError, NoNodeError, NoSuchLedgerError
+from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.replication.audit import audit_ledger
+from quorumlog.replication.report import LedgerAudit
+from quorumlog.replication.underreplication import (
+    AUDIT_REQUEST_PATH,
+    AUDITOR_PATH,
+    DELAY_PATH,
+    ENABLED_PATH,
+    UnderReplicationManager,
+)
+
+if TYPE_CHECKING:
+    from quorumlog.client.bookkeeper import BookKeeper
+    from quorumlog.meta.store import Watch, WatchEvent
+
+log = logging.getLogger(__name__)
+
+# BookKeeper checks all ledgers once a week by default; a day suits smaller clusters.
+AUDIT_INTERVAL_S_DEFAULT = 86_400.0
+# How often the auditor re-reads every ledger's bookies even without a bookie event
+# (a missed watch event, a ledger created on a bookie that then went).
+BOOKIE_CHECK_INTERVAL_S_DEFAULT = 60.0
+
+
+# ---------------------------------------------------------------- pure decisions
+
+
+def bookie_index(ledgers: Mapping[int, LedgerMetadata]) -> dict[str, set[int]]:
+    """Which ledgers each bookie holds a fragment of."""
+    index: dict[str, set[int]] = {}
+    for ledger_id, md in ledgers.items():
+        for bookie in md.all_bookies():
+            index.setdefault(bookie, set()).add(ledger_id)
+    return index
+
+
+def lost_bookies(referenced: Iterable[str], available: Iterable[str]) -> set[str]:
+    """Bookies some ledger names that are not available (writable or read-only)."""
+    return set(referenced) - set(available)
+
+
+class LossTracker:
+    """Since when each bookie has been lost, by a monotonic clock the caller passes.
+
+    A bookie that comes back is forgotten: a later loss starts the delay again, as a
+    restart within the delay must cost no copying.
+    """
+
+    def __init__(self) -> None:
+        self.lost_since: dict[str, float] = {}
+
+    def observe(self, lost: Iterable[str], now_s: float) -> None:
+        current = set(lost)
+        for bookie in list(self.lost_since):
+            if bookie not in current:
+                del self.lost_since[bookie]
+        for bookie in current:
+            self.lost_since.setdefault(bookie, now_s)
+
+    def due(self, now_s: float, delay_s: float) -> set[str]:
+        """Bookies lost for at least ``delay_s``."""
+        return {b for b, since in self.lost_since.items() if now_s - since >= delay_s}
+
+    def next_due_in(self, now_s: float, delay_s: float) -> float | None:
+        """Seconds until the next bookie becomes due (0 if one is), None if none is lost."""
+        if not self.lost_since:
+            return None
+        return max(0.0, min(since + delay_s - now_s for since in self.lost_since.values()))
+
+
+def marks_for_lost(index: Mapping[str, set[int]], due: Iterable[str]) -> dict[int, set[str]]:
+    """ledger id -> the due lost bookies it names."""
+    marks: dict[int, set[str]] = {}
+    for bookie in due:
+        for ledger_id in index.get(bookie, ()):
+            marks.setdefault(ledger_id, set()).add(bookie)
+    return marks
+
+
+def bookies_to_repair(audit: LedgerAudit, available: Iterable[str]) -> set[str]:
+    """The available bookies that answered an audit without some copies, or with
+    damaged ones. A bookie that did not answer (unreachable), or is not available,
+    is the lost-bookie path's business: its delay lets a restart cost no copying."""
+    up = set(available) - set(audit.unreachable_bookies)
+    bad = {bookie for _, bookie in audit.missing} | {bookie for _, bookie, _ in audit.damaged}
+    return bad & up
+
+
+def sample(ledger_ids: list[int], fraction: float, rng: random.Random) -> list[int]:
+    """A random ``fraction`` (0..1] of ``ledger_ids``, at least one when any; sorted."""
+    if fraction >= 1.0 or not ledger_ids:
+        return sorted(ledger_ids)
+    count = max(1, round(len(ledger_ids) * fraction))
+    return sorted(rng.sample(ledger_ids, count))
+
+
+# ---------------------------------------------------------------- the auditor
+
+
+@dataclass
+class AuditorConfig:
+    audit_interval_s: float = AUDIT_INTERVAL_S_DEFAULT
+    # The fraction of closed ledgers each periodic audit checks (1: all of them).
+    audit_sample_fraction: float = 1.0
+    bookie_check_interval_s: float = BOOKIE_CHECK_INTERVAL_S_DEFAULT
+    # Password of the ledgers (needed for MAC digests); one for all, as BookKeeper's
+    # autorecovery uses the configured one.
+    password: bytes = b""
+
+
+@dataclass
+class AuditorStats:
+    bookie_checks: int = 0
+    audits: int = 0
+    ledgers_marked: int = 0
+    lost_marked: set[str] = field(default_factory=set)
+
+
+class Auditor:
+    """Runs while this process leads the auditor election; :meth:`run` returns when
+    cancelled (the daemon cancels it on leadership loss)."""
+
+    def __init__(
+        self,
+        bk: BookKeeper,
+        identifier: str,
+        config: AuditorConfig | None = None,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.bk = bk
+        self.identifier = identifier
+        self.config = config or AuditorConfig()
+        self.marks = UnderReplicationManager(bk.store)
+        self.tracker = LossTracker()
+        self.stats = AuditorStats()
+        self.rng = rng or random.Random()
+        self._wake = asyncio.Event()
+        self._audit_requested = False
+
+    async def run(self) -> None:
+        watches: list[Watch] = []
+        try:
+            await self._publish()
+            watches.append(self.bk.registry.watch(self._wake.set))
+            for path in (DELAY_PATH, ENABLED_PATH):
+                watches.append(self.bk.store.watch(path, self._on_event))
+            watches.append(self.bk.store.watch(AUDIT_REQUEST_PATH, self._on_audit_request))
+            await self._loop()
+        finally:
+            for w in watches:
+                w.cancel()
+            with contextlib.suppress(BKError, asyncio.CancelledError):
+                await asyncio.shield(self._unpublish())
+
+    def _on_event(self, _event: WatchEvent) -> None:
+        self._wake.set()
+
+    def _on_audit_request(self, _event: WatchEvent) -> None:
+        self._wake.set()
+
+    async def _publish(self) -> None:
+        """Who audits, for ``whoisauditor``: an ephemeral node with our identifier. A
+        previous auditor's node may still wait for its session to expire."""
+        data = self.identifier.encode()
+        with contextlib.suppress(NoNodeError):
+            await self.bk.store.delete(AUDITOR_PATH)
+        await self.bk.store.create(AUDITOR_PATH, data, ephemeral=True)
+
+    async def _unpublish(self) -> None:
+        node = await self.bk.store.get(AUDITOR_PATH)
+        if node.data == self.identifier.encode():
+            await self.bk.store.delete(AUDITOR_PATH, node.version)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_audit = loop.time() + self.config.audit_interval_s
+        next_index = 0.0
+        index: dict[str, set[int]] = {}
+        available: set[str] = set()
+        while True:
+            self._wake.clear()
+            enabled = await self.marks.is_enabled()
+            delay_s = await self.marks.lost_bookie_recovery_delay_s()
+            now = loop.time()
+            if enabled:
+                new_available = set(await self.bk.registry.writable_bookies())
+                new_available |= set(await self.bk.registry.readonly_bookies())
+                if new_available != available or now >= next_index:
+                    available = new_available
+                    index = await self._read_index()
+                    next_index = now + self.config.bookie_check_interval_s
+                self.stats.bookie_checks += 1
+                self.tracker.observe(lost_bookies(index, available), now)
+                due = self.tracker.due(now, delay_s)
+                if due:
+                    # Mark from a fresh read: workers may have taken the bookie out of
+                    # ledgers since the index was read, and those must not be marked again.
+                    index = await self._read_index()
+                    next_index = now + self.config.bookie_check_interval_s
+                    self.tracker.observe(lost_bookies(index, available), now)
+                    due = self.tracker.due(now, delay_s)
+                    await self._mark_lost(index, due)
+                requested = await self.bk.store.exists(AUDIT_REQUEST_PATH) is not None
+                if requested or now >= next_audit:
+                    await self.audit_all(available)
+                    next_audit = loop.time() + self.config.audit_interval_s
+                    if requested:
+                        with contextlib.suppress(NoNodeError):
+                            await self.bk.store.delete(AUDIT_REQUEST_PATH)
+            timeout = min(self.config.bookie_check_interval_s, max(0.0, next_audit - loop.time()))
+            pending = self.tracker.next_due_in(loop.time(), delay_s)
+            if pending is not None:
+                # A due bookie already marked stays due: look again at the check interval.
+                timeout = min(timeout, pending if pending > 0 else timeout)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.05, timeout))
+
+    async def _read_index(self) -> dict[str, set[int]]:
+        ledgers: dict[int, LedgerMetadata] = {}
+        for ledger_id in await self.bk.ledgers.list_ledger_ids():
+            try:
+                ledgers[ledger_id], _ = await self.bk.ledgers.read(ledger_id)
+            except NoSuchLedgerError:
+                continue
+        return bookie_index(ledgers)
+
+    async def _mark_lost(self, index: Mapping[str, set[int]], due: set[str]) -> None:
+        marked = 0
+        for ledger_id, bookies in sorted(marks_for_lost(index, due).items()):
+            if await self.marks.mark(ledger_id, bookies):
+                marked += 1
+        if marked:
+            log.warning(
+                "auditor: bookie(s) %s lost past the recovery delay: %d ledger(s) marked",
+                ", ".join(sorted(due)),
+                marked,
+            )
+        self.stats.ledgers_marked += marked
+        self.stats.lost_marked |= due
+
+    async def audit_all(self, available: set[str]) -> dict[str, object]:
+        """The periodic check: audit a sample of the closed ledgers, mark what is bad."""
+        started = time.time()
+        ids = await self.bk.ledgers.list_ledger_ids()
+        closed = []
+        for ledger_id in ids:
+            try:
+                md, _ = await self.bk.ledgers.read(ledger_id)
+            except NoSuchLedgerError:
+                continue
+            if md.is_closed:
+                closed.append(ledger_id)
+        chosen = sample(closed, self.config.audit_sample_fraction, self.rng)
+        marked, failed = 0, 0
+        for ledger_id in chosen:
+            try:
+                audit = await audit_ledger(self.bk, ledger_id, password=self.config.password)
+            except NoSuchLedgerError:
+                continue
+            except BKError as exc:
+                failed += 1
+                log.warning("auditor: ledger %d could not be audited: %s", ledger_id, exc)
+                continue
+            bad = bookies_to_repair(audit, available)
+            if bad and await self.marks.mark(ledger_id, bad):
+                marked += 1
+        summary: dict[str, object] = {
+            "auditor": self.identifier,
+            "started_ms": int(started * 1000),
+            "elapsed_ms": int((time.time() - started) * 1000),
+            "ledgers": len(ids),
+            "closed": len(closed),
+            "audited": len(chosen),
+            "marked": marked,
+            "failed": failed,
+        }
+        self.stats.audits += 1
+        self.stats.ledgers_marked += marked
+        with contextlib.suppress(BKError):
+            await self.marks.put_last_audit(summary)
+        return summary

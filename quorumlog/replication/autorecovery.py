@@ -1,0 +1,171 @@
+"""The autorecovery daemon: an auditor candidate and a replication worker in one process.
+
+Every autorecovery process (``quorumlog autorecovery``, or one inside a bookie with
+``quorumlog bookie --autorecovery``) joins the auditor election; the leader runs the
+:class:`~quorumlog.replication.auditor.Auditor`, and every process runs a
+:class:`~quorumlog.replication.worker.ReplicationWorker`. When the leader dies or is
+cut off, its election node goes with its session and the next candidate audits.
+
+The client's metadata session holds the worker's locks and the auditor's published
+name. If that session is lost (LOST is final for a store), the daemon stops both,
+closes the client and starts again with a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from quorumlog.client.bookkeeper import BookKeeper
+from quorumlog.client.config import ClientConfig
+from quorumlog.errors import BKError
+from quorumlog.meta.store import SessionState
+from quorumlog.recipes.election import LeaderElection
+from quorumlog.replication.auditor import Auditor, AuditorConfig
+from quorumlog.replication.underreplication import AUDITOR_ELECTION_GROUP
+from quorumlog.replication.worker import ReplicationWorker, WorkerConfig
+
+log = logging.getLogger(__name__)
+
+_RECONNECT_PAUSE_S = 1.0
+
+
+@dataclass
+class AutoRecoveryConfig:
+    auditor: AuditorConfig = field(default_factory=AuditorConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    # The election's session: how long a frozen or cut-off auditor keeps its place.
+    election_session_timeout_ms: int = 4_000
+    # The client's session: how long a dead worker's locks outlive it.
+    metadata_session_timeout_ms: int = 4_000
+    run_worker: bool = True
+    run_auditor: bool = True
+
+
+class AutoRecovery:
+    """Run with ``await daemon.run()`` until cancelled or :meth:`stop`."""
+
+    def __init__(
+        self,
+        metadata_uri: str,
+        config: AutoRecoveryConfig | None = None,
+        *,
+        identifier: str | None = None,
+    ) -> None:
+        self.metadata_uri = metadata_uri
+        self.config = config or AutoRecoveryConfig()
+        self.identifier = identifier or f"{socket.gethostname()}:{os.getpid()}"
+        self.worker: ReplicationWorker | None = None
+        self.auditor: Auditor | None = None
+        self.is_auditor = False
+        self._stop = asyncio.Event()
+        self.started = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await self._session()
+            except BKError as exc:
+                log.warning("autorecovery: %s; starting again", exc)
+            if not self._stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), _RECONNECT_PAUSE_S)
+
+    async def _session(self) -> None:
+        client_config = ClientConfig(
+            metadata_session_timeout_ms=self.config.metadata_session_timeout_ms
+        )
+        bk = await BookKeeper.connect(self.metadata_uri, config=client_config)
+        lost = asyncio.Event()
+
+        def on_session(state: SessionState) -> None:
+            if state is SessionState.LOST:
+                lost.set()
+
+        bk.store.add_session_listener(on_session)
+        tasks: set[asyncio.Task[None]] = set()
+        auditor_task: list[asyncio.Task[None]] = []
+
+        def gain() -> None:
+            self.is_auditor = True
+            auditor = Auditor(bk, self.identifier, self.config.auditor)
+            self.auditor = auditor
+            task = asyncio.get_running_loop().create_task(
+                self._again_on_error("auditor", auditor.run)
+            )
+            auditor_task.append(task)
+
+        def loss() -> None:
+            self.is_auditor = False
+            while auditor_task:
+                auditor_task.pop().cancel()
+
+        election: LeaderElection | None = None
+        try:
+            if self.config.run_worker:
+                worker = ReplicationWorker(bk, self.identifier, self.config.worker)
+                self.worker = worker
+                tasks.add(
+                    asyncio.get_running_loop().create_task(
+                        self._again_on_error("worker", worker.run)
+                    )
+                )
+            if self.config.run_auditor:
+                election = LeaderElection(
+                    bk,
+                    AUDITOR_ELECTION_GROUP,
+                    identifier=self.identifier,
+                    session_timeout_ms=self.config.election_session_timeout_ms,
+                    on_gain=gain,
+                    on_loss=loss,
+                )
+                await election.start()
+            self.started.set()
+            waits = [
+                asyncio.ensure_future(self._stop.wait()),
+                asyncio.ensure_future(lost.wait()),
+            ]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if lost.is_set():
+                log.warning("autorecovery: metadata session lost; reconnecting")
+        finally:
+            loss()
+            for task in tasks:
+                task.cancel()
+            if election is not None:
+                with contextlib.suppress(BKError):
+                    await election.close()
+            for task in [*tasks]:
+                with contextlib.suppress(asyncio.CancelledError, BKError):
+                    await task
+            with contextlib.suppress(BKError):
+                await bk.close()
+
+    async def _again_on_error(self, what: str, run: Callable[[], Awaitable[None]]) -> None:
+        """Run an auditor or a worker loop, again after a pause when it fails: a store
+        hiccup or one bad ledger must not stop autorecovery."""
+        while True:
+            try:
+                await run()
+                return
+            except BKError as exc:
+                log.warning(
+                    "autorecovery %s (%s): %s; again in %.0f s",
+                    what,
+                    self.identifier,
+                    exc,
+                    _RECONNECT_PAUSE_S,
+                )
+            await asyncio.sleep(_RECONNECT_PAUSE_S)

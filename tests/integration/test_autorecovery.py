@@ -1,0 +1,409 @@
+"""Autorecovery (auditor and replication workers) against real bookie and autorecovery
+processes, on both metadata drivers.
+
+Bookies run with a 2 s metadata session, so that a killed bookie leaves the
+available list within a few seconds; the autorecovery processes likewise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import holds_for, poll_until, shell
+
+from quorumlog import BookKeeper
+from quorumlog.replication import audit_ledger
+from quorumlog.replication.underreplication import UnderReplicationManager
+from quorumlog.server.local_cluster import LocalCluster, running_cluster
+
+SESSION_MS = "2000"
+DELAY_S = 3
+# Bound for the repair once the delay has passed: detection (a session expiry), the
+# copies and the compare-and-sets, on a shared 2-core machine.
+REPAIR_BOUND_S = 90.0
+
+
+@pytest.fixture
+def cluster5(metadata_uri: str, tmp_path: Path) -> Iterator[LocalCluster]:
+    yield from running_cluster(
+        metadata_uri,
+        tmp_path / "cluster",
+        5,
+        extra_args=["--metadata-session-timeout-ms", SESSION_MS],
+    )
+
+
+class Daemon:
+    """One ``quorumlog autorecovery`` process, stopped by pid."""
+
+    def __init__(self, uri: str, home: Path, *extra: str) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.out = home / "stdout"
+        self.err = home / "stderr"
+        env = {k: v for k, v in os.environ.items() if k != "QUORUMLOG_METADATA"}
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "quorumlog",
+                    "autorecovery",
+                    "--metadata",
+                    uri,
+                    "--autorecovery-session-timeout-ms",
+                    SESSION_MS,
+                    "--open-ledger-grace-s",
+                    "5",
+                    "--retry-backoff-s",
+                    "1",
+                    "--bookie-check-interval-s",
+                    "5",
+                    "--log-level",
+                    "INFO",
+                    *extra,
+                ],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        poll_until(
+            lambda: "running" in self.out.read_text() or self.process.poll() is not None,
+            timeout_s=60,
+            what="autorecovery start",
+        )
+        assert self.process.poll() is None, self.err.read_text()
+        self.identifier = self.out.read_text().split()[1]
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    started: list[Daemon] = []
+    try:
+        yield started
+    finally:
+        for daemon in started:
+            daemon.kill()
+
+
+def payload(ledger_id: int, i: int, size: int = 100) -> bytes:
+    head = b"ar-%d-%d-" % (ledger_id, i)
+    return head + bytes([i % 251]) * max(0, size - len(head))
+
+
+def write_closed(bk: BookKeeper, count: int, size: int = 100, **kw: Any) -> int:
+    async def go() -> int:
+        lh = await bk.aio.create_ledger(3, 3, 2, **kw)
+        await asyncio.gather(*(lh.append(payload(lh.ledger_id, i, size)) for i in range(count)))
+        await lh.close()
+        return lh.ledger_id
+
+    return bk.run(go())
+
+
+def marks(bk: BookKeeper) -> list[int]:
+    return bk.run(UnderReplicationManager(bk.aio.store).marked_ledgers())
+
+
+def set_delay(bk: BookKeeper, seconds: int) -> None:
+    bk.run(UnderReplicationManager(bk.aio.store).set_lost_bookie_recovery_delay_s(seconds))
+
+
+def closed_naming(bk: BookKeeper, bookie: str) -> list[int]:
+    found = []
+    for ledger_id in bk.list_ledgers():
+        md = bk.ledger_metadata(ledger_id)
+        if md.is_closed and bookie in md.all_bookies():
+            found.append(ledger_id)
+    return found
+
+
+def naming(bk: BookKeeper, bookie: str) -> list[int]:
+    return [i for i in bk.list_ledgers() if bookie in bk.ledger_metadata(i).all_bookies()]
+
+
+def assert_fully_replicated(bk: BookKeeper, ledger_id: int) -> None:
+    result = bk.run(audit_ledger(bk.aio, ledger_id))  # type: ignore[arg-type]
+    assert result.healthy, result.summary()
+
+
+def victim(bk: BookKeeper, cluster: LocalCluster, ledgers: list[int]) -> int:
+    """The index of a bookie that the first ledger names."""
+    address = bk.ledger_metadata(ledgers[0]).ensembles[0][1][0]
+    return next(b.index for b in cluster.bookies if b.address == address)
+
+
+class Writer(threading.Thread):
+    """Writes ledgers of 3/3/2 one after the other (40 entries each, then close)
+    until stopped; every add must be confirmed."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(daemon=True)
+        self.uri = uri
+        self.stop_event = threading.Event()
+        self.entries = 0
+        self.ledgers: list[int] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        try:
+            with BookKeeper(self.uri) as bk:
+                while not self.stop_event.is_set():
+                    lh = bk.create_ledger(3, 3, 2)
+                    for i in range(40):
+                        lh.add_entry(payload(lh.ledger_id, i))
+                        self.entries += 1
+                    lh.close()
+                    self.ledgers.append(lh.ledger_id)
+        except Exception as exc:  # the test reports it
+            self.errors.append(repr(exc))
+
+
+def test_a_killed_bookie_is_re_replicated_without_operator_action(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    uri = cluster5.metadata_uri
+    with BookKeeper(uri) as bk:
+        set_delay(bk, DELAY_S)
+        ledgers = [write_closed(bk, 300) for _ in range(8)]
+        for ledger_id in ledgers:
+            assert_fully_replicated(bk, ledger_id)
+        daemons.append(Daemon(uri, tmp_path / "ar1"))
+        writer = Writer(uri)
+        writer.start()
+        try:
+            poll_until(lambda: writer.entries > 100, timeout_s=60, what="writer started")
+            index = victim(bk, cluster5, ledgers)
+            lost = cluster5.bookies[index].address
+            named = {i for i in ledgers if lost in bk.ledger_metadata(i).all_bookies()}
+            assert named
+            cluster5.kill(index)
+            killed_at = time.monotonic()
+            # Nothing is touched before the delay has passed.
+            holds_for(
+                lambda: set(closed_naming(bk, lost)) >= named,
+                duration_s=DELAY_S - 0.5,
+                what="ledgers left alone during the delay",
+            )
+            poll_until(
+                lambda: not closed_naming(bk, lost),
+                timeout_s=DELAY_S + REPAIR_BOUND_S,
+                interval_s=0.5,
+                what="every closed ledger off the killed bookie",
+            )
+            healed_s = time.monotonic() - killed_at
+            entries_at_heal = writer.entries
+            poll_until(
+                lambda: writer.entries > entries_at_heal + 40,
+                timeout_s=60,
+                what="writer goes on",
+            )
+        finally:
+            writer.stop_event.set()
+            writer.join(timeout=60)
+        assert not writer.errors, writer.errors
+        poll_until(lambda: not naming(bk, lost), timeout_s=60, interval_s=0.5, what="no ledger")
+        poll_until(lambda: not marks(bk), timeout_s=60, interval_s=0.5, what="marks cleared")
+        for ledger_id in bk.list_ledgers():
+            assert_fully_replicated(bk, ledger_id)
+        for ledger_id in ledgers:
+            reader = bk.open_ledger(ledger_id)
+            data = [e.data for e in reader.read_entries(0, 299)]
+            assert data == [payload(ledger_id, i) for i in range(300)]
+        print(f"healed {len(ledgers)} ledgers {healed_s:.1f} s after the kill")
+
+
+def test_a_worker_killed_mid_copy_is_replaced_and_leaves_nothing_half_done(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    uri = cluster5.metadata_uri
+    with BookKeeper(uri) as bk:
+        set_delay(bk, 0)
+        ledgers = [write_closed(bk, 4000, size=1000) for _ in range(4)]
+        for ledger_id in ledgers:
+            assert_fully_replicated(bk, ledger_id)
+        before = {i: bk.ledger_metadata(i) for i in ledgers}
+        index = victim(bk, cluster5, ledgers)
+        lost = cluster5.bookies[index].address
+        first = Daemon(uri, tmp_path / "ar1", "--no-auditor")
+        daemons.append(first)
+        # A worker only (no auditor): the test marks the ledgers itself, so that the
+        # worker to kill is the only one that can claim them.
+        manager = UnderReplicationManager(bk.aio.store)
+        cluster5.kill(index)
+        for ledger_id in ledgers:
+            bk.run(manager.mark(ledger_id, [lost]))
+
+        def claimed() -> bool:
+            return any(bk.run(manager.lock_owner(i)) is not None for i in ledgers)
+
+        poll_until(claimed, timeout_s=60, interval_s=0.02, what="a ledger claimed")
+        first.kill()
+        # Its claim goes with its session; what it swapped is whole, the rest untouched.
+        poll_until(
+            lambda: not claimed(), timeout_s=30, interval_s=0.2, what="dead worker's claim freed"
+        )
+        for ledger_id in ledgers:
+            md = bk.ledger_metadata(ledger_id)
+            assert md.is_closed and md.last_entry_id == before[ledger_id].last_entry_id
+            for _, ensemble in md.ensembles:
+                assert len(set(ensemble)) == len(ensemble) == 3
+            result = bk.run(audit_ledger(bk.aio, ledger_id))  # type: ignore[arg-type]
+            # Every copy is in place except the killed bookie's.
+            assert {b for _, b in result.missing} <= {lost}, result.summary()
+            assert not result.damaged
+        assert set(marks(bk)) >= {i for i in ledgers if lost in bk.ledger_metadata(i).all_bookies()}
+        daemons.append(Daemon(uri, tmp_path / "ar2"))
+        poll_until(
+            lambda: not naming(bk, lost), timeout_s=REPAIR_BOUND_S, interval_s=0.5, what="repair"
+        )
+        poll_until(lambda: not marks(bk), timeout_s=60, interval_s=0.5, what="marks cleared")
+        for ledger_id in ledgers:
+            assert_fully_replicated(bk, ledger_id)
+
+
+def test_one_auditor_at_a_time_and_another_takes_over(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    uri = cluster5.metadata_uri
+    first = Daemon(uri, tmp_path / "ar1")
+    daemons.append(first)
+
+    def auditor() -> str:
+        return shell(uri, "whoisauditor", timeout_s=60).stdout.strip()
+
+    poll_until(lambda: auditor() == first.identifier, timeout_s=30, what="first auditor")
+    second = Daemon(uri, tmp_path / "ar2")
+    daemons.append(second)
+    holds_for(lambda: auditor() == first.identifier, duration_s=4, what="first stays auditor")
+    with BookKeeper(uri) as bk:
+        contenders = bk.run(bk.aio.store.children("/election/autorecovery-auditor"))
+        assert len(contenders) >= 2
+    first.kill()
+    poll_until(lambda: auditor() == second.identifier, timeout_s=30, what="second takes over")
+    # The new auditor audits: a bookie killed now is repaired.
+    with BookKeeper(uri) as bk:
+        set_delay(bk, 0)
+        ledgers = [write_closed(bk, 200) for _ in range(3)]
+        for ledger_id in ledgers:
+            assert_fully_replicated(bk, ledger_id)
+        index = victim(bk, cluster5, ledgers)
+        lost = cluster5.bookies[index].address
+        cluster5.kill(index)
+        poll_until(
+            lambda: not naming(bk, lost), timeout_s=REPAIR_BOUND_S, interval_s=0.5, what="repair"
+        )
+
+
+def test_decommissioning_a_live_bookie_leaves_no_ledger_naming_it(
+    cluster5: LocalCluster, daemons: list[Daemon]
+) -> None:
+    uri = cluster5.metadata_uri
+    with BookKeeper(uri) as bk:
+        ledgers = [write_closed(bk, 200) for _ in range(5)]
+        index = victim(bk, cluster5, ledgers)
+        bookie = cluster5.bookies[index].address
+        ensemble = (bookie, *[b.address for b in cluster5.bookies if b.address != bookie][:2])
+
+        async def write_open() -> Any:
+            lh = await bk.aio.create_ledger(3, 3, 2, ensemble_bookies=ensemble)
+            for i in range(20):
+                await lh.append(payload(lh.ledger_id, i))
+            return lh
+
+        open_handle = bk.run(write_open())
+        for ledger_id in ledgers:
+            assert_fully_replicated(bk, ledger_id)
+        done = shell(uri, "decommissionbookie", bookie, timeout_s=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "decommissioned" in done.stdout
+        cluster5.stop(index)
+        assert not naming(bk, bookie)
+        assert bk.run(bk.aio.registry.read_cookie(bookie)) is None
+        for ledger_id in [*ledgers, open_handle.ledger_id]:
+            assert bk.ledger_metadata(ledger_id).is_closed
+            assert_fully_replicated(bk, ledger_id)
+        data = [e.data for e in bk.open_ledger(open_handle.ledger_id).read_entries(0, 19)]
+        assert data == [payload(open_handle.ledger_id, i) for i in range(20)]
+
+
+def test_shell_autorecovery_commands_and_a_bookie_running_autorecovery(
+    metadata_uri: str, tmp_path: Path
+) -> None:
+    cluster = LocalCluster(
+        metadata_uri,
+        tmp_path / "cluster",
+        4,
+        extra_args=[
+            "--metadata-session-timeout-ms",
+            SESSION_MS,
+            "--autorecovery",
+            "--autorecovery-session-timeout-ms",
+            SESSION_MS,
+        ],
+    )
+    with cluster:
+        uri = metadata_uri
+        assert shell(uri, "lostbookierecoverydelay").stdout.split()[1] == "0"
+        assert shell(uri, "lostbookierecoverydelay", "600").returncode == 0
+        assert shell(uri, "lostbookierecoverydelay").stdout.split()[1] == "600"
+        poll_until(
+            lambda: shell(uri, "whoisauditor").stdout.strip() in cluster.addresses,
+            timeout_s=30,
+            what="a bookie audits",
+        )
+        status = shell(uri, "autorecovery", "disable")
+        assert status.stdout.startswith("autorecovery disabled")
+        status = shell(uri, "autorecovery", "status").stdout
+        assert "autorecovery disabled" in status and "600 s" in status
+        assert shell(uri, "autorecovery", "enable").stdout.startswith("autorecovery enabled")
+        with BookKeeper(uri) as bk:
+            ledger_id = write_closed(bk, 100)
+            assert_fully_replicated(bk, ledger_id)
+            assert shell(uri, "listunderreplicated").stdout == ""
+            # Not lost long enough (600 s): marked by nobody.
+            md = bk.ledger_metadata(ledger_id)
+            lost = md.ensembles[0][1][0]
+            index = next(b.index for b in cluster.bookies if b.address == lost)
+            cluster.kill(index)
+            assert shell(uri, "triggeraudit").returncode == 0
+            poll_until(
+                lambda: "last audit" in shell(uri, "autorecovery", "status").stdout,
+                timeout_s=60,
+                what="the requested audit ran",
+            )
+            assert shell(uri, "listunderreplicated").stdout == ""
+            assert lost in bk.ledger_metadata(ledger_id).all_bookies()
+            # The delay shortened: the bookies' autorecovery repairs it.
+            assert shell(uri, "lostbookierecoverydelay", "0").returncode == 0
+            poll_until(
+                lambda: lost not in bk.ledger_metadata(ledger_id).all_bookies(),
+                timeout_s=REPAIR_BOUND_S,
+                interval_s=0.5,
+                what="repaired by the bookies' autorecovery",
+            )
+            assert_fully_replicated(bk, ledger_id)
