@@ -172,7 +172,9 @@ class DbHttpApi:
         if timings:
             body["time"] = time.perf_counter() - started
         if position is not None:
+            # Beyond rqlite: where the write was committed and which leader answered it.
             body["position"] = str(position)
+            body["node"] = self.replica.config.node_id
         return self._reply(request, body)
 
     # ------------------------------------------------------------ leader

@@ -27,14 +27,22 @@ DB = "shop"
 class DbProcess:
     """One ``quorumlog db serve`` replica; stdout/stderr go to files, stopped by pid."""
 
-    def __init__(self, uri: str, node_id: str, base: Path, *, max_body_bytes: int = 4 << 20):
+    def __init__(
+        self,
+        uri: str,
+        node_id: str,
+        base: Path,
+        *,
+        max_body_bytes: int = 4 << 20,
+        port: int | None = None,
+    ) -> None:
         self.node_id = node_id
-        self.port = free_port()
+        self.port = port or free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.data_dir = base / node_id
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.err_path = base / f"{node_id}.err"
-        with open(base / f"{node_id}.out", "wb") as out, open(self.err_path, "wb") as err:
+        with open(base / f"{node_id}.out", "ab") as out, open(self.err_path, "ab") as err:
             self.process = subprocess.Popen(
                 [
                     sys.executable,
@@ -83,14 +91,19 @@ class DbProcess:
 
 
 def http(
-    addr: str, path: str, body: object | None = None, *, raw: bytes | None = None
+    addr: str,
+    path: str,
+    body: object | None = None,
+    *,
+    raw: bytes | None = None,
+    timeout_s: float = 30,
 ) -> tuple[int, Any]:
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     request = urllib.request.Request(
         f"http://{addr}{path}", data=data, headers={"Content-Type": "application/json"}
     )
     try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
             text = answer.read()
             status = answer.status
     except urllib.error.HTTPError as exc:
