@@ -22,6 +22,7 @@ import pytest
 from support import holds_for, poll_until, shell
 
 from quorumlog import BookKeeper
+from quorumlog.errors import BKError
 from quorumlog.replication import audit_ledger
 from quorumlog.replication.underreplication import UnderReplicationManager
 from quorumlog.server.local_cluster import LocalCluster, running_cluster
@@ -407,3 +408,52 @@ def test_shell_autorecovery_commands_and_a_bookie_running_autorecovery(
                 what="repaired by the bookies' autorecovery",
             )
             assert_fully_replicated(bk, ledger_id)
+
+
+def test_an_idle_open_ledger_is_left_to_its_writer_then_fenced_and_closed(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    uri = cluster5.metadata_uri
+    grace_s = 5.0  # the Daemon's --open-ledger-grace-s
+    with BookKeeper(uri) as bk:
+        set_delay(bk, 0)
+        addresses = [b.address for b in cluster5.bookies]
+
+        async def write_open() -> Any:
+            lh = await bk.aio.create_ledger(3, 3, 2, ensemble_bookies=tuple(addresses[:3]))
+            for i in range(30):
+                await lh.append(payload(lh.ledger_id, i))
+            return lh
+
+        handle = bk.run(write_open())
+        assert_fully_replicated(bk, handle.ledger_id)
+        daemons.append(Daemon(uri, tmp_path / "ar1"))
+        lost = addresses[0]
+        cluster5.kill(0)
+        poll_until(
+            lambda: handle.ledger_id in marks(bk), timeout_s=30, interval_s=0.2, what="marked"
+        )
+        marked_at = time.monotonic()
+        # The writer keeps its ledger through the grace period (measured from the mark).
+        holds_for(
+            lambda: not bk.ledger_metadata(handle.ledger_id).is_closed,
+            duration_s=grace_s - 1.5,
+            what="open ledger left to its writer",
+        )
+        poll_until(
+            lambda: lost not in bk.ledger_metadata(handle.ledger_id).all_bookies(),
+            timeout_s=REPAIR_BOUND_S,
+            interval_s=0.5,
+            what="fenced, closed and repaired after the grace period",
+        )
+        assert time.monotonic() - marked_at >= grace_s - 1.5
+        md = bk.ledger_metadata(handle.ledger_id)
+        assert md.is_closed and md.last_entry_id == 29
+        assert_fully_replicated(bk, handle.ledger_id)
+        # The writer lost its ledger to the fencing: its next add fails.
+
+        async def late() -> int:
+            return int(await handle.append(b"late"))
+
+        with pytest.raises(BKError):  # fenced or closed: either way refused
+            bk.run(late())
