@@ -47,6 +47,29 @@ wait "${dice_pids[@]}" 2>/dev/null || true
 dice_pids=()
 for n in 1 2 3; do sed "s/^/[dice-$n] /" "$data_dir/dice-$n.log"; done
 
+echo "--- a three-replica database (quorumlog db serve): write through one, read from another"
+db_ports=()
+for n in 1 2 3; do
+    port=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    db_ports+=("$port")
+    quorumlog db serve --name demo --data-dir "$data_dir/db-$n" --http-addr "127.0.0.1:$port" \
+        --node-id "db-$n" >"$data_dir/db-$n.log" 2>&1 &
+    dice_pids+=("$!")
+done
+for _ in $(seq 1 300); do
+    curl -sf "http://127.0.0.1:${db_ports[0]}/readyz" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+quorumlog db shell --addr "127.0.0.1:${db_ports[0]}" \
+    "CREATE TABLE fruit (id INTEGER PRIMARY KEY, name TEXT)" \
+    "INSERT INTO fruit(name) VALUES ('apple'), ('pear')"
+echo "read from replica db-3 (level strong):"
+quorumlog db shell --addr "127.0.0.1:${db_ports[2]}" --level strong "SELECT * FROM fruit"
+quorumlog db nodes --addr "127.0.0.1:${db_ports[1]}"
+for pid in "${dice_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+wait "${dice_pids[@]}" 2>/dev/null || true
+dice_pids=()
+
 echo "--- client example (examples/hello_ledger.py)"
 python examples/hello_ledger.py
 echo "--- quorumlog shell simpletest --entries $entries (3/3/2, 100-byte entries, journal sync on)"
