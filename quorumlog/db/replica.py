@@ -35,7 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quorumlog.db.machine import BARRIER, EXECUTE, DbRecord, StateMachine, StatementResult
+from quorumlog.db.machine import (
+    BARRIER,
+    EXECUTE,
+    DbRecord,
+    ReplicaStorageError,
+    StateMachine,
+    StatementResult,
+)
 from quorumlog.db.sql import BadRequestError, Choices, Statement, rewrite_for_replay
 from quorumlog.errors import BKError
 from quorumlog.log.config import LogConfig
@@ -237,7 +244,15 @@ class Replica:
                 self._taking_writes = False
                 return
             self._pending.popleft()
-            results = self._apply(position, pending.record)
+            try:
+                results = self._apply(position, pending.record)
+            except ReplicaStorageError as exc:
+                self.failure = str(exc)
+                if not pending.answer.done():
+                    pending.answer.set_exception(exc)
+                self._fail_pending(exc)
+                self._taking_writes = False
+                raise
             if not pending.answer.done():
                 pending.answer.set_result(WriteAnswer(position, results or []))
 
@@ -302,6 +317,8 @@ class Replica:
                 record = await reader.read_next(timeout_ms=self.config.check_interval_ms)
                 if record is not None:
                     self._apply_record(record.position, record.data)
+        except ReplicaStorageError:
+            raise  # the local file failed: this replica stops (``_run``)
         except BKError as exc:
             log.info("database %s: reading failed: %s", self.config.name, exc)
             await self._pause()
@@ -336,6 +353,8 @@ class Replica:
             ):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.config.check_interval_ms / 1000)
+        except ReplicaStorageError:
+            raise
         except BKError as exc:
             log.info("database %s: leading failed: %s", self.config.name, exc)
         finally:
@@ -354,6 +373,8 @@ class Replica:
             with contextlib.suppress(BKError, TimeoutError):
                 await asyncio.wait_for(writer.close(), 5)
             log.info("database %s: no longer leading", self.config.name)
+        if self.failure is not None:
+            raise ReplicaStorageError(self.failure)
 
     async def _drain(self, applier: asyncio.Task[None]) -> None:
         for _ in range(100_000):

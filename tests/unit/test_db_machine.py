@@ -1,0 +1,128 @@
+"""quorumlog db's pure parts: request parsing, the rewrite of non-deterministic SQL, and
+the state machine's exactly-once application (a local SQLite file, no network)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from quorumlog.db.machine import BARRIER, EXECUTE, DbRecord, StateMachine
+from quorumlog.db.sql import (
+    BadRequestError,
+    Choices,
+    Statement,
+    is_read_only,
+    parse_statements,
+    rewrite_for_replay,
+)
+from quorumlog.log.position import Position
+
+FIXED = Choices(
+    now=datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
+    random_int=lambda: 42,
+    random_bytes=lambda n: b"\xab" * n,
+)
+
+
+def rewrite(sql: str) -> str:
+    return rewrite_for_replay(Statement(sql), FIXED).sql
+
+
+def test_parse_statements_positional_named_and_bad_shapes() -> None:
+    parsed = parse_statements(["SELECT 1", ["SELECT ?", 1, "a", None], ["SELECT :x", {"x": 2.5}]])
+    assert parsed == [
+        Statement("SELECT 1", []),
+        Statement("SELECT ?", [1, "a", None]),
+        Statement("SELECT :x", {"x": 2.5}),
+    ]
+    for bad in ({}, [], [1], [["SELECT ?", [1]]], [["SELECT ?", {"a": {"b": 1}}]], [[]]):
+        with pytest.raises(BadRequestError):
+            parse_statements(bad)
+    with pytest.raises(BadRequestError):
+        parse_statements([["SELECT ?", 1 << 70]])
+
+
+def test_rewrite_replaces_random_and_now_with_the_leaders_values() -> None:
+    assert rewrite("INSERT INTO t VALUES (random())") == "INSERT INTO t VALUES ((42))"
+    assert rewrite("INSERT INTO t VALUES (randomblob(2))") == "INSERT INTO t VALUES (X'abab')"
+    assert (
+        rewrite("INSERT INTO t VALUES (datetime('now'), 'now')")
+        == "INSERT INTO t VALUES (datetime('2026-01-02 03:04:05.678'), 'now')"
+    )
+    assert rewrite("INSERT INTO t VALUES (date())") == (
+        "INSERT INTO t VALUES (date('2026-01-02 03:04:05.678'))"
+    )
+    assert rewrite("INSERT INTO t VALUES (CURRENT_TIMESTAMP)") == (
+        "INSERT INTO t VALUES ('2026-01-02 03:04:05')"
+    )
+    # inside a string literal or a comment, nothing changes
+    assert rewrite("INSERT INTO t VALUES ('random()') -- random()") == (
+        "INSERT INTO t VALUES ('random()') -- random()"
+    )
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "BEGIN",
+        "commit",
+        "ATTACH 'x.db' AS x",
+        "CREATE TABLE t (a DEFAULT CURRENT_TIMESTAMP)",
+        "CREATE TABLE t (a DEFAULT (random()))",
+        "INSERT INTO t VALUES (last_insert_rowid())",
+        "INSERT INTO t VALUES (randomblob(length('x')))",
+        "DELETE FROM _quorumlog_applied",
+    ],
+)
+def test_rewrite_refuses_what_cannot_replay(sql: str) -> None:
+    with pytest.raises(BadRequestError):
+        rewrite(sql)
+
+
+def test_is_read_only() -> None:
+    assert is_read_only("SELECT 1") and is_read_only("  with x as (select 1) select * from x")
+    assert not is_read_only("INSERT INTO t VALUES (1)")
+    assert not is_read_only("WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x")
+
+
+def test_records_apply_exactly_once_and_failures_repeat_identically(tmp_path: Path) -> None:
+    records = [
+        DbRecord(EXECUTE, (Statement("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)"),)),
+        DbRecord(
+            EXECUTE,
+            (
+                Statement("INSERT INTO t(v) VALUES (?)", ["a"]),
+                Statement("INSRT nonsense"),
+                Statement("INSERT INTO t(v) VALUES (:v)", {"v": "b"}),
+            ),
+        ),
+        DbRecord(BARRIER),
+        DbRecord(  # a transaction whose second statement fails: nothing of it stays
+            EXECUTE,
+            (Statement("INSERT INTO t(v) VALUES ('c')"), Statement("INSERT INTO t(id) VALUES (1)")),
+            transaction=True,
+        ),
+    ]
+    machines = [StateMachine(tmp_path / f"r{i}.sqlite") for i in range(2)]
+    answers = []
+    for machine in machines:
+        out = []
+        for entry_id, record in enumerate(records):
+            results = machine.apply(Position(7, entry_id), DbRecord.decode(record.encode()))
+            assert results is not None
+            out.append([(r.error, r.rows_affected) for r in results])
+        answers.append(out)
+    assert answers[0] == answers[1]
+    assert "syntax error" in str(answers[0][1][1][0])
+    assert answers[0][3][1][0] is not None and "UNIQUE" in answers[0][3][1][0]
+    # applied again (a replica that restarted and reread the log): skipped
+    assert machines[0].apply(Position(7, 1), records[1]) is None
+    machines[0].close()
+    reopened = StateMachine(tmp_path / "r0.sqlite")
+    assert reopened.applied == Position(7, 3)
+    assert reopened.apply(Position(7, 3), records[1]) is None
+    assert reopened.query([Statement("SELECT v FROM t ORDER BY id")])[0].values == [["a"], ["b"]]
+    assert reopened.query([Statement("INSERT INTO t(v) VALUES ('x')")])[0].error
+    assert reopened.dump() == machines[1].dump()
