@@ -16,6 +16,7 @@
     quorumlog shell lostbookierecoverydelay [SECONDS]
     quorumlog shell triggeraudit
     quorumlog shell decommissionbookie BOOKIE [--password TEXT]
+    quorumlog shell gc --http HOST:PORT [--http ...] [--minor] [--json]
 
 Every failure is one line on stderr and a non-zero exit status, never a traceback.
 """
@@ -31,6 +32,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
+from quorumlog.commands import gc_trigger
 from quorumlog.errors import BKError
 
 
@@ -97,6 +99,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     recover.add_argument("--json", action="store_true", help="print the report as one JSON object")
     recover.add_argument("--password", default="", help="the ledgers' password (text)")
     _add_autorecovery_commands(commands)
+    gc_trigger.add_arguments(
+        commands.add_parser(
+            "gc", help="garbage collection and compaction now, through each bookie's admin API"
+        )
+    )
     shell.set_defaults(func=run)
 
 
@@ -147,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         "lostbookierecoverydelay": _lostbookierecoverydelay,
         "triggeraudit": _triggeraudit,
         "decommissionbookie": _decommissionbookie,
+        "gc": _gc,
     }
     handler = handlers[args.shell_command]
     loop = new_event_loop()
@@ -400,3 +408,7 @@ async def _decommissionbookie(bk, args: argparse.Namespace) -> int:  # type: ign
                 print(ledger.summary(), file=sys.stderr)
     print(result.summary())
     return 0 if result.complete else 1
+
+
+async def _gc(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    return await gc_trigger.run_gc(bk, args)

@@ -1,0 +1,121 @@
+"""``quorumlog shell gc``: garbage collection and compaction now, on every bookie named.
+
+As with BookKeeper (``curl -XPUT http://bookie:8000/api/v1/bookie/gc``), a forced
+collection goes through each bookie's HTTP admin API, not the data protocol: an
+operator's action, on the port an operator reaches, answering JSON. The bookies'
+admin addresses are not in the metadata store, so they are named with ``--http``;
+each answers who it is (``/api/v1/bookie/info``), and every registered bookie that
+no ``--http`` reached is listed, with a non-zero exit status.
+
+For each bookie: ``PUT /api/v1/bookie/gc`` with ``{"major": true|false}``, then
+``GET /api/v1/bookie/gc`` until it is done; the result is printed (entry logs
+rewritten, bytes copied and freed, why a log was kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+_POLL_S = 0.2
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--http",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a bookie's admin API (its --http-port); repeat for every bookie",
+    )
+    p.add_argument("--minor", action="store_true", help="a minor compaction instead of a major one")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait per bookie")
+    p.add_argument("--json", action="store_true", help="one JSON object per bookie")
+
+
+def _call(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            return json.loads(answer.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace").strip()
+        raise OSError(f"{method} {url}: HTTP {exc.code} {detail}") from None
+    except urllib.error.URLError as exc:
+        raise OSError(f"{method} {url}: {exc.reason}") from None
+
+
+async def _one(http: str, major: bool, timeout_s: float) -> dict[str, Any]:
+    base = http if http.startswith("http") else f"http://{http}"
+    info = await asyncio.to_thread(_call, "GET", f"{base}/api/v1/bookie/info", None, 10)
+    url = f"{base}/api/v1/bookie/gc"
+    started = await asyncio.to_thread(_call, "PUT", url, {"major": major}, 10)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = await asyncio.to_thread(_call, "GET", url, None, 10)
+        last = state.get("last") or {}
+        # A gc already running when asked is waited for, then reported.
+        if not state.get("is_in_force_gc") and (last or not started.get("started")):
+            return {"bookie": info.get("bookieId", http), "http": http, **last}
+        if time.monotonic() > deadline:
+            raise OSError(f"{url}: still collecting after {timeout_s:.0f} s")
+        await asyncio.sleep(_POLL_S)
+
+
+async def run_gc(bk: Any, args: argparse.Namespace) -> int:
+    if not args.http:
+        print(
+            "quorumlog shell gc: name each bookie's admin API with --http HOST:PORT (the "
+            "port its --http-port serves)",
+            file=sys.stderr,
+        )
+        return 2
+    registered = set(await bk.registry.writable_bookies())
+    registered |= set(await bk.registry.readonly_bookies())
+    outcomes = await asyncio.gather(
+        *(_one(h, not args.minor, args.timeout) for h in args.http), return_exceptions=True
+    )
+    status = 0
+    reached = set()
+    for http, outcome in zip(args.http, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            print(f"{http}: {outcome}", file=sys.stderr)
+            status = 1
+            continue
+        reached.add(outcome["bookie"])
+        if "error" in outcome:
+            status = 1
+        if args.json:
+            print(json.dumps(outcome, sort_keys=True))
+        else:
+            print(_summary(outcome))
+    for missing in sorted(registered - reached):
+        print(f"{missing}: registered, but no --http reached it", file=sys.stderr)
+        status = 1
+    return status
+
+
+def _summary(outcome: dict[str, Any]) -> str:
+    who = outcome["bookie"]
+    if "error" in outcome:
+        return f"{who}: failed: {outcome['error']}"
+    result = outcome.get("result")
+    if not isinstance(result, dict):
+        return f"{who}: done ({result})"
+    line = (
+        f"{who}: {'major' if outcome.get('major') else 'minor'} compaction rewrote "
+        f"{len(result.get('logs_compacted', []))} entry logs, copied "
+        f"{result.get('entries_copied', 0)} entries ({result.get('bytes_copied', 0)} bytes), "
+        f"freed {result.get('bytes_freed', 0)} bytes in {outcome.get('duration_s', 0)} s"
+    )
+    for why in result.get("skipped", []):
+        line += f"\n  kept: {why}"
+    return line
