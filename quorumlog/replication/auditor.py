@@ -169,7 +169,7 @@ class Auditor:
         self.stats = AuditorStats()
         self.rng = rng or random.Random()
         self._wake = asyncio.Event()
-        self._audit_requested = False
+        self._audit_task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         watches: list[Watch] = []
@@ -181,6 +181,11 @@ class Auditor:
             watches.append(self.bk.store.watch(AUDIT_REQUEST_PATH, self._on_audit_request))
             await self._loop()
         finally:
+            if self._audit_task is not None:
+                self._audit_task.cancel()
+                with contextlib.suppress(BKError, asyncio.CancelledError):
+                    await self._audit_task
+                self._audit_task = None
             for w in watches:
                 w.cancel()
             with contextlib.suppress(BKError, asyncio.CancelledError):
@@ -234,13 +239,19 @@ class Auditor:
                     self.tracker.observe(lost_bookies(index, available), now)
                     due = self.tracker.due(now, delay_s)
                     await self._mark_lost(index, due)
+                if self._audit_task is not None and self._audit_task.done():
+                    self._audit_task.result()  # an error restarts the auditor
+                    self._audit_task = None
                 requested = await self.bk.store.exists(AUDIT_REQUEST_PATH) is not None
-                if requested or now >= next_audit:
-                    await self.audit_all(available)
-                    next_audit = loop.time() + self.config.audit_interval_s
+                if self._audit_task is None and (requested or now >= next_audit):
                     if requested:
+                        # Taken before the audit starts: a request made during it
+                        # gets an audit of its own.
                         with contextlib.suppress(NoNodeError):
                             await self.bk.store.delete(AUDIT_REQUEST_PATH)
+                    # Its own task: a long audit must not hold up marking a lost bookie.
+                    self._audit_task = loop.create_task(self._audit(set(available)))
+                    next_audit = now + self.config.audit_interval_s
             timeout = min(self.config.bookie_check_interval_s, max(0.0, next_audit - loop.time()))
             pending = self.tracker.next_due_in(loop.time(), delay_s)
             if pending is not None:
@@ -248,6 +259,12 @@ class Auditor:
                 timeout = min(timeout, pending if pending > 0 else timeout)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.05, timeout))
+
+    async def _audit(self, available: set[str]) -> None:
+        try:
+            await self.audit_all(available)
+        finally:
+            self._wake.set()
 
     async def _read_index(self) -> dict[str, set[int]]:
         ledgers: dict[int, LedgerMetadata] = {}

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import holds_for, poll_until, shell
+from support import holders, holds_for, plant_forged_entry, poll_until, shell
 
 from quorumlog import BookKeeper
 from quorumlog.errors import BKError
@@ -457,3 +457,28 @@ def test_an_idle_open_ledger_is_left_to_its_writer_then_fenced_and_closed(
 
         with pytest.raises(BKError):  # fenced or closed: either way refused
             bk.run(late())
+
+
+def test_the_periodic_audit_marks_a_damaged_copy_and_a_worker_replaces_it(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    uri = cluster5.metadata_uri
+    with BookKeeper(uri) as bk:
+        ledger_id = write_closed(bk, 100)
+        assert_fully_replicated(bk, ledger_id)
+        liar = holders(bk.ledger_metadata(ledger_id), 12)[0]
+        assert asyncio.run(plant_forged_entry(liar, ledger_id, 12, b"")) == 0
+        result = bk.run(audit_ledger(bk.aio, ledger_id))  # type: ignore[arg-type]
+        assert [(e, b) for e, b, _ in result.damaged] == [(12, liar)]
+        daemons.append(Daemon(uri, tmp_path / "ar1", "--audit-interval-s", "2"))
+        poll_until(
+            lambda: liar not in bk.ledger_metadata(ledger_id).all_bookies(),
+            timeout_s=REPAIR_BOUND_S,
+            interval_s=0.5,
+            what="the damaged copy's bookie replaced",
+        )
+        poll_until(lambda: not marks(bk), timeout_s=60, interval_s=0.5, what="marks cleared")
+        assert_fully_replicated(bk, ledger_id)
+        data = [e.data for e in bk.open_ledger(ledger_id).read_entries(0, 99)]
+        assert data == [payload(ledger_id, i) for i in range(100)]
+        assert liar in cluster5.addresses  # a live bookie: no loss was involved

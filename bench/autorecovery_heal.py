@@ -1,0 +1,124 @@
+"""Time from a bookie's loss to full replication by autorecovery, and the copy rate.
+
+Starts five local bookies (2 s metadata sessions) on an embedded store, writes
+``--ledgers`` closed 3/3/2 ledgers of ``--entries`` entries of ``--entry-size`` bytes,
+starts one ``quorumlog autorecovery`` process, sets the lost-bookie recovery delay to 0,
+kills (SIGKILL) the bookie that holds the most data, and times until no ledger names
+it and no mark is left. Prints the bytes the lost bookie held (the bytes that had to be
+copied), the time from the kill, and their ratio::
+
+    python bench/autorecovery_heal.py --ledgers 20 --entries 10000 --entry-size 5000
+
+The time includes detection: the killed bookie's session expiry (up to about 1.3
+session timeouts on SQLite) and the auditor's reaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import quorumlog.aio as aio
+from quorumlog.client.sync import new_event_loop
+from quorumlog.replication.underreplication import UnderReplicationManager
+from quorumlog.server.local_cluster import LocalCluster
+
+
+async def write(uri: str, ledgers: int, entries: int, size: int) -> dict[str, int]:
+    """Write the ledgers; bytes held per bookie (E = Qw: every bookie of a ledger holds it all)."""
+    held: dict[str, int] = {}
+    async with await aio.BookKeeper.connect(uri) as bk:
+        for _ in range(ledgers):
+            handle = await bk.create_ledger(3, 3, 2)
+            payload = os.urandom(size)
+            futures: list[asyncio.Future[int]] = []
+            for _ in range(entries):
+                if len(futures) >= 1000:
+                    await futures[-1000]
+                futures.append(handle.append(payload))
+            await asyncio.gather(*futures)
+            await handle.close()
+            for bookie in handle.ensemble:
+                held[bookie] = held.get(bookie, 0) + entries * size
+    return held
+
+
+async def healed(uri: str, lost: str) -> bool:
+    async with await aio.BookKeeper.connect(uri) as bk:
+        if await UnderReplicationManager(bk.store).marked_ledgers():
+            return False
+        for ledger_id in await bk.list_ledgers():
+            if lost in (await bk.ledger_metadata(ledger_id)).all_bookies():
+                return False
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ledgers", type=int, default=20)
+    parser.add_argument("--entries", type=int, default=10_000)
+    parser.add_argument("--entry-size", type=int, default=5_000)
+    parser.add_argument("--timeout-s", type=float, default=1800)
+    args = parser.parse_args()
+    loop = new_event_loop()
+    with tempfile.TemporaryDirectory(prefix="quorumlog-heal-") as tmp:
+        uri = "sqlite://" + os.path.join(tmp, "metadata.db")
+        with LocalCluster(
+            uri, tmp, 5, extra_args=["--metadata-session-timeout-ms", "2000"]
+        ) as cluster:
+            started = time.perf_counter()
+            held = loop.run_until_complete(write(uri, args.ledgers, args.entries, args.entry_size))
+            write_s = time.perf_counter() - started
+            total = args.ledgers * args.entries * args.entry_size
+            print(f"wrote {total / 1e6:.0f} MB of ledger data in {write_s:.1f} s", flush=True)
+            lost = max(held, key=lambda b: held[b])
+            index = next(b.index for b in cluster.bookies if b.address == lost)
+            out = Path(tmp) / "autorecovery.out"
+            with open(out, "wb") as stdout:
+                daemon = subprocess.Popen(
+                    [sys.executable, "-m", "quorumlog", "autorecovery", "--metadata", uri],
+                    stdout=stdout,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            try:
+                deadline = time.monotonic() + 60
+                while "running" not in out.read_text() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+
+                async def no_delay() -> None:
+                    async with await aio.BookKeeper.connect(uri) as bk:
+                        await UnderReplicationManager(bk.store).set_lost_bookie_recovery_delay_s(0)
+
+                loop.run_until_complete(no_delay())
+                cluster.kill(index)
+                killed = time.perf_counter()
+                deadline = time.monotonic() + args.timeout_s
+                while not loop.run_until_complete(healed(uri, lost)):
+                    if time.monotonic() > deadline:
+                        print("not healed in time", file=sys.stderr)
+                        return 1
+                    time.sleep(0.2)
+                heal_s = time.perf_counter() - killed
+            finally:
+                os.kill(daemon.pid, signal.SIGTERM)
+                daemon.wait(timeout=60)
+            copied = held[lost]
+            print(
+                f"bookie {lost} held {copied / 1e6:.0f} MB; healed {heal_s:.1f} s after its kill "
+                f"(detection included): {copied / 1e6 / heal_s:.1f} MB/s",
+                flush=True,
+            )
+    loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
