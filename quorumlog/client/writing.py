@@ -7,39 +7,62 @@ one multi-entry ADD frame per bookie. Each bookie answers per frame, the
 tracker counts acknowledgements, and confirmed entries complete in entry-id
 order (R3).
 
-When a bookie fails (error, timeout, lost connection) the writer replaces it
-(R5): it picks a writable bookie outside the ensemble, compare-and-sets the
-ledger metadata with a new fragment starting at the first unconfirmed entry,
-and resends that bookie's unconfirmed entries to the replacement. If the
-metadata is no longer OPEN (a recovery started), every outstanding add fails.
+Every decision beyond the hot path is made by the pure state machine
+:class:`~quorumlog.core.writer.LedgerWriter`: which answers count, when a bookie
+is replaced (R5) and what the new fragment is, what an unknown metadata outcome
+means (R13), which adds are confirmed or failed when the handle fails, and the
+close (R6). This handle carries out its effects: it sends frames, picks
+replacement bookies, runs metadata updates and reads, and completes futures.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from quorumlog.client.metadata_updates import (
+    as_metadata_error,
+    ledger_view,
+    metadata_decider,
+    outcome_is_known,
+)
 from quorumlog.client.reading import ReadHandle
-from quorumlog.core.adds import AddTracker, PendingAdd
+from quorumlog.core.adds import PendingAdd
+from quorumlog.core.metadata import Decision, LedgerView
+from quorumlog.core.writer import (
+    AddFailed,
+    BookiesChosen,
+    ChooseBookies,
+    Closed,
+    CloseFailed,
+    CloseRequested,
+    Confirm,
+    FailAdds,
+    HandleFailed,
+    LedgerWriter,
+    MetadataRead,
+    MetadataReadFailed,
+    MetadataRefused,
+    MetadataStored,
+    MetadataUnknown,
+    NoBookies,
+    ReadMetadata,
+    SendQueued,
+    UpdateMetadata,
+    WriterEffect,
+    WriterEvent,
+)
 from quorumlog.errors import (
     BKError,
-    LedgerClosedError,
-    LedgerFencedError,
-    NoSuchLedgerError,
     NotEnoughBookiesError,
     Status,
-    UnauthorizedError,
-    error_for_status,
 )
-from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
-from quorumlog.meta.ledgers import Done, GiveUp, MetadataUpdate
+from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.codec import AddRequest, AddResponse, Response, WriteLacRequest
-from quorumlog.proto.entry import ENTRY_HEADER_SIZE
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -54,21 +77,19 @@ class LedgerHandle(ReadHandle):
         self, client: BookKeeper, metadata: LedgerMetadata, version: int, password: bytes
     ) -> None:
         super().__init__(client, metadata, version, password)
-        self._tracker = AddTracker(
-            metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
+        self._writer = LedgerWriter(
+            metadata.ledger_id,
+            metadata.ensemble_size,
+            metadata.write_quorum,
+            metadata.ack_quorum,
+            ledger_view(metadata),
+            metadata_attempts=self._config.metadata_cas_retries,
         )
-        self._ensemble = list(metadata.last_ensemble)
-        self._outbox: list[list[PendingAdd]] = [[] for _ in self._ensemble]
-        self._slot_generation = [0] * len(self._ensemble)
-        self._replacing: set[int] = set()
-        self._replaced_bookies: set[str] = set()
-        self._change_lock = asyncio.Lock()
+        self._tracker = self._writer.tracker  # the pending adds (the simulator reads it)
         self._flush_scheduled = False
         self._length_bytes = 0
-        self._confirmed_length_bytes = 0
-        self._payload_offset = ENTRY_HEADER_SIZE + metadata.digest_type.digest_size
-        self._failure: BKError | None = None
-        self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()  # effects under way (kept referenced)
+        self._close_result: asyncio.Future[None] | None = None
         self._lac_sent = -1  # largest LAC the bookies were told (piggybacked or explicit)
         self._lac_timer: asyncio.TimerHandle | None = None
         self._capacity_waiters: deque[asyncio.Future[None]] = deque()
@@ -89,7 +110,12 @@ class LedgerHandle(ReadHandle):
     @property
     def ensemble(self) -> tuple[str, ...]:
         """The bookies of the current (last) fragment."""
-        return tuple(self._ensemble)
+        return tuple(self._writer.ensemble)
+
+    @property
+    def _failure(self) -> BKError | None:
+        """Why the handle takes no more adds, if it does not."""
+        return self._writer.failure
 
     def _read_limit(self) -> int:
         return self.metadata.last_entry_id if self.metadata.is_closed else self._tracker.lac
@@ -116,10 +142,9 @@ class LedgerHandle(ReadHandle):
         Raises at once if the handle is closed or lost the ledger. Pipelined callers
         should bound what they have in flight (see :meth:`wait_for_capacity`).
         """
-        if self._failure is not None:
-            raise self._failure
-        if self._closing or self.metadata.is_closed:
-            raise LedgerClosedError(f"ledger {self.ledger_id}: closed, cannot add")
+        refusal = self._writer.refusal()
+        if refusal is not None:
+            raise refusal
         if not isinstance(data, bytes):
             data = bytes(data)
         future: asyncio.Future[int] = self._loop.create_future()
@@ -129,11 +154,8 @@ class LedgerHandle(ReadHandle):
         blob = self._codec.encode(
             self.ledger_id, tracker.next_entry_id, lac, self._length_bytes, data
         )
-        pending = tracker.add(blob, future)
+        self._writer.add(blob, future)
         self._lac_sent = lac
-        outbox = self._outbox
-        for index in pending.write_set:
-            outbox[index].append(pending)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -156,81 +178,56 @@ class LedgerHandle(ReadHandle):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._failure is not None:
-            return
         max_entries = self._config.add_batch_max_entries
         max_bytes = self._config.add_batch_max_bytes
-        for index, queue in enumerate(self._outbox):
-            if not queue or index in self._replacing:
-                continue
-            self._outbox[index] = []
+        for index, generation, queue in self._writer.take_sends():
             batch: list[PendingAdd] = []
             size = 0
             for pending in queue:
                 batch.append(pending)
                 size += len(pending.blob)
                 if len(batch) >= max_entries or size >= max_bytes:
-                    self._send_batch(index, batch)
+                    self._send_batch(index, generation, batch)
                     batch, size = [], 0
             if batch:
-                self._send_batch(index, batch)
+                self._send_batch(index, generation, batch)
 
-    def _send_batch(self, index: int, batch: list[PendingAdd]) -> None:
+    def _send_batch(self, index: int, generation: int, batch: list[PendingAdd]) -> None:
         request = AddRequest(0, self.ledger_id, self._master_key, [p.blob for p in batch])
-        callback = partial(
-            self._on_add_response, index, self._slot_generation[index], [p.entry_id for p in batch]
+        callback = partial(self._on_add_response, index, generation, [p.entry_id for p in batch])
+        self._pool.get(self._writer.ensemble[index]).send(
+            request, callback, self._config.add_timeout_ms
         )
-        self._pool.get(self._ensemble[index]).send(request, callback, self._config.add_timeout_ms)
 
     def _on_add_response(
         self, index: int, generation: int, entry_ids: list[int], response: Response | BKError
     ) -> None:
-        if generation != self._slot_generation[index] or self._failure is not None:
-            return  # a late answer from a bookie that was already replaced
+        writer = self._writer
         if isinstance(response, AddResponse) and response.status == Status.OK:
-            # While an ensemble change is under way, acks count but nothing is confirmed:
-            # an entry confirmed now would leave the tracker before the change, and the
-            # new bookie, which the new fragment says holds it, would never get it (R5).
-            if self._tracker.ack(entry_ids, index) and not self._replacing:
-                self._confirm_ready()
+            confirmed = writer.ack(index, generation, entry_ids)
+            if confirmed:
+                self._complete(confirmed)
             return
-        address = self._ensemble[index]
+        if generation != writer.generation[index] or writer.failure is not None:
+            return  # a late answer from a bookie that was already replaced
+        address = writer.ensemble[index]
         if isinstance(response, BKError):
-            error = response
+            status, message = int(response.status), response.message
         else:
-            status = getattr(response, "status", Status.IO_ERROR)
-            error = error_for_status(status, f"ledger {self.ledger_id} on bookie {address}")
-        if error.status == Status.FENCED:
-            self._fail(
-                LedgerFencedError(
-                    f"ledger {self.ledger_id}: fenced by a recovery (bookie {address}); "
-                    "unconfirmed adds may or may not be stored and must be treated as lost"
-                )
-            )
-        elif error.status == Status.UNAUTHORIZED:
-            self._fail(UnauthorizedError(f"ledger {self.ledger_id}: bookie {address} refused key"))
-        elif error.status == Status.NO_SUCH_LEDGER:
-            self._fail(NoSuchLedgerError(f"ledger {self.ledger_id}: deleted (bookie {address})"))
-        else:
-            log.warning("ledger %d: bookie %s failed: %s", self.ledger_id, address, error.message)
-            self._start_replacement(index)
+            status = int(getattr(response, "status", Status.IO_ERROR))
+            message = f"answered status {status}"
+        if status not in (Status.FENCED, Status.UNAUTHORIZED, Status.NO_SUCH_LEDGER):
+            log.warning("ledger %d: bookie %s failed: %s", self.ledger_id, address, message)
+        self._step(AddFailed(index, generation, status, message))
 
-    def _confirm_ready(self) -> None:
-        confirmed = self._tracker.confirm()
-        if confirmed:
-            self._complete(confirmed)
-
-    def _complete(self, confirmed: list[PendingAdd]) -> None:
-        offset = self._payload_offset
+    def _complete(self, confirmed: Sequence[PendingAdd]) -> None:
         result_of = self._result_of
         for pending in confirmed:
             future = pending.token
             if not future.done():
                 entry_id = pending.entry_id
                 future.set_result(entry_id if result_of is None else result_of(entry_id))
-        last = confirmed[-1]
-        self._confirmed_length_bytes += sum(len(p.blob) - offset for p in confirmed)
-        self._lac = last.entry_id
+        self._lac = confirmed[-1].entry_id
         waiters = self._capacity_waiters
         while waiters and len(self._tracker) < self._config.max_outstanding_adds:
             waiter = waiters.popleft()
@@ -248,24 +245,57 @@ class LedgerHandle(ReadHandle):
         if self._failure is not None or lac <= self._lac_sent:
             return
         self._lac_sent = lac
-        for index, address in enumerate(self._ensemble):
-            if index in self._replacing:
+        for index, address in enumerate(self._writer.ensemble):
+            if index in self._writer.failed_slots:
                 continue
             request = WriteLacRequest(0, self.ledger_id, self._master_key, lac)
             self._pool.get(address).send(request, _ignore, self._config.add_timeout_ms)
 
-    # ------------------------------------------------------------ failures
+    # ------------------------------------------------------------ effects
 
-    def _fail(self, error: BKError) -> None:
-        if self._failure is None:
-            # Entries an ack quorum already holds are confirmed (recovery keeps them, R8),
-            # held back only by an ensemble change that will not happen now.
-            self._confirm_ready()
-            self._failure = error
+    def _step(self, event: WriterEvent) -> None:
+        self._carry_out(self._writer.step(event))
+
+    def _carry_out(self, effects: list[WriterEffect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Confirm):
+                self._complete(effect.entries)
+            elif isinstance(effect, FailAdds):
+                self._fail_adds(effect.entries, effect.error)
+            elif isinstance(effect, HandleFailed):
+                self._on_handle_failed()
+            elif isinstance(effect, SendQueued):
+                self._flush()
+            elif isinstance(effect, ChooseBookies):
+                self._spawn(self._choose_bookies(effect))
+            elif isinstance(effect, UpdateMetadata):
+                self._spawn(self._update_metadata(effect.decide))
+            elif isinstance(effect, ReadMetadata):
+                self._spawn(self._read_metadata(effect.delay_ms))
+            elif isinstance(effect, Closed | CloseFailed):
+                result = self._close_result
+                if result is not None and not result.done():
+                    if isinstance(effect, Closed):
+                        result.set_result(None)
+                    else:
+                        result.set_exception(effect.error)
+
+    def _fail_adds(self, entries: list[PendingAdd], error: BKError) -> None:
         delivered: BaseException = error if self._error_of is None else self._error_of(error)
-        for pending in self._tracker.fail_all():
+        for pending in entries:
             if not pending.token.done():
                 pending.token.set_exception(delivered)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self._loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        _log_task_error(task)
+
+    def _on_handle_failed(self) -> None:
         for waiter in self._capacity_waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -274,76 +304,72 @@ class LedgerHandle(ReadHandle):
             self._lac_timer.cancel()
             self._lac_timer = None
 
-    def _start_replacement(self, index: int) -> None:
-        if index in self._replacing:
-            return
-        self._replacing.add(index)
-        self._slot_generation[index] += 1  # drop whatever the failed bookie still sends
-        task = self._loop.create_task(self._replace_bookies())
-        task.add_done_callback(_log_task_error)
-
-    async def _replace_bookies(self) -> None:
-        async with self._change_lock:
-            slots = sorted(self._replacing)
-            if not slots or self._failure is not None:
-                return
-            try:
-                first_entry_id, new_ensemble = await self._write_new_fragment(slots)
-            except BKError as exc:
-                self._fail(exc)
-                return
-            for index in slots:
-                self._replaced_bookies.add(self._ensemble[index])
-                self._ensemble[index] = new_ensemble[index]
-                # Every tracked entry of the new fragment, acked by others or not: none
-                # was confirmed during the change, so none is missed.
-                self._outbox[index] = self._tracker.replace_bookie(index, first_entry_id)
-                self._replacing.discard(index)
-                self._slot_generation[index] += 1
-            log.info(
-                "ledger %d: ensemble changed from entry %d: %s",
-                self.ledger_id,
-                first_entry_id,
-                ",".join(new_ensemble),
-            )
-            self._flush()
-            if not self._replacing:
-                self._confirm_ready()  # what an ack quorum held during the change
-
-    async def _write_new_fragment(self, slots: list[int]) -> tuple[int, list[str]]:
+    async def _choose_bookies(self, effect: ChooseBookies) -> None:
         client = self._client
-        writable = await client.registry.writable_bookies()
-        excluded = set(self._ensemble) | self._replaced_bookies
+        event: WriterEvent
         try:
-            chosen = client.placement.replacements(writable, excluded, len(slots))
+            writable = await client.registry.writable_bookies()
+            chosen = client.placement.replacements(
+                writable, set(effect.excluded), len(effect.slots)
+            )
         except NotEnoughBookiesError as exc:
-            failed = ", ".join(self._ensemble[i] for i in slots)
-            raise NotEnoughBookiesError(
-                f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}: {exc.message}"
-            ) from None
-        new_ensemble = list(self._ensemble)
-        for index, bookie in zip(slots, chosen, strict=True):
-            new_ensemble[index] = bookie
-
-        def decide(current: LedgerMetadata) -> LedgerMetadata | GiveUp:
-            if current.state is not LedgerState.OPEN:
-                return GiveUp(
-                    LedgerFencedError(
-                        f"ledger {self.ledger_id}: metadata is {current.state.value} "
-                        "(another client is recovering or closed it); adds in flight are lost"
-                    )
+            failed = ", ".join(self._writer.ensemble[i] for i in effect.slots)
+            event = NoBookies(
+                NotEnoughBookiesError(
+                    f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}: {exc.message}"
                 )
-            # The new fragment starts at the first unconfirmed entry, as of this attempt.
-            return current.with_new_fragment(self._tracker.lac + 1, tuple(new_ensemble))
+            )
+        except Exception as exc:  # the registry could not be read: nothing was written
+            event = NoBookies(as_metadata_error(exc))
+        else:
+            event = BookiesChosen(effect.slots, tuple(chosen))
+        self._step(event)
 
-        result: MetadataUpdate[None] = await client.ledgers.update(
-            self.ledger_id,
-            decide,
-            attempts=self._config.metadata_cas_retries,
-            known=(self.metadata, self._metadata_version),
-        )
-        self.metadata, self._metadata_version = result.metadata, result.version
-        return result.metadata.last_fragment_first_entry, new_ensemble
+    async def _update_metadata(self, decide: Callable[[LedgerView], Decision]) -> None:
+        """One read-decide-compare-and-set with the core's decision (R5, R6, R13)."""
+        event: WriterEvent
+        try:
+            result = await self._client.ledgers.update(
+                self.ledger_id,
+                metadata_decider(decide),
+                attempts=self._config.metadata_cas_retries,
+                known=(self.metadata, self._metadata_version),
+            )
+        except Exception as exc:
+            error = as_metadata_error(exc)
+            event = MetadataRefused(error) if outcome_is_known(exc) else MetadataUnknown(error)
+            if isinstance(event, MetadataUnknown):
+                log.warning(
+                    "ledger %d: metadata update outcome unknown, reading it again: %s",
+                    self.ledger_id,
+                    error.message,
+                )
+        else:
+            self._adopt(result.metadata, result.version)
+            event = MetadataStored(ledger_view(result.metadata))
+        self._step(event)
+
+    async def _read_metadata(self, delay_ms: int) -> None:
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        event: WriterEvent
+        try:
+            metadata, version = await self._client.ledgers.read(self.ledger_id)
+        except Exception as exc:
+            event = MetadataReadFailed(as_metadata_error(exc))
+        else:
+            self._adopt(metadata, version)
+            event = MetadataRead(ledger_view(metadata))
+        self._step(event)
+
+    def _adopt(self, metadata: LedgerMetadata, version: int) -> None:
+        if metadata.ensembles != self.metadata.ensembles:
+            log.info(
+                "ledger %d: fragments now %s",
+                self.ledger_id,
+                "; ".join(f"{first}: {','.join(b)}" for first, b in metadata.ensembles),
+            )
+        self.metadata, self._metadata_version = metadata, version
 
     # ------------------------------------------------------------ closing
 
@@ -351,52 +377,19 @@ class LedgerHandle(ReadHandle):
         """R6: wait for outstanding adds, then record the ledger CLOSED at the LAC."""
         if self.metadata.is_closed:
             return
-        self._closing = True
-        outstanding = [p.token for p in self._tracker.outstanding()]
-        if outstanding:
-            await asyncio.gather(*outstanding, return_exceptions=True)
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()
-            self._lac_timer = None
-        lac = self._tracker.lac
-
-        def decide(current: LedgerMetadata) -> LedgerMetadata | Done[None] | GiveUp:
-            # R6 on a conflict: OPEN, try again; IN_RECOVERY, fail; CLOSED at this
-            # writer's LAC, success; CLOSED elsewhere, fail.
-            if current.state is LedgerState.OPEN:
-                return dataclasses.replace(
-                    current,
-                    state=LedgerState.CLOSED,
-                    last_entry_id=lac,
-                    length=self._confirmed_length_bytes,
-                )
-            if current.state is LedgerState.IN_RECOVERY:
-                return GiveUp(
-                    LedgerFencedError(
-                        f"ledger {self.ledger_id}: another client is recovering it; cannot close"
-                    )
-                )
-            if current.last_entry_id == lac:
-                return Done(None)
-            return GiveUp(
-                LedgerClosedError(
-                    f"ledger {self.ledger_id}: closed by another client at entry "
-                    f"{current.last_entry_id}, while this writer confirmed up to {lac}"
-                )
-            )
-
-        try:
-            result = await self._client.ledgers.update(
-                self.ledger_id,
-                decide,
-                attempts=self._config.metadata_cas_retries,
-                known=(self.metadata, self._metadata_version),
-            )
-            self.metadata, self._metadata_version = result.metadata, result.version
-        finally:
-            # The handle stays readable (up to the last entry) once closed.
-            if self._failure is None and not self.metadata.is_closed:
-                self._failure = LedgerClosedError(f"ledger {self.ledger_id}: close failed")
+        if self._close_result is None:
+            self._writer.begin_close()  # no more adds from here on
+            outstanding = [p.token for p in self._tracker.outstanding()]
+            if outstanding:
+                await asyncio.gather(*outstanding, return_exceptions=True)
+            if self._lac_timer is not None:
+                self._lac_timer.cancel()
+                self._lac_timer = None
+            if self._close_result is None:
+                self._close_result = self._loop.create_future()
+                self._step(CloseRequested())
+        # The handle stays readable (up to the last entry) once closed.
+        await asyncio.shield(self._close_result)
 
 
 def _ignore(_: object) -> None:

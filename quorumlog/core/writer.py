@@ -1,0 +1,677 @@
+"""The single writer of a ledger as a pure state machine: adds and acknowledgements
+(R3), bookie failures and ensemble changes (R5), close (R6), metadata outcomes that
+are unknown (R13).
+
+No I/O, no clock, no await. The ledger handle (``client/writing.py``) feeds it
+events and carries out the effects it returns, in order::
+
+    effects = writer.step(AddFailed(slot, generation, Status.IO_ERROR, "timed out"))
+    # -> [ChooseBookies(slots=(1,), excluded=...)]
+    effects = writer.step(BookiesChosen((1,), ("10.0.0.9:3181",)))
+    # -> [UpdateMetadata(decide)]   the client runs LedgerManager.update(decide)
+    effects = writer.step(MetadataStored(view))
+    # -> [SendQueued(), Confirm([...])]
+
+Two events are on the hot path and have methods of their own that return plain
+values instead of effect lists, so that an add or an acknowledgement allocates
+nothing beyond what :class:`~quorumlog.core.adds.AddTracker` does: :meth:`add`
+(the entry is queued for each bookie of its write set) and :meth:`ack` (returns the
+entries confirmed, in entry-id order). :meth:`take_sends` hands the queued entries
+to the client once per event-loop turn.
+
+The rules, where they bite:
+
+- Slots and generations. A bookie is addressed by its index in the current ensemble
+  (its *slot*). Each slot has a generation, raised when its bookie fails and again
+  when a replacement takes the slot; an answer carries the generation it was sent
+  with, and an answer from an older generation is dropped. A failed bookie is never
+  trusted again in this ledger: its late acknowledgements could otherwise count for
+  the bookie that replaced it.
+- Confirmation is held while any slot failed and its replacement is not recorded in
+  the metadata (R5): an entry confirmed then would leave the tracker, and the new
+  bookie, which the new fragment says holds it, would never be sent it. Acks still
+  count meanwhile.
+- Never confirm from a stale write set (R13). Once the new fragment is recorded, the
+  replaced bookie's acknowledgements for entries of that fragment stop counting. When
+  the write of the fragment has an unknown outcome, the metadata is read again
+  before anything is confirmed; when the handle fails (FENCED, no bookies left)
+  while that write is unanswered or unknown, its outcome is waited for, then read
+  again; if it stays unknown, only entries that Qa bookies hold under *both* the old
+  and the new fragment are confirmed (under the new one the replacement holds nothing
+  yet, so: the acks of the replaced slots no longer count).
+- One metadata update at a time: a second failure during a change waits for it and
+  starts the next change; a close waits for a change under way (so a change never
+  writes to a ledger this writer closed: its decision refuses anything not OPEN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from quorumlog.core.adds import AddTracker, PendingAdd
+from quorumlog.core.metadata import (
+    CLOSED,
+    IN_RECOVERY,
+    OPEN,
+    CloseAt,
+    Decision,
+    LedgerView,
+    NewFragment,
+    Refused,
+    Settled,
+)
+from quorumlog.errors import (
+    BKError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataError,
+    NoSuchLedgerError,
+    Status,
+    UnauthorizedError,
+)
+from quorumlog.proto.entry import ENTRY_HEADER
+
+# ------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True, slots=True)
+class AddAcked:
+    """The bookie in ``slot`` (as of ``generation``) acknowledged ``entry_ids``."""
+
+    slot: int
+    generation: int
+    entry_ids: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class AddFailed:
+    """An add sent to ``slot`` failed: a non-OK status, or a timeout or lost connection
+    (``Status.IO_ERROR``)."""
+
+    slot: int
+    generation: int
+    status: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class BookiesChosen:
+    """Replacements for the slots of :class:`ChooseBookies`, in the same order."""
+
+    slots: tuple[int, ...]
+    bookies: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NoBookies:
+    """No replacement could be chosen (not enough writable bookies)."""
+
+    error: BKError
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataStored:
+    """The update of :class:`UpdateMetadata` ended: its decision was written, or it was
+    Settled by the metadata as read. ``view`` is the metadata now stored."""
+
+    view: LedgerView
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRefused:
+    """The update certainly wrote nothing: its decision Refused, every compare-and-set
+    met a conflict, or the ledger is gone."""
+
+    error: BKError
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataUnknown:
+    """The update's write may or may not have happened (a lost connection, a timeout)."""
+
+    error: BKError
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRead:
+    """The answer to :class:`ReadMetadata`."""
+
+    view: LedgerView
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataReadFailed:
+    error: BKError
+
+
+@dataclass(frozen=True, slots=True)
+class CloseRequested:
+    """The owner closes the handle; it sends no more adds (it waited for those sent)."""
+
+
+WriterEvent = (
+    AddAcked
+    | AddFailed
+    | BookiesChosen
+    | NoBookies
+    | MetadataStored
+    | MetadataRefused
+    | MetadataUnknown
+    | MetadataRead
+    | MetadataReadFailed
+    | CloseRequested
+)
+
+# ------------------------------------------------------------------ effects
+
+
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """Complete these adds, in this order (entry-id order, R3)."""
+
+    entries: list[PendingAdd]
+
+
+@dataclass(frozen=True, slots=True)
+class FailAdds:
+    """Fail these adds with ``error`` (they may or may not be stored)."""
+
+    entries: list[PendingAdd]
+    error: BKError
+
+
+@dataclass(frozen=True, slots=True)
+class HandleFailed:
+    """The handle takes no more adds; ``error`` says why."""
+
+    error: BKError
+
+
+@dataclass(frozen=True, slots=True)
+class SendQueued:
+    """Entries were queued (resends to a replacement): send :meth:`take_sends`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChooseBookies:
+    """Pick a writable bookie for each slot, none of them in ``excluded``; answer with
+    :class:`BookiesChosen` or :class:`NoBookies`."""
+
+    slots: tuple[int, ...]
+    excluded: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateMetadata:
+    """Run the read-decide-compare-and-set loop with ``decide`` on the ledger metadata
+    last stored or read; answer with MetadataStored, MetadataRefused or MetadataUnknown."""
+
+    decide: Callable[[LedgerView], Decision]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadMetadata:
+    """Read the ledger metadata after ``delay_ms``; answer with MetadataRead or
+    MetadataReadFailed."""
+
+    delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The ledger is recorded CLOSED at this writer's LAC."""
+
+    view: LedgerView
+
+
+@dataclass(frozen=True, slots=True)
+class CloseFailed:
+    error: BKError
+
+
+WriterEffect = (
+    Confirm
+    | FailAdds
+    | HandleFailed
+    | SendQueued
+    | ChooseBookies
+    | UpdateMetadata
+    | ReadMetadata
+    | Closed
+    | CloseFailed
+)
+
+_NOTHING: tuple[PendingAdd, ...] = ()
+
+
+@dataclass(slots=True)
+class _Change:
+    """An ensemble change under way: ``slots`` get ``bookies`` from ``first_entry_id``."""
+
+    slots: tuple[int, ...]
+    first_entry_id: int
+    bookies: tuple[str, ...] = ()
+    writing: bool = False  # an update (or the read resolving it) is under way
+
+
+def decide_fragment(
+    ledger_id: int, first_entry_id: int, bookies: tuple[str, ...], current: LedgerView
+) -> Decision:
+    """R5: the new fragment, unless the metadata already has it (an earlier attempt was
+    applied) or the ledger is no longer OPEN (a recovery started, or it was closed)."""
+    if (first_entry_id, bookies) in current.ensembles:
+        return Settled()
+    if current.state != OPEN:
+        return Refused(
+            LedgerFencedError(
+                f"ledger {ledger_id}: metadata is {current.state} (another client is "
+                "recovering or closed it); adds in flight are lost"
+            )
+        )
+    return NewFragment(first_entry_id, bookies)
+
+
+def decide_close(
+    ledger_id: int, last_entry_id: int, length_bytes: int, current: LedgerView
+) -> Decision:
+    """R6 on what is stored: OPEN, close at the LAC; IN_RECOVERY, fail; CLOSED at this
+    writer's LAC, done (an earlier attempt, or a recovery that found the same end);
+    CLOSED elsewhere, fail."""
+    if current.state == OPEN:
+        return CloseAt(last_entry_id, length_bytes)
+    if current.state == IN_RECOVERY:
+        return Refused(
+            LedgerFencedError(f"ledger {ledger_id}: another client is recovering it; cannot close")
+        )
+    if current.last_entry_id == last_entry_id:
+        return Settled()
+    return Refused(
+        LedgerClosedError(
+            f"ledger {ledger_id}: closed by another client at entry "
+            f"{current.last_entry_id}, while this writer confirmed up to {last_entry_id}"
+        )
+    )
+
+
+class LedgerWriter:
+    """The decisions of one ledger's writer. See the module docstring for the rules."""
+
+    def __init__(
+        self,
+        ledger_id: int,
+        ensemble_size: int,
+        write_quorum: int,
+        ack_quorum: int,
+        view: LedgerView,
+        *,
+        metadata_attempts: int = 20,
+    ) -> None:
+        self.ledger_id = ledger_id
+        self.tracker = AddTracker(ensemble_size, write_quorum, ack_quorum)
+        self.view = view  # the metadata as last stored or read
+        self.ensemble = list(view.last_ensemble)
+        self.generation = [0] * ensemble_size
+        self.failed_slots: set[int] = set()  # failed, replacement not recorded yet
+        self.replaced_bookies: set[str] = set()
+        self.failure: BKError | None = None
+        self.closing = view.state == CLOSED
+        self.closed = view.state == CLOSED
+        self.confirmed_length_bytes = 0
+        self._outbox: list[list[PendingAdd]] = [[] for _ in range(ensemble_size)]
+        self._change: _Change | None = None
+        self._close_requested = False
+        self._close: Callable[[LedgerView], Decision] | None = None  # a close under way
+        self._settled = False  # outstanding adds were confirmed or failed after a failure
+        self._holding = False  # failed slots, a change or a failure: confirm nothing now
+        self._metadata_attempts = metadata_attempts
+        self._unknown_outcomes = 0  # of the update under way, each resolved by a read
+        self._failed_reads = 0
+        self._last_unknown: BKError = MetadataError(f"ledger {ledger_id}: outcome unknown")
+
+    # -------------------------------------------------------------- hot path
+
+    @property
+    def lac(self) -> int:
+        return self.tracker.lac
+
+    @property
+    def confirmations_held(self) -> bool:
+        """Acks count but nothing is confirmed now: a bookie failed and its replacement is
+        not recorded yet, or the handle failed or closed."""
+        return self._holding
+
+    def begin_close(self) -> None:
+        """The owner is closing: refuse adds from now on (the close itself is written on
+        :class:`CloseRequested`, once the adds already sent are settled)."""
+        self.closing = True
+
+    def refusal(self) -> BKError | None:
+        """Why a new add must be refused now, if it must."""
+        if self.failure is not None:
+            return self.failure
+        if self.closing:
+            return LedgerClosedError(f"ledger {self.ledger_id}: closed, cannot add")
+        return None
+
+    def add(self, blob: bytes, token: object) -> PendingAdd:
+        """Register the next entry (id ``tracker.next_entry_id``) and queue it for each
+        bookie of its write set. Check :meth:`refusal` first."""
+        pending = self.tracker.add(blob, token)
+        outbox = self._outbox
+        for slot in pending.write_set:
+            outbox[slot].append(pending)
+        return pending
+
+    def take_sends(self) -> list[tuple[int, int, list[PendingAdd]]]:
+        """(slot, generation, entries) for every slot with entries queued; a failed slot
+        keeps its queue until its replacement is recorded."""
+        if self.failure is not None:
+            return []
+        sends = []
+        outbox = self._outbox
+        failed = self.failed_slots
+        for slot, queue in enumerate(outbox):
+            if queue and slot not in failed:
+                outbox[slot] = []
+                sends.append((slot, self.generation[slot], queue))
+        return sends
+
+    def ack(self, slot: int, generation: int, entry_ids: Sequence[int]) -> Sequence[PendingAdd]:
+        """The bookie in ``slot`` acknowledged ``entry_ids``: the entries now confirmed,
+        in entry-id order (often none)."""
+        if generation != self.generation[slot]:
+            return _NOTHING  # a late answer from a bookie that failed or was replaced
+        tracker = self.tracker
+        if tracker.ack(entry_ids, slot) and not self._holding:
+            return self._confirm()
+        return _NOTHING
+
+    def _confirm(self) -> list[PendingAdd]:
+        done = self.tracker.confirm()
+        if done:
+            self.confirmed_length_bytes = ENTRY_HEADER.unpack_from(done[-1].blob)[3]
+        return done
+
+    # -------------------------------------------------------------- events
+
+    def step(self, event: WriterEvent) -> list[WriterEffect]:
+        """Feed one event; returns the effects to carry out, in order."""
+        if isinstance(event, AddAcked):
+            confirmed = self.ack(event.slot, event.generation, event.entry_ids)
+            return [Confirm(list(confirmed))] if confirmed else []
+        if isinstance(event, AddFailed):
+            return self._on_add_failed(event)
+        if isinstance(event, BookiesChosen):
+            return self._on_bookies_chosen(event)
+        if isinstance(event, NoBookies):
+            return self._on_no_bookies(event.error)
+        if isinstance(event, MetadataStored):
+            return self._on_stored(event.view)
+        if isinstance(event, MetadataRefused):
+            return self._on_refused(event.error)
+        if isinstance(event, MetadataUnknown):
+            return self._on_unknown(event.error)
+        if isinstance(event, MetadataRead):
+            return self._on_read(event.view)
+        if isinstance(event, MetadataReadFailed):
+            return self._on_read_failed(event.error)
+        if isinstance(event, CloseRequested):
+            return self._on_close_requested()
+        raise TypeError(f"not a writer event: {event!r}")
+
+    # -------------------------------------------------------------- failures
+
+    def _on_add_failed(self, event: AddFailed) -> list[WriterEffect]:
+        slot = event.slot
+        if event.generation != self.generation[slot] or self.failure is not None:
+            return []
+        address = self.ensemble[slot]
+        status = event.status
+        if status == Status.FENCED:
+            return self._fail(
+                LedgerFencedError(
+                    f"ledger {self.ledger_id}: fenced by a recovery (bookie {address}); "
+                    "unconfirmed adds may or may not be stored and must be treated as lost"
+                )
+            )
+        if status == Status.UNAUTHORIZED:
+            return self._fail(
+                UnauthorizedError(f"ledger {self.ledger_id}: bookie {address} refused key")
+            )
+        if status == Status.NO_SUCH_LEDGER:
+            return self._fail(
+                NoSuchLedgerError(f"ledger {self.ledger_id}: deleted (bookie {address})")
+            )
+        # Anything else (an error, a timeout, a lost connection): replace the bookie.
+        self.failed_slots.add(slot)
+        self.generation[slot] += 1  # drop whatever the failed bookie still sends
+        self._holding = True
+        return self._next_change()
+
+    def _next_change(self) -> list[WriterEffect]:
+        """Start a change for the failed slots, unless one is under way (it goes first)."""
+        if self._change is not None or self.failure is not None or not self.failed_slots:
+            return []
+        if self._close is not None or self.closed:
+            return []  # a change now would be refused anyway: the ledger is (being) closed
+        # Confirmation is held since the first of these failures, so the LAC stands
+        # still until the change is recorded: the new fragment starts right after it.
+        slots = tuple(sorted(self.failed_slots))
+        self._change = _Change(slots, self.tracker.lac + 1)
+        excluded = frozenset(self.ensemble) | self.replaced_bookies
+        return [ChooseBookies(slots, excluded)]
+
+    def _on_bookies_chosen(self, event: BookiesChosen) -> list[WriterEffect]:
+        change = self._change
+        if change is None or change.writing or event.slots != change.slots:
+            return []
+        bookies = list(self.ensemble)
+        for slot, bookie in zip(event.slots, event.bookies, strict=True):
+            bookies[slot] = bookie
+        change.bookies = tuple(bookies)
+        change.writing = True
+        self._unknown_outcomes = 0
+        return [UpdateMetadata(self._fragment_decision(change))]
+
+    def _fragment_decision(self, change: _Change) -> Callable[[LedgerView], Decision]:
+        return partial(decide_fragment, self.ledger_id, change.first_entry_id, change.bookies)
+
+    def _on_no_bookies(self, error: BKError) -> list[WriterEffect]:
+        if self._change is None or self._change.writing:
+            return []
+        self._change = None
+        return self._fail(error)
+
+    def _fail(self, error: BKError) -> list[WriterEffect]:
+        """The handle takes no more adds. Its outstanding adds are settled now, or, when
+        a fragment write is unanswered or its outcome unknown, once that is known."""
+        if self.failure is None:
+            self.failure = error
+            self._holding = True
+        if self._change is not None and self._change.writing:
+            return []  # settled by _on_stored, _on_refused or the read after unknown
+        self._change = None
+        return self._settle()
+
+    def _settle(self) -> list[WriterEffect]:
+        """Confirm what an ack quorum of the recorded write sets holds (recovery keeps it,
+        R8), fail the rest."""
+        if self._settled or self.failure is None:
+            return []
+        self._settled = True
+        effects: list[WriterEffect] = []
+        confirmed = self._confirm()
+        if confirmed:
+            effects.append(Confirm(confirmed))
+        failed = self.tracker.fail_all()
+        if failed:
+            effects.append(FailAdds(failed, self.failure))
+        effects.append(HandleFailed(self.failure))
+        for queue in self._outbox:
+            queue.clear()
+        return effects + self._next_close()
+
+    # -------------------------------------------------------------- metadata outcomes
+
+    def _on_stored(self, view: LedgerView) -> list[WriterEffect]:
+        self.view = view
+        self._unknown_outcomes = self._failed_reads = 0
+        if self._close is not None:
+            return self._closed(view)
+        change = self._change
+        if change is None or not change.writing:
+            return []
+        self._change = None
+        self._record_replacements(change)
+        if self.failure is not None:
+            return self._settle()
+        effects: list[WriterEffect] = [SendQueued()]
+        if self.failed_slots:
+            return effects + self._next_change()  # another bookie failed meanwhile
+        self._holding = False
+        confirmed = self._confirm()
+        if confirmed:
+            effects.append(Confirm(confirmed))
+        return effects + self._next_close()
+
+    def _record_replacements(self, change: _Change) -> None:
+        """The new fragment is recorded: the replacements take their slots, and every
+        entry of the fragment that their slot stores is resent to them."""
+        for slot in change.slots:
+            self.replaced_bookies.add(self.ensemble[slot])
+            self.ensemble[slot] = change.bookies[slot]
+            self.generation[slot] += 1
+            self.failed_slots.discard(slot)
+            # The replaced bookie's acks for these entries stop counting: the metadata
+            # now says the replacement holds them.
+            self._outbox[slot] = self.tracker.replace_bookie(slot, change.first_entry_id)
+
+    def _on_refused(self, error: BKError) -> list[WriterEffect]:
+        self._unknown_outcomes = self._failed_reads = 0
+        if self._close is not None:
+            self._close = None
+            if self.failure is None:
+                self.failure = error
+                self._holding = True
+            return [CloseFailed(error)]
+        change = self._change
+        if change is None or not change.writing:
+            return []
+        # Not written: the recorded write sets are the old ones, and the tracker's acks
+        # were counted against them.
+        self._change = None
+        if self.failure is None:
+            self.failure = error
+            self._holding = True
+        return self._settle()
+
+    def _on_unknown(self, error: BKError) -> list[WriterEffect]:
+        if self._close is None and (self._change is None or not self._change.writing):
+            return []
+        self._unknown_outcomes += 1
+        self._last_unknown = error
+        self._failed_reads = 0
+        return [ReadMetadata(0)]
+
+    def _pending_decision(self) -> Callable[[LedgerView], Decision] | None:
+        if self._close is not None:
+            return self._close
+        if self._change is not None and self._change.writing:
+            return self._fragment_decision(self._change)
+        return None
+
+    def _on_read(self, view: LedgerView) -> list[WriterEffect]:
+        """R13: the same decision, on the metadata read after an unknown outcome."""
+        decide = self._pending_decision()
+        if decide is None:
+            return []
+        self._failed_reads = 0
+        decision = decide(view)
+        if isinstance(decision, Settled):
+            return self._on_stored(view)  # the write happened
+        if isinstance(decision, Refused):
+            self.view = view
+            return self._on_refused(decision.error)  # it did not, and cannot any more
+        # It did not happen (as far as this read shows).
+        if self._close is None and self.failure is not None:
+            # A failed handle writes no fragment; it settles as if it had been written,
+            # which is safe whichever it was (see _settle_unresolved).
+            return self._settle_unresolved()
+        if self._unknown_outcomes >= self._metadata_attempts:
+            return self._give_up_unresolved()
+        self.view = view
+        return [UpdateMetadata(decide)]  # try again, on the version just read
+
+    def _on_read_failed(self, error: BKError) -> list[WriterEffect]:
+        if self._pending_decision() is None:
+            return []
+        self._failed_reads += 1
+        if self._failed_reads < self._metadata_attempts:
+            return [ReadMetadata(min(1_000, 25 << min(self._failed_reads, 6)))]
+        self._last_unknown = error
+        return self._give_up_unresolved()
+
+    def _give_up_unresolved(self) -> list[WriterEffect]:
+        error = self._last_unknown
+        if self._close is not None:
+            self._close = None
+            if self.failure is None:
+                self.failure = error
+                self._holding = True
+            return [CloseFailed(error)]
+        if self.failure is None:
+            self.failure = error
+            self._holding = True
+        return self._settle_unresolved()
+
+    def _settle_unresolved(self) -> list[WriterEffect]:
+        """The fragment write's outcome stays unknown: count only what is safe under the
+        old and the new fragment alike. Under the new one the replacements hold nothing
+        yet, so the replaced slots' acks no longer count, as if it had been written."""
+        change = self._change
+        self._change = None
+        if change is not None:
+            for slot in change.slots:
+                self.tracker.replace_bookie(slot, change.first_entry_id)
+        return self._settle()
+
+    # -------------------------------------------------------------- close
+
+    def _on_close_requested(self) -> list[WriterEffect]:
+        if self.closed:
+            return [Closed(self.view)]
+        self.closing = self._close_requested = True
+        return self._next_close()
+
+    def _next_close(self) -> list[WriterEffect]:
+        """Write the close once no change is under way (R6)."""
+        if not self._close_requested or self.closed or self._close is not None:
+            return []
+        if self._change is not None:
+            return []  # after the change: _on_stored or _settle come back here
+        if self.failure is not None and not self._settled:
+            return []
+        self._close = partial(
+            decide_close, self.ledger_id, self.tracker.lac, self.confirmed_length_bytes
+        )
+        self._unknown_outcomes = 0
+        return [UpdateMetadata(self._close)]
+
+    def _closed(self, view: LedgerView) -> list[WriterEffect]:
+        self._close = None
+        self.closed = True
+        self._holding = True
+        effects: list[WriterEffect] = []
+        # Adds still tracked were given up by their owner (a cancelled future): they
+        # lie past the last entry now, so they can never be confirmed.
+        leftover = self.tracker.fail_all()
+        for queue in self._outbox:
+            queue.clear()
+        if leftover:
+            effects.append(
+                FailAdds(leftover, LedgerClosedError(f"ledger {self.ledger_id}: closed"))
+            )
+        effects.append(Closed(view))
+        return effects
