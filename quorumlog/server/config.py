@@ -48,3 +48,5 @@ class ServerConfig:
     # Graceful stop: how long in-flight requests get to be answered.
     stop_timeout_ms: int = 10_000
     listen_backlog: int = 1024
+    # The HTTP admin API and /metrics on 127.0.0.1 (0: a free port); None: not served.
+    http_port: int | None = None
