@@ -41,6 +41,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     serve.add_argument(
         "--max-body-bytes", type=positive_int, default=4 << 20, help="request body limit (4 MiB)"
     )
+    serve.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=10_000,
+        help="records between snapshots taken by the leader; the log is truncated behind "
+        "them (0: never; default 10000)",
+    )
     serve.add_argument("--ensemble", type=positive_int, default=3)
     serve.add_argument("--write-quorum", type=positive_int, default=3)
     serve.add_argument("--ack-quorum", type=positive_int, default=2)
@@ -105,6 +112,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int, log_config: Any
         http_addr=f"http://{host}:{port}",
         session_timeout_ms=args.session_timeout_ms,
         log_config=log_config,
+        snapshot_every_records=max(0, args.snapshot_every),
     )
     replica = Replica(bk, config)
     api = DbHttpApi(replica, max_body_bytes=args.max_body_bytes)

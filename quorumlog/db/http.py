@@ -314,6 +314,8 @@ class DbHttpApi:
                     "db_size": replica.machine.size_bytes(),
                 },
                 "failure": replica.failure,
+                "snapshots_taken": replica.snapshots_taken,
+                "restores": replica.restores,
             },
             "http": {"addr": replica.config.http_addr},
             "node": {"start_time": replica.started_at, "uptime": time.time() - replica.started_at},

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sqlite3
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from quorumlog.db.machine import (
     StateMachine,
     StatementResult,
 )
+from quorumlog.db.snapshot import list_snapshots, read_snapshot, take_snapshot
 from quorumlog.db.sql import BadRequestError, Choices, Statement, rewrite_for_replay
 from quorumlog.errors import BKError
 from quorumlog.log.config import LogConfig
@@ -91,6 +93,10 @@ class ReplicaConfig:
     log_config: LogConfig = field(default_factory=LogConfig)
     check_interval_ms: int = 100
     max_pending_writes: int = 10_000  # requests appended but not yet applied (back-pressure)
+    # The leader snapshots the file into a ledger after this many records (0: never) and
+    # truncates the log behind the oldest of the ``snapshots_kept`` newest snapshots.
+    snapshot_every_records: int = 10_000
+    snapshots_kept: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +121,12 @@ class Replica:
         self.log_name = log_name_of(config.name)
         data_dir = Path(config.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.machine = StateMachine(data_dir / f"{config.name}.sqlite")
+        self.sqlite_path = data_dir / f"{config.name}.sqlite"
+        self.machine = StateMachine(self.sqlite_path)
+        self.records_since_snapshot = 0
+        self.snapshots_taken = 0
+        self.restores = 0
+        self._snapshot_task: asyncio.Task[None] | None = None
         self.role = FOLLOWER
         self.started_at = time.time()
         self.failure: str | None = None
@@ -157,6 +168,9 @@ class Replica:
 
     async def close(self) -> None:
         self._stop.set()
+        if self._snapshot_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, BKError, TimeoutError):
+                await asyncio.wait_for(self._snapshot_task, 10)
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError, BKError, TimeoutError):
                 await asyncio.wait_for(self._task, 10)
@@ -272,7 +286,58 @@ class Replica:
     def _apply(self, position: Position, record: DbRecord) -> list[StatementResult] | None:
         results = self.machine.apply(position, record)
         self._applied_event.set()
+        self.records_since_snapshot += 1
         return results
+
+    # ------------------------------------------------------------ snapshots
+
+    def _maybe_snapshot(self, the_log: Log) -> None:
+        every = self.config.snapshot_every_records
+        if not every or self.records_since_snapshot < every:
+            return
+        if self._snapshot_task is not None and not self._snapshot_task.done():
+            return
+        self.records_since_snapshot = 0
+        self._snapshot_task = asyncio.create_task(self._snapshot(the_log))
+
+    async def _snapshot(self, the_log: Log) -> None:
+        try:
+            taken = await take_snapshot(the_log, self.sqlite_path, keep=self.config.snapshots_kept)
+        except (BKError, sqlite3.Error, OSError) as exc:
+            log.warning("database %s: snapshot failed: %s", self.config.name, exc)
+            return
+        if taken is not None:
+            self.snapshots_taken += 1
+            log.info(
+                "database %s: snapshot at %s in ledger %d",
+                self.config.name,
+                taken.position,
+                taken.ledger_id,
+            )
+
+    async def _restore_if_behind(self, the_log: Log) -> None:
+        """Restore the newest snapshot when the log no longer holds the next record this
+        replica needs (its file is new, wiped, or fell behind a truncation)."""
+        metadata, _ = await the_log.metadata()
+        cut = metadata.truncated_before
+        applied = self.machine.applied
+        if cut is None or (applied is not None and applied.next() >= cut):
+            return
+        snapshots = await list_snapshots(the_log)
+        if not snapshots or (applied is not None and snapshots[-1].position <= applied):
+            raise ReplicaStorageError(
+                f"database {self.config.name}: the log is truncated before {cut} and no "
+                f"snapshot covers this replica's position {applied}"
+            )
+        newest = snapshots[-1]
+        log.info("database %s: restoring the snapshot at %s", self.config.name, newest.position)
+        self.machine.close()
+        try:
+            await read_snapshot(the_log, newest, self.sqlite_path)
+        finally:
+            self.machine = StateMachine(self.sqlite_path)
+        self.restores += 1
+        self._applied_event.set()
 
     # ------------------------------------------------------------ roles
 
@@ -307,7 +372,10 @@ class Replica:
     async def _follow(self, the_log: Log, election: LeaderElection) -> None:
         self.role = FOLLOWER
         try:
+            await self._restore_if_behind(the_log)
             reader = await the_log.open_reader(self._start())
+        except ReplicaStorageError:
+            raise
         except BKError as exc:
             log.info("database %s: cannot read the log: %s", self.config.name, exc)
             await self._pause()
@@ -353,6 +421,7 @@ class Replica:
             ):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.config.check_interval_ms / 1000)
+                self._maybe_snapshot(the_log)
         except ReplicaStorageError:
             raise
         except BKError as exc:
@@ -384,6 +453,7 @@ class Replica:
 
     async def _catch_up(self, the_log: Log, election: LeaderElection, end: Position) -> bool:
         """Apply every record before ``end``; False if leadership went meanwhile."""
+        await self._restore_if_behind(the_log)
         reader = await the_log.open_reader(self._start())
         try:
             for _ in range(1 << 62):  # ends at ``end``: every earlier ledger is closed

@@ -35,6 +35,7 @@ class DbProcess:
         *,
         max_body_bytes: int = 4 << 20,
         port: int | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.node_id = node_id
         self.port = port or free_port()
@@ -65,6 +66,7 @@ class DbProcess:
                     "--max-body-bytes",
                     str(max_body_bytes),
                     "--verbose",
+                    *extra_args,
                 ],
                 stdout=out,
                 stderr=err,

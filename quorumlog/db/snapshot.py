@@ -1,0 +1,179 @@
+"""Snapshots of a replica's SQLite file, stored in ledgers, and the log truncated behind them.
+
+A snapshot is a consistent copy of the file (SQLite's online backup) taken between
+two records, so it holds the applied position of the last record in it. Its bytes go
+into a new ledger of their own (replicated like the log, same shape and password),
+in 1 MiB entries, and the ledger is closed. Only then is the snapshot recorded, with
+a compare-and-set, in the metadata node ``/dbsnapshots/<log name>``:
+
+    {"snapshots": [{"ledger": 31, "position": "27:1040", "size_bytes": 81920,
+                    "created_ms": 1760000000000}, ...]}   # oldest first
+
+The newest ``keep`` snapshots are kept; older ones are dropped from the list, then
+their ledgers deleted. The log is then truncated before the position right after the
+oldest snapshot kept: every record a replica may still need is either in a kept
+snapshot or still in the log.
+
+A replica whose file is missing, or whose applied position lies before the log's
+truncation point, restores the newest snapshot (replacing its file) and tails the
+log from the snapshot's position.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quorumlog.errors import BKError, MetadataVersionError, NodeExistsError, NoNodeError
+from quorumlog.log.position import Position
+
+if TYPE_CHECKING:
+    from quorumlog.log.log import Log
+
+__all__ = ["SNAPSHOTS_PATH", "Snapshot", "list_snapshots", "read_snapshot", "take_snapshot"]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOTS_PATH = "/dbsnapshots"
+CHUNK_BYTES = 1 << 20
+_CAS_ATTEMPTS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    ledger_id: int
+    position: Position
+    size_bytes: int
+    created_ms: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "ledger": self.ledger_id,
+            "position": str(self.position),
+            "size_bytes": self.size_bytes,
+            "created_ms": self.created_ms,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, object]) -> Snapshot:
+        return cls(
+            int(str(raw["ledger"])),
+            Position.parse(str(raw["position"])),
+            int(str(raw["size_bytes"])),
+            int(str(raw["created_ms"])),
+        )
+
+
+def _path(the_log: Log) -> str:
+    return f"{SNAPSHOTS_PATH}/{the_log.name}"
+
+
+async def _read_list(the_log: Log) -> tuple[list[Snapshot], int | None]:
+    try:
+        node = await the_log.store.get(_path(the_log))
+    except NoNodeError:
+        return [], None
+    raw = json.loads(node.data or b"{}")
+    return [Snapshot.from_json(s) for s in raw.get("snapshots", [])], node.version
+
+
+async def list_snapshots(the_log: Log) -> list[Snapshot]:
+    """The recorded snapshots, oldest first."""
+    return (await _read_list(the_log))[0]
+
+
+def copy_file(source: Path) -> tuple[bytes, Position | None]:
+    """A consistent copy of the SQLite file at ``source`` and the position it holds."""
+    with tempfile.TemporaryDirectory() as scratch:
+        target = Path(scratch) / "snapshot.sqlite"
+        src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+        dst = sqlite3.connect(target)
+        try:
+            src.backup(dst)
+            row = dst.execute("SELECT ledger_id, entry_id FROM _quorumlog_applied").fetchone()
+        finally:
+            dst.close()
+            src.close()
+        position = None if row is None else Position(row[0], row[1])
+        return target.read_bytes(), position
+
+
+async def take_snapshot(the_log: Log, source: Path, *, keep: int = 2) -> Snapshot | None:
+    """Snapshot the file at ``source`` into a ledger, record it, drop older snapshots,
+    truncate the log; the snapshot (None when the file holds no position yet)."""
+    data, position = copy_file(source)
+    if position is None:
+        return None
+    config = the_log.config
+    handle = await the_log.bk.create_ledger(
+        config.ensemble,
+        config.write_quorum,
+        config.ack_quorum,
+        config.digest_type,
+        config.password,
+        {"dbsnapshot": the_log.name.encode()},
+    )
+    try:
+        for offset in range(0, max(len(data), 1), CHUNK_BYTES):
+            await handle.append(data[offset : offset + CHUNK_BYTES])
+    finally:
+        await handle.close()
+    snapshot = Snapshot(handle.ledger_id, position, len(data), int(time.time() * 1000))
+    dropped: list[Snapshot] = []
+    for _ in range(_CAS_ATTEMPTS):
+        snapshots, version = await _read_list(the_log)
+        updated = [s for s in snapshots if s.position < position] + [snapshot]
+        kept, dropped = updated[-keep:], updated[:-keep]
+        body = json.dumps({"snapshots": [s.to_json() for s in kept]}).encode()
+        try:
+            if version is None:
+                await the_log.store.create(_path(the_log), body)
+            else:
+                await the_log.store.set(_path(the_log), body, version)
+            break
+        except (MetadataVersionError, NodeExistsError):
+            continue
+    else:
+        raise BKError(f"database log {the_log.name}: snapshot list kept changing")
+    for old in dropped:
+        try:
+            await the_log.bk.delete_ledger(old.ledger_id, config.password)
+        except BKError as exc:
+            log.warning("snapshot ledger %d not deleted: %s", old.ledger_id, exc)
+    oldest = kept[0].position.next()
+    try:
+        await the_log.truncate(before=oldest)
+    except BKError as exc:
+        log.info("log %s not truncated before %s: %s", the_log.name, oldest, exc)
+    return snapshot
+
+
+async def read_snapshot(the_log: Log, snapshot: Snapshot, target: Path) -> None:
+    """Write the snapshot's bytes to ``target`` (replaced atomically)."""
+    handle = await the_log.bk.open_ledger(snapshot.ledger_id, the_log.config.password)
+    try:
+        last = handle.last_add_confirmed
+        chunks: list[bytes] = []
+        for first in range(0, last + 1, 64):
+            entries = await handle.read_entries(first, min(first + 63, last))
+            chunks.extend(bytes(e.data) for e in entries)
+    finally:
+        await handle.close()
+    data = b"".join(chunks)
+    if len(data) != snapshot.size_bytes:
+        raise BKError(
+            f"snapshot in ledger {snapshot.ledger_id}: {len(data)} bytes, "
+            f"expected {snapshot.size_bytes}"
+        )
+    scratch = target.with_suffix(".restore")
+    scratch.write_bytes(data)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{target}{suffix}").unlink(missing_ok=True)
+    os.replace(scratch, target)
