@@ -55,6 +55,7 @@ from typing import Any
 from crc32c import crc32c
 
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
+from quorumlog.bookie.metrics import BookieCounters
 from quorumlog.errors import BookieIOError
 
 log = logging.getLogger(__name__)
@@ -401,6 +402,10 @@ class Journal:
         self._failure: BaseException | None = None
         self._stopped: asyncio.Future[None] | None = None
         # Counters, written by the writer thread only.
+        self.counters = BookieCounters()  # the bookie's, once it is opened
+        # When the oldest record still queued was queued (a lower bound after a batch
+        # left records behind): what an add's latency counts from.
+        self._oldest_queued_at = 0.0
         self.sync_count = 0
         self.batch_count = 0
         self.records_written = 0
@@ -447,6 +452,8 @@ class Journal:
         """Queue one record (loop thread). ``done`` is completed once it is durable."""
         parts, size = record
         self.queued_bytes += size
+        if not self._queue:
+            self._oldest_queued_at = self._clock()
         self._queue.append((parts, size, done))
         if self._idle:
             self._wake.set()
@@ -510,7 +517,9 @@ class Journal:
         max_records = self.max_batch_records
         max_bytes = self.max_batch_bytes
         clock = self._clock
-        deadline = clock() + self.max_group_wait_s
+        cut_at = clock()
+        queued_at = min(self._oldest_queued_at, cut_at)
+        deadline = cut_at + self.max_group_wait_s
         dones: list[Done] = []
         # Pieces of the batch, each for one file and led by that file's batch marker;
         # only the first piece goes to the current file.
@@ -538,6 +547,8 @@ class Journal:
                 dones.append(done)
             if count & 63 == 0 and clock() >= deadline:
                 break
+        # Whatever is left was queued before this cut.
+        self._oldest_queued_at = cut_at
         pieces.append(parts)
         error: BaseException | None = self._failure
         if error is None:
@@ -554,14 +565,22 @@ class Journal:
                     self._mark = (self._mark[0], self._mark[1] + len(data))
                 self._sync_current()
                 self.records_written += count
+                counters = self.counters
+                counters.journal_batch_records.observe(count)
+                counters.journal_batch_bytes += total
             except BaseException as exc:  # reported to every waiter
                 log.error("journal %s: write failed: %s", self.directory, exc)
                 self._failure = error = exc
         self.batch_count += 1
-        loop.call_soon_threadsafe(self._deliver, dones, total, error)
+        loop.call_soon_threadsafe(self._deliver, dones, total, error, queued_at)
 
-    def _deliver(self, dones: list[Done], size: int, error: BaseException | None) -> None:
+    def _deliver(
+        self, dones: list[Done], size: int, error: BaseException | None, queued_at: float = 0.0
+    ) -> None:
         self.queued_bytes -= size
+        if dones and error is None:
+            # One observation per batch, standing for each request it answers.
+            self.counters.add_latency.observe(self._clock() - queued_at, len(dones))
         assert self._on_batch is not None
         self._on_batch(dones, size, error)
 
@@ -574,10 +593,12 @@ class Journal:
 
     def _sync_current(self) -> None:
         if self.sync_enabled and self._unsynced:
+            started = self._clock()
             if self._ops is REAL_FILES:
                 fdatasync(self._fd)  # the module's, which tests may replace
             else:
                 self._ops.fdatasync(self._fd)
+            self.counters.journal_sync_latency.observe(self._clock() - started)
             self.sync_count += 1
         self._unsynced = False
 

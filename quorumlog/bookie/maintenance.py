@@ -48,6 +48,7 @@ class ReadOnlyMode:
         self.journal_failed = False
         self.storage_failure: str | None = None  # R14: until a restart
         self.write_failure: str | None = None  # until a checkpoint writes it again
+        self.operator = False  # set through the admin API, until cleared or a restart
         self.read_only = disk_checker.full
         self._timers = timers
         self._check_interval_ms = check_interval_ms
@@ -64,6 +65,18 @@ class ReadOnlyMode:
     def journal_failure(self) -> None:
         """The journal failed: adds are refused until a restart (R14)."""
         self.journal_failed = True
+        self._update()
+
+    def set_operator(self, read_only: bool) -> None:
+        """An operator's read-only mode (BookKeeper's admin API): on top of the other
+        reasons, never instead of them, so clearing it cannot hide a failed disk."""
+        if read_only != self.operator:
+            log.warning(
+                "bookie %s: read-only mode %s by an operator",
+                self._data_dir,
+                "set" if read_only else "cleared",
+            )
+        self.operator = read_only
         self._update()
 
     def storage_checked(self, storage: LedgerStorage) -> None:
@@ -89,12 +102,14 @@ class ReadOnlyMode:
             self.storage_failure,
             self.write_failure,
             "a disk is at or above its usage threshold" if self.disk_checker.full else None,
+            "set by an operator" if self.operator else None,
         ]
         return "; ".join(r for r in reasons if r)
 
     def _update(self) -> None:
         read_only = (
             self.disk_checker.full
+            or self.operator
             or self.journal_failed
             or self.storage_failure is not None
             or self.write_failure is not None

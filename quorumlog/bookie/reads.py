@@ -10,12 +10,14 @@ A deleted ledger answers NO_SUCH_LEDGER to every read (its tombstone).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.invariants import Halt
 from quorumlog.bookie.ledger_state import LedgerState
 from quorumlog.bookie.long_poll import LongPolls, Poll
+from quorumlog.bookie.metrics import BookieCounters
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.errors import BKError, Status
 from quorumlog.proto.codec import (
@@ -57,6 +59,7 @@ class Reads:
         self._storage = storage
         self._states = storage.states
         self._polls = polls
+        self.counters = BookieCounters()  # the bookie's, once it is opened
 
     def read(self, request: ReadRequest, respond: Respond) -> None:
         """A read whose ids were checked (and that was fenced first, if it asked to be)."""
@@ -71,9 +74,14 @@ class Reads:
         if st is None:
             respond(error_response(request, Status.NO_SUCH_LEDGER))
             return
+        started = time.perf_counter()
         entries = self._storage.read_entries(
             st, request.first_entry_id, request.count, self._max_bytes(request)
         )
+        counters = self.counters
+        counters.read_latency.observe(time.perf_counter() - started)
+        counters.read_requests += 1
+        counters.read_entries += len(entries)
         status = _OK if entries else Status.NO_SUCH_ENTRY
         respond(
             ReadResponse(

@@ -94,6 +94,8 @@ class Requests:
             BookieInfoRequest: self._on_info,
         }
         self._fence = changes.fence
+        # One set of counters for the journal, the adds and the reads (server metrics).
+        reads.counters = journal.counters
 
     def _stop_serving(self) -> None:
         self.serving = False
@@ -229,6 +231,9 @@ class Requests:
             st.lac = lac
             if ledger_id in self._polls:
                 self._reads.wake(st)
+        counters = journal.counters  # plain integers: metrics cost no call per add
+        counters.add_requests += 1
+        counters.add_entries += count
         journal.append(
             add_record(ledger_id, data),
             (respond, AddResponse(request.request_id, _OK, ledger_id, count)),

@@ -17,7 +17,7 @@ import hashlib
 import random
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.connection import ConnectionPool
@@ -41,6 +41,9 @@ from quorumlog.meta.ledgers import LedgerManager
 from quorumlog.meta.store import MetadataStore
 from quorumlog.proto.codec import DeleteLedgerRequest
 from quorumlog.proto.entry import DigestType, master_key
+
+if TYPE_CHECKING:
+    from quorumlog.client.metrics import ClientMetrics
 
 
 def password_digest(password: bytes) -> str:
@@ -76,6 +79,8 @@ class BookKeeper:
         self.placement = BookiePlacement(self.rng)
         self._closed = False
         self._handles: weakref.WeakSet[ReadHandle] = weakref.WeakSet()
+        # None until enable_metrics(): every hook is then one `is None` test.
+        self.metrics: ClientMetrics | None = None
 
     @classmethod
     async def connect(
@@ -105,6 +110,14 @@ class BookKeeper:
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosedError("BookKeeper client is closed")
+
+    def enable_metrics(self) -> ClientMetrics:
+        """Start keeping Prometheus metrics (idempotent); expose ``.registry`` as you like."""
+        if self.metrics is None:
+            from quorumlog.client.metrics import ClientMetrics
+
+            self.metrics = ClientMetrics()
+        return self.metrics
 
     # ------------------------------------------------------------ bookies
 

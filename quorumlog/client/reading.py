@@ -232,6 +232,8 @@ class ReadHandle:
             )
             if not done:
                 launch()  # speculative read: ask the next replica too
+                if self._client.metrics is not None:
+                    self._client.metrics.speculative_reads += 1
                 continue
             for future in [f for f in in_flight if f in done]:  # in send order
                 address = in_flight.pop(future)

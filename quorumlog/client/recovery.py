@@ -73,13 +73,19 @@ class LedgerRecovery:
     async def run(self) -> tuple[LedgerMetadata, int]:
         if self.metadata.is_closed:
             return self.metadata, self.version
+        metrics = self._client.metrics
+        if metrics is not None:
+            metrics.recoveries += 1
         if not await self._mark_in_recovery():
             return self.metadata, self.version  # someone closed it meanwhile
         max_lac = await self._fence()
         md = self.metadata
         start = first_entry_to_recover(max_lac, md.last_fragment_first_entry)
         last_entry_id, length = await self._recover_from(start)
-        return await self._close(last_entry_id, length)
+        closed = await self._close(last_entry_id, length)
+        if metrics is not None:
+            metrics.recoveries_completed += 1
+        return closed
 
     # ------------------------------------------------------------ step 1
 

@@ -194,7 +194,11 @@ class LedgerHandle(ReadHandle):
 
     def _send_batch(self, index: int, generation: int, batch: list[PendingAdd]) -> None:
         request = AddRequest(0, self.ledger_id, self._master_key, [p.blob for p in batch])
-        callback = partial(self._on_add_response, index, generation, [p.entry_id for p in batch])
+        callback: Callable[[Any], None] = partial(
+            self._on_add_response, index, generation, [p.entry_id for p in batch]
+        )
+        if self._client.metrics is not None:
+            callback = self._client.metrics.timed_add(callback, len(batch))
         self._pool.get(self._writer.ensemble[index]).send(
             request, callback, self._config.add_timeout_ms
         )
@@ -228,6 +232,8 @@ class LedgerHandle(ReadHandle):
                 entry_id = pending.entry_id
                 future.set_result(entry_id if result_of is None else result_of(entry_id))
         self._lac = confirmed[-1].entry_id
+        if self._client.metrics is not None:
+            self._client.metrics.confirmed_entries += len(confirmed)
         waiters = self._capacity_waiters
         while waiters and len(self._tracker) < self._config.max_outstanding_adds:
             waiter = waiters.popleft()
@@ -364,6 +370,8 @@ class LedgerHandle(ReadHandle):
 
     def _adopt(self, metadata: LedgerMetadata, version: int) -> None:
         if metadata.ensembles != self.metadata.ensembles:
+            if self._client.metrics is not None:
+                self._client.metrics.ensemble_changes += 1
             log.info(
                 "ledger %d: fragments now %s",
                 self.ledger_id,

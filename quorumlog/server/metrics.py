@@ -1,0 +1,223 @@
+"""A bookie's Prometheus metrics, computed when ``/metrics`` is scraped.
+
+The request paths only bump plain integers (:mod:`quorumlog.bookie.metrics`); this
+collector reads them, and the state the bookie keeps anyway (read cache, parked
+long polls, connections, read-only mode, the sizes of its files, disk usage), once
+per scrape. So a bookie that is never scraped pays a few integer additions per
+request and per journal batch, and nothing else.
+
+Names follow Prometheus's conventions: ``quorumlog_bookie_`` prefix, the unit in
+the name (``_seconds``, ``_bytes``), ``_total`` on counters.
+
+Example::
+
+    registry = bookie_registry(server)
+    print(prometheus_client.generate_latest(registry).decode())
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from quorumlog.bookie.disk_checker import disk_usage
+from quorumlog.bookie.metrics import Buckets
+
+if TYPE_CHECKING:
+    from quorumlog.server.server import BookieServer
+
+__all__ = ["BookieCollector", "bookie_registry", "directory_bytes"]
+
+PREFIX = "quorumlog_bookie_"
+
+
+def directory_bytes(directory: Path, suffix: str = "") -> int:
+    """Bytes held by the files of ``directory`` (not recursive) ending in ``suffix``.
+
+    A file removed while it is being listed (a checkpoint deleting an entry log)
+    counts as zero: the next scrape sees the directory as it is then."""
+    total = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if not entry.name.endswith(suffix):
+                    continue
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue
+    except FileNotFoundError:
+        return 0
+    return total
+
+
+def _histogram(name: str, doc: str, buckets: Buckets) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, buckets=buckets.cumulative(), sum_value=buckets.sum)
+
+
+class BookieCollector(Collector):
+    """Reads one :class:`BookieServer`'s bookie at every scrape."""
+
+    def __init__(self, server: BookieServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Metric]:
+        server = self._server
+        yield GaugeMetricFamily(
+            PREFIX + "connections",
+            "Client and peer connections the bookie holds now.",
+            value=server.connection_count,
+        )
+        bookie = server.bookie
+        if bookie is None:
+            return
+        c = bookie.journal.counters
+        yield CounterMetricFamily(
+            PREFIX + "add_requests_total",
+            "Add requests accepted into the journal (each may carry several entries).",
+            value=c.add_requests,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "add_entries_total",
+            "Entries accepted into the journal by add requests.",
+            value=c.add_entries,
+        )
+        yield _histogram(
+            PREFIX + "add_latency_seconds",
+            "Time from an add request queued in the journal to its answer (durable). "
+            "Measured once per journal batch, from the batch's oldest request, and "
+            "counted for each request of the batch.",
+            c.add_latency,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "read_requests_total",
+            "Read requests answered from ledger storage (long polls excluded).",
+            value=c.read_requests,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "read_entries_total",
+            "Entries returned by read requests.",
+            value=c.read_entries,
+        )
+        yield _histogram(
+            PREFIX + "read_latency_seconds",
+            "Time to look up and read the entries of one read request.",
+            c.read_latency,
+        )
+        yield _histogram(
+            PREFIX + "journal_sync_latency_seconds",
+            "Duration of one journal fdatasync.",
+            c.journal_sync_latency,
+        )
+        yield _histogram(
+            PREFIX + "journal_batch_records",
+            "Records written and synced together by one journal batch (group commit).",
+            c.journal_batch_records,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "journal_written_bytes_total",
+            "Bytes of records written to the journal.",
+            value=c.journal_batch_bytes,
+        )
+        stats = bookie.stats()
+        yield CounterMetricFamily(
+            PREFIX + "journal_syncs_total",
+            "Journal fdatasync calls.",
+            value=stats["journal_syncs"],
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "journal_queued_bytes",
+            "Bytes queued for the journal and not yet durable.",
+            value=stats["journal_queued_bytes"],
+        )
+        yield CounterMetricFamily(
+            PREFIX + "checkpoints_total",
+            "Checkpoints of ledger storage completed since the bookie started.",
+            value=stats["checkpoints"],
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "ledgers",
+            "Ledgers the bookie holds data or state for.",
+            value=stats["ledgers"],
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "parked_long_polls",
+            "Long-poll reads parked, waiting for a ledger's LAC to move.",
+            value=stats["parked_polls"],
+        )
+        cache = bookie.storage.read_cache
+        yield CounterMetricFamily(
+            PREFIX + "read_cache_hits_total",
+            "Entry lookups answered by the read cache.",
+            value=cache.hits,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "read_cache_misses_total",
+            "Entry lookups the read cache did not hold.",
+            value=cache.misses,
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "read_cache_size_bytes",
+            "Bytes of entries held by the read cache.",
+            value=cache.size_bytes,
+        )
+        data_dir = Path(bookie.data_dir)
+        yield GaugeMetricFamily(
+            PREFIX + "entry_log_size_bytes",
+            "Bytes of the entry-log files on disk.",
+            value=directory_bytes(data_dir / "entrylogs", ".log"),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "index_size_bytes",
+            "Bytes of the entry index's files on disk.",
+            value=directory_bytes(data_dir / "index"),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "journal_size_bytes",
+            "Bytes of the journal files on disk.",
+            value=directory_bytes(Path(bookie.journal_dir)),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "read_only",
+            "1 while the bookie refuses adds (disk full, a failed journal or storage, or "
+            "set by an operator), else 0.",
+            value=1.0 if bookie.read_only else 0.0,
+        )
+        try:
+            usage = disk_usage(data_dir)
+        except OSError:
+            return
+        yield GaugeMetricFamily(
+            PREFIX + "disk_total_bytes",
+            "Size of the filesystem holding the data directory.",
+            value=usage.total_bytes,
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "disk_free_bytes",
+            "Free bytes on the filesystem holding the data directory.",
+            value=usage.free_bytes,
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "disk_usage_ratio",
+            "Fraction (0..1) of the data directory's filesystem in use.",
+            value=usage.used_fraction,
+        )
+
+
+def bookie_registry(server: BookieServer) -> CollectorRegistry:
+    """A registry of its own for one bookie server (never the process-wide default:
+    tests run several bookies in one process)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BookieCollector(server))
+    return registry
