@@ -194,10 +194,13 @@ def test_a_killed_bookie_is_re_replicated_without_operator_action(
         for ledger_id in ledgers:
             assert_fully_replicated(bk, ledger_id)
         daemons.append(Daemon(uri, tmp_path / "ar1"))
-        writer = Writer(uri)
-        writer.start()
+        writers = [Writer(uri), Writer(uri)]
+        for writer in writers:
+            writer.start()
         try:
-            poll_until(lambda: writer.entries > 100, timeout_s=60, what="writer started")
+            poll_until(
+                lambda: all(w.entries > 100 for w in writers), timeout_s=60, what="writers started"
+            )
             index = victim(bk, cluster5, ledgers)
             lost = cluster5.bookies[index].address
             named = {i for i in ledgers if lost in bk.ledger_metadata(i).all_bookies()}
@@ -217,16 +220,20 @@ def test_a_killed_bookie_is_re_replicated_without_operator_action(
                 what="every closed ledger off the killed bookie",
             )
             healed_s = time.monotonic() - killed_at
-            entries_at_heal = writer.entries
+            at_heal = [w.entries for w in writers]
             poll_until(
-                lambda: writer.entries > entries_at_heal + 40,
+                lambda: all(w.entries > n + 40 for w, n in zip(writers, at_heal, strict=True)),
                 timeout_s=60,
-                what="writer goes on",
+                what="writers go on",
             )
         finally:
-            writer.stop_event.set()
-            writer.join(timeout=60)
-        assert not writer.errors, writer.errors
+            for writer in writers:
+                writer.stop_event.set()
+            for writer in writers:
+                writer.join(timeout=60)
+        for writer in writers:
+            assert not writer.errors, writer.errors
+            assert not writer.is_alive()
         poll_until(lambda: not naming(bk, lost), timeout_s=60, interval_s=0.5, what="no ledger")
         poll_until(lambda: not marks(bk), timeout_s=60, interval_s=0.5, what="marks cleared")
         for ledger_id in bk.list_ledgers():
