@@ -59,6 +59,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         p.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
         p.set_defaults(func=run_get, path=f"/{action}")
 
+    backup = sub.add_parser("backup", help="save the database (the leader's copy) to a file")
+    backup.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
+    backup.add_argument("--fmt", choices=("binary", "sql"), default="binary")
+    backup.add_argument("out", help="file to write (a SQLite file, or SQL text with --fmt sql)")
+    backup.set_defaults(func=run_backup)
+
+    restore = sub.add_parser(
+        "restore", help="load a SQLite file into a database, through its leader and log"
+    )
+    restore.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
+    restore.add_argument("file", help="a SQLite file (as written by backup)")
+    restore.set_defaults(func=run_restore)
+
     shell = sub.add_parser("shell", help="run SQL against a group, one result table each")
     shell.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
     shell.add_argument("--level", default="weak", help="read consistency (none|weak|strong)")
@@ -149,6 +162,59 @@ def run_get(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"quorumlog db: {args.addr}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    return EXIT_OK
+
+
+def run_backup(args: argparse.Namespace) -> int:
+    query = "?fmt=sql" if args.fmt == "sql" else ""
+    try:
+        with urllib.request.urlopen(f"http://{args.addr}/db/backup{query}", timeout=300) as r:
+            data = r.read()
+            position = r.headers.get("X-Quorumlog-Position", "")
+    except (OSError, ValueError) as exc:
+        print(f"quorumlog db backup: {args.addr}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    with open(args.out, "wb") as out:
+        out.write(data)
+    print(f"{args.out}: {len(data)} bytes, applied position {position}")
+    return EXIT_OK
+
+
+# Statements per restore request: each request is one log record, kept well below the
+# server's body limit.
+_RESTORE_BATCH_BYTES = 512 * 1024
+
+
+def run_restore(args: argparse.Namespace) -> int:
+    from quorumlog.db.snapshot import dump_sql
+
+    try:
+        with open(args.file, "rb") as source:
+            lines = dump_sql(source.read())
+    except (OSError, ValueError) as exc:
+        print(f"quorumlog db restore: {args.file}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    batches: list[list[str]] = [[]]
+    size = 0
+    for line in lines:
+        if size + len(line) > _RESTORE_BATCH_BYTES and batches[-1]:
+            batches.append([])
+            size = 0
+        batches[-1].append(line)
+        size += len(line)
+    for batch in batches:
+        if not batch:
+            continue
+        try:
+            answer = _http(args.addr, "/db/execute?transaction", batch)
+        except (OSError, ValueError) as exc:
+            print(f"quorumlog db restore: {args.addr}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        errors = [r["error"] for r in answer.get("results", []) if "error" in r]
+        if "error" in answer or errors:
+            print(f"quorumlog db restore: {answer.get('error') or errors[0]}", file=sys.stderr)
+            return EXIT_FAILURE
+    print(f"{args.file}: {len(lines)} statements restored in {len(batches)} requests")
     return EXIT_OK
 
 

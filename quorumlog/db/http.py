@@ -19,6 +19,7 @@ from aiohttp import web
 
 from quorumlog.db.machine import StatementResult
 from quorumlog.db.replica import NotLeaderError, Replica
+from quorumlog.db.snapshot import copy_file, dump_sql
 from quorumlog.db.sql import BadRequestError, Statement, is_read_only, parse_statements
 from quorumlog.errors import BKError, InvalidArgumentError
 from quorumlog.log.position import Position
@@ -90,6 +91,7 @@ class DbHttpApi:
         self.app.router.add_route("*", "/db/execute", self._execute)
         self.app.router.add_route("*", "/db/query", self._query)
         self.app.router.add_route("*", "/db/request", self._request)
+        self.app.router.add_get("/db/backup", self._backup)
         self.app.router.add_get("/status", self._status)
         self.app.router.add_get("/nodes", self._nodes)
         self.app.router.add_get("/readyz", self._readyz)
@@ -271,6 +273,20 @@ class DbHttpApi:
             return self._error(request, 503, exc.message)
         except BKError as exc:
             return self._error(request, 503, exc.message)
+
+    async def _backup(self, request: web.Request) -> web.StreamResponse:
+        """This replica's file (``?fmt=sql``: as SQL text), a consistent copy; the applied
+        position it holds is in the ``X-Quorumlog-Position`` header. Forwarded to the
+        leader unless ``level=none`` (rqlite backs up on the leader)."""
+        level = request.query.get("level", "weak").lower()
+        if level != "none" and not self.replica.is_leader:
+            return await self._forward(request, b"")
+        data, position = copy_file(self.replica.sqlite_path)
+        headers = {"X-Quorumlog-Position": "" if position is None else str(position)}
+        if request.query.get("fmt") == "sql":
+            text = "\n".join(dump_sql(data)) + "\n"
+            return web.Response(text=text, headers=headers, content_type="application/sql")
+        return web.Response(body=data, headers=headers, content_type="application/octet-stream")
 
     async def _members_json(self) -> list[dict[str, Any]]:
         try:

@@ -37,7 +37,15 @@ from quorumlog.log.position import Position
 if TYPE_CHECKING:
     from quorumlog.log.log import Log
 
-__all__ = ["SNAPSHOTS_PATH", "Snapshot", "list_snapshots", "read_snapshot", "take_snapshot"]
+__all__ = [
+    "SNAPSHOTS_PATH",
+    "Snapshot",
+    "copy_file",
+    "dump_sql",
+    "list_snapshots",
+    "read_snapshot",
+    "take_snapshot",
+]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +111,24 @@ def copy_file(source: Path) -> tuple[bytes, Position | None]:
             src.close()
         position = None if row is None else Position(row[0], row[1])
         return target.read_bytes(), position
+
+
+def dump_sql(data: bytes) -> list[str]:
+    """The SQL text of a SQLite file's bytes, without the replica's own table: what
+    ``quorumlog db restore`` replays through the leader."""
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "dump.sqlite"
+        path.write_bytes(data)
+        conn = sqlite3.connect(path)
+        try:
+            return [
+                line
+                for line in conn.iterdump()
+                if "_quorumlog_applied" not in line
+                and line not in ("BEGIN TRANSACTION;", "COMMIT;")
+            ]
+        finally:
+            conn.close()
 
 
 async def take_snapshot(the_log: Log, source: Path, *, keep: int = 2) -> Snapshot | None:

@@ -286,3 +286,30 @@ def test_db_pyrqlite_client(replicas: list[DbProcess]) -> None:
         assert cursor.fetchone()[0] == 2
     finally:
         connection.close()
+
+
+def test_db_backup_and_restore_through_the_log(replicas: list[DbProcess], tmp_path: Path) -> None:
+    leader = wait_ready(replicas)
+    follower = next(r for r in replicas if r is not leader)
+    rows = [["INSERT INTO notes(body) VALUES (?)", f"note {i}"] for i in range(20)]
+    assert http(follower.addr, "/db/execute", ["CREATE TABLE notes (body TEXT)", *rows])[0] == 200
+    backup = tmp_path / "backup.sqlite"
+    command = [sys.executable, "-m", "quorumlog", "db"]
+    done = subprocess.run(
+        [*command, "backup", "--addr", follower.addr, str(backup)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert http(leader.addr, "/db/execute", ["DROP TABLE notes"])[0] == 200
+    done = subprocess.run(
+        [*command, "restore", "--addr", follower.addr, str(backup)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    for replica in replicas:
+        answer = http(replica.addr, "/db/query?level=strong&q=SELECT+count(*)+FROM+notes")[1]
+        assert answer["results"][0]["values"] == [[20]], answer
