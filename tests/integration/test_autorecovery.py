@@ -489,3 +489,35 @@ def test_the_periodic_audit_marks_a_damaged_copy_and_a_worker_replaces_it(
         data = [e.data for e in bk.open_ledger(ledger_id).read_entries(0, 99)]
         assert data == [payload(ledger_id, i) for i in range(100)]
         assert liar in cluster5.addresses  # a live bookie: no loss was involved
+
+
+def test_an_auditor_frozen_past_its_session_rejoins_and_can_lead_again(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    uri = cluster5.metadata_uri
+
+    def auditor() -> str:
+        return shell(uri, "whoisauditor", timeout_s=60).stdout.strip()
+
+    first = Daemon(uri, tmp_path / "ar1")
+    daemons.append(first)
+    poll_until(lambda: auditor() == first.identifier, timeout_s=30, what="first auditor")
+    second = Daemon(uri, tmp_path / "ar2")
+    daemons.append(second)
+    os.kill(first.process.pid, signal.SIGSTOP)
+    try:
+        poll_until(lambda: auditor() == second.identifier, timeout_s=30, what="second leads")
+        time.sleep(3)  # well past the frozen one's 2 s sessions
+    finally:
+        os.kill(first.process.pid, signal.SIGCONT)
+    # Its sessions expired while frozen: it starts again with new ones, and queues.
+    poll_until(
+        lambda: "session lost" in first.err.read_text(),
+        timeout_s=30,
+        interval_s=0.2,
+        what="the frozen process notices its lost session",
+    )
+    assert first.process.poll() is None
+    holds_for(lambda: auditor() == second.identifier, duration_s=3, what="second still leads")
+    second.kill()
+    poll_until(lambda: auditor() == first.identifier, timeout_s=30, what="first leads again")
