@@ -1,0 +1,90 @@
+"""Under-replication marks, locks and switches on both metadata drivers."""
+
+from __future__ import annotations
+
+import pytest
+from support import run
+
+from quorumlog.errors import InvalidArgumentError, NoNodeError
+from quorumlog.meta.factory import open_store
+from quorumlog.replication.underreplication import (
+    LOST_BOOKIE_RECOVERY_DELAY_DEFAULT_S,
+    UnderReplicationManager,
+)
+
+
+def test_marks_merge_and_clear_only_at_the_version_read(metadata_uri: str) -> None:
+    async def go() -> None:
+        async with await open_store(metadata_uri) as store:
+            marks = UnderReplicationManager(store)
+            assert await marks.marked_ledgers() == []
+            assert await marks.mark(7, ["h:1"])
+            assert not await marks.mark(7, ["h:1"])  # nothing new: nothing written
+            first = await marks.get(7)
+            assert first.bookies == ("h:1",)
+            assert await marks.mark(7, {"h:2"})
+            second = await marks.get(7)
+            assert second.bookies == ("h:1", "h:2")
+            assert second.marked_ms == first.marked_ms  # the first mark's time is kept
+            # A worker that read the first version must not clear what was added since.
+            assert not await marks.clear(7, first.version)
+            assert await marks.marked_ledgers() == [7]
+            assert await marks.clear(7, second.version)
+            assert await marks.marked_ledgers() == []
+            assert await marks.clear(7, second.version)  # already gone: fine
+            with pytest.raises(NoNodeError):
+                await marks.get(7)
+            await marks.mark(3, ["h:1"])
+            await marks.mark(12, ["h:9"])
+            assert [m.ledger_id for m in await marks.list_marks()] == [3, 12]
+            with pytest.raises(InvalidArgumentError):
+                await marks.mark(4, [])
+
+    run(go())
+
+
+def test_a_lock_is_held_once_and_goes_with_its_session(metadata_uri: str) -> None:
+    async def go() -> None:
+        async with await open_store(metadata_uri) as store:
+            marks = UnderReplicationManager(store)
+            worker = await open_store(metadata_uri, session_timeout_ms=2_000)
+            other = UnderReplicationManager(worker)
+            token = await other.claim(5, "worker-1")
+            assert token is not None
+            assert await marks.claim(5, "worker-2") is None
+            assert await marks.lock_owner(5) == "worker-1"
+            await marks.release(5, "not-the-token")  # another's lock: left alone
+            assert await marks.lock_owner(5) == "worker-1"
+            await other.release(5, token)
+            assert await marks.lock_owner(5) is None
+            assert await other.claim(5, "worker-1") is not None
+            await worker.close()  # the worker's session ends: its claim goes
+            assert await marks.lock_owner(5) is None
+            assert await marks.claim(5, "worker-2") is not None
+
+    run(go())
+
+
+def test_switches_enabled_delay_audit_request(metadata_uri: str) -> None:
+    async def go() -> None:
+        async with await open_store(metadata_uri) as store:
+            marks = UnderReplicationManager(store)
+            assert await marks.is_enabled()
+            await marks.set_enabled(False)
+            assert not await marks.is_enabled()
+            await marks.set_enabled(True)
+            assert await marks.is_enabled()
+            delay = await marks.lost_bookie_recovery_delay_s()
+            assert delay == LOST_BOOKIE_RECOVERY_DELAY_DEFAULT_S
+            await marks.set_lost_bookie_recovery_delay_s(1800)
+            assert await marks.lost_bookie_recovery_delay_s() == 1800
+            with pytest.raises(InvalidArgumentError):
+                await marks.set_lost_bookie_recovery_delay_s(-1)
+            assert await marks.auditor() is None
+            assert await marks.last_audit() is None
+            await marks.request_audit()
+            await marks.request_audit()
+            await marks.put_last_audit({"audited": 3})
+            assert await marks.last_audit() == {"audited": 3}
+
+    run(go())
