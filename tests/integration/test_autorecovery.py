@@ -521,3 +521,45 @@ def test_an_auditor_frozen_past_its_session_rejoins_and_can_lead_again(
     holds_for(lambda: auditor() == second.identifier, duration_s=3, what="second still leads")
     second.kill()
     poll_until(lambda: auditor() == first.identifier, timeout_s=30, what="first leads again")
+
+
+@pytest.mark.parametrize("autorecovery", [True, False])
+def test_localbookie_runs_autorecovery_unless_told_not_to(
+    tmp_path: Path, autorecovery: bool
+) -> None:
+    data_dir = tmp_path / "local"
+    command = [sys.executable, "-m", "quorumlog", "localbookie", "3", "--data-dir", str(data_dir)]
+    if not autorecovery:
+        command.append("--no-autorecovery")
+    out = tmp_path / "stdout"
+    with open(out, "wb") as stdout:
+        process = subprocess.Popen(
+            command,
+            stdout=stdout,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+    try:
+        poll_until(lambda: "ready" in out.read_text(), timeout_s=90, what="localbookie ready")
+        uri = out.read_text().splitlines()[0].split(" ", 1)[1]
+        addresses = [line.split()[1] for line in out.read_text().splitlines() if "pid" in line]
+        if autorecovery:
+            poll_until(
+                lambda: shell(uri, "whoisauditor").stdout.strip() in addresses,
+                timeout_s=30,
+                what="a bookie audits",
+            )
+        else:
+            holds_for(
+                lambda: shell(uri, "whoisauditor").returncode == 1,
+                duration_s=3,
+                what="no auditor",
+            )
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=90) == 0
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
