@@ -563,3 +563,33 @@ def test_localbookie_runs_autorecovery_unless_told_not_to(
         if process.poll() is None:
             os.kill(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
+
+
+def test_disabled_autorecovery_marks_and_copies_nothing_until_enabled(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    uri = cluster5.metadata_uri
+    with BookKeeper(uri) as bk:
+        set_delay(bk, 0)
+        ledgers = [write_closed(bk, 100) for _ in range(3)]
+        for ledger_id in ledgers:
+            assert_fully_replicated(bk, ledger_id)
+        daemons.append(Daemon(uri, tmp_path / "ar1"))
+        assert shell(uri, "autorecovery", "disable").returncode == 0
+        index = victim(bk, cluster5, ledgers)
+        lost = cluster5.bookies[index].address
+        named = set(naming(bk, lost))
+        cluster5.kill(index)
+        poll_until(
+            lambda: lost not in bk.list_bookies(), timeout_s=30, what="bookie's session gone"
+        )
+        holds_for(
+            lambda: not marks(bk) and set(naming(bk, lost)) == named,
+            duration_s=4,
+            interval_s=0.2,
+            what="nothing marked or copied while disabled",
+        )
+        assert shell(uri, "autorecovery", "enable").returncode == 0
+        poll_until(
+            lambda: not naming(bk, lost), timeout_s=REPAIR_BOUND_S, interval_s=0.5, what="repair"
+        )
