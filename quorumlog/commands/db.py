@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import signal
+import subprocess
 import sys
 import urllib.error
 import urllib.parse
@@ -71,6 +72,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     restore.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
     restore.add_argument("file", help="a SQLite file (as written by backup)")
     restore.set_defaults(func=run_restore)
+
+    bench = sub.add_parser(
+        "bench", help="durable replicated INSERTs over HTTP, beside PostgreSQL with a sync standby"
+    )
+    bench.add_argument("--count", type=positive_int, default=2000, help="serial inserts (2000)")
+    bench.add_argument("--batches", type=positive_int, default=200, help="100-row batches (200)")
+    bench.add_argument("--no-postgres", action="store_true", help="quorumlog db only")
+    bench.add_argument("--json", action="store_true", help="print the figures as JSON")
+    bench.set_defaults(func=run_bench)
 
     shell = sub.add_parser("shell", help="run SQL against a group, one result table each")
     shell.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
@@ -162,6 +172,18 @@ def run_get(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"quorumlog db: {args.addr}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    return EXIT_OK
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from quorumlog.commands.db_bench import bench, table
+
+    try:
+        figures = bench(args.count, args.batches, not args.no_postgres)
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        print(f"quorumlog db bench: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(json.dumps(figures, indent=2) if args.json else table(figures))
     return EXIT_OK
 
 

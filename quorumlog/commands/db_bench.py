@@ -1,0 +1,337 @@
+"""``quorumlog db bench``: durable replicated INSERTs through the HTTP API, beside PostgreSQL.
+
+Three workloads, each run on both systems in the same run:
+
+- ``serial``: one client, one single-row INSERT at a time (latency p50/p99, writes/s);
+- ``concurrent``: 16 clients, single-row INSERTs (writes/s);
+- ``batch``: one client, 100-row batches, each one transaction (rows/s).
+
+quorumlog: a local cluster of three bookies (journal sync on) and three
+``quorumlog db serve`` replicas; requests go to the leader over HTTP (aiohttp), and an
+answer means the record is confirmed by the log's ack quorum and applied. PostgreSQL
+15 (Debian's package): a primary and one synchronous streaming standby on loopback
+(``synchronous_commit = on``, ``synchronous_standby_names = '*'``), driven with
+psycopg's asyncio API, one connection per client, autocommit for single rows. Every
+process is started here and stopped by pid; the directories are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+CONCURRENCY = 16
+BATCH_ROWS = 100
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def _measure(
+    one: Callable[[int], Awaitable[None]], count: int, clients: int
+) -> dict[str, float]:
+    latencies: list[float] = []
+    per_client = max(1, count // clients)
+
+    async def client(c: int) -> None:
+        for i in range(per_client):
+            started = time.perf_counter()
+            await one(c * per_client + i)
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    elapsed = time.perf_counter() - started
+    return {
+        "requests": len(latencies),
+        "per_s": len(latencies) / elapsed,
+        "p50_ms": _percentile(latencies, 0.5) * 1000,
+        "p99_ms": _percentile(latencies, 0.99) * 1000,
+    }
+
+
+# ---------------------------------------------------------------- quorumlog
+
+
+@contextlib.contextmanager
+def _quorumlog_group(base: Path) -> Iterator[str]:
+    from quorumlog.server.local_cluster import LocalCluster, embedded_metadata_uri
+
+    uri = embedded_metadata_uri(base)
+    processes: list[subprocess.Popen[bytes]] = []
+    with LocalCluster(uri, base / "cluster", 3) as cluster:
+        try:
+            addrs = []
+            for n in range(3):
+                addr = f"127.0.0.1:{_free_port()}"
+                addrs.append(addr)
+                log = open(base / f"db-{n}.log", "wb")  # noqa: SIM115 - closed with the process
+                processes.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "quorumlog",
+                            "db",
+                            "serve",
+                            "--metadata",
+                            cluster.metadata_uri,
+                            "--name",
+                            "bench",
+                            "--data-dir",
+                            str(base / f"db-{n}"),
+                            "--http-addr",
+                            addr,
+                            "--node-id",
+                            f"db-{n}",
+                        ],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+            yield _wait_leader(addrs)
+        finally:
+            for process in processes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGTERM)
+            for process in processes:
+                try:
+                    process.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.kill(process.pid, signal.SIGKILL)
+                    process.wait(10)
+
+
+def _wait_leader(addrs: list[str]) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for addr in addrs:
+            with (
+                contextlib.suppress(OSError, ValueError),
+                urllib.request.urlopen(f"http://{addr}/status", timeout=2) as answer,
+            ):
+                if json.loads(answer.read())["store"]["role"] == "leader":
+                    return addr
+        time.sleep(0.1)
+    raise RuntimeError("no database leader within 60 s")
+
+
+async def _bench_quorumlog(addr: str, count: int, batches: int) -> dict[str, Any]:
+    import aiohttp
+
+    url = f"http://{addr}/db/execute"
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY + 4)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def post(body: list[Any], query: str = "") -> None:
+            async with session.post(url + query, json=body) as answer:
+                result = await answer.json()
+                if answer.status != 200 or any("error" in r for r in result["results"]):
+                    raise RuntimeError(f"write failed: {result}")
+
+        await post(["CREATE TABLE bench (id INTEGER PRIMARY KEY, v TEXT)"])
+        row = ["INSERT INTO bench(v) VALUES (?)", "x" * 32]
+        await _measure(lambda i: post([row]), 200, 1)  # warm-up, not reported
+        serial = await _measure(lambda i: post([row]), count, 1)
+        concurrent = await _measure(lambda i: post([row]), count * 4, CONCURRENCY)
+        batch = await _measure(lambda i: post([row] * BATCH_ROWS, "?transaction"), batches, 1)
+    batch["rows_per_s"] = batch["per_s"] * BATCH_ROWS
+    return {"serial": serial, "concurrent": concurrent, "batch": batch}
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+def _as_postgres(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    user = pwd.getpwnam("postgres")
+    done = subprocess.run(
+        args, user=user.pw_uid, group=user.pw_gid, capture_output=True, cwd="/", **kwargs
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{Path(args[0]).name} failed: {done.stderr.decode()[-500:]}")
+    return done
+
+
+def _start_postgres(data: Path) -> subprocess.Popen[bytes]:
+    user = pwd.getpwnam("postgres")
+    log = open(data.parent / f"{data.name}.log", "wb")  # noqa: SIM115 - lives with the process
+    return subprocess.Popen(
+        [str(PG_BIN / "postgres"), "-D", str(data)],
+        user=user.pw_uid,
+        group=user.pw_gid,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd="/",
+    )
+
+
+def _wait_pg(port: int) -> None:
+    for _ in range(600):
+        done = subprocess.run(
+            [str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True
+        )
+        if done.returncode == 0:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"PostgreSQL on port {port} did not start")
+
+
+@contextlib.contextmanager
+def _postgres_pair(base: Path) -> Iterator[int]:
+    """A primary with one synchronous standby; the primary's port."""
+    user = pwd.getpwnam("postgres")
+    os.chown(base, user.pw_uid, user.pw_gid)
+    primary, standby = base / "primary", base / "standby"
+    port, standby_port = _free_port(), _free_port()
+    _as_postgres([str(PG_BIN / "initdb"), "-D", str(primary), "-U", "postgres", "--auth=trust"])
+    with open(primary / "postgresql.conf", "a") as conf:
+        conf.write(
+            f"port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{base}'\n"
+            "wal_level = replica\nmax_wal_senders = 4\nsynchronous_commit = on\n"
+            "synchronous_standby_names = '*'\nfsync = on\n"
+        )
+    processes = [_start_postgres(primary)]
+    try:
+        _wait_pg(port)
+        _as_postgres(
+            [
+                str(PG_BIN / "pg_basebackup"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "postgres",
+                "-D",
+                str(standby),
+                "-R",
+            ]
+        )
+        with open(standby / "postgresql.conf", "a") as conf:
+            conf.write(f"port = {standby_port}\n")
+        processes.append(_start_postgres(standby))
+        _wait_pg(standby_port)
+        _wait_sync(port)
+        yield port
+    finally:
+        for process in reversed(processes):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGINT)  # fast shutdown
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+def _wait_sync(port: int) -> None:
+    import psycopg
+
+    for _ in range(300):
+        with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres") as conn:
+            row = conn.execute("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")
+            if (row.fetchone() or [0])[0] >= 1:
+                return
+        time.sleep(0.1)
+    raise RuntimeError("the standby never became synchronous")
+
+
+async def _bench_postgres(port: int, count: int, batches: int) -> dict[str, Any]:
+    import psycopg
+
+    dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+    conns = [
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(CONCURRENCY)
+    ]
+    try:
+        await conns[0].execute("CREATE TABLE bench (id SERIAL PRIMARY KEY, v TEXT)")
+        value = "x" * 32
+
+        async def insert(i: int, conn: Any = None) -> None:
+            await (conn or conns[0]).execute("INSERT INTO bench(v) VALUES (%s)", (value,))
+
+        await _measure(lambda i: insert(i), 200, 1)
+        serial = await _measure(lambda i: insert(i), count, 1)
+        per_client = max(1, count * 4 // CONCURRENCY)
+        concurrent = await _measure(
+            lambda i: insert(i, conns[i // per_client % CONCURRENCY]), count * 4, CONCURRENCY
+        )
+
+        async def batch(i: int) -> None:
+            conn = conns[0]
+            async with conn.transaction(), conn.cursor() as cursor:
+                await cursor.executemany(
+                    "INSERT INTO bench(v) VALUES (%s)", [(value,)] * BATCH_ROWS
+                )
+
+        batched = await _measure(batch, batches, 1)
+        batched["rows_per_s"] = batched["per_s"] * BATCH_ROWS
+        return {"serial": serial, "concurrent": concurrent, "batch": batched}
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+# ---------------------------------------------------------------- the command
+
+
+def bench(count: int, batches: int, with_postgres: bool) -> dict[str, Any]:
+    """Run both; the figures as a dict."""
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="quorumlog-dbbench-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)  # the postgres user must reach its directories below
+        with _quorumlog_group(base / "ql") as leader:
+            out["quorumlog"] = asyncio.run(_bench_quorumlog(leader, count, batches))
+        if with_postgres:
+            pg_base = base / "pg"
+            pg_base.mkdir()
+            with _postgres_pair(pg_base) as port:
+                out["postgresql"] = asyncio.run(_bench_postgres(port, count, batches))
+        shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
+def table(figures: dict[str, Any]) -> str:
+    ql, pg = figures.get("quorumlog", {}), figures.get("postgresql")
+    lines = [
+        f"{'workload':<34}{'quorumlog db':>16}{'PostgreSQL':>16}{'ratio':>8}",
+    ]
+
+    def row(label: str, workload: str, key: str, fmt: str, lower_is_better: bool) -> None:
+        a = ql[workload][key]
+        b = pg[workload][key] if pg else None
+        ratio = "" if not b else f"{(b / a if lower_is_better else a / b):.2f}"
+        lines.append(f"{label:<34}{format(a, fmt):>16}{format(b, fmt) if b else '-':>16}{ratio:>8}")
+
+    row("1 client, p50 ms", "serial", "p50_ms", ".2f", True)
+    row("1 client, p99 ms", "serial", "p99_ms", ".2f", True)
+    row("1 client, writes/s", "serial", "per_s", ".0f", False)
+    row(f"{CONCURRENCY} clients, writes/s", "concurrent", "per_s", ".0f", False)
+    row(f"{CONCURRENCY} clients, p50 ms", "concurrent", "p50_ms", ".2f", True)
+    row(f"{BATCH_ROWS}-row batches, rows/s", "batch", "rows_per_s", ".0f", False)
+    lines.append("ratio: quorumlog db relative to PostgreSQL (above 1: quorumlog db better)")
+    return "\n".join(lines)
