@@ -21,6 +21,7 @@ part has one job:
 - :mod:`.reads`: reads (R4, R9), long polls, read-LAC;
 - :mod:`.checkpoints`: ledger storage made durable so journal files can go;
 - :mod:`.maintenance`: read-only mode (disk usage, journal failure), garbage collection;
+- :mod:`.compaction`: entry logs holding mostly dead data rewritten (minor and major);
 - :mod:`.timers`: the timed jobs, stopped first on close;
 - :mod:`.invariants`: a broken invariant stops the bookie at once (by default the process).
 """
@@ -29,12 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from quorumlog.bookie.checkpoints import Checkpoints
+from quorumlog.bookie.compaction import CompactionResult, CompactionSettings, Compactor
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.disk_checker import DiskChecker
 from quorumlog.bookie.errors import BookieStartError
@@ -134,6 +137,23 @@ class Bookie:
         )
         # A failed entry-log write refuses adds at once, not at the next checkpoint.
         storage.entry_log.on_write_error = lambda _error: self._mode.storage_checked(storage)
+        self.compactor = Compactor(
+            storage,
+            CompactionSettings(
+                minor_threshold=config.minor_compaction_threshold,
+                minor_interval_s=config.minor_compaction_interval_ms / 1000,
+                major_threshold=config.major_compaction_threshold,
+                major_interval_s=config.major_compaction_interval_ms / 1000,
+                rate_bytes_per_s=config.compaction_rate_bytes_per_s,
+                rate_entries_per_s=config.compaction_rate_entries_per_s,
+            ),
+            self._compaction_checkpoint,
+            stopped=lambda: timers.stopped,
+        )
+        self._compaction: asyncio.Task[CompactionResult] | None = None
+        self.gc_round: Callable[[], Awaitable[int]] | None = None
+        """Set by the server: one garbage-collection round against the metadata store
+        (R15), which :meth:`force_gc` runs before compacting."""
 
     @classmethod
     def open(
@@ -190,6 +210,8 @@ class Bookie:
         self.storage.entry_log.writer = write_chunk
         self._checkpoints.start(loop, executor)
         self._mode.start()
+        self.compactor.last_minor = self.compactor.last_major = loop.time()
+        self._schedule_compaction()
         if self._mode.read_only:
             log.warning("bookie %s starts read-only (disk usage)", self.data_dir)
         self._requests.serving = True
@@ -200,6 +222,11 @@ class Bookie:
             return
         self._timers.stop()  # the bookie is closing: no timed job starts from now on
         self._requests.serving = False
+        if self._compaction is not None and not self._compaction.done():
+            # Safe at any of its waits: copies are ordinary recent adds, and the old
+            # logs stay until a checkpoint has moved the index off them.
+            self._compaction.cancel()
+            await asyncio.wait({self._compaction})
         try:
             self._reads.answer_all()
             # Adds held back by the journal's queue bound are journaled now.
@@ -249,6 +276,11 @@ class Bookie:
         """``listener(read_only)`` is called on the loop whenever :attr:`read_only` changes."""
         self._mode.add_listener(listener)
 
+    def set_read_only(self, read_only: bool) -> None:
+        """Refuse adds (True) or take them again (False) at an operator's request; the
+        bookie stays read-only while another reason holds (:attr:`read_only_reason`)."""
+        self._mode.set_operator(read_only)
+
     # ------------------------------------------------------------ ledgers, GC
 
     def ledger_ids(self) -> set[int]:
@@ -266,6 +298,78 @@ class Bookie:
         if dropped:
             self._timers.call_soon(self._checkpoints.tick)
         return dropped
+
+    # ------------------------------------------------------------ compaction
+
+    def _schedule_compaction(self) -> None:
+        c = self.config
+        intervals = [
+            ms
+            for ms, threshold in (
+                (c.minor_compaction_interval_ms, c.minor_compaction_threshold),
+                (c.major_compaction_interval_ms, c.major_compaction_threshold),
+            )
+            if ms > 0 and threshold > 0
+        ]
+        if intervals and not self._timers.stopped:
+            self._timers.schedule(min(intervals), self._compaction_tick)
+
+    def _compaction_tick(self) -> None:
+        if self._timers.stopped:
+            return
+        assert self._timers.loop is not None
+        major = self.compactor.due(self._timers.loop.time())
+        if major is not None and (self._compaction is None or self._compaction.done()):
+            if self._disk_checker.full:
+                if not self.config.compaction_allowed_when_disk_full:
+                    log.warning("bookie %s: compaction suspended: the disk is full", self.data_dir)
+                    major = None
+                else:
+                    major = False  # only the cheap kind while space is short
+            if major is not None:
+                self._compaction = self._timers.loop.create_task(self._compact(major))
+        self._schedule_compaction()
+
+    async def _compact(self, major: bool) -> CompactionResult:
+        try:
+            return await self.compactor.run(major)
+        except OSError as exc:
+            # A file could not be made (a new entry log): nothing was released, so the
+            # old logs and the index stand; the next run tries again.
+            log.error("bookie %s: compaction stopped: %s", self.data_dir, exc)
+            return CompactionResult(skipped=[f"compaction stopped: {exc}"])
+        except Exception as exc:
+            self.halt("compaction", exc)
+            raise
+
+    async def _compaction_checkpoint(self) -> None:
+        if self._timers.stopped:
+            return  # the close's own checkpoint commits what was copied
+        # Shielded: a cancelled compaction must not cancel a checkpoint others wait on.
+        await asyncio.shield(self._checkpoints.now())
+
+    async def force_gc(self, major: bool = True) -> CompactionResult:
+        """Garbage collection now, then a major (or minor) compaction, and wait for both.
+
+        What ``quorumlog shell gc`` and the admin API's ``/api/v1/bookie/gc`` run. A
+        collection round that proves nothing (R15) or cannot reach the store drops no
+        ledger; compaction of what is already known dead goes on regardless, and the
+        result says why in ``skipped``.
+        """
+        result_skipped: list[str] = []
+        if self.gc_round is not None:
+            try:
+                await self.gc_round()
+            except Exception as exc:
+                result_skipped.append(f"garbage collection: {exc}")
+        if self._compaction is not None and not self._compaction.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._compaction)
+        assert self._timers.loop is not None
+        self._compaction = self._timers.loop.create_task(self._compact(major))
+        result = await asyncio.shield(self._compaction)
+        result.skipped[:0] = result_skipped
+        return result
 
     # ------------------------------------------------------------ checkpoints
 
