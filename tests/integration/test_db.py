@@ -313,3 +313,31 @@ def test_db_backup_and_restore_through_the_log(replicas: list[DbProcess], tmp_pa
     for replica in replicas:
         answer = http(replica.addr, "/db/query?level=strong&q=SELECT+count(*)+FROM+notes")[1]
         assert answer["results"][0]["values"] == [[20]], answer
+
+
+def test_db_commands_status_nodes_shell(replicas: list[DbProcess]) -> None:
+    leader = wait_ready(replicas)
+    follower = next(r for r in replicas if r is not leader)
+    command = [sys.executable, "-m", "quorumlog", "db"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
+
+    done = run(
+        "shell",
+        "--addr",
+        follower.addr,
+        "CREATE TABLE city (name TEXT, people INTEGER)",
+        "INSERT INTO city VALUES ('Oslo', 700000), ('Bergen', 290000)",
+        "SELECT name, people FROM city ORDER BY people DESC",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rows affected: 2" in done.stdout
+    assert "name   | people" in done.stdout and "Oslo   | 700000" in done.stdout
+    done = run("shell", "--addr", follower.addr, "SELEC nonsense")
+    assert done.returncode == 1 and "syntax error" in done.stdout
+    nodes = json.loads(run("nodes", "--addr", follower.addr).stdout)
+    assert {n for n, v in nodes.items() if v["leader"]} == {leader.node_id}
+    status = json.loads(run("status", "--addr", follower.addr).stdout)
+    assert status["store"]["leader"]["node_id"] == leader.node_id
+    assert status["store"]["role"] == "follower"
