@@ -37,6 +37,7 @@ import contextlib
 import errno
 import logging
 import socket
+from typing import TYPE_CHECKING
 
 from quorumlog.bookie.bookie import Bookie, BookieStartError
 from quorumlog.bookie.config import BookieConfig
@@ -48,6 +49,9 @@ from quorumlog.server.config import ServerConfig
 from quorumlog.server.connection import BookieProtocol, RequestBudget
 from quorumlog.server.gc import StoreGcMetadata, collect_once, gc_loop
 from quorumlog.server.registration import Registration
+
+if TYPE_CHECKING:
+    from quorumlog.server.admin_http import AdminServer
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +100,8 @@ class BookieServer:
         self._session_task: asyncio.Task[None] | None = None
         self._started = False
         self._stopping = False
+        self._admin: AdminServer | None = None
+        self.http_port = 0  # the admin API's port once it serves
 
     # ------------------------------------------------------------ start
 
@@ -130,6 +136,8 @@ class BookieServer:
         # heartbeats keep flowing.
         self.bookie = await asyncio.to_thread(Bookie.open, config)
         await self.bookie.start(loop)
+        # A forced gc (shell, admin API) runs a collection round against the store first.
+        self.bookie.gc_round = self.collect_garbage
 
         await self._server.start_serving()
         log.info("bookie %s accepting connections", self.address)
@@ -139,6 +147,33 @@ class BookieServer:
         self._tasks.append(
             loop.create_task(gc_loop(self.bookie, self._gc_metadata(), sc.gc_interval_ms))
         )
+        if sc.http_port is not None:
+            await self._start_admin(sc.http_port)
+
+    async def _start_admin(self, port: int) -> None:
+        # Imported here: a bookie without --http-port loads no HTTP server.
+        from quorumlog.server.admin_http import AdminContext, AdminServer, build_admin_app
+        from quorumlog.server.metrics import bookie_registry
+
+        ctx = AdminContext(
+            store=lambda: self.store,
+            bookie=self.bookie,
+            bookie_id=self.address,
+            registry=bookie_registry(self),
+            gc_round=self.collect_garbage,
+            shutting_down=lambda: self._stopping,
+        )
+        admin = AdminServer(build_admin_app(ctx), self._host, port)
+        try:
+            await admin.start()
+        except OSError as exc:
+            raise BookieStartError(
+                f"bookie {self.address}: cannot serve the admin API on {self._host}:{port}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        self._admin = admin
+        self.http_port = admin.port
+        log.info("bookie %s: admin API on http://%s:%d", self.address, self._host, admin.port)
 
     async def _open_store(self) -> MetadataStore:
         sc = self.server_config
@@ -329,6 +364,10 @@ class BookieServer:
         timeout_s = sc.stop_timeout_ms / 1000
         if self._server is not None:
             self._server.close()  # stop accepting
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._admin.stop(), 2.0)
+            self._admin = None
         for protocol in list(self._connections):
             protocol.drain()  # read no more requests
         if self._session_task is not None:
