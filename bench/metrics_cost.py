@@ -1,0 +1,171 @@
+"""The cost of metrics on pipelined adds: the same write benchmark against bookies with
+and without the metrics code, alternating in one run.
+
+Three variants: "without", a copy of the source tree whose bookie has no metrics hooks
+(made by the caller, see below); "hooks", this tree without ``--http-port`` (the
+counting alone); "scraped", this tree with its bookies serving ``/metrics``, each
+scraped every ``--scrape-interval-s`` during the run (the client keeps no metrics: off
+by default). Each trial starts 3 fresh bookies (journal sync on), runs ``quorumlog bench
+write --metadata`` (ensemble 3, write quorum 3, ack quorum 2, 100-byte entries, 1000
+adds in flight) and records entries/s and the CPU time the bookie processes used per
+entry (which other load on the machine disturbs far less than throughput); the order of
+the variants rotates from round to round, so a machine that slows down over the run
+weighs on all.
+
+    # a tree without the metrics hooks: journal.py, reads.py, requests.py as before them
+    python bench/metrics_cost.py --base-tree /tmp/qbase --rounds 4 --entries 300000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+def trial(
+    tree: Path, with_metrics: bool, entries: int, scrape_interval_s: float
+) -> dict[str, float]:
+    """One trial, run in a child process whose PYTHONPATH is ``tree``."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    args = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--trial",
+        "--entries",
+        str(entries),
+        "--scrape-interval-s",
+        str(scrape_interval_s),
+    ]
+    if with_metrics:
+        args.append("--metrics")
+    out = subprocess.run(args, env=env, capture_output=True, text=True, check=False, cwd=tree)
+    if out.returncode != 0:
+        raise SystemExit(f"trial failed ({tree}):\n{out.stdout}\n{out.stderr}")
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) a process has used: a figure that other load on
+    the machine disturbs far less than throughput."""
+    assert pid is not None
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_trial(entries: int, with_metrics: bool, scrape_interval_s: float) -> None:
+    """In the child: a local cluster, the write benchmark, scrapes while it runs."""
+    from quorumlog.server.local_cluster import LocalCluster, embedded_metadata_uri
+
+    with tempfile.TemporaryDirectory(prefix="metrics-cost-") as tmp:
+        uri = embedded_metadata_uri(tmp)
+        extra = ["--http-port", "0"] if with_metrics else []
+        with LocalCluster(uri, Path(tmp) / "bookies", 3, extra_args=extra) as cluster:
+            ports = []
+            for bookie in cluster.bookies:
+                for line in bookie.stdout_text().splitlines():
+                    if " admin http://" in line:
+                        ports.append(int(line.rsplit(":", 1)[1]))
+            stop = threading.Event()
+            scrapes = [0]
+
+            def scraper() -> None:
+                while not stop.wait(scrape_interval_s):
+                    for port in ports:
+                        url = f"http://127.0.0.1:{port}/metrics"
+                        with urllib.request.urlopen(url, timeout=10) as response:
+                            response.read()
+                        scrapes[0] += 1
+
+            thread = threading.Thread(target=scraper, daemon=True)
+            if ports:
+                thread.start()
+            command = [
+                sys.executable,
+                "-m",
+                "quorumlog",
+                "bench",
+                "write",
+                "--metadata",
+                uri,
+                "--entries",
+                str(entries),
+                "--json",
+                "--quiet",
+            ]
+            cpu_before = sum(_cpu_s(b.pid) for b in cluster.bookies)
+            out = subprocess.run(command, capture_output=True, text=True, check=True)
+            stop.set()
+            cpu_s = sum(_cpu_s(b.pid) for b in cluster.bookies) - cpu_before
+            if ports:
+                thread.join()
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            print(
+                json.dumps(
+                    {
+                        "entries_per_s": result["entries_per_s"],
+                        "p50_ms": result["latency_ms"]["p50"],
+                        "scrapes": scrapes[0],
+                        "bookie_cpu_us_per_entry": 1e6 * cpu_s / entries,
+                    }
+                )
+            )
+
+
+VARIANTS = ("without", "hooks", "scraped")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-tree", type=Path, help="a source tree without metrics hooks")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--entries", type=int, default=300_000)
+    parser.add_argument("--scrape-interval-s", type=float, default=1.0)
+    parser.add_argument("--trial", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--metrics", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.trial:
+        run_trial(args.entries, args.metrics, args.scrape_interval_s)
+        return
+    if args.base_tree is None:
+        parser.error("--base-tree is required")
+    rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for round_no in range(args.rounds):
+        # Rotate the order, so that no variant always runs first or last.
+        k = round_no % len(VARIANTS)
+        for name in VARIANTS[k:] + VARIANTS[:k]:
+            tree = args.base_tree.resolve() if name == "without" else HERE
+            started = time.monotonic()
+            result = trial(tree, name == "scraped", args.entries, args.scrape_interval_s)
+            rates[name].append(result["entries_per_s"])
+            cpu[name].append(result["bookie_cpu_us_per_entry"])
+            print(
+                f"round {round_no + 1} {name:8s}: {result['entries_per_s']:9.0f} entries/s  "
+                f"p50 {result['p50_ms']:5.1f} ms  bookie CPU "
+                f"{result['bookie_cpu_us_per_entry']:.2f} us/entry  "
+                f"scrapes {int(result['scrapes'])}  ({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
+    base_rate, base_cpu = statistics.median(rates["without"]), statistics.median(cpu["without"])
+    for name in VARIANTS:
+        r, c = statistics.median(rates[name]), statistics.median(cpu[name])
+        print(
+            f"median {name:8s}: {r:9.0f} entries/s ({100 * (r - base_rate) / base_rate:+.1f}%), "
+            f"bookie CPU {c:.2f} us/entry ({100 * (c - base_cpu) / base_cpu:+.1f}%)"
+        )
+
+
+if __name__ == "__main__":
+    main()
