@@ -49,6 +49,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="records between snapshots taken by the leader; the log is truncated behind "
         "them (0: never; default 10000)",
     )
+    serve.add_argument(
+        "--snapshot-every-bytes",
+        type=int,
+        default=64 << 20,
+        help="or after this many bytes of records (0: no size trigger; default 64 MiB)",
+    )
     serve.add_argument("--ensemble", type=positive_int, default=3)
     serve.add_argument("--write-quorum", type=positive_int, default=3)
     serve.add_argument("--ack-quorum", type=positive_int, default=2)
@@ -136,6 +142,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int, log_config: Any
         session_timeout_ms=args.session_timeout_ms,
         log_config=log_config,
         snapshot_every_records=max(0, args.snapshot_every),
+        snapshot_every_bytes=max(0, args.snapshot_every_bytes),
     )
     replica = Replica(bk, config)
     api = DbHttpApi(replica, max_body_bytes=args.max_body_bytes)

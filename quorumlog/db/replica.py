@@ -96,6 +96,8 @@ class ReplicaConfig:
     # The leader snapshots the file into a ledger after this many records (0: never) and
     # truncates the log behind the oldest of the ``snapshots_kept`` newest snapshots.
     snapshot_every_records: int = 10_000
+    # ... or after this many bytes of records (0: no size trigger).
+    snapshot_every_bytes: int = 64 << 20
     snapshots_kept: int = 2
 
 
@@ -124,6 +126,7 @@ class Replica:
         self.sqlite_path = data_dir / f"{config.name}.sqlite"
         self.machine = StateMachine(self.sqlite_path)
         self.records_since_snapshot = 0
+        self.bytes_since_snapshot = 0
         self.snapshots_taken = 0
         self.restores = 0
         self._snapshot_task: asyncio.Task[None] | None = None
@@ -237,7 +240,9 @@ class Replica:
         if not self._taking_writes or self._writer is not writer:
             raise NotLeaderError(f"database {self.config.name}: leadership lost")
         loop = asyncio.get_running_loop()
-        pending = _Pending(record, writer.append_nowait(record.encode()), loop.create_future())
+        data = record.encode()
+        pending = _Pending(record, writer.append_nowait(data), loop.create_future())
+        self.bytes_since_snapshot += len(data)
         self._pending.append(pending)
         self._pending_added.set()
         return await asyncio.shield(pending.answer)
@@ -293,11 +298,16 @@ class Replica:
 
     def _maybe_snapshot(self, the_log: Log) -> None:
         every = self.config.snapshot_every_records
-        if not every or self.records_since_snapshot < every:
+        every_bytes = self.config.snapshot_every_bytes
+        due = (every and self.records_since_snapshot >= every) or (
+            every_bytes and self.bytes_since_snapshot >= every_bytes
+        )
+        if not due:
             return
         if self._snapshot_task is not None and not self._snapshot_task.done():
             return
         self.records_since_snapshot = 0
+        self.bytes_since_snapshot = 0
         self._snapshot_task = asyncio.create_task(self._snapshot(the_log))
 
     async def _snapshot(self, the_log: Log) -> None:
@@ -367,6 +377,7 @@ class Replica:
         except BadRequestError as exc:
             log.warning("database %s: record %s skipped: %s", self.config.name, position, exc)
             record = DbRecord(BARRIER)
+        self.bytes_since_snapshot += len(data)
         self._apply(position, record)
 
     async def _follow(self, the_log: Log, election: LeaderElection) -> None:
