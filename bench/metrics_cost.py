@@ -14,6 +14,8 @@ weighs on all.
 
     # a tree without the metrics hooks: journal.py, reads.py, requests.py as before them
     python bench/metrics_cost.py --base-tree /tmp/qbase --rounds 4 --entries 300000
+    # the bookie alone, in process: CPU per entry without and with the hooks
+    python bench/metrics_cost.py --base-tree /tmp/qbase --storage-batches 1,10,100 --rounds 8
 """
 
 from __future__ import annotations
@@ -126,12 +128,57 @@ def run_trial(entries: int, with_metrics: bool, scrape_interval_s: float) -> Non
 VARIANTS = ("without", "hooks", "scraped")
 
 
+def storage_ab(base_tree: Path, rounds: int, entries: int, batches: list[int]) -> None:
+    """The bookie alone (bench/bookie_storage_bench.py, in one process, journal sync off
+    so that CPU is what limits it): CPU per entry without and with the hooks,
+    alternating which runs first."""
+    cpu: dict[tuple[int, str], list[float]] = {}
+    for round_no in range(rounds):
+        for batch in batches:
+            order = [("without", base_tree), ("hooks", HERE)]
+            if round_no % 2:
+                order.reverse()
+            for name, tree in order:
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        str(tree / "bench" / "bookie_storage_bench.py"),
+                        "--entries",
+                        str(entries),
+                        "--batch",
+                        str(batch),
+                        "--in-flight",
+                        "256",
+                        "--no-sync",
+                    ],
+                    env=dict(os.environ, PYTHONPATH=str(tree)),
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                line = next(x for x in out.stdout.splitlines() if "CPU per entry" in x)
+                us = float(line.split()[-2])
+                cpu.setdefault((batch, name), []).append(us)
+                print(f"round {round_no + 1} batch {batch:4d} {name:8s}: {us:.2f} us/entry")
+    for batch in batches:
+        a = statistics.median(cpu[(batch, "without")])
+        b = statistics.median(cpu[(batch, "hooks")])
+        print(
+            f"median CPU per entry, {batch} entries per add request: without {a:.2f} us, "
+            f"with hooks {b:.2f} us ({100 * (b - a) / a:+.1f}%)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-tree", type=Path, help="a source tree without metrics hooks")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--entries", type=int, default=300_000)
     parser.add_argument("--scrape-interval-s", type=float, default=1.0)
+    parser.add_argument(
+        "--storage-batches",
+        help="instead: the bookie alone, in process, these entries per add request (1,10,100)",
+    )
     parser.add_argument("--trial", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--metrics", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -140,6 +187,10 @@ def main() -> None:
         return
     if args.base_tree is None:
         parser.error("--base-tree is required")
+    if args.storage_batches:
+        batches = [int(b) for b in args.storage_batches.split(",")]
+        storage_ab(args.base_tree.resolve(), args.rounds, args.entries, batches)
+        return
     rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for round_no in range(args.rounds):

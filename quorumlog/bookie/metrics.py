@@ -4,7 +4,8 @@ The hot paths (adds at tens of thousands of entries per second) cannot afford a
 metrics library call per entry: a bookie only bumps integers here, at most once per
 request or per journal batch, and the server turns them into Prometheus families
 when ``/metrics`` is scraped (:mod:`quorumlog.server.metrics`). Nothing here imports
-a metrics library, so the bookie's storage code has no such dependency.
+a metrics library, so the bookie's storage code has no such dependency; the client's
+metrics (:mod:`quorumlog.client.metrics`) use the same :class:`Buckets`.
 
 Each :class:`Buckets` has one writer (the event loop, or the journal's thread); the
 scrape reads it on the loop. A scrape that runs while the journal thread updates
@@ -47,8 +48,9 @@ BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 100
 
 
 class Buckets:
-    """A histogram's cumulative-later bucket counts: ``counts[i]`` holds the observations
-    at or below ``bounds[i]`` and above the previous bound; the last slot is +Inf."""
+    """A histogram's bucket counts, not yet cumulative: ``counts[i]`` holds the
+    observations at or below ``bounds[i]`` and above the previous bound; the last slot
+    is above every bound (+Inf). One ``bisect`` and two additions per observation."""
 
     __slots__ = ("bounds", "count", "counts", "sum")
 

@@ -55,9 +55,7 @@ def http(
 
 @pytest.fixture
 def admin_cluster(metadata_uri: str, tmp_path: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(
-        metadata_uri, tmp_path / "bookies", 3, extra_args=["--http-port", "0"]
-    )
+    cluster = LocalCluster(metadata_uri, tmp_path / "bookies", 3, extra_args=["--http-port", "0"])
     with cluster:
         yield cluster
 
@@ -171,3 +169,47 @@ def test_every_admin_endpoint_answers_and_bad_parameters_are_refused(
     assert status == 405 and "error" in error
     status, error, _ = http(port, "/heartbeat", method="POST", body={})
     assert status == 405 and "error" in error
+
+
+def test_autorecovery_endpoints_name_the_auditor_and_the_marked_ledgers(
+    metadata_uri: str, tmp_path: Path
+) -> None:
+    from quorumlog.meta.factory import open_store
+    from quorumlog.replication.underreplication import UnderReplicationManager
+
+    cluster = LocalCluster(
+        metadata_uri,
+        tmp_path / "bookies",
+        2,
+        extra_args=["--http-port", "0", "--autorecovery"],
+    )
+    with cluster:
+        ports = admin_ports(cluster)
+        port = next(iter(ports.values()))
+        deadline = time.monotonic() + 30
+        status, auditor, _ = http(port, "/api/v1/autorecovery/who_is_auditor")
+        while status != 200 and time.monotonic() < deadline:
+            time.sleep(0.3)
+            status, auditor, _ = http(port, "/api/v1/autorecovery/who_is_auditor")
+        assert status == 200, auditor
+        assert auditor["Auditor"] in ports  # identified by its bookie's address
+
+        async def mark() -> None:
+            store = await open_store(metadata_uri)
+            try:
+                manager = UnderReplicationManager(store)
+                # Paused first, so that no worker takes the marks away under the test.
+                await manager.set_enabled(False)
+                await manager.mark(4242, ["127.0.0.1:1"])
+                await manager.mark(17, ["127.0.0.1:2", "127.0.0.1:3"])
+            finally:
+                await store.close()
+
+        run(mark())
+        status, marked, _ = http(port, "/api/v1/autorecovery/list_under_replicated_ledger")
+        assert (status, marked) == (200, [17, 4242])
+        status, marked, _ = http(
+            port, "/api/v1/autorecovery/list_under_replicated_ledger?print_missing_replica=true"
+        )
+        assert status == 200
+        assert marked == {"17": ["127.0.0.1:2", "127.0.0.1:3"], "4242": ["127.0.0.1:1"]}
