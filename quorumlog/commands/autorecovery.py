@@ -18,6 +18,7 @@ from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from quorumlog.errors import BKError
 from quorumlog.replication.auditor import AUDIT_INTERVAL_S_DEFAULT, BOOKIE_CHECK_INTERVAL_S_DEFAULT
 from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
+from quorumlog.replication.rereplicate import LEDGERS_IN_FLIGHT_DEFAULT
 from quorumlog.replication.worker import OPEN_LEDGER_GRACE_S_DEFAULT, RETRY_BACKOFF_S_DEFAULT
 
 _PROG = "quorumlog autorecovery"
@@ -80,6 +81,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help="pause before retrying a ledger that could not be repaired (default: %(default)s)",
     )
     p.add_argument(
+        "--ledgers-in-flight",
+        type=int,
+        default=LEDGERS_IN_FLIGHT_DEFAULT,
+        help="ledgers a worker repairs at once (default: %(default)s)",
+    )
+    p.add_argument(
         "--autorecovery-session-timeout-ms",
         type=int,
         default=AutoRecoveryConfig().metadata_session_timeout_ms,
@@ -102,6 +109,8 @@ def config_from_args(args: argparse.Namespace) -> AutoRecoveryConfig:
         raise ValueError("--bookie-check-interval-s must be positive")
     if args.open_ledger_grace_s < 0 or args.retry_backoff_s < 0:
         raise ValueError("--open-ledger-grace-s and --retry-backoff-s must not be negative")
+    if args.ledgers_in_flight < 1:
+        raise ValueError("--ledgers-in-flight must be at least 1")
     if args.autorecovery_session_timeout_ms <= 0:
         raise ValueError("--autorecovery-session-timeout-ms must be positive")
     config = AutoRecoveryConfig(
@@ -116,6 +125,7 @@ def config_from_args(args: argparse.Namespace) -> AutoRecoveryConfig:
     config.auditor.password = password
     config.worker.open_ledger_grace_s = args.open_ledger_grace_s
     config.worker.retry_backoff_s = args.retry_backoff_s
+    config.worker.ledgers_in_flight = args.ledgers_in_flight
     config.worker.password = password
     return config
 

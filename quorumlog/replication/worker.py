@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from quorumlog.errors import BKError, NoNodeError
 from quorumlog.meta.store import SessionState
 from quorumlog.replication.report import LedgerOutcome, LedgerReplication
-from quorumlog.replication.rereplicate import replicate_ledger
+from quorumlog.replication.rereplicate import LEDGERS_IN_FLIGHT_DEFAULT, replicate_ledger
 from quorumlog.replication.underreplication import (
     ENABLED_PATH,
     LEDGERS_PATH,
@@ -64,6 +64,8 @@ class WorkerConfig:
     open_ledger_grace_s: float = OPEN_LEDGER_GRACE_S_DEFAULT
     retry_backoff_s: float = RETRY_BACKOFF_S_DEFAULT
     poll_interval_s: float = POLL_INTERVAL_S_DEFAULT
+    # Ledgers one worker repairs at once (each with its own lock).
+    ledgers_in_flight: int = LEDGERS_IN_FLIGHT_DEFAULT
     password: bytes = b""
 
 
@@ -102,7 +104,7 @@ class ReplicationWorker:
         self.stats = WorkerStats()
         self.rng = rng or random.Random()
         self.retry_at: dict[int, float] = {}
-        self.current: int | None = None  # the ledger being repaired now
+        self.current: set[int] = set()  # the ledgers being repaired now
         self._wake = asyncio.Event()
 
     def _on_event(self, _event: WatchEvent) -> None:
@@ -125,34 +127,55 @@ class ReplicationWorker:
                 w.cancel()
 
     async def pass_once(self) -> int:
-        """Try every marked ledger once (those not backing off); how many were repaired."""
+        """Try every marked ledger once (those not backing off), ``ledgers_in_flight``
+        at a time; how many were repaired."""
         ids = await self.marks.marked_ledgers()
         # Workers start from different places so that they do not queue on one lock.
         self.rng.shuffle(ids)
-        repaired = 0
+        pending = iter(ids)
+        repaired: list[int] = []
+
+        async def lane() -> None:
+            for ledger_id in pending:  # shared: each id is taken by one lane
+                if not await self._one(ledger_id):
+                    return
+                repaired.append(ledger_id)
+
+        lanes = [lane() for _ in range(max(1, min(self.config.ledgers_in_flight, len(ids))))]
+        await asyncio.gather(*lanes)
+        return len(repaired)
+
+    async def _one(self, ledger_id: int) -> bool | None:
+        """Claim, repair and release one ledger: True if repaired, None if skipped or
+        not repaired now, False to stop the pass (session not live, disabled)."""
         loop = asyncio.get_running_loop()
-        for ledger_id in ids:
-            if self.retry_at.get(ledger_id, 0.0) > loop.time():
-                continue
-            if self.bk.store.session_state is not SessionState.CONNECTED:
-                return repaired  # a lock needs a live session
-            if not await self.marks.is_enabled():
-                return repaired
-            token = await self.marks.claim(ledger_id, self.identifier)
-            if token is None:
-                continue
-            self.current = ledger_id
+        if self.retry_at.get(ledger_id, 0.0) > loop.time():
+            return None
+        if self.bk.store.session_state is not SessionState.CONNECTED:
+            return False  # a lock needs a live session
+        if not await self.marks.is_enabled():
+            return False
+        token = await self.marks.claim(ledger_id, self.identifier)
+        if token is None:
+            return None
+        self.current.add(ledger_id)
+        try:
             try:
-                if await self.repair(ledger_id):
-                    repaired += 1
-                    self.retry_at.pop(ledger_id, None)
-                else:
-                    self.retry_at[ledger_id] = loop.time() + self.config.retry_backoff_s
-            finally:
-                self.current = None
-                with contextlib.suppress(BKError):
-                    await self.marks.release(ledger_id, token)
-        return repaired
+                done = await self.repair(ledger_id)
+            except BKError as exc:
+                # A store hiccup or a mark that cannot be acted on: this ledger waits
+                # its backoff, the others go on.
+                log.warning("autorecovery: ledger %d: %s", ledger_id, exc)
+                done = False
+            if done:
+                self.retry_at.pop(ledger_id, None)
+                return True
+            self.retry_at[ledger_id] = loop.time() + self.config.retry_backoff_s
+            return None
+        finally:
+            self.current.discard(ledger_id)
+            with contextlib.suppress(BKError):
+                await self.marks.release(ledger_id, token)
 
     async def repair(self, ledger_id: int) -> bool:
         """Repair one claimed ledger; True when its mark is cleared."""
