@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
@@ -341,3 +342,18 @@ def test_db_commands_status_nodes_shell(replicas: list[DbProcess]) -> None:
     status = json.loads(run("status", "--addr", follower.addr).stdout)
     assert status["store"]["leader"]["node_id"] == leader.node_id
     assert status["store"]["role"] == "follower"
+    # ?redirect: a follower answers 301 with the leader's address instead of proxying
+    connection = HTTPConnection("127.0.0.1", follower.port, timeout=30)
+    try:
+        connection.request(
+            "POST",
+            "/db/execute?redirect",
+            body=json.dumps(["INSERT INTO city VALUES ('Tromso', 77000)"]),
+            headers={"Content-Type": "application/json"},
+        )
+        answer = connection.getresponse()
+        answer.read()
+        assert answer.status == 301
+        assert answer.getheader("Location") == f"http://{leader.addr}/db/execute?redirect"
+    finally:
+        connection.close()
