@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from support import run
+from support import run, shell
 
 from quorumlog.errors import InvalidArgumentError, NoNodeError
 from quorumlog.meta.factory import open_store
@@ -88,3 +90,31 @@ def test_switches_enabled_delay_audit_request(metadata_uri: str) -> None:
             assert await marks.last_audit() == {"audited": 3}
 
     run(go())
+
+
+def test_shell_lists_the_marks_and_who_repairs_them(metadata_uri: str) -> None:
+    async def setup() -> None:
+        async with await open_store(metadata_uri) as store:
+            marks = UnderReplicationManager(store)
+            await marks.mark(7, ["127.0.0.1:3181", "127.0.0.1:3182"])
+            await marks.mark(9, ["127.0.0.1:3183"])
+
+    run(setup())
+    listed = shell(metadata_uri, "listunderreplicated")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == [
+        "7\tlost 127.0.0.1:3181, 127.0.0.1:3182",
+        "9\tlost 127.0.0.1:3183",
+    ]
+    rows = [
+        json.loads(line)
+        for line in shell(metadata_uri, "listunderreplicated", "--json").stdout.splitlines()
+    ]
+    assert [(r["ledger_id"], r["bookies"], r["claimed_by"]) for r in rows] == [
+        (7, ["127.0.0.1:3181", "127.0.0.1:3182"], None),
+        (9, ["127.0.0.1:3183"], None),
+    ]
+    status = shell(metadata_uri, "autorecovery", "status").stdout
+    assert "under-replicated ledgers: 2" in status and "auditor: none" in status
+    assert shell(metadata_uri, "whoisauditor").returncode == 1
+    assert shell(metadata_uri, "lostbookierecoverydelay", "-5").returncode != 0
