@@ -1,6 +1,7 @@
 """Time from a bookie's loss to full replication by autorecovery, and the copy rate.
 
-Starts five local bookies (2 s metadata sessions) on an embedded store, writes
+Starts five local bookies (2 s metadata sessions) on an embedded store (or, with
+``--zookeeper``, a local ZooKeeper), writes
 ``--ledgers`` closed 3/3/2 ledgers of ``--entries`` entries of ``--entry-size`` bytes,
 starts one ``quorumlog autorecovery`` process, sets the lost-bookie recovery delay to 0,
 kills (SIGKILL) the bookie that holds the most data, and times until no ledger names
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -66,10 +68,24 @@ def main() -> int:
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--entry-size", type=int, default=5_000)
     parser.add_argument("--timeout-s", type=float, default=1800)
+    parser.add_argument(
+        "--zookeeper",
+        action="store_true",
+        help="metadata on a local ZooKeeper (Debian's zookeeper package) instead of SQLite",
+    )
     args = parser.parse_args()
     loop = new_event_loop()
-    with tempfile.TemporaryDirectory(prefix="quorumlog-heal-") as tmp:
-        uri = "sqlite://" + os.path.join(tmp, "metadata.db")
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="quorumlog-heal-"))
+        if args.zookeeper:
+            from quorumlog.testing.zookeeper import ZooKeeperServer
+
+            zk = ZooKeeperServer().start()
+            stack.callback(zk.stop)
+            uri = zk.uri("/heal")
+        else:
+            uri = "sqlite://" + os.path.join(tmp, "metadata.db")
+        print(f"metadata: {uri}", flush=True)
         with LocalCluster(
             uri, tmp, 5, extra_args=["--metadata-session-timeout-ms", "2000"]
         ) as cluster:
