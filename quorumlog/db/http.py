@@ -30,6 +30,7 @@ DEFAULT_MAX_BODY_BYTES = 4 << 20  # below a log entry's frame limit (8 MiB)
 FORWARDED_HEADER = "X-Quorumlog-Forwarded"
 _MIN_POSITION_WAIT_S_DEFAULT = 10.0
 _LEVELS = ("none", "weak", "strong", "linearizable")
+_LEADER_CACHE_S = 1.0
 _READ = "read"
 _WRITE = "write"
 
@@ -86,6 +87,7 @@ class DbHttpApi:
         self.max_body_bytes = max_body_bytes
         self.forward_timeout_s = forward_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._leader_cache: tuple[str, float] | None = None
         self._runner: web.AppRunner | None = None
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors])
         self.app.router.add_route("*", "/db/execute", self._execute)
@@ -182,9 +184,17 @@ class DbHttpApi:
     # ------------------------------------------------------------ leader
 
     async def _leader_api(self) -> str | None:
+        """The leader's HTTP address; remembered for ``_LEADER_CACHE_S`` so that a
+        follower does not read the election for every request it forwards (forgotten
+        as soon as the leader cannot be reached or answers that it does not lead)."""
+        now = time.monotonic()
+        if self._leader_cache is not None and self._leader_cache[1] > now:
+            return self._leader_cache[0]
         for node_id, api, leads in await self.replica.members():
-            if leads and node_id != self.replica.config.node_id:
-                return api or None
+            if leads and node_id != self.replica.config.node_id and api:
+                self._leader_cache = (api, now + _LEADER_CACHE_S)
+                return api
+        self._leader_cache = None
         return None
 
     async def _forward(self, request: web.Request, body: bytes) -> web.StreamResponse:
@@ -210,10 +220,13 @@ class DbHttpApi:
                 headers={FORWARDED_HEADER: "1", "Content-Type": "application/json"},
             ) as answer:
                 text = await answer.read()
+                if answer.status == 503:
+                    self._leader_cache = None
                 return web.Response(
                     body=text, status=answer.status, content_type="application/json"
                 )
         except (aiohttp.ClientError, TimeoutError) as exc:
+            self._leader_cache = None
             return self._error(request, 503, f"leader {leader} unreachable: {exc}")
 
     # ------------------------------------------------------------ endpoints
