@@ -55,6 +55,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         default=64 << 20,
         help="or after this many bytes of records (0: no size trigger; default 64 MiB)",
     )
+    serve.add_argument(
+        "--rollover-bytes",
+        type=positive_int,
+        default=256 << 20,
+        help="start a new ledger of the log after this many bytes (256 MiB); truncation "
+        "drops whole ledgers",
+    )
     serve.add_argument("--ensemble", type=positive_int, default=3)
     serve.add_argument("--write-quorum", type=positive_int, default=3)
     serve.add_argument("--ack-quorum", type=positive_int, default=2)
@@ -109,7 +116,10 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         host, port = _split_addr(args.http_addr)
         log_config = LogConfig(
-            ensemble=args.ensemble, write_quorum=args.write_quorum, ack_quorum=args.ack_quorum
+            ensemble=args.ensemble,
+            write_quorum=args.write_quorum,
+            ack_quorum=args.ack_quorum,
+            rollover_size_bytes=args.rollover_bytes,
         )
     except (ValueError, BKError) as exc:
         print(f"quorumlog db serve: {exc}", file=sys.stderr)
