@@ -151,6 +151,7 @@ class Bookie:
             stopped=lambda: timers.stopped,
         )
         self._compaction: asyncio.Task[CompactionResult] | None = None
+        self._compaction_suspended = False
         self.gc_round: Callable[[], Awaitable[int]] | None = None
         """Set by the server: one garbage-collection round against the metadata store
         (R15), which :meth:`force_gc` runs before compacting."""
@@ -322,10 +323,16 @@ class Bookie:
         if major is not None and (self._compaction is None or self._compaction.done()):
             if self._disk_checker.full:
                 if not self.config.compaction_allowed_when_disk_full:
-                    log.warning("bookie %s: compaction suspended: the disk is full", self.data_dir)
+                    if not self._compaction_suspended:  # said once per full spell
+                        log.warning(
+                            "bookie %s: compaction suspended: the disk is full", self.data_dir
+                        )
+                    self._compaction_suspended = True
                     major = None
                 else:
                     major = False  # only the cheap kind while space is short
+            else:
+                self._compaction_suspended = False
             if major is not None:
                 self._compaction = self._timers.loop.create_task(self._compact(major))
         self._schedule_compaction()

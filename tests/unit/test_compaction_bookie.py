@@ -134,3 +134,63 @@ def test_a_close_in_the_middle_of_a_paced_compaction_loses_nothing(
 
     asyncio.run(scenario())
     assert not driver.broken
+
+
+def test_a_full_disk_suspends_periodic_compaction_unless_allowed(
+    make_driver: Callable[..., Driver], tmp_path: Path
+) -> None:
+    async def scenario(allowed: bool) -> int:
+        driver = make_driver(
+            **settings(
+                data_dir=tmp_path / f"data-{allowed}",
+                minor_compaction_interval_ms=50,
+                major_compaction_threshold=0.9,
+                major_compaction_interval_ms=50,
+                compaction_allowed_when_disk_full=allowed,
+            )
+        )
+        bookie = await driver.start()
+        await fill(driver)
+        bookie.garbage_collect((), set(LEDGERS) - {KEEP})
+        await bookie.checkpoint()
+        # As the disk checker finds a disk at its threshold (the copies need room).
+        bookie._disk_checker.full = True
+        await asyncio.sleep(0)
+        before = bookie.compactor.runs
+        last_major = bookie.compactor.last_major
+        await asyncio.sleep(0.5)
+        runs = bookie.compactor.runs - before
+        # Allowed, only minor compactions run while the disk is full.
+        assert bookie.compactor.last_major == last_major
+        await read_kept(driver)
+        await driver.close()
+        assert not driver.broken
+        return runs
+
+    assert asyncio.run(scenario(False)) == 0
+    assert asyncio.run(scenario(True)) > 0
+
+
+def test_the_pace_holds_compaction_to_its_rate(tmp_path: Path) -> None:
+    from test_compaction import KEEP as K
+    from test_compaction import checkpoint, compactor, drop_gone, fill, open_storage
+
+    data = tmp_path / "data"
+    storage = open_storage(data)
+    fill(storage, data)
+    drop_gone(storage)
+    checkpoint(storage, data)
+    rate = 200_000.0
+
+    async def go() -> tuple[int, float]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        result = await compactor(storage, data, rate_bytes_per_s=rate).run(major=True)
+        return result.bytes_copied, loop.time() - started
+
+    try:
+        copied, took = asyncio.run(go())
+        assert copied > 40_000 and storage.state(K) is not None
+        assert took >= copied / rate * 0.95, (copied, took)
+    finally:
+        storage.close()
