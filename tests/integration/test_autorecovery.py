@@ -22,7 +22,8 @@ import pytest
 from support import holders, holds_for, plant_forged_entry, poll_until, shell
 
 from quorumlog import BookKeeper
-from quorumlog.errors import BKError
+from quorumlog.errors import BKError, Status
+from quorumlog.proto.codec import ReadRequest, ReadResponse
 from quorumlog.replication import audit_ledger
 from quorumlog.replication.underreplication import UnderReplicationManager
 from quorumlog.server.local_cluster import LocalCluster, running_cluster
@@ -147,6 +148,14 @@ def naming(bk: BookKeeper, bookie: str) -> list[int]:
     return [i for i in bk.list_ledgers() if bookie in bk.ledger_metadata(i).all_bookies()]
 
 
+def has_entry(bk: BookKeeper, bookie: str, ledger_id: int, entry_id: int) -> bool:
+    async def read() -> Any:
+        return await bk.aio.pool.request(bookie, ReadRequest(0, ledger_id, entry_id, 1), 5_000)
+
+    answer = bk.run(read())
+    return isinstance(answer, ReadResponse) and answer.status == Status.OK and bool(answer.entries)
+
+
 def assert_fully_replicated(bk: BookKeeper, ledger_id: int) -> None:
     result = bk.run(audit_ledger(bk.aio, ledger_id))  # type: ignore[arg-type]
     assert result.healthy, result.summary()
@@ -251,7 +260,8 @@ def test_a_worker_killed_mid_copy_is_replaced_and_leaves_nothing_half_done(
     uri = cluster5.metadata_uri
     with BookKeeper(uri) as bk:
         set_delay(bk, 0)
-        ledgers = [write_closed(bk, 4000, size=1000) for _ in range(4)]
+        # About 20 MB a ledger: a copy lasts long enough to be caught in the middle.
+        ledgers = [write_closed(bk, 20_000, size=1000) for _ in range(4)]
         for ledger_id in ledgers:
             assert_fully_replicated(bk, ledger_id)
         before = {i: bk.ledger_metadata(i) for i in ledgers}
@@ -270,6 +280,20 @@ def test_a_worker_killed_mid_copy_is_replaced_and_leaves_nothing_half_done(
             return any(bk.run(manager.lock_owner(i)) is not None for i in ledgers)
 
         poll_until(claimed, timeout_s=60, interval_s=0.02, what="a ledger claimed")
+
+        def copy_under_way() -> bool:
+            """A ledger still names the lost bookie while a bookie outside its ensemble
+            already holds its first entry: copied in part, not swapped yet."""
+            for ledger_id in ledgers:
+                md = bk.ledger_metadata(ledger_id)
+                if lost not in md.all_bookies():
+                    continue
+                for other in set(cluster5.addresses) - md.all_bookies():
+                    if has_entry(bk, other, ledger_id, 0):
+                        return True
+            return False
+
+        poll_until(copy_under_way, timeout_s=60, interval_s=0.005, what="a copy under way")
         first.kill()
         # Its claim goes with its session; what it swapped is whole, the rest untouched.
         poll_until(
