@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from support import run, shell
@@ -118,3 +121,21 @@ def test_shell_lists_the_marks_and_who_repairs_them(metadata_uri: str) -> None:
     assert "under-replicated ledgers: 2" in status and "auditor: none" in status
     assert shell(metadata_uri, "whoisauditor").returncode == 1
     assert shell(metadata_uri, "lostbookierecoverydelay", "-5").returncode != 0
+
+
+def test_autorecovery_command_refuses_bad_options_and_a_missing_store(tmp_path: Path) -> None:
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "quorumlog", "autorecovery", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    bad = command("--metadata", f"sqlite://{tmp_path}/x.db", "--audit-sample", "2")
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
+    assert "--audit-sample" in bad.stderr
+    missing = command("--metadata", f"sqlite://{tmp_path}/missing.db")
+    assert missing.returncode == 1 and len(missing.stderr.splitlines()) == 1, missing.stderr
+    assert "missing.db" in missing.stderr
+    assert not (tmp_path / "missing.db").exists()  # a client never makes a store
