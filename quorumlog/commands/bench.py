@@ -52,6 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         p.add_argument("--warmup", type=int, default=1000, help="entries not measured")
         p.add_argument("--json", action="store_true", help="print one JSON object")
         p.add_argument("--quiet", action="store_true", help="no progress line")
+    from quorumlog.commands.db import add_bench_parser
+
+    add_bench_parser(workloads, "db")  # its own options and function
     bench.set_defaults(func=run)
 
 

@@ -86,20 +86,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     restore.add_argument("file", help="a SQLite file (as written by backup)")
     restore.set_defaults(func=run_restore)
 
-    bench = sub.add_parser(
-        "bench", help="durable replicated INSERTs over HTTP, beside PostgreSQL with a sync standby"
-    )
-    bench.add_argument("--count", type=positive_int, default=2000, help="serial inserts (2000)")
-    bench.add_argument("--batches", type=positive_int, default=200, help="100-row batches (200)")
-    bench.add_argument("--no-postgres", action="store_true", help="quorumlog db only")
-    bench.add_argument("--json", action="store_true", help="print the figures as JSON")
-    bench.set_defaults(func=run_bench)
+    add_bench_parser(sub, "bench")
 
     shell = sub.add_parser("shell", help="run SQL against a group, one result table each")
     shell.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
     shell.add_argument("--level", default="weak", help="read consistency (none|weak|strong)")
     shell.add_argument("sql", nargs="*", help="statements to run (none: read lines from stdin)")
     shell.set_defaults(func=run_shell)
+
+
+def add_bench_parser(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+) -> None:
+    """The benchmark's parser, as ``quorumlog db bench`` and ``quorumlog bench db``."""
+    bench = sub.add_parser(
+        name, help="durable replicated INSERTs over HTTP, beside PostgreSQL with a sync standby"
+    )
+    bench.add_argument("--count", type=positive_int, default=2000, help="serial inserts (2000)")
+    bench.add_argument("--batches", type=positive_int, default=200, help="100-row batches (200)")
+    bench.add_argument("--no-postgres", action="store_true", help="quorumlog db only")
+    bench.add_argument("--json", action="store_true", help="print the figures as JSON")
+    bench.set_defaults(func=run_bench)
 
 
 def _split_addr(text: str) -> tuple[str, int]:
