@@ -31,6 +31,7 @@ FORWARDED_HEADER = "X-Quorumlog-Forwarded"
 _MIN_POSITION_WAIT_S_DEFAULT = 10.0
 _LEVELS = ("none", "weak", "strong", "linearizable")
 _LEADER_CACHE_S = 1.0
+_WRITE_TIMEOUT_S_DEFAULT = 30.0
 _READ = "read"
 _WRITE = "write"
 
@@ -71,6 +72,23 @@ def _result_json(result: StatementResult, *, associative: bool, timings: bool) -
     if timings:
         out["time"] = result.time_s
     return out
+
+
+def _timeout_s(request: web.Request) -> float:
+    """rqlite's ``timeout`` (``10s``, ``500ms`` or seconds); 30 s by default."""
+    text = request.query.get("timeout", "").strip().lower()
+    try:
+        if text.endswith("ms"):
+            value = float(text[:-2]) / 1000
+        elif text.endswith("s"):
+            value = float(text[:-1])
+        else:
+            value = float(text) if text else _WRITE_TIMEOUT_S_DEFAULT
+    except ValueError:
+        raise BadRequestError(f"bad timeout {text!r}: use e.g. 10s or 500ms") from None
+    if value <= 0:
+        raise BadRequestError(f"bad timeout {text!r}: must be positive")
+    return value
 
 
 class DbHttpApi:
@@ -256,9 +274,20 @@ class DbHttpApi:
             if kind == _WRITE:
                 if not replica.is_leader:
                     return await self._forward(request, body)
-                answer = await replica.execute(
-                    statements, transaction=_flag(request, "transaction")
-                )
+                timeout_s = _timeout_s(request)
+                try:
+                    answer = await asyncio.wait_for(
+                        replica.execute(statements, transaction=_flag(request, "transaction")),
+                        timeout_s,
+                    )
+                except TimeoutError:
+                    # The record stays queued (shielded): it may still commit and be
+                    # applied, but this client is told only that the outcome is unknown.
+                    return self._error(
+                        request,
+                        503,
+                        f"write not confirmed within {timeout_s} s: it may or may not be applied",
+                    )
                 return self._answer(request, answer.results, started, answer.position)
             level = request.query.get("level", "weak").lower()
             if level not in _LEVELS:
