@@ -364,7 +364,7 @@ class DbHttpApi:
                 "db_name": replica.config.name,
                 "log": replica.log_name,
                 "role": replica.role,
-                "ready": replica.is_leader or replica.role != "catching-up",
+                "ready": replica.failure is None and replica.role != "catching-up",
                 "leader": {"node_id": leader["id"], "addr": leader["api_addr"]} if leader else {},
                 "applied_position": None if applied is None else str(applied),
                 "sqlite3": {

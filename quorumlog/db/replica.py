@@ -366,6 +366,10 @@ class Replica:
             self.failure = str(exc)
             self._taking_writes = False
             log.exception("database %s: replica stopped", self.config.name)
+            # Leave the election: a replica that cannot apply must not keep the lead
+            # (or its place in line) from the others.
+            with contextlib.suppress(BKError, TimeoutError):
+                await asyncio.wait_for(election.close(), 5)
 
     def _start(self) -> Position | None:
         applied = self.machine.applied
