@@ -12,8 +12,15 @@ entry (which other load on the machine disturbs far less than throughput); the o
 the variants rotates from round to round, so a machine that slows down over the run
 weighs on all.
 
-    # a tree without the metrics hooks: journal.py, reads.py, requests.py as before them
-    python bench/metrics_cost.py --base-tree /tmp/qbase --rounds 4 --entries 300000
+Two copies of the tree made at the same moment, so that they differ only by the hooks
+(the bookie's journal.py, reads.py and requests.py as before them, commit 7788cf7~1):
+
+    mkdir /tmp/qwith /tmp/qbase && cp -r quorumlog bench pyproject.toml /tmp/qwith/
+    cp -r /tmp/qwith/. /tmp/qbase/
+    for f in journal reads requests; do
+        git show 7788cf7~1:quorumlog/bookie/$f.py > /tmp/qbase/quorumlog/bookie/$f.py
+    done
+    cd /tmp/qwith && python bench/metrics_cost.py --base-tree /tmp/qbase --rounds 5
     # the bookie alone, in process: CPU per entry without and with the hooks
     python bench/metrics_cost.py --base-tree /tmp/qbase --storage-batches 1,10,100 --rounds 8
 """
