@@ -31,7 +31,8 @@ from quorumlog.server.local_cluster import LocalCluster
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from test_db import DbProcess, dump, http, wait_ready
 
-SESSION_TIMEOUT_S = 1.5
+SESSION_MS = 1500
+SESSION_TIMEOUT_S = SESSION_MS / 1000
 CLIENTS = 3
 
 
@@ -117,7 +118,10 @@ def _leader(replicas: list[DbProcess]) -> DbProcess:
 
 def test_db_chaos_kill_freeze_bookie_loss(cluster4: LocalCluster, tmp_path: Path) -> None:
     base = tmp_path / "db"
-    replicas = [DbProcess(cluster4.metadata_uri, f"r{i}", base) for i in range(3)]
+    replicas = [
+        DbProcess(cluster4.metadata_uri, f"r{i}", base, session_timeout_ms=SESSION_MS)
+        for i in range(3)
+    ]
     started = time.monotonic()
     clients: Clients | None = None
     try:
@@ -137,7 +141,13 @@ def test_db_chaos_kill_freeze_bookie_loss(cluster4: LocalCluster, tmp_path: Path
         time.sleep(2)
         # the killed replica comes back on its data directory (exactly once across kill -9)
         index = replicas.index(first)
-        replicas[index] = DbProcess(cluster4.metadata_uri, first.node_id, base, port=first.port)
+        replicas[index] = DbProcess(
+            cluster4.metadata_uri,
+            first.node_id,
+            base,
+            port=first.port,
+            session_timeout_ms=SESSION_MS,
+        )
         clients.replicas = replicas
 
         # 2. the new leader frozen past its session, then resumed

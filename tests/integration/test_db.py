@@ -37,6 +37,7 @@ class DbProcess:
         max_body_bytes: int = 4 << 20,
         port: int | None = None,
         extra_args: tuple[str, ...] = (),
+        session_timeout_ms: int = 5000,
     ) -> None:
         self.node_id = node_id
         self.port = port or free_port()
@@ -63,7 +64,9 @@ class DbProcess:
                     "--node-id",
                     node_id,
                     "--session-timeout-ms",
-                    "1500",
+                    # Long enough that a loaded machine does not depose a leader in the
+                    # middle of a test that is not about failover (the chaos test's is short).
+                    str(session_timeout_ms),
                     "--max-body-bytes",
                     str(max_body_bytes),
                     "--verbose",
