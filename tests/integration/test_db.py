@@ -38,8 +38,10 @@ class DbProcess:
         port: int | None = None,
         extra_args: tuple[str, ...] = (),
         session_timeout_ms: int = 5000,
+        name: str = DB,
     ) -> None:
         self.node_id = node_id
+        self.name = name
         self.port = port or free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.data_dir = base / node_id
@@ -56,7 +58,7 @@ class DbProcess:
                     "--metadata",
                     uri,
                     "--name",
-                    DB,
+                    name,
                     "--data-dir",
                     str(self.data_dir),
                     "--http-addr",
@@ -79,7 +81,7 @@ class DbProcess:
 
     @property
     def sqlite_path(self) -> Path:
-        return self.data_dir / f"{DB}.sqlite"
+        return self.data_dir / f"{self.name}.sqlite"
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -360,3 +362,28 @@ def test_db_commands_status_nodes_shell(replicas: list[DbProcess]) -> None:
         assert answer.getheader("Location") == f"http://{leader.addr}/db/execute?redirect"
     finally:
         connection.close()
+
+
+def test_db_two_databases_share_one_cluster(cluster3: LocalCluster, tmp_path: Path) -> None:
+    groups = {
+        name: [
+            DbProcess(cluster3.metadata_uri, f"{name}{i}", tmp_path / name, name=name)
+            for i in range(2)
+        ]
+        for name in ("north", "south")
+    }
+    try:
+        leaders = {name: wait_ready(group) for name, group in groups.items()}
+        for name, leader in leaders.items():
+            body = ["CREATE TABLE place (name TEXT)", ["INSERT INTO place VALUES (?)", name]]
+            assert http(leader.addr, "/db/execute", body)[0] == 200
+        for name, group in groups.items():
+            for replica in group:
+                answer = http(replica.addr, "/db/query?level=strong&q=SELECT+name+FROM+place")[1]
+                assert answer["results"][0]["values"] == [[name]], answer
+            nodes = http(group[0].addr, "/nodes")[1]
+            assert set(nodes) == {r.node_id for r in group}
+    finally:
+        for group in groups.values():
+            for replica in group:
+                replica.stop()
