@@ -229,6 +229,25 @@ def test_db_writes_through_any_replica_reads_at_each_level(replicas: list[DbProc
             replica.addr, f"/db/query?min_position={last}&q=SELECT+count(*)+FROM+fruit"
         )
         assert answer["results"][0]["values"] == [[7]]
+    # non-deterministic calls are evaluated once, on the leader, and replayed as values
+    status, answer = http(
+        followers[0].addr,
+        "/db/execute",
+        [
+            "CREATE TABLE chance (r INTEGER, b BLOB, t TEXT, c TEXT)",
+            "INSERT INTO chance VALUES "
+            "(random(), randomblob(8), datetime('now'), CURRENT_TIMESTAMP)",
+        ],
+    )
+    assert status == 200 and "error" not in answer["results"][1], answer
+    status, refused = http(
+        leader.addr, "/db/execute", ["CREATE TABLE late (t DEFAULT CURRENT_TIME)"]
+    )
+    assert status == 400 and "CREATE" in refused["error"], refused
+    for replica in replicas:
+        assert (
+            http(replica.addr, f"/db/query?min_position={answer['position']}&q=SELECT+1")[0] == 200
+        )
     # every replica holds the same contents
     for replica in replicas:
         replica.stop()
