@@ -24,7 +24,7 @@ def main() -> None:
         entries = reader.read_entries(0, 2)
         print("read back:", [e.data.decode() for e in entries])
         print("last entry:", reader.last_add_confirmed, "closed:", reader.is_closed)
-        bk.delete_ledger(writer.ledger_id)
+        bk.delete_ledger(writer.ledger_id, password=b"pw")
 
 
 if __name__ == "__main__":
