@@ -29,7 +29,7 @@ from pathlib import Path
 
 import quorumlog.aio as aio
 from quorumlog.client.sync import new_event_loop
-from quorumlog.replication.underreplication import UnderReplicationManager
+from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.server.local_cluster import LocalCluster
 
 

@@ -333,7 +333,7 @@ async def _recoverbookie(bk, args: argparse.Namespace) -> int:  # type: ignore[n
 
 
 async def _listunderreplicated(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    from quorumlog.replication.underreplication import UnderReplicationManager
+    from quorumlog.meta.underreplication import UnderReplicationManager
 
     marks = UnderReplicationManager(bk.store)
     for mark in await marks.list_marks():
@@ -347,7 +347,7 @@ async def _listunderreplicated(bk, args: argparse.Namespace) -> int:  # type: ig
 
 
 async def _whoisauditor(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    from quorumlog.replication.underreplication import UnderReplicationManager
+    from quorumlog.meta.underreplication import UnderReplicationManager
 
     auditor = await UnderReplicationManager(bk.store).auditor()
     if auditor is None:
@@ -358,7 +358,7 @@ async def _whoisauditor(bk, args: argparse.Namespace) -> int:  # type: ignore[no
 
 
 async def _autorecovery(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    from quorumlog.replication.underreplication import UnderReplicationManager
+    from quorumlog.meta.underreplication import UnderReplicationManager
 
     marks = UnderReplicationManager(bk.store)
     if args.action != "status":
@@ -376,7 +376,7 @@ async def _autorecovery(bk, args: argparse.Namespace) -> int:  # type: ignore[no
 
 
 async def _lostbookierecoverydelay(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    from quorumlog.replication.underreplication import UnderReplicationManager
+    from quorumlog.meta.underreplication import UnderReplicationManager
 
     marks = UnderReplicationManager(bk.store)
     if args.seconds is not None:
@@ -386,7 +386,7 @@ async def _lostbookierecoverydelay(bk, args: argparse.Namespace) -> int:  # type
 
 
 async def _triggeraudit(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    from quorumlog.replication.underreplication import UnderReplicationManager
+    from quorumlog.meta.underreplication import UnderReplicationManager
 
     marks = UnderReplicationManager(bk.store)
     await marks.request_audit()

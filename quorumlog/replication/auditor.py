@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING
 
 from quorumlog.errors import BKError, NoNodeError, NoSuchLedgerError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
-from quorumlog.replication.audit import audit_ledger
-from quorumlog.replication.report import LedgerAudit
-from quorumlog.replication.underreplication import (
+from quorumlog.meta.underreplication import (
     AUDIT_REQUEST_PATH,
     AUDITOR_PATH,
     DELAY_PATH,
     ENABLED_PATH,
     UnderReplicationManager,
 )
+from quorumlog.replication.audit import audit_ledger
+from quorumlog.replication.report import LedgerAudit
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper

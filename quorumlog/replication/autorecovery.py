@@ -25,9 +25,9 @@ from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.client.config import ClientConfig
 from quorumlog.errors import BKError
 from quorumlog.meta.store import SessionState
+from quorumlog.meta.underreplication import AUDITOR_ELECTION_GROUP
 from quorumlog.recipes.election import LeaderElection
 from quorumlog.replication.auditor import Auditor, AuditorConfig
-from quorumlog.replication.underreplication import AUDITOR_ELECTION_GROUP
 from quorumlog.replication.worker import ReplicationWorker, WorkerConfig
 
 log = logging.getLogger(__name__)

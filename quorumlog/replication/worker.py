@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING
 
 from quorumlog.errors import BKError, NoNodeError
 from quorumlog.meta.store import SessionState
-from quorumlog.replication.report import LedgerOutcome, LedgerReplication
-from quorumlog.replication.rereplicate import LEDGERS_IN_FLIGHT_DEFAULT, replicate_ledger
-from quorumlog.replication.underreplication import (
+from quorumlog.meta.underreplication import (
     ENABLED_PATH,
     LEDGERS_PATH,
     Mark,
     UnderReplicationManager,
 )
+from quorumlog.replication.report import LedgerOutcome, LedgerReplication
+from quorumlog.replication.rereplicate import LEDGERS_IN_FLIGHT_DEFAULT, replicate_ledger
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper

@@ -313,7 +313,7 @@ class _Handlers:
 
 def _under_replication(store: MetadataStore) -> Any:
     # Imported here: the bookie server needs the replication package only for these.
-    from quorumlog.replication.underreplication import UnderReplicationManager
+    from quorumlog.meta.underreplication import UnderReplicationManager
 
     return UnderReplicationManager(store)
 

@@ -175,7 +175,7 @@ def test_autorecovery_endpoints_name_the_auditor_and_the_marked_ledgers(
     metadata_uri: str, tmp_path: Path
 ) -> None:
     from quorumlog.meta.factory import open_store
-    from quorumlog.replication.underreplication import UnderReplicationManager
+    from quorumlog.meta.underreplication import UnderReplicationManager
 
     cluster = LocalCluster(
         metadata_uri,

@@ -23,9 +23,9 @@ from support import holders, holds_for, plant_forged_entry, poll_until, shell
 
 from quorumlog import BookKeeper
 from quorumlog.errors import BKError, Status
+from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.proto.codec import ReadRequest, ReadResponse
 from quorumlog.replication import audit_ledger
-from quorumlog.replication.underreplication import UnderReplicationManager
 from quorumlog.server.local_cluster import LocalCluster, running_cluster
 
 SESSION_MS = "2000"

@@ -12,7 +12,7 @@ from support import run, shell
 
 from quorumlog.errors import InvalidArgumentError, NoNodeError
 from quorumlog.meta.factory import open_store
-from quorumlog.replication.underreplication import (
+from quorumlog.meta.underreplication import (
     LOST_BOOKIE_RECOVERY_DELAY_DEFAULT_S,
     UnderReplicationManager,
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
+from quorumlog.meta.underreplication import Mark
 from quorumlog.proto.entry import DigestType
 from quorumlog.replication.auditor import (
     LossTracker,
@@ -16,7 +17,6 @@ from quorumlog.replication.auditor import (
     sample,
 )
 from quorumlog.replication.report import LedgerAudit
-from quorumlog.replication.underreplication import Mark
 from quorumlog.replication.worker import grace_over
 
 A, B, C, D = "h:1", "h:2", "h:3", "h:4"
