@@ -47,6 +47,7 @@ from quorumlog.errors import BKError, NoNodeError, NoSuchLedgerError
 from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.ledgers import LedgerManager
 from quorumlog.meta.store import MetadataStore
+from quorumlog.meta.underreplication import UnderReplicationManager
 
 __all__ = ["AdminContext", "AdminServer", "build_admin_app"]
 
@@ -311,10 +312,7 @@ class _Handlers:
         return _json({"Auditor": auditor})
 
 
-def _under_replication(store: MetadataStore) -> Any:
-    # Imported here: the bookie server needs the replication package only for these.
-    from quorumlog.meta.underreplication import UnderReplicationManager
-
+def _under_replication(store: MetadataStore) -> UnderReplicationManager:
     return UnderReplicationManager(store)
 
 
