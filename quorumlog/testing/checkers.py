@@ -17,11 +17,15 @@ Rules (names used in violations):
                       last entry
 ``R8-durability``     every confirmed entry is at or below the recovered last entry and
                       reads back with its bytes
+``R3-replicas``       every confirmed entry is stored on at least Qa bookies of its write
+                      set, as the final metadata records it (read from the bookies'
+                      storage: what a reader relies on after more failures)
 ``R8-agreement``      every close of a ledger agrees on its last entry
 ``R8-final``          the checker's own recovery and reads at the end succeeded
 ``R8-past-end``       nothing past the recovered last entry is readable
 ``R11-log``           every record confirmed to a log writer is in the final log once,
-                      in order; a tailing reader saw a prefix of it
+                      in order, and after every record confirmed before it was appended
+                      (whoever wrote it); a tailing reader saw a prefix of it
 ``bookie-restart``    a bookie whose disk lost no synced byte starts again after a crash
 ``system-error``      the system raised where it must not (an assertion, a crash)
 ``liveness``          the run did not finish within its virtual-time budget
@@ -55,6 +59,7 @@ RULES = (
     "R8-agreement",
     "R8-final",
     "R8-past-end",
+    "R3-replicas",
     "R11-log",
     "bookie-restart",
     "system-error",
@@ -90,6 +95,8 @@ class LedgerHistory:
     final_entries: dict[int, bytes] = field(default_factory=dict)
     final_error: str = ""
     read_past_end: bool = False
+    # confirmed entry id -> bookies of its write set holding it (bookies' storage, at the end)
+    replicas: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,7 +106,11 @@ class LogHistory:
     name: str
     confirmed: dict[str, list[tuple[Position, bytes]]] = field(default_factory=dict)
     tailed: list[tuple[Position, bytes]] = field(default_factory=list)
+    # record -> order (the run's event sequence) when it was appended / confirmed
+    sent: dict[bytes, int] = field(default_factory=dict)
+    confirmed_at: dict[bytes, int] = field(default_factory=dict)
     final: list[tuple[Position, bytes]] | None = None
+    replicas: dict[Position, tuple[int, int]] = field(default_factory=dict)  # (copies, Qa)
     final_error: str = ""
 
 
@@ -114,6 +125,7 @@ class RunHistory:
     system_errors: list[str] = field(default_factory=list)
     refused_starts: list[str] = field(default_factory=list)  # nodes with sound disks
     unfinished: str = ""
+    virtual_s: float = 0.0  # how long the run took in virtual time
     faults: dict[str, int] = field(default_factory=dict)  # what the nemesis did, counted
     trace: list[str] = field(default_factory=list)
 
@@ -206,6 +218,17 @@ def check_ledger_history(h: LedgerHistory, limit: int = 10) -> list[Violation]:
                 )
             )
             break
+    ack_quorum = h.shape[2]
+    for entry_id, copies in sorted(h.replicas.items()):
+        if copies < ack_quorum:
+            out.append(
+                Violation(
+                    "R3-replicas",
+                    f"ledger {lid} entry {entry_id} was confirmed but only {copies} bookies of "
+                    f"its write set hold it (ack quorum {ack_quorum})",
+                )
+            )
+            break
     if h.read_past_end:
         out.append(Violation("R8-past-end", f"ledger {lid}: entry {h.final_last + 1} was readable"))
     for reader, entry_id, _, lac in h.reads:
@@ -223,7 +246,9 @@ def check_ledger_history(h: LedgerHistory, limit: int = 10) -> list[Violation]:
 
 def check_log_history(h: LogHistory, limit: int = 10) -> list[Violation]:
     """R11 for one log stream: confirmed records in the final log once, in order."""
-    if h.final_error or h.final is None:
+    if h.final is None:
+        if not h.final_error:
+            return []  # the run ended before it (a liveness violation says so)
         return [Violation("R8-final", f"log {h.name}: the final read failed: {h.final_error}")]
     out: list[Violation] = []
     report = check_observations(
@@ -233,6 +258,17 @@ def check_log_history(h: LogHistory, limit: int = 10) -> list[Violation]:
     counts: dict[bytes, int] = {}
     for _, data in h.final:
         counts[data] = counts.get(data, 0) + 1
+    out += _real_time_order(h)
+    for position, (copies, ack_quorum) in sorted(h.replicas.items()):
+        if copies < ack_quorum:
+            out.append(
+                Violation(
+                    "R3-replicas",
+                    f"log {h.name}: record at {position} was confirmed but only {copies} "
+                    f"bookies of its write set hold it (ack quorum {ack_quorum})",
+                )
+            )
+            break
     for writer, records in h.confirmed.items():
         for position, data in records:
             if counts.get(data, 0) != 1:
@@ -245,6 +281,33 @@ def check_log_history(h: LogHistory, limit: int = 10) -> list[Violation]:
                 )
                 break
     return _first(out, limit)
+
+
+def _real_time_order(h: LogHistory) -> list[Violation]:
+    """A record confirmed before another was appended comes first in the log: the log is
+    one sequence for all its writers, not one per writer (two writers that both think
+    they own the log break this)."""
+    assert h.final is not None
+    where = {data: position for position, data in h.final}
+    confirmed = sorted((order, data) for data, order in h.confirmed_at.items() if data in where)
+    appended = sorted((order, data) for data, order in h.sent.items() if data in where)
+    latest: tuple[Position, bytes] | None = None
+    i = 0
+    for order, data in appended:
+        while i < len(confirmed) and confirmed[i][0] < order:
+            candidate = (where[confirmed[i][1]], confirmed[i][1])
+            if latest is None or candidate[0] > latest[0]:
+                latest = candidate
+            i += 1
+        if latest is not None and where[data] < latest[0]:
+            return [
+                Violation(
+                    "R11-log",
+                    f"log {h.name}: record {data[:40]!r} at {where[data]} was appended after "
+                    f"{latest[1][:40]!r} at {latest[0]} was confirmed, yet comes before it",
+                )
+            ]
+    return []
 
 
 def check_run(run: RunHistory) -> list[Violation]:

@@ -17,36 +17,43 @@ import sys
 
 import pytest
 
-from quorumlog.testing.checkers import check_run
+from quorumlog.testing.checkers import Violation, check_run
 from quorumlog.testing.sim.runner import run_seeds
 from quorumlog.testing.sim.workloads import run_seed
 
 SEEDS = int(os.environ.get("QUORUMLOG_SIM_SEEDS", "1000"))
 FIRST_SEED = int(os.environ.get("QUORUMLOG_SIM_FIRST_SEED", "0"))
 
-# Defects the simulator found whose fix lies outside the simulator: seed -> (the rule
-# broken, words that identify the defect in the violation). The main test lets exactly
-# these through; test_known_defect_seeds fails (strictly) once a fix makes one pass, so
-# that it leaves this list.
-KNOWN_DEFECTS: dict[int, tuple[str, str]] = {
-    # A start whose new journal file's header sync failed leaves that file behind; after
-    # a power loss it is empty, and once a later file exists replay calls it "a bad
-    # file header with records after it" and the bookie never starts again.
-    105: ("bookie-restart", "bad file header with records after it"),
-}
+# Defects the simulator found whose fix lies outside the simulator, by their signature:
+# (the rule broken, words of the violation). A seed that shows one is let through here
+# (and printed); each has a deterministic reproduction marked xfail(strict=True)
+# elsewhere, which fails once the defect is fixed, so that it leaves this list.
+KNOWN_DEFECTS: list[tuple[str, str, str]] = [
+    (
+        "bookie-restart",
+        "bad file header with records after it",
+        "journal replay refuses an empty journal file that is not the last one "
+        "(tests/sim/test_sim_disk.py::test_a_bookie_starts_after_an_empty_journal_file_"
+        "that_is_not_the_last)",
+    ),
+]
 
 
-def _known(seed: int, violations: list) -> bool:
-    known = KNOWN_DEFECTS.get(seed)
-    return known is not None and any(
-        v.rule == known[0] and known[1] in v.message for v in violations
-    )
+def _known(violations: list[Violation]) -> str | None:
+    for rule, words, defect in KNOWN_DEFECTS:
+        if any(v.rule == rule and words in v.message for v in violations):
+            return defect
+    return None
 
 
+@pytest.mark.timeout(1800)  # thousands of seeds: longer than the suite's per-test bound
 def test_r3_r4_r7_r8_r11_hold_over_many_seeded_fault_schedules() -> None:
     summary = run_seeds(range(FIRST_SEED, FIRST_SEED + SEEDS))
     print(summary.text())
-    unknown = {s: v for s, v in summary.failures.items() if not _known(s, v)}
+    unknown = {s: v for s, v in summary.failures.items() if not _known(v)}
+    for seed, violations in sorted(summary.failures.items()):
+        if seed not in unknown:
+            print(f"seed {seed}: known defect: {_known(violations)}")
     assert not unknown, summary.text()
     stats = summary.stats
     # The runs exercised what they claim to: every workload shape and fault kind.
@@ -80,15 +87,3 @@ def test_a_seed_replays_the_same_run_in_another_process() -> None:
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == (1 if here else 0), result.stdout + result.stderr
     assert "seed 119 (" in result.stdout
-
-
-@pytest.mark.parametrize(
-    "seed",
-    [
-        pytest.param(seed, marks=pytest.mark.xfail(strict=True, reason=f"{rule}: {words}"))
-        for seed, (rule, words) in sorted(KNOWN_DEFECTS.items())
-    ],
-)
-def test_known_defect_seeds(seed: int) -> None:
-    violations = check_run(run_seed(seed))
-    assert not violations, [str(v) for v in violations]

@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from quorumlog.errors import BKError, BookieUnavailableError, TimeoutError_
 from quorumlog.log.bookkeeper import BookKeeper as LogBookKeeper
 from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.store import MetadataStore
-from quorumlog.proto.codec import FrameDecoder, Message, Request, Response, encode_parts
+from quorumlog.proto.codec import Message, Request, Response, decode_message, encode_parts
 from quorumlog.server.gc import StoreGcMetadata, collect_once
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree, MetadataFaults
 from quorumlog.testing.sim.disk import PowerLoss, SimDisk
@@ -77,15 +78,37 @@ class Trace:
 
 @dataclass
 class NetworkFaults:
+    """Delays and losses. Each link (a client and a bookie) is drawn once per run: most
+    are normal, some slow (a congested path) and some lossy, so that one party's
+    messages systematically overtake another's, as on a real network."""
+
     drop_probability: float = 0.0
     delay_ms_min: float = 0.05
     delay_ms_max: float = 2.0
+    slow_link_probability: float = 0.0
+    slow_link_ms: tuple[float, float] = (2.0, 30.0)
+    lossy_link_probability: float = 0.0
+    lossy_link_drop: float = 0.2
 
 
-def _roundtrip(decoder: FrameDecoder, message: Message) -> Message:
-    """What the other end of a socket decodes of ``message``."""
-    (decoded,) = decoder.feed(b"".join(encode_parts(message)))
-    return decoded
+@dataclass
+class _Link:
+    delay_ms: tuple[float, float]
+    drop_probability: float
+    drop_next: list[type[Request]] = field(default_factory=list)  # set by tests
+
+
+_FRAME_HEADER = struct.Struct(">IBBQ")  # length, version, op, request id
+
+
+def _roundtrip(message: Message) -> Message:
+    """What the other end of a socket decodes of ``message``: the real encoder and the
+    real body decoder, one whole frame at a time (the stream decoder's buffering is what
+    the codec's own tests cover)."""
+    frame = b"".join(encode_parts(message))
+    length, _, op, request_id = _FRAME_HEADER.unpack_from(frame)
+    assert length == len(frame) - 4
+    return decode_message(op, request_id, memoryview(frame)[_FRAME_HEADER.size :])
 
 
 # ---------------------------------------------------------------- bookies
@@ -103,8 +126,8 @@ def sim_bookie_config(name: str, rng: random.Random) -> BookieConfig:
         entry_log_max_bytes=rng.choice([8192, 65536, 1 << 20]),
         entry_log_write_buffer_bytes=rng.choice([512, 4096, 65536]),
         read_cache_max_bytes=rng.choice([0, 65536]),
-        checkpoint_interval_ms=rng.choice([10, 50, 200]),
-        disk_check_interval_ms=50,
+        checkpoint_interval_ms=rng.choice([20, 100, 400]),
+        disk_check_interval_ms=200,
     )
 
 
@@ -137,6 +160,7 @@ class BookieNode:
         self._gc_task: asyncio.Task[None] | None = None
         self.crashes = 0
         self.restarts = 0
+        self.powered_off = False  # down by a power loss: the machine does not answer at all
 
     @property
     def up(self) -> bool:
@@ -168,6 +192,7 @@ class BookieNode:
             return False
         self.bookie = bookie
         self.state = "up"
+        self.powered_off = False
         self.trace(
             self.address,
             "started (incarnation %d, %d journal records replayed)",
@@ -232,6 +257,7 @@ class BookieNode:
         self._stop_process()
         self.disk.power_loss()
         self.state = "down"
+        self.powered_off = True
         self.crashes += 1
         self.trace(self.address, "POWER LOST (was %s)", was)
         self._on_down(self, True)
@@ -240,6 +266,7 @@ class BookieNode:
         # A disk fault cut the power in the middle of a system call of the bookie.
         self._stop_process()
         self.state = "down"
+        self.powered_off = True
         self.crashes += 1
         self.trace(self.address, "POWER LOST in the middle of a disk call")
         self._on_down(self, True)
@@ -282,7 +309,7 @@ class BookieNode:
         registry = BookieRegistry(store)
         metadata = StoreGcMetadata(lambda: store, self.address)
         while self.incarnation == incarnation:
-            await asyncio.sleep(self.rng.uniform(0.02, 0.2))
+            await asyncio.sleep(self.rng.uniform(0.1, 0.5))
             bookie = self.bookie
             if bookie is None or self.incarnation != incarnation or self.state != "up":
                 continue
@@ -326,16 +353,54 @@ class SimNetwork:
         self.blocked: set[frozenset[str]] = set()  # partitioned pairs of parties
         self.requests_delivered = 0
         self._connections: list[SimConnection] = []
+        self.pools: dict[str, ClientPool] = {}
+        self._links: dict[tuple[str, str], _Link] = {}
 
     def add(self, node: BookieNode) -> None:
         self.nodes[node.address] = node
 
-    def delay_s(self) -> float:
-        f = self.faults
-        return self.rng.uniform(f.delay_ms_min, f.delay_ms_max) / 1000
+    def link(self, client: str, address: str) -> _Link:
+        key = (client, address)
+        found = self._links.get(key)
+        if found is None:
+            f = self.faults
+            delay = (f.delay_ms_min, f.delay_ms_max)
+            drop = f.drop_probability
+            roll = self.rng.random()
+            if roll < f.slow_link_probability:
+                delay = f.slow_link_ms
+            elif roll < f.slow_link_probability + f.lossy_link_probability:
+                drop = max(drop, f.lossy_link_drop)
+            found = self._links[key] = _Link(delay, drop)
+        return found
 
-    def dropped(self) -> bool:
-        p = self.faults.drop_probability
+    def set_link(
+        self,
+        client: str,
+        address: str,
+        *,
+        delay_ms: tuple[float, float] | None = None,
+        drop_probability: float | None = None,
+    ) -> None:
+        """Fix one link's delays or losses (a test's exact schedule)."""
+        link = self.link(client, address)
+        if delay_ms is not None:
+            link.delay_ms = delay_ms
+        if drop_probability is not None:
+            link.drop_probability = drop_probability
+
+    def drop_next(self, client: str, address: str, kind: type[Request]) -> None:
+        """Lose the next request of ``kind`` from ``client`` to ``address`` on its way."""
+        self.link(client, address).drop_next.append(kind)
+
+    def delay_s(self, link: _Link | None = None) -> float:
+        if link is None:
+            f = self.faults
+            return self.rng.uniform(f.delay_ms_min, f.delay_ms_max) / 1000
+        return self.rng.uniform(*link.delay_ms) / 1000
+
+    def dropped(self, link: _Link | None = None) -> bool:
+        p = self.faults.drop_probability if link is None else link.drop_probability
         return p > 0 and self.rng.random() < p
 
     def partitioned(self, a: str, b: str) -> bool:
@@ -353,8 +418,16 @@ class SimNetwork:
             self.blocked.discard(frozenset((a, b)))
             self.trace("network", "HEAL %s <-> %s", a, b)
 
+    def calm(self) -> None:
+        """No more losses (delays stay): what the checker's part runs on."""
+        self.faults.drop_probability = 0.0
+        for link in self._links.values():
+            link.drop_probability = 0.0
+        self.faults.lossy_link_probability = 0.0
+
     def pool(self, client: str) -> ClientPool:
-        return ClientPool(self, client)
+        pool = self.pools[client] = ClientPool(self, client)
+        return pool
 
     def node_down(self, node: BookieNode, power_loss: bool) -> None:
         """A bookie process died: its open connections break (a reset the clients see,
@@ -371,11 +444,31 @@ class ClientPool:
         self.network = network
         self.client = client
         self._connections: dict[str, SimConnection] = {}
+        self.paused = False
+        self._held: list[Callable[[], None]] = []
+
+    def pause(self) -> None:
+        """The client process stalls (a long GC pause, SIGSTOP): nothing it sends leaves and
+        nothing sent to it is read until :meth:`resume`; its timers still run out."""
+        self.paused = True
+        self.network.trace(self.client, "PAUSED")
+
+    def resume(self) -> None:
+        if not self.paused:
+            return
+        self.paused = False
+        held, self._held = self._held, []
+        self.network.trace(self.client, "RESUMED (%d held messages)", len(held))
+        for work in held:
+            work()
+
+    def hold(self, work: Callable[[], None]) -> None:
+        self._held.append(work)
 
     def get(self, address: str) -> SimConnection:
         conn = self._connections.get(address)
         if conn is None or conn.closed:
-            conn = SimConnection(self.network, self.client, address)
+            conn = SimConnection(self.network, self.client, address, self)
             self._connections[address] = conn
             self.network._connections.append(conn)
         return conn
@@ -394,21 +487,22 @@ class ClientPool:
 class SimConnection:
     """One client's connection to one bookie: FIFO in each direction, as TCP is."""
 
-    def __init__(self, network: SimNetwork, client: str, address: str) -> None:
+    def __init__(
+        self, network: SimNetwork, client: str, address: str, pool: ClientPool | None = None
+    ) -> None:
         self.network = network
         self.client = client
+        self.pool = pool
         self.address = address
         self.closed = False
         self._next_request_id = 1
         self._out_at = 0.0  # when the last request arrives (FIFO)
         self._in_at = 0.0  # when the last answer arrives
         self._pending: dict[int, Callable[[Response | BKError], None]] = {}
-        self._to_bookie = FrameDecoder()
-        self._to_client = FrameDecoder()
 
     def _arrival(self, last: float) -> float:
         net = self.network
-        return max(last, net.loop.time() + net.delay_s())
+        return max(last, net.loop.time() + net.delay_s(net.link(self.client, self.address)))
 
     def send(
         self,
@@ -445,9 +539,23 @@ class SimConnection:
         self._pending[request_id] = answer
         if timeout_ms:
             timer = loop.call_later(timeout_ms / 1000, on_timeout)
+        pool = self.pool
+        if pool is not None and pool.paused:
+            pool.hold(lambda: self._transmit(request, answer))
+            return
+        self._transmit(request, answer)
+
+    def _transmit(self, request: Request, answer: Callable[[Response | BKError], None]) -> None:
+        # A request whose client timed out still travels: bytes handed to the network
+        # are not taken back (and a paused client's held sends leave when it resumes,
+        # unless the connection broke meanwhile: they go nowhere, the reset tells).
+        net = self.network
+        loop = net.loop
+        if self.closed:
+            return
         node = net.nodes.get(self.address)
         if node is None or node.state in ("down", "broken"):
-            if node is not None and node.disk.power_losses and node.state == "down":
+            if node is not None and node.powered_off:
                 return  # the machine is off: no answer at all, the timeout tells
             delay = net.delay_s()
             loop.call_later(
@@ -456,10 +564,15 @@ class SimConnection:
                 BookieUnavailableError(f"bookie {self.address}: connection refused"),
             )
             return
-        if net.partitioned(self.client, self.address) or net.dropped():
+        link = net.link(self.client, self.address)
+        if link.drop_next and isinstance(request, link.drop_next[0]):
+            link.drop_next.pop(0)
+            net.trace(self.client, "%s to %s LOST", type(request).__name__, self.address)
+            return
+        if net.partitioned(self.client, self.address) or net.dropped(link):
             return  # lost on the way: only the timeout will tell
         message: Request = (
-            _roundtrip(self._to_bookie, request) if net.codec else request  # type: ignore[assignment]
+            _roundtrip(request) if net.codec else request  # type: ignore[assignment]
         )
         self._out_at = self._arrival(self._out_at)
         loop.call_at(self._out_at, self._deliver, node, message, answer)
@@ -468,22 +581,31 @@ class SimConnection:
         self, node: BookieNode, request: Request, answer: Callable[[Response | BKError], None]
     ) -> None:
         net = self.network
-        if self.closed or request.request_id not in self._pending:
-            return
         if net.partitioned(self.client, self.address):
             return
         net.requests_delivered += 1
 
+        link = net.link(self.client, self.address)
+
         def respond(response: Response) -> None:
-            if self.closed or net.partitioned(self.client, self.address) or net.dropped():
+            if self.closed or net.partitioned(self.client, self.address) or net.dropped(link):
                 return
             decoded: Response = (
-                _roundtrip(self._to_client, response) if net.codec else response  # type: ignore[assignment]
+                _roundtrip(response) if net.codec else response  # type: ignore[assignment]
             )
             self._in_at = self._arrival(self._in_at)
-            net.loop.call_at(self._in_at, answer, decoded)
+            net.loop.call_at(self._in_at, self._arrived, answer, decoded)
 
         node.receive(request, respond)
+
+    def _arrived(
+        self, answer: Callable[[Response | BKError], None], response: Response | BKError
+    ) -> None:
+        pool = self.pool
+        if pool is not None and pool.paused:
+            pool.hold(lambda: answer(response))
+        else:
+            answer(response)
 
     def broken(self, power_loss: bool) -> None:
         """The bookie process died: a reset fails every request still waiting, unless the
@@ -495,7 +617,7 @@ class SimConnection:
         error = BookieUnavailableError(f"bookie {self.address}: connection reset")
         delay = self.network.delay_s()
         for answer in pending.values():
-            self.network.loop.call_later(delay, answer, error)
+            self.network.loop.call_later(delay, self._arrived, answer, error)
 
     def close(self) -> None:
         if self.closed:

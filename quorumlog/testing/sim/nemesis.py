@@ -6,7 +6,8 @@ of virtual time and undoes it later:
 
 - a bookie killed (kill -9) or losing power, restarted later on the same disk; a
   power loss in the middle of the n-th disk call of a bookie;
-- a bookie paused (SIGSTOP) and resumed;
+- a bookie paused (SIGSTOP) and resumed; a client paused (its bookie traffic held,
+  its timers running out) and resumed;
 - partitions between any two parties: a client and a bookie, a client and the
   metadata store, a bookie (its garbage collection) and the store;
 - disk faults: a sync that fails (its pages lost), a full disk (ENOSPC), a bit
@@ -14,9 +15,12 @@ of virtual time and undoes it later:
 - the metadata store: writes applied with their reply lost (R13), failed calls,
   slow replies, expired sessions.
 
-Faults that destroy synced bytes (bit flips) are kept to at most Qa - 1 bookies,
-the ones :attr:`NemesisPlan.damageable` names: beyond that, losing a confirmed
-entry is what the fault model allows, not a defect. :meth:`Nemesis.heal` ends
+Faults that destroy synced bytes (bit flips: a flipped journal record stops that
+bookie for good) are kept to the bookies :attr:`NemesisPlan.damageable` names: at
+most Qa - 1 of them, so that every confirmed entry keeps a sound copy, and at most
+Qw - Qa, so that a recovery can still write each entry to Qa bookies of its write
+set (recovery does not replace bookies). Beyond that, losing a confirmed entry or
+never closing the ledger is what the fault model allows, not a defect. :meth:`Nemesis.heal` ends
 every fault and restarts every bookie that is down, paused or refusing adds, so
 that the checker's own recovery at the end can run.
 """
@@ -42,6 +46,7 @@ class NemesisPlan:
     power_loss: bool = False
     power_loss_in_call: bool = False
     pause: bool = False
+    pause_client: bool = False
     partition_client_bookie: bool = False
     partition_client_store: bool = False
     partition_bookie_store: bool = False
@@ -56,7 +61,11 @@ class NemesisPlan:
     interval_ms: tuple[float, float] = (1.0, 20.0)
 
     @classmethod
-    def draw(cls, rng: random.Random, addresses: list[str], ack_quorum: int) -> NemesisPlan:
+    def draw(
+        cls, rng: random.Random, addresses: list[str], shape: tuple[int, int, int]
+    ) -> NemesisPlan:
+        _, write_quorum, ack_quorum = shape
+        damageable = min(ack_quorum - 1, write_quorum - ack_quorum)
         if rng.random() < 0.1:
             return cls()  # a calm run
         plan = cls(
@@ -64,19 +73,20 @@ class NemesisPlan:
             power_loss=rng.random() < 0.5,
             power_loss_in_call=rng.random() < 0.3,
             pause=rng.random() < 0.3,
+            pause_client=rng.random() < 0.2,
             partition_client_bookie=rng.random() < 0.3,
             partition_client_store=rng.random() < 0.25,
             partition_bookie_store=rng.random() < 0.2,
             sync_failure=rng.random() < 0.2,
             disk_full=rng.random() < 0.15,
-            bit_flip=ack_quorum > 1 and rng.random() < 0.25,
+            bit_flip=damageable > 0 and rng.random() < 0.25,
             session_expiry=rng.random() < 0.2,
             metadata_unknown=rng.choice([0.0, 0.0, 0.05, 0.2]),
             metadata_fail=rng.choice([0.0, 0.0, 0.05]),
             metadata_slow=rng.choice([0.0, 0.1]),
         )
         if plan.bit_flip:
-            plan.damageable = rng.sample(addresses, min(ack_quorum - 1, len(addresses)))
+            plan.damageable = rng.sample(addresses, min(damageable, len(addresses)))
         return plan
 
     def metadata_faults(self, rng: random.Random) -> MetadataFaults:
@@ -95,6 +105,7 @@ class NemesisPlan:
             "power_loss",
             "power_loss_in_call",
             "pause",
+            "pause_client",
             "partition_client_bookie",
             "partition_client_store",
             "partition_bookie_store",
@@ -195,6 +206,15 @@ class Nemesis:
             node.pause()
             self._later(1, 300, node.resume)
 
+    def _pause_client(self) -> None:
+        pools = self.cluster.network.pools
+        names = [n for n in self.clients if n in pools and not pools[n].paused]
+        if names:
+            pool = pools[self.rng.choice(names)]
+            self.counts["pause_client"] += 1
+            pool.pause()
+            self._later(1, 300, pool.resume)
+
     def _partition_client_bookie(self) -> None:
         if not self.clients:
             return
@@ -288,7 +308,9 @@ class Nemesis:
         self._undo.clear()
         cluster = self.cluster
         cluster.network.heal()
-        cluster.network.faults.drop_probability = 0.0
+        cluster.network.calm()
+        for pool in cluster.network.pools.values():
+            pool.resume()
         for store in cluster.stores.values():
             if store.faults is not None:
                 store.faults.partitioned = False

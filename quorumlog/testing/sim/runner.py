@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from quorumlog.testing.checkers import RunHistory, Violation, check_run
 from quorumlog.testing.sim.workloads import run_seed
 
-__all__ = ["SeedResult", "Summary", "check_seed", "run_seeds"]
+__all__ = ["SeedResult", "Summary", "check_seed", "first_failure", "run_seeds"]
 
 
 @dataclass
@@ -123,3 +123,26 @@ def _add(summary: Summary, result: SeedResult) -> None:
     summary.stats.update(result.stats)
     if result.violations:
         summary.failures[result.seed] = result.violations
+
+
+def first_failure(seeds: Iterable[int], processes: int | None = None) -> SeedResult | None:
+    """The first seed (in order) that breaks a rule, or None; stops as soon as it is known.
+
+    Worker processes are forked, so that whatever the caller changed in this process
+    (a bug planted by patching, in a test) holds in them too.
+    """
+    seed_list = list(seeds)
+    processes = processes or _default_processes()
+    if processes <= 1:
+        for seed in seed_list:
+            result = check_seed(seed)
+            if result.violations:
+                return result
+        return None
+    context = multiprocessing.get_context("fork")
+    with context.Pool(processes) as pool:
+        for result in pool.imap(check_seed, seed_list, chunksize=2):
+            if result.violations:
+                pool.terminate()
+                return result
+    return None
