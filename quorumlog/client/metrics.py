@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from quorumlog.bookie.metrics import LATENCY_BUCKETS_S, Buckets
+from quorumlog.stats import LATENCY_BUCKETS_S, Buckets
 
 __all__ = ["ClientMetrics"]
 

@@ -31,7 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from quorumlog.bookie.disk_checker import disk_usage
-from quorumlog.bookie.metrics import Buckets
+from quorumlog.stats import Buckets
 
 if TYPE_CHECKING:
     from quorumlog.server.server import BookieServer

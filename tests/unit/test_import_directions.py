@@ -119,6 +119,7 @@ TOP_MODULE_LAYERS = {
     "quorumlog.aio": "api",
     "quorumlog.errors": "errors",
     "quorumlog.benchmark": "benchmark",
+    "quorumlog.stats": "stats",
     "quorumlog.__main__": "commands",
     "quorumlog.cli": "commands",
     "quorumlog.shell": "commands",
@@ -130,6 +131,7 @@ LAYERS = frozenset(
     {
         "api",  # the package itself and quorumlog.aio: the public API, over everything
         "errors",
+        "stats",  # histogram buckets as plain integers: no I/O, imports nothing of ours
         "proto",
         "core",
         "bookie",
@@ -233,6 +235,24 @@ RULES = [
         "the bookie imports neither the client nor anything built on it",
         importers=frozenset({"bookie"}),
         forbidden=ON_THE_CLIENT | {"client", "api"},
+    ),
+    Rule(
+        "client-is-not-a-bookie",
+        "the client imports neither the bookie's storage nor its server",
+        importers=frozenset({"client"}),
+        forbidden=frozenset({"bookie", "server"}),
+    ),
+    Rule(
+        "server-is-not-a-client",
+        "the bookie's server imports neither the client nor anything built on it",
+        importers=frozenset({"server"}),
+        forbidden=ON_THE_CLIENT | {"client", "api"},
+    ),
+    Rule(
+        "stats-imports-nothing-of-ours",
+        "the shared histogram buckets import nothing of quorumlog",
+        importers=frozenset({"stats"}),
+        allowed=frozenset({"stats"}),
     ),
     Rule(
         "meta-knows-nothing-above-it",
@@ -390,6 +410,10 @@ def test_rules_name_each_import_against_them() -> None:
         Import("quorumlog.spark.scan", "pyspark.sql", here, 13),
         Import("quorumlog.server.localbookie", "quorumlog.testing.cluster", here, 14),
         Import("quorumlog.testing.sim", "quorumlog.client.connection", here, 15),
+        Import("quorumlog.client.metrics", "quorumlog.bookie.metrics", here, 16),
+        Import("quorumlog.server.admin_http", "quorumlog.replication.worker", here, 17),
+        Import("quorumlog.stats", "quorumlog.errors", here, 18),
+        Import("quorumlog.bookie.metrics", "quorumlog.stats", here, 19),
     ]
     broken = {name: sorted(e.line for e in edges) for name, edges in violations(graph).items()}
     assert broken == {
@@ -402,4 +426,7 @@ def test_rules_name_each_import_against_them() -> None:
         "no-layer-imports-commands": [9, 10],
         "nothing-below-spark-needs-spark": [12],
         "shipped-layers-need-no-testing": [14],
+        "server-is-not-a-client": [14, 17],
+        "client-is-not-a-bookie": [16],
+        "stats-imports-nothing-of-ours": [18],
     }
