@@ -62,7 +62,9 @@ def data_column(batch: pa.RecordBatch, partition: int) -> list[bytes]:
         )
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         return [value.encode() for value in column.to_pylist()]
-    return column.to_pylist()
+    # A binary column: pyarrow gives bytes (its stubs say Any).
+    values: list[bytes] = column.to_pylist()
+    return values
 
 
 async def _open_ledger(opts: WriteOptions, token: str, who: TaskIdentity) -> LedgerHandle:
