@@ -1,50 +1,69 @@
 """Ledger recovery: fence, find the last entry, re-replicate the tail, close (R7, R8).
 
-1. Mark the ledger IN_RECOVERY with a compare-and-set (a writer's ensemble
-   change or close now fails, R5/R6).
-2. Fence the bookies of the last fragment until (Qw - Qa) + 1 bookies of every
-   write set answered, keeping the largest LAC they report.
-3. From after that LAC (and never before the last fragment), read entry by
-   entry with fencing reads; write each entry found to its whole write set
-   with recovery adds. An entry is missing only when enough bookies say so
-   explicitly; an error or timeout stops recovery without closing.
-4. Close at the last entry recovered. Concurrent recoveries converge: the
-   compare-and-set lets one win and the others adopt its result.
+Every decision is made by the pure state machine
+:class:`~quorumlog.core.recovery.LedgerRecoveryMachine`: mark IN_RECOVERY, fence
+the last fragment until enough bookies answered, read forward with fencing reads,
+write each entry found back until Qa bookies have it, decide where the ledger
+ends, close (and how to resolve metadata outcomes that are unknown, R13). This
+class carries out its effects: it sends the requests, runs the metadata updates
+and reads, and hands every answer back. Concurrent recoveries converge: the
+compare-and-set lets one close, and the others adopt its result.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
-from quorumlog.core.quorum import write_set
+from quorumlog.client.metadata_updates import (
+    as_metadata_error,
+    ledger_view,
+    metadata_decider,
+    outcome_is_known,
+)
+from quorumlog.core.metadata import (
+    Decision,
+    LedgerView,
+    MetadataRead,
+    MetadataReadFailed,
+    MetadataRefused,
+    MetadataStored,
+    MetadataUnknown,
+    ReadMetadata,
+    UpdateMetadata,
+)
 from quorumlog.core.recovery import (
-    EntryRecoveryRead,
-    FenceProgress,
-    ReadOutcome,
-    first_entry_to_recover,
+    EntryRead,
+    EntryRewritten,
+    FenceAnswered,
+    LedgerRecoveryMachine,
+    LengthRead,
+    ReadLength,
+    Recovered,
+    RecoveryEffect,
+    RecoveryEvent,
+    RecoveryFailed,
+    SendFence,
+    SendRecoveryRead,
+    SendRewrite,
 )
-from quorumlog.errors import (
-    BKError,
-    DigestMismatchError,
-    LedgerRecoveryError,
-    Status,
-    UnauthorizedError,
-)
-from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
-from quorumlog.meta.ledgers import Done
+from quorumlog.errors import BKError, Status
+from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.codec import (
     AddFlag,
     AddRequest,
+    AddResponse,
     FenceRequest,
     FenceResponse,
     ReadFlag,
     ReadRequest,
     ReadResponse,
+    Response,
 )
-from quorumlog.proto.entry import EntryCodec
+from quorumlog.proto.entry import EntryCodec, master_key
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -56,8 +75,6 @@ class LedgerRecovery:
     def __init__(
         self, client: BookKeeper, metadata: LedgerMetadata, version: int, password: bytes
     ) -> None:
-        from quorumlog.proto.entry import master_key
-
         self._client = client
         self._pool = client.pool
         self._config = client.config
@@ -65,271 +82,215 @@ class LedgerRecovery:
         self.version = version
         self._codec = EntryCodec(metadata.digest_type, password)
         self._master_key = master_key(password)
+        self._machine = LedgerRecoveryMachine(
+            metadata.ledger_id,
+            metadata.ensemble_size,
+            metadata.write_quorum,
+            metadata.ack_quorum,
+            ledger_view(metadata),
+            reads_in_flight=self._config.recovery_reads_in_flight,
+            rewrite_attempts=self._config.recovery_add_attempts,
+            metadata_attempts=self._config.metadata_cas_retries,
+        )
+        self._result: asyncio.Future[Recovered] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def ledger_id(self) -> int:
         return self.metadata.ledger_id
 
     async def run(self) -> tuple[LedgerMetadata, int]:
+        """Recover and close the ledger; returns its metadata (closed) and version.
+
+        LedgerRecoveryError (the ledger stays unclosed) if an entry can be neither read
+        nor declared missing, too few bookies can be fenced or rewritten to, or the
+        metadata cannot be written.
+        """
         if self.metadata.is_closed:
             return self.metadata, self.version
         metrics = self._client.metrics
         if metrics is not None:
             metrics.recoveries += 1
-        if not await self._mark_in_recovery():
-            return self.metadata, self.version  # someone closed it meanwhile
-        max_lac = await self._fence()
-        md = self.metadata
-        start = first_entry_to_recover(max_lac, md.last_fragment_first_entry)
-        last_entry_id, length = await self._recover_from(start)
-        closed = await self._close(last_entry_id, length)
-        if metrics is not None:
-            metrics.recoveries_completed += 1
-        return closed
-
-    # ------------------------------------------------------------ step 1
-
-    async def _mark_in_recovery(self) -> bool:
-        """False if the ledger is closed (nothing to recover), else True once IN_RECOVERY."""
-
-        def decide(md: LedgerMetadata) -> LedgerMetadata | Done[None]:
-            if md.is_closed or md.state is LedgerState.IN_RECOVERY:
-                return Done(None)
-            return dataclasses.replace(md, state=LedgerState.IN_RECOVERY)
-
-        result = await self._client.ledgers.update(
-            self.ledger_id,
-            decide,
-            attempts=self._config.metadata_cas_retries,
-            known=(self.metadata, self.version),
-        )
-        self.metadata, self.version = result.metadata, result.version
-        return not result.metadata.is_closed
-
-    # ------------------------------------------------------------ step 2
-
-    async def _fence(self) -> int:
-        md = self.metadata
-        ensemble = md.last_ensemble
-        progress = FenceProgress(md.ensemble_size, md.write_quorum, md.ack_quorum)
-        futures = {
-            self._pool.request(
-                address,
-                FenceRequest(0, self.ledger_id, self._master_key),
-                self._config.fence_timeout_ms,
-            ): index
-            for index, address in enumerate(ensemble)
-        }
-        pending = set(futures)
-        errors: list[str] = []
-        while pending and not progress.is_fenced:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in [f for f in futures if f in done]:  # in send order
-                index = futures[future]
-                try:
-                    response = future.result()
-                except BKError as exc:
-                    progress.on_failed(index)
-                    errors.append(exc.message)
-                    continue
-                if not isinstance(response, FenceResponse):  # a stand-in pool's (R12)
-                    progress.on_failed(index)
-                    errors.append(f"bookie {ensemble[index]}: a {type(response).__name__}")
-                    continue
-                if response.status == Status.OK:
-                    progress.on_fenced(index, response.lac)
-                elif response.status == Status.UNAUTHORIZED:
-                    raise UnauthorizedError(
-                        f"ledger {self.ledger_id}: bookie {ensemble[index]} refused the password"
-                    )
-                else:
-                    progress.on_failed(index)
-                    errors.append(f"bookie {ensemble[index]}: status {response.status}")
-            if progress.is_hopeless:
-                break
-        if not progress.is_fenced:
-            raise LedgerRecoveryError(
-                f"ledger {self.ledger_id}: could not fence enough bookies of "
-                f"{', '.join(ensemble)}: {'; '.join(errors) or 'no answer'}"
-            )
-        return progress.max_lac
-
-    # ------------------------------------------------------------ step 3
-
-    async def _recover_from(self, start: int) -> tuple[int, int]:
-        """Read forward from ``start``; returns (last entry id, ledger length)."""
-        window = max(1, self._config.recovery_reads_in_flight)
-        last_entry_id = start - 1
-        length = await self._length_at(last_entry_id)
-        next_to_read = start
-        reads: dict[int, asyncio.Task[tuple[ReadOutcome, bytes | None]]] = {}
-        rewrites: list[asyncio.Future[None]] = []
+        self._result = asyncio.get_running_loop().create_future()
+        self._carry_out(self._machine.start())
         try:
-            while True:
-                while len(reads) < window:
-                    reads[next_to_read] = asyncio.ensure_future(self._recovery_read(next_to_read))
-                    next_to_read += 1
-                entry_id = last_entry_id + 1
-                outcome, blob = await reads.pop(entry_id)
-                if outcome is ReadOutcome.MISSING:
-                    break
-                if outcome is not ReadOutcome.FOUND or blob is None:
-                    raise LedgerRecoveryError(
-                        f"ledger {self.ledger_id}: entry {entry_id} is neither readable nor "
-                        "known missing (bookies failed or returned damaged data); "
-                        "the ledger stays open for a later recovery"
-                    )
-                decoded = self._codec.decode(blob, self.ledger_id, entry_id)
-                rewrites.append(asyncio.ensure_future(self._rewrite(entry_id, blob)))
-                last_entry_id, length = entry_id, decoded.length
+            recovered = await self._result
         finally:
-            for task in reads.values():
+            for task in self._tasks:
                 task.cancel()
-            # Every rewrite must have finished (or failed) before the ledger may close.
-            rewritten = await asyncio.gather(*rewrites, return_exceptions=True)
-        for result in rewritten:
-            if isinstance(result, BaseException):
-                raise result
-        return last_entry_id, length
+        if recovered.ran_to_close:
+            if metrics is not None:
+                metrics.recoveries_completed += 1
+            last, found = recovered.view.last_entry_id, self._machine.last_entry_id
+            if last == found:
+                log.info("ledger %d: recovered and closed at entry %d", self.ledger_id, last)
+            else:
+                log.warning(
+                    "ledger %d: closed by another recovery at %d; this one found %d",
+                    self.ledger_id,
+                    last,
+                    found,
+                )
+        return self.metadata, self.version
 
-    async def _length_at(self, entry_id: int) -> int:
-        if entry_id < 0:
-            return 0
-        # A confirmed entry (at or below a LAC) sits on Qa bookies: read its header for
-        # the ledger length from whichever replica serves it intact.
-        md = self.metadata
-        ensemble = md.ensemble_for(entry_id)
-        for index in write_set(entry_id, md.ensemble_size, md.write_quorum):
+    # ------------------------------------------------------------ effects
+
+    def _step(self, event: RecoveryEvent) -> None:
+        self._carry_out(self._machine.step(event))
+
+    def _carry_out(self, effects: list[RecoveryEffect]) -> None:
+        for effect in effects:
+            if isinstance(effect, SendFence):
+                for slot in effect.slots:
+                    self._send(
+                        slot,
+                        FenceRequest(0, self.ledger_id, self._master_key),
+                        partial(self._on_fenced, slot),
+                        self._config.fence_timeout_ms,
+                    )
+            elif isinstance(effect, SendRecoveryRead):
+                entry_id = effect.entry_id
+                for slot in effect.slots:
+                    request = ReadRequest(
+                        0, self.ledger_id, entry_id, 1, ReadFlag.FENCE, master_key=self._master_key
+                    )
+                    self._send(
+                        slot,
+                        request,
+                        partial(self._on_read, entry_id, slot),
+                        self._config.read_timeout_ms,
+                    )
+            elif isinstance(effect, SendRewrite):
+                entry_id = effect.entry_id
+                for slot in effect.slots:
+                    add = AddRequest(
+                        0, self.ledger_id, self._master_key, [effect.blob], AddFlag.RECOVERY
+                    )
+                    self._send(
+                        slot,
+                        add,
+                        partial(self._on_rewritten, entry_id, slot),
+                        self._config.add_timeout_ms,
+                    )
+            elif isinstance(effect, UpdateMetadata):
+                self._spawn(self._update_metadata(effect.decide))
+            elif isinstance(effect, ReadMetadata):
+                self._spawn(self._read_metadata(effect.delay_ms))
+            elif isinstance(effect, ReadLength):
+                self._spawn(self._read_length(effect))
+            elif self._result is not None and not self._result.done():
+                if isinstance(effect, Recovered):
+                    self._result.set_result(effect)
+                else:
+                    assert isinstance(effect, RecoveryFailed)
+                    self._result.set_exception(effect.error)
+
+    def _send(
+        self,
+        slot: int,
+        request: FenceRequest | ReadRequest | AddRequest,
+        callback: Callable[[Response | BKError], None],
+        timeout_ms: float,
+    ) -> None:
+        self._pool.get(self._machine.ensemble[slot]).send(request, callback, timeout_ms)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------ answers
+
+    def _on_fenced(self, slot: int, answer: Response | BKError) -> None:
+        if isinstance(answer, FenceResponse):
+            event = FenceAnswered(slot, answer.status, answer.lac, f"status {answer.status}")
+        else:
+            event = FenceAnswered(slot, *_failure(answer))
+        self._step(event)
+
+    def _on_read(self, entry_id: int, slot: int, answer: Response | BKError) -> None:
+        if not isinstance(answer, ReadResponse):
+            status, message = _failure(answer)[::2]
+            self._step(EntryRead(entry_id, slot, status, message=message))
+            return
+        if answer.status != Status.OK or not answer.entries:
+            self._step(EntryRead(entry_id, slot, answer.status or Status.IO_ERROR))
+            return
+        blob = answer.entries[0]
+        try:
+            decoded = self._codec.decode(blob, self.ledger_id, entry_id)
+        except BKError as exc:  # a damaged copy is unknown, never absent (R9)
+            self._step(EntryRead(entry_id, slot, Status.IO_ERROR, message=exc.message))
+            return
+        self._step(EntryRead(entry_id, slot, Status.OK, blob, decoded.length))
+
+    def _on_rewritten(self, entry_id: int, slot: int, answer: Response | BKError) -> None:
+        if isinstance(answer, AddResponse):
+            self._step(EntryRewritten(entry_id, slot, answer.status, f"status {answer.status}"))
+        else:
+            status, message = _failure(answer)[::2]
+            self._step(EntryRewritten(entry_id, slot, status, message))
+
+    # ------------------------------------------------------------ metadata and length
+
+    async def _update_metadata(self, decide: Callable[[LedgerView], Decision]) -> None:
+        try:
+            result = await self._client.ledgers.update(
+                self.ledger_id,
+                metadata_decider(decide),
+                attempts=self._config.metadata_cas_retries,
+                known=(self.metadata, self.version),
+            )
+        except Exception as exc:
+            error = as_metadata_error(exc)
+            known = outcome_is_known(exc)
+            if not known:
+                log.warning(
+                    "ledger %d: metadata update outcome unknown, reading it again: %s",
+                    self.ledger_id,
+                    error.message,
+                )
+            self._step(MetadataRefused(error) if known else MetadataUnknown(error))
+            return
+        self.metadata, self.version = result.metadata, result.version
+        self._step(MetadataStored(ledger_view(result.metadata)))
+
+    async def _read_metadata(self, delay_ms: int) -> None:
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        try:
+            metadata, version = await self._client.ledgers.read(self.ledger_id)
+        except Exception as exc:
+            self._step(MetadataReadFailed(as_metadata_error(exc)))
+            return
+        self.metadata, self.version = metadata, version
+        self._step(MetadataRead(ledger_view(metadata)))
+
+    async def _read_length(self, effect: ReadLength) -> None:
+        """The ledger length a confirmed entry records, from whichever replica serves it
+        intact (it sits on Qa bookies: R4)."""
+        for address in effect.bookies:
             try:
-                response = await self._pool.request(
-                    ensemble[index],
-                    ReadRequest(0, self.ledger_id, entry_id, 1),
+                answer = await self._pool.request(
+                    address,
+                    ReadRequest(0, self.ledger_id, effect.entry_id, 1),
                     self._config.read_timeout_ms,
                 )
             except BKError:
                 continue
-            if isinstance(response, ReadResponse) and response.status == Status.OK:
+            if isinstance(answer, ReadResponse) and answer.status == Status.OK and answer.entries:
                 try:
-                    return self._codec.decode(response.entries[0], self.ledger_id, entry_id).length
-                except (DigestMismatchError, IndexError):
-                    continue
-        raise LedgerRecoveryError(
-            f"ledger {self.ledger_id}: cannot read confirmed entry {entry_id} to learn the length"
-        )
-
-    async def _recovery_read(self, entry_id: int) -> tuple[ReadOutcome, bytes | None]:
-        md = self.metadata
-        ensemble = md.last_ensemble
-        decision = EntryRecoveryRead(md.write_quorum, md.ack_quorum)
-        futures = {
-            self._pool.request(
-                ensemble[index],
-                ReadRequest(
-                    0, self.ledger_id, entry_id, 1, ReadFlag.FENCE, master_key=self._master_key
-                ),
-                self._config.read_timeout_ms,
-            ): index
-            for index in write_set(entry_id, md.ensemble_size, md.write_quorum)
-        }
-        pending = set(futures)
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in [f for f in futures if f in done]:  # in send order
-                index = futures[future]
-                try:
-                    response = future.result()
+                    decoded = self._codec.decode(answer.entries[0], self.ledger_id, effect.entry_id)
                 except BKError:
-                    decision.on_unknown(index)
                     continue
-                if not isinstance(response, ReadResponse):  # a stand-in pool's (R12)
-                    decision.on_unknown(index)
-                    continue
-                if response.status == Status.OK and response.entries:
-                    blob = response.entries[0]
-                    try:
-                        self._codec.decode(blob, self.ledger_id, entry_id)
-                    except DigestMismatchError:
-                        decision.on_unknown(index)  # R9: damaged is not absent
-                        continue
-                    decision.on_found(blob)
-                elif response.status in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER):
-                    decision.on_missing(index)
-                elif response.status == Status.UNAUTHORIZED:
-                    raise UnauthorizedError(
-                        f"ledger {self.ledger_id}: bookie {ensemble[index]} refused the password"
-                    )
-                else:
-                    decision.on_unknown(index)
-            outcome = decision.outcome
-            if outcome is not ReadOutcome.WAIT:
-                return outcome, decision.found
-        return decision.outcome, decision.found
-
-    async def _rewrite(self, entry_id: int, blob: bytes) -> None:
-        """Write a recovered entry to its whole write set; Qa acknowledgements suffice.
-
-        A bookie that fails to answer is asked again (a few times): the entry must
-        reach Qa bookies before the ledger may close at or beyond it.
-        """
-        md = self.metadata
-        ensemble = md.last_ensemble
-        waiting = [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)]
-        acked = 0
-        errors: list[str] = []
-        for _ in range(self._config.recovery_add_attempts):
-            futures = {
-                self._pool.request(
-                    address,
-                    AddRequest(0, self.ledger_id, self._master_key, [blob], AddFlag.RECOVERY),
-                    self._config.add_timeout_ms,
-                ): address
-                for address in waiting
-            }
-            results = await asyncio.gather(*futures, return_exceptions=True)
-            waiting = []
-            for (_, address), result in zip(futures.items(), results, strict=True):
-                if isinstance(result, BKError):
-                    errors.append(result.message)
-                    waiting.append(address)
-                elif isinstance(result, BaseException):
-                    raise result
-                elif result.status == Status.OK:
-                    acked += 1
-                else:
-                    errors.append(f"bookie {address}: status {result.status}")
-                    waiting.append(address)
-            if acked >= md.ack_quorum:
+                self._step(LengthRead(decoded.length))
                 return
-        raise LedgerRecoveryError(
-            f"ledger {self.ledger_id}: could not re-replicate entry {entry_id} to "
-            f"{md.ack_quorum} bookies: {'; '.join(errors[-3:])}"
-        )
+        self._step(LengthRead(None))
 
-    # ------------------------------------------------------------ step 4
 
-    async def _close(self, last_entry_id: int, length: int) -> tuple[LedgerMetadata, int]:
-        def decide(md: LedgerMetadata) -> LedgerMetadata | Done[None]:
-            if md.is_closed:  # another recovery closed it: concurrent recoveries converge
-                return Done(None)
-            return dataclasses.replace(
-                md, state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length
-            )
-
-        result = await self._client.ledgers.update(
-            self.ledger_id,
-            decide,
-            attempts=self._config.metadata_cas_retries,
-            known=(self.metadata, self.version),
-        )
-        md = self.metadata = result.metadata
-        self.version = result.version
-        if result.written:
-            log.info("ledger %d: recovered and closed at entry %d", self.ledger_id, last_entry_id)
-        elif md.last_entry_id != last_entry_id:
-            log.warning(
-                "ledger %d: closed by another recovery at %d; this one found %d",
-                self.ledger_id,
-                md.last_entry_id,
-                last_entry_id,
-            )
-        return md, self.version
+def _failure(answer: Response | BKError) -> tuple[int, int, str]:
+    """(status, LAC, message) for an answer that is an error, or of the wrong kind."""
+    if isinstance(answer, BKError):
+        status = int(answer.status) if answer.status != Status.OK else int(Status.IO_ERROR)
+        return status, -1, answer.message
+    return int(Status.BAD_REQUEST), -1, f"a {type(answer).__name__} answer"

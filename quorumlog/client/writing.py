@@ -32,7 +32,17 @@ from quorumlog.client.metadata_updates import (
 )
 from quorumlog.client.reading import ReadHandle
 from quorumlog.core.adds import PendingAdd
-from quorumlog.core.metadata import Decision, LedgerView
+from quorumlog.core.metadata import (
+    Decision,
+    LedgerView,
+    MetadataRead,
+    MetadataReadFailed,
+    MetadataRefused,
+    MetadataStored,
+    MetadataUnknown,
+    ReadMetadata,
+    UpdateMetadata,
+)
 from quorumlog.core.writer import (
     AddFailed,
     BookiesChosen,
@@ -44,15 +54,8 @@ from quorumlog.core.writer import (
     FailAdds,
     HandleFailed,
     LedgerWriter,
-    MetadataRead,
-    MetadataReadFailed,
-    MetadataRefused,
-    MetadataStored,
-    MetadataUnknown,
     NoBookies,
-    ReadMetadata,
     SendQueued,
-    UpdateMetadata,
     WriterEffect,
     WriterEvent,
 )

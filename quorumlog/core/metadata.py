@@ -24,9 +24,10 @@ One policy covers every such update (R5, R6, R13):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from quorumlog.errors import BKError
+from quorumlog.errors import BKError, MetadataError
 
 OPEN = "OPEN"
 IN_RECOVERY = "IN_RECOVERY"
@@ -98,3 +99,143 @@ class Refused:
 
 
 Decision = NewFragment | MarkInRecovery | CloseAt | Settled | Refused
+
+
+# ------------------------------------------------------------------ the conversation with
+# the client about one update (shared by every state machine that writes metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateMetadata:
+    """Effect: run the read-decide-compare-and-set loop with ``decide`` on the ledger
+    metadata last stored or read; answer with MetadataStored, MetadataRefused or
+    MetadataUnknown."""
+
+    decide: Callable[[LedgerView], Decision]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadMetadata:
+    """Effect: read the ledger metadata after ``delay_ms``; answer with MetadataRead or
+    MetadataReadFailed."""
+
+    delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataStored:
+    """The update ended: its decision was written, or it was Settled by the metadata as
+    read. ``view`` is the metadata now stored."""
+
+    view: LedgerView
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRefused:
+    """The update certainly wrote nothing: its decision Refused, every compare-and-set
+    met a conflict, or the ledger is gone."""
+
+    error: BKError
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataUnknown:
+    """The update's write may or may not have happened (a lost connection, a timeout)."""
+
+    error: BKError
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRead:
+    """The answer to :class:`ReadMetadata`."""
+
+    view: LedgerView
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataReadFailed:
+    error: BKError
+
+
+MetadataEvent = (
+    MetadataStored | MetadataRefused | MetadataUnknown | MetadataRead | MetadataReadFailed
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """What :class:`PendingUpdate` makes of a read: the write did not happen; ``effect``
+    tries it again on the version read."""
+
+    effect: UpdateMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class Unresolved:
+    """What :class:`PendingUpdate` makes of too many unknown outcomes or failed reads: the
+    write may or may not have happened, and nothing more will tell. The owner must act
+    as if either were true."""
+
+    error: BKError
+
+
+class PendingUpdate:
+    """One metadata update under way, and the policy for its outcome (R13).
+
+    Feed it the metadata events; it answers with what they mean for the update:
+    :class:`MetadataStored` (it happened, or what it wanted is stored), a
+    :class:`Refused` (it did not, and cannot: give up with this error), a
+    :class:`ReadMetadata` (read again first), a :class:`Retry` (it did not happen: try
+    again), or, after ``attempts`` unknown outcomes or ``attempts`` failed reads in a
+    row, :class:`Unresolved`.
+
+    Why the conclusions hold even if a read is older than the write whose reply was
+    lost: "what it wanted is stored" can only be seen once it happened; "cannot happen
+    any more" is seen only on a version that left this write's base version behind
+    without it (no later version regains it); and "did not happen" only leads to
+    another compare-and-set, which itself fails if the first one was applied.
+    """
+
+    __slots__ = ("_failed_reads", "_unknown", "attempts", "decide", "last_error")
+
+    def __init__(self, decide: Callable[[LedgerView], Decision], attempts: int) -> None:
+        self.decide = decide
+        self.attempts = attempts
+        self._unknown = 0
+        self._failed_reads = 0
+        self.last_error: BKError | None = None
+
+    def start(self) -> UpdateMetadata:
+        return UpdateMetadata(self.decide)
+
+    def on_event(
+        self, event: MetadataEvent
+    ) -> MetadataStored | Refused | ReadMetadata | Retry | Unresolved:
+        if isinstance(event, MetadataStored):
+            self.last_error = None
+            return event
+        if isinstance(event, MetadataRefused):
+            self.last_error = None
+            return Refused(event.error)
+        if isinstance(event, MetadataUnknown):
+            self._unknown += 1
+            self._failed_reads = 0
+            self.last_error = event.error
+            return ReadMetadata(0)
+        if isinstance(event, MetadataReadFailed):
+            self._failed_reads += 1
+            self.last_error = event.error
+            if self._failed_reads >= self.attempts:
+                return Unresolved(event.error)
+            return ReadMetadata(min(1_000, 25 << min(self._failed_reads, 6)))
+        # A read after an unknown outcome: the same decision, on what is stored now.
+        decision = self.decide(event.view)
+        if isinstance(decision, Settled):
+            self.last_error = None
+            return MetadataStored(event.view)  # it happened
+        if isinstance(decision, Refused):
+            self.last_error = None
+            return decision  # it did not, and cannot any more
+        if self._unknown >= self.attempts:
+            return Unresolved(self.last_error or MetadataError("metadata outcome unknown"))
+        return Retry(UpdateMetadata(self.decide))  # it did not: try again on this version

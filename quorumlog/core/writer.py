@@ -46,7 +46,7 @@ The rules, where they bite:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -58,15 +58,25 @@ from quorumlog.core.metadata import (
     CloseAt,
     Decision,
     LedgerView,
+    MetadataEvent,
+    MetadataRead,
+    MetadataReadFailed,
+    MetadataRefused,
+    MetadataStored,
+    MetadataUnknown,
     NewFragment,
+    PendingUpdate,
+    ReadMetadata,
     Refused,
+    Retry,
     Settled,
+    Unresolved,
+    UpdateMetadata,
 )
 from quorumlog.errors import (
     BKError,
     LedgerClosedError,
     LedgerFencedError,
-    MetadataError,
     NoSuchLedgerError,
     Status,
     UnauthorizedError,
@@ -112,57 +122,11 @@ class NoBookies:
 
 
 @dataclass(frozen=True, slots=True)
-class MetadataStored:
-    """The update of :class:`UpdateMetadata` ended: its decision was written, or it was
-    Settled by the metadata as read. ``view`` is the metadata now stored."""
-
-    view: LedgerView
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataRefused:
-    """The update certainly wrote nothing: its decision Refused, every compare-and-set
-    met a conflict, or the ledger is gone."""
-
-    error: BKError
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataUnknown:
-    """The update's write may or may not have happened (a lost connection, a timeout)."""
-
-    error: BKError
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataRead:
-    """The answer to :class:`ReadMetadata`."""
-
-    view: LedgerView
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataReadFailed:
-    error: BKError
-
-
-@dataclass(frozen=True, slots=True)
 class CloseRequested:
     """The owner closes the handle; it sends no more adds (it waited for those sent)."""
 
 
-WriterEvent = (
-    AddAcked
-    | AddFailed
-    | BookiesChosen
-    | NoBookies
-    | MetadataStored
-    | MetadataRefused
-    | MetadataUnknown
-    | MetadataRead
-    | MetadataReadFailed
-    | CloseRequested
-)
+WriterEvent = AddAcked | AddFailed | BookiesChosen | NoBookies | MetadataEvent | CloseRequested
 
 # ------------------------------------------------------------------ effects
 
@@ -204,22 +168,6 @@ class ChooseBookies:
 
 
 @dataclass(frozen=True, slots=True)
-class UpdateMetadata:
-    """Run the read-decide-compare-and-set loop with ``decide`` on the ledger metadata
-    last stored or read; answer with MetadataStored, MetadataRefused or MetadataUnknown."""
-
-    decide: Callable[[LedgerView], Decision]
-
-
-@dataclass(frozen=True, slots=True)
-class ReadMetadata:
-    """Read the ledger metadata after ``delay_ms``; answer with MetadataRead or
-    MetadataReadFailed."""
-
-    delay_ms: int
-
-
-@dataclass(frozen=True, slots=True)
 class Closed:
     """The ledger is recorded CLOSED at this writer's LAC."""
 
@@ -253,7 +201,6 @@ class _Change:
     slots: tuple[int, ...]
     first_entry_id: int
     bookies: tuple[str, ...] = ()
-    writing: bool = False  # an update (or the read resolving it) is under way
 
 
 def decide_fragment(
@@ -322,13 +269,12 @@ class LedgerWriter:
         self._outbox: list[list[PendingAdd]] = [[] for _ in range(ensemble_size)]
         self._change: _Change | None = None
         self._close_requested = False
-        self._close: Callable[[LedgerView], Decision] | None = None  # a close under way
+        # The one metadata update under way (a change's fragment or the close), if any.
+        self._update: PendingUpdate | None = None
+        self._updating_close = False
         self._settled = False  # outstanding adds were confirmed or failed after a failure
         self._holding = False  # failed slots, a change or a failure: confirm nothing now
         self._metadata_attempts = metadata_attempts
-        self._unknown_outcomes = 0  # of the update under way, each resolved by a read
-        self._failed_reads = 0
-        self._last_unknown: BKError = MetadataError(f"ledger {ledger_id}: outcome unknown")
 
     # -------------------------------------------------------------- hot path
 
@@ -407,16 +353,11 @@ class LedgerWriter:
             return self._on_bookies_chosen(event)
         if isinstance(event, NoBookies):
             return self._on_no_bookies(event.error)
-        if isinstance(event, MetadataStored):
-            return self._on_stored(event.view)
-        if isinstance(event, MetadataRefused):
-            return self._on_refused(event.error)
-        if isinstance(event, MetadataUnknown):
-            return self._on_unknown(event.error)
-        if isinstance(event, MetadataRead):
-            return self._on_read(event.view)
-        if isinstance(event, MetadataReadFailed):
-            return self._on_read_failed(event.error)
+        if isinstance(
+            event,
+            MetadataStored | MetadataRefused | MetadataUnknown | MetadataRead | MetadataReadFailed,
+        ):
+            return self._on_metadata(event)
         if isinstance(event, CloseRequested):
             return self._on_close_requested()
         raise TypeError(f"not a writer event: {event!r}")
@@ -454,7 +395,7 @@ class LedgerWriter:
         """Start a change for the failed slots, unless one is under way (it goes first)."""
         if self._change is not None or self.failure is not None or not self.failed_slots:
             return []
-        if self._close is not None or self.closed:
+        if self._updating_close or self.closed:
             return []  # a change now would be refused anyway: the ledger is (being) closed
         # Confirmation is held since the first of these failures, so the LAC stands
         # still until the change is recorded: the new fragment starts right after it.
@@ -465,21 +406,18 @@ class LedgerWriter:
 
     def _on_bookies_chosen(self, event: BookiesChosen) -> list[WriterEffect]:
         change = self._change
-        if change is None or change.writing or event.slots != change.slots:
+        if change is None or self._update is not None or event.slots != change.slots:
             return []
         bookies = list(self.ensemble)
         for slot, bookie in zip(event.slots, event.bookies, strict=True):
             bookies[slot] = bookie
         change.bookies = tuple(bookies)
-        change.writing = True
-        self._unknown_outcomes = 0
-        return [UpdateMetadata(self._fragment_decision(change))]
-
-    def _fragment_decision(self, change: _Change) -> Callable[[LedgerView], Decision]:
-        return partial(decide_fragment, self.ledger_id, change.first_entry_id, change.bookies)
+        decide = partial(decide_fragment, self.ledger_id, change.first_entry_id, change.bookies)
+        self._update = PendingUpdate(decide, self._metadata_attempts)
+        return [self._update.start()]
 
     def _on_no_bookies(self, error: BKError) -> list[WriterEffect]:
-        if self._change is None or self._change.writing:
+        if self._change is None or self._update is not None:
             return []
         self._change = None
         return self._fail(error)
@@ -490,8 +428,8 @@ class LedgerWriter:
         if self.failure is None:
             self.failure = error
             self._holding = True
-        if self._change is not None and self._change.writing:
-            return []  # settled by _on_stored, _on_refused or the read after unknown
+        if self._change is not None and self._update is not None:
+            return []  # settled once the fragment write's outcome is known (_on_metadata)
         self._change = None
         return self._settle()
 
@@ -515,15 +453,49 @@ class LedgerWriter:
 
     # -------------------------------------------------------------- metadata outcomes
 
-    def _on_stored(self, view: LedgerView) -> list[WriterEffect]:
-        self.view = view
-        self._unknown_outcomes = self._failed_reads = 0
-        if self._close is not None:
-            return self._closed(view)
-        change = self._change
-        if change is None or not change.writing:
+    def _on_metadata(self, event: MetadataEvent) -> list[WriterEffect]:
+        """The one policy (core/metadata.py) decides what the event means for the update
+        under way; this decides what that means for the writer."""
+        update = self._update
+        if update is None:
             return []
+        if isinstance(event, MetadataStored | MetadataRead):
+            self.view = event.view
+        outcome = update.on_event(event)
+        if isinstance(outcome, ReadMetadata):
+            return [outcome]
+        closing = self._updating_close
+        if isinstance(outcome, Retry):
+            if closing or self.failure is None:
+                return [outcome.effect]
+            # A failed handle writes no fragment. It settles as if the write had happened,
+            # which is safe whichever it was (see _settle_unresolved).
+            self._update = None
+            return self._settle_unresolved()
+        self._update = None
+        self._updating_close = False
+        if isinstance(outcome, MetadataStored):
+            return self._closed(outcome.view) if closing else self._change_recorded()
+        if closing:
+            if self.failure is None:
+                self.failure = outcome.error
+                self._holding = True
+            return [CloseFailed(outcome.error)]
+        if self.failure is None:
+            self.failure = outcome.error
+            self._holding = True
+        if isinstance(outcome, Unresolved):
+            return self._settle_unresolved()
+        # Refused, so not written: the recorded write sets are the old ones, and the
+        # tracker's acks were counted against them.
         self._change = None
+        return self._settle()
+
+    def _change_recorded(self) -> list[WriterEffect]:
+        change = self._change
+        self._change = None
+        if change is None:
+            return []
         self._record_replacements(change)
         if self.failure is not None:
             return self._settle()
@@ -548,84 +520,6 @@ class LedgerWriter:
             # now says the replacement holds them.
             self._outbox[slot] = self.tracker.replace_bookie(slot, change.first_entry_id)
 
-    def _on_refused(self, error: BKError) -> list[WriterEffect]:
-        self._unknown_outcomes = self._failed_reads = 0
-        if self._close is not None:
-            self._close = None
-            if self.failure is None:
-                self.failure = error
-                self._holding = True
-            return [CloseFailed(error)]
-        change = self._change
-        if change is None or not change.writing:
-            return []
-        # Not written: the recorded write sets are the old ones, and the tracker's acks
-        # were counted against them.
-        self._change = None
-        if self.failure is None:
-            self.failure = error
-            self._holding = True
-        return self._settle()
-
-    def _on_unknown(self, error: BKError) -> list[WriterEffect]:
-        if self._close is None and (self._change is None or not self._change.writing):
-            return []
-        self._unknown_outcomes += 1
-        self._last_unknown = error
-        self._failed_reads = 0
-        return [ReadMetadata(0)]
-
-    def _pending_decision(self) -> Callable[[LedgerView], Decision] | None:
-        if self._close is not None:
-            return self._close
-        if self._change is not None and self._change.writing:
-            return self._fragment_decision(self._change)
-        return None
-
-    def _on_read(self, view: LedgerView) -> list[WriterEffect]:
-        """R13: the same decision, on the metadata read after an unknown outcome."""
-        decide = self._pending_decision()
-        if decide is None:
-            return []
-        self._failed_reads = 0
-        decision = decide(view)
-        if isinstance(decision, Settled):
-            return self._on_stored(view)  # the write happened
-        if isinstance(decision, Refused):
-            self.view = view
-            return self._on_refused(decision.error)  # it did not, and cannot any more
-        # It did not happen (as far as this read shows).
-        if self._close is None and self.failure is not None:
-            # A failed handle writes no fragment; it settles as if it had been written,
-            # which is safe whichever it was (see _settle_unresolved).
-            return self._settle_unresolved()
-        if self._unknown_outcomes >= self._metadata_attempts:
-            return self._give_up_unresolved()
-        self.view = view
-        return [UpdateMetadata(decide)]  # try again, on the version just read
-
-    def _on_read_failed(self, error: BKError) -> list[WriterEffect]:
-        if self._pending_decision() is None:
-            return []
-        self._failed_reads += 1
-        if self._failed_reads < self._metadata_attempts:
-            return [ReadMetadata(min(1_000, 25 << min(self._failed_reads, 6)))]
-        self._last_unknown = error
-        return self._give_up_unresolved()
-
-    def _give_up_unresolved(self) -> list[WriterEffect]:
-        error = self._last_unknown
-        if self._close is not None:
-            self._close = None
-            if self.failure is None:
-                self.failure = error
-                self._holding = True
-            return [CloseFailed(error)]
-        if self.failure is None:
-            self.failure = error
-            self._holding = True
-        return self._settle_unresolved()
-
     def _settle_unresolved(self) -> list[WriterEffect]:
         """The fragment write's outcome stays unknown: count only what is safe under the
         old and the new fragment alike. Under the new one the replacements hold nothing
@@ -647,20 +541,20 @@ class LedgerWriter:
 
     def _next_close(self) -> list[WriterEffect]:
         """Write the close once no change is under way (R6)."""
-        if not self._close_requested or self.closed or self._close is not None:
+        if not self._close_requested or self.closed or self._update is not None:
             return []
         if self._change is not None:
-            return []  # after the change: _on_stored or _settle come back here
+            return []  # after the change: _change_recorded or _settle come back here
         if self.failure is not None and not self._settled:
             return []
-        self._close = partial(
+        decide = partial(
             decide_close, self.ledger_id, self.tracker.lac, self.confirmed_length_bytes
         )
-        self._unknown_outcomes = 0
-        return [UpdateMetadata(self._close)]
+        self._update = PendingUpdate(decide, self._metadata_attempts)
+        self._updating_close = True
+        return [self._update.start()]
 
     def _closed(self, view: LedgerView) -> list[WriterEffect]:
-        self._close = None
         self.closed = True
         self._holding = True
         effects: list[WriterEffect] = []
