@@ -5,7 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quorumlog.client.connection import MAX_QUEUED_BYTES_DEFAULT
-from quorumlog.proto.codec import MAX_FRAME_SIZE_BYTES_DEFAULT
+from quorumlog.proto.codec import (
+    ADD_ENTRY_OVERHEAD_BYTES,
+    ADD_FRAME_OVERHEAD_BYTES,
+    MAX_FRAME_SIZE_BYTES_DEFAULT,
+)
+from quorumlog.proto.entry import ENTRY_HEADER_SIZE, DigestType
+
+
+def entry_size_limit(max_frame_size_bytes: int) -> int:
+    """The largest payload that fits, with the largest digest, alone in one ADD frame of
+    ``max_frame_size_bytes``: a larger frame makes the bookie close the connection (R12)."""
+    largest_digest = max(digest.digest_size for digest in DigestType)
+    overhead = ADD_FRAME_OVERHEAD_BYTES + ADD_ENTRY_OVERHEAD_BYTES + ENTRY_HEADER_SIZE
+    return max_frame_size_bytes - overhead - largest_digest
+
+
+MAX_ENTRY_SIZE_BYTES_DEFAULT = entry_size_limit(MAX_FRAME_SIZE_BYTES_DEFAULT)  # 8 MiB - 99
 
 
 @dataclass(slots=True)
@@ -37,6 +53,10 @@ class ClientConfig:
     recovery_add_attempts: int = 3
     metadata_session_timeout_ms: int = 10_000
     max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT
+    # The largest entry payload: an add of more fails at once with InvalidArgumentError
+    # (R16). Never more than one ADD frame of max_frame_size_bytes holds, which is the
+    # bookies' limit too unless their operator changed it.
+    max_entry_size_bytes: int = MAX_ENTRY_SIZE_BYTES_DEFAULT
     # Per bookie connection: bytes sent but not yet taken by the bookie (the client's
     # queue and the socket's write buffer). Past it, requests to that bookie fail at once
     # with TooManyRequestsError (a writer replaces the bookie) instead of queueing more:

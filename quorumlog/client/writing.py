@@ -24,6 +24,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from quorumlog.client.config import entry_size_limit
 from quorumlog.client.metadata_updates import (
     as_metadata_error,
     ledger_view,
@@ -61,11 +62,19 @@ from quorumlog.core.writer import (
 )
 from quorumlog.errors import (
     BKError,
+    InvalidArgumentError,
     NotEnoughBookiesError,
     Status,
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata
-from quorumlog.proto.codec import AddRequest, AddResponse, Response, WriteLacRequest
+from quorumlog.proto.codec import (
+    ADD_ENTRY_OVERHEAD_BYTES,
+    ADD_FRAME_OVERHEAD_BYTES,
+    AddRequest,
+    AddResponse,
+    Response,
+    WriteLacRequest,
+)
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -96,6 +105,15 @@ class LedgerHandle(ReadHandle):
         self._lac_sent = -1  # largest LAC the bookies were told (piggybacked or explicit)
         self._lac_timer: asyncio.TimerHandle | None = None
         self._capacity_waiters: deque[asyncio.Future[None]] = deque()
+        # R16: an entry must fit one ADD frame alone (a bigger frame makes the bookie drop
+        # the connection, and every request on it); a batch stops before passing a frame.
+        config = self._config
+        self._max_entry_bytes = min(
+            config.max_entry_size_bytes, entry_size_limit(config.max_frame_size_bytes)
+        )
+        self._max_batch_bytes = min(
+            config.add_batch_max_bytes, config.max_frame_size_bytes - ADD_FRAME_OVERHEAD_BYTES
+        )
         # Set by the handle's single owner (a log writer), see deliver_results().
         self._result_of: Callable[[int], Any] | None = None
         self._error_of: Callable[[BKError], BaseException] | None = None
@@ -142,14 +160,20 @@ class LedgerHandle(ReadHandle):
     def append(self, data: bytes) -> asyncio.Future[int]:
         """Send an entry without waiting; the future gives its entry id once confirmed.
 
-        Raises at once if the handle is closed or lost the ledger. Pipelined callers
-        should bound what they have in flight (see :meth:`wait_for_capacity`).
+        Raises at once if the handle is closed or lost the ledger, and InvalidArgumentError
+        for an entry over ``max_entry_size_bytes`` (R16). Pipelined callers should bound
+        what they have in flight (see :meth:`wait_for_capacity`).
         """
         refusal = self._writer.refusal()
         if refusal is not None:
             raise refusal
         if not isinstance(data, bytes):
             data = bytes(data)
+        if len(data) > self._max_entry_bytes:
+            raise InvalidArgumentError(
+                f"ledger {self.ledger_id}: entry of {len(data)} bytes is over the limit of "
+                f"{self._max_entry_bytes} bytes (max_entry_size_bytes: one ADD frame holds it)"
+            )
         future: asyncio.Future[int] = self._loop.create_future()
         tracker = self._tracker
         self._length_bytes += len(data)
@@ -182,13 +206,18 @@ class LedgerHandle(ReadHandle):
     def _flush(self) -> None:
         self._flush_scheduled = False
         max_entries = self._config.add_batch_max_entries
-        max_bytes = self._config.add_batch_max_bytes
+        max_bytes = self._max_batch_bytes
         for index, generation, queue in self._writer.take_sends():
             batch: list[PendingAdd] = []
             size = 0
             for pending in queue:
+                entry_bytes = len(pending.blob) + ADD_ENTRY_OVERHEAD_BYTES
+                if batch and size + entry_bytes > max_bytes:
+                    # The frame closes before this entry would push it past the limit.
+                    self._send_batch(index, generation, batch)
+                    batch, size = [], 0
                 batch.append(pending)
-                size += len(pending.blob)
+                size += entry_bytes
                 if len(batch) >= max_entries or size >= max_bytes:
                     self._send_batch(index, generation, batch)
                     batch, size = [], 0

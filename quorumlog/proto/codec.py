@@ -224,6 +224,12 @@ _DELETE_REQ = struct.Struct(f">Q{MASTER_KEY_SIZE}s")  # ledger, key
 _STATUS_RESP = struct.Struct(">hQ")
 _INFO_RESP = struct.Struct(">hBqq")
 
+# What an ADD frame's length field counts besides its entry blobs, which must stay within
+# the peer's max_frame_size_bytes: the header after the length prefix and the fixed body,
+# then a 4-byte length before each blob.
+ADD_FRAME_OVERHEAD_BYTES = _HEADER_AFTER_LENGTH + _ADD_REQ.size
+ADD_ENTRY_OVERHEAD_BYTES = _U32.size
+
 _MAX_ID = (1 << 63) - 1
 _ADD_FLAGS_KNOWN = int(AddFlag.RECOVERY)
 _READ_FLAGS_KNOWN = int(ReadFlag.FENCE | ReadFlag.LONG_POLL)
