@@ -122,7 +122,8 @@ async def _write(settings: BenchSettings, metadata_uri: str, report: ProgressCal
         hist = result.latency_us
         loop = asyncio.get_running_loop()
         total = settings.entries + settings.warmup
-        per_ledger_limit = max(1, settings.max_outstanding)
+        # append() refuses past the client's bound rather than queue (R16).
+        per_ledger_limit = max(1, min(settings.max_outstanding, bk.config.max_outstanding_adds))
         deadline = time.perf_counter() + settings.duration_s if settings.duration_s else None
         counters = {"sent": 0, "done": 0}
         measured_start = 0.0

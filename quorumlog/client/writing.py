@@ -65,6 +65,7 @@ from quorumlog.errors import (
     InvalidArgumentError,
     NotEnoughBookiesError,
     Status,
+    TooManyRequestsError,
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.codec import (
@@ -160,9 +161,10 @@ class LedgerHandle(ReadHandle):
     def append(self, data: bytes) -> asyncio.Future[int]:
         """Send an entry without waiting; the future gives its entry id once confirmed.
 
-        Raises at once if the handle is closed or lost the ledger, and InvalidArgumentError
-        for an entry over ``max_entry_size_bytes`` (R16). Pipelined callers should bound
-        what they have in flight (see :meth:`wait_for_capacity`).
+        Raises at once if the handle is closed or lost the ledger, InvalidArgumentError
+        for an entry over ``max_entry_size_bytes``, and TooManyRequestsError when
+        ``max_outstanding_adds`` adds are unconfirmed: nothing is queued past that bound
+        (R16). Pipelined callers wait first (:meth:`wait_for_capacity`); add_entry does.
         """
         refusal = self._writer.refusal()
         if refusal is not None:
@@ -173,6 +175,11 @@ class LedgerHandle(ReadHandle):
             raise InvalidArgumentError(
                 f"ledger {self.ledger_id}: entry of {len(data)} bytes is over the limit of "
                 f"{self._max_entry_bytes} bytes (max_entry_size_bytes: one ADD frame holds it)"
+            )
+        if len(self._tracker) >= self._config.max_outstanding_adds:
+            raise TooManyRequestsError(
+                f"ledger {self.ledger_id}: {len(self._tracker)} adds unconfirmed "
+                f"(max_outstanding_adds); wait_for_capacity() or add_entry() waits for room"
             )
         future: asyncio.Future[int] = self._loop.create_future()
         tracker = self._tracker

@@ -47,6 +47,7 @@ from quorumlog.errors import (
     MetadataVersionError,
     NoNodeError,
     NoSuchLedgerError,
+    TooManyRequestsError,
 )
 from quorumlog.log.errors import LogClosedError, LogFencedError, NoSuchLogError
 from quorumlog.log.metadata import LogMetadata, log_path, read_log
@@ -290,6 +291,7 @@ class LogWriter:
         self._closed = False
         self._rolling: asyncio.Task[None] | None = None
         self._queue: deque[tuple[bytes, asyncio.Future[Position]]] = deque()
+        self._max_outstanding = log_obj.bk.config.max_outstanding_adds
         self._no_roll_before = 0.0
         self._last_position: Position | None = None
         self.rollovers = 0
@@ -330,11 +332,18 @@ class LogWriter:
         """Send a record without waiting; the future gives its position once confirmed.
 
         Futures complete in append order. Raises at once if the writer lost the log
-        (LogFencedError) or was closed.
+        (LogFencedError) or was closed, and TooManyRequestsError when the client's
+        ``max_outstanding_adds`` appends are unconfirmed (queued ones count): wait first
+        (:meth:`wait_for_capacity`; :meth:`append` does).
         """
         self._check_usable()
         if not isinstance(data, bytes):
             data = bytes(data)
+        if self._handle.outstanding_adds + len(self._queue) >= self._max_outstanding:
+            # Back-pressure, not a lost log: the queue of a rollover is bounded too (R16).
+            raise TooManyRequestsError(
+                f"log {self.name}: {self.outstanding} appends unconfirmed (max_outstanding_adds)"
+            )
         if self._rolling is None and self._should_roll():
             self._start_rollover()
         if self._rolling is not None:
@@ -374,6 +383,8 @@ class LogWriter:
         handle = self._handle
         try:
             added = handle.append(data)
+        except TooManyRequestsError:
+            raise  # back-pressure: the writer goes on
         except BKError as exc:
             error = self._lose(exc, handle.ledger_id)
             raise error from None
