@@ -63,6 +63,7 @@ from quorumlog.core.writer import (
 from quorumlog.errors import (
     BKError,
     InvalidArgumentError,
+    LedgerClosedError,
     NotEnoughBookiesError,
     Status,
     TooManyRequestsError,
@@ -166,9 +167,11 @@ class LedgerHandle(ReadHandle):
         ``max_outstanding_adds`` adds are unconfirmed: nothing is queued past that bound
         (R16). Pipelined callers wait first (:meth:`wait_for_capacity`); add_entry does.
         """
-        refusal = self._writer.refusal()
-        if refusal is not None:
-            raise refusal
+        writer = self._writer
+        if writer.failure is not None or writer.closing:  # two attribute reads per add
+            raise writer.failure or LedgerClosedError(
+                f"ledger {self.ledger_id}: closed, cannot add"
+            )
         if not isinstance(data, bytes):
             data = bytes(data)
         if len(data) > self._max_entry_bytes:
@@ -188,7 +191,7 @@ class LedgerHandle(ReadHandle):
         blob = self._codec.encode(
             self.ledger_id, tracker.next_entry_id, lac, self._length_bytes, data
         )
-        self._writer.add(blob, future)
+        writer.add(blob, future)
         self._lac_sent = lac
         if not self._flush_scheduled:
             self._flush_scheduled = True
