@@ -188,6 +188,7 @@ class Bookie:
         self._timers.loop = loop
         self._polls.loop = loop
         journal_executor = None
+        executor: concurrent.futures.Executor
         if self._workers is None:
             self._executor = executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="bookie-checkpoint"

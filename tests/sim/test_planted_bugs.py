@@ -81,7 +81,7 @@ def _log_writer_skips_fencing(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(log_writer, "fence_previous_ledgers", fence_nothing)
 
 
-DURABILITY = frozenset({"R7-fencing", "R8-durability", "R8-final", "R8-agreement"})
+DURABILITY = frozenset({"R3-replicas", "R7-fencing", "R8-durability", "R8-final", "R8-agreement"})
 
 PLANTED = {
     "recovery reads sent without the fence flag (BookKeeper #2614/#2616)": Planted(

@@ -21,7 +21,7 @@ from quorumlog.testing.checkers import Violation, check_run
 from quorumlog.testing.sim.runner import run_seeds
 from quorumlog.testing.sim.workloads import run_seed
 
-SEEDS = int(os.environ.get("QUORUMLOG_SIM_SEEDS", "1000"))
+SEEDS = int(os.environ.get("QUORUMLOG_SIM_SEEDS", "3000"))
 FIRST_SEED = int(os.environ.get("QUORUMLOG_SIM_FIRST_SEED", "0"))
 
 # Defects the simulator found whose fix lies outside the simulator, by their signature:

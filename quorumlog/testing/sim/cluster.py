@@ -23,16 +23,15 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from quorumlog.bookie.bookie import Bookie, BookieStartError
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.client.config import ClientConfig
-from quorumlog.client.connection import request_future
+from quorumlog.client.connection import ConnectionPool, request_future
 from quorumlog.errors import BKError, BookieUnavailableError, TimeoutError_
 from quorumlog.log.bookkeeper import BookKeeper as LogBookKeeper
 from quorumlog.meta.bookies import BookieRegistry
-from quorumlog.meta.store import MetadataStore
 from quorumlog.proto.codec import Message, Request, Response, decode_message, encode_parts
 from quorumlog.server.gc import StoreGcMetadata, collect_once
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree, MetadataFaults
@@ -126,7 +125,7 @@ def sim_bookie_config(name: str, rng: random.Random) -> BookieConfig:
         entry_log_max_bytes=rng.choice([8192, 65536, 1 << 20]),
         entry_log_write_buffer_bytes=rng.choice([512, 4096, 65536]),
         read_cache_max_bytes=rng.choice([0, 65536]),
-        checkpoint_interval_ms=rng.choice([20, 100, 400]),
+        checkpoint_interval_ms=rng.choice([25, 150, 600]),
         disk_check_interval_ms=200,
     )
 
@@ -156,7 +155,7 @@ class BookieNode:
         self._executors: list[SimExecutor] = []
         self._held: list[Callable[[], None]] = []  # work that waits while paused
         self._on_down = on_down
-        self.gc_store: MetadataStore | None = None
+        self.gc_store: MemoryStore | None = None
         self._gc_task: asyncio.Task[None] | None = None
         self.crashes = 0
         self.restarts = 0
@@ -669,6 +668,7 @@ class Cluster:
                 node.gc_store = MemoryStore(self.tree)
         self.clients: list[Any] = []
         self.stores: dict[str, MemoryStore] = {}
+        self.names: dict[int, str] = {}  # id(client) -> its name
         self._client_count = 0
         # Told when a bookie process dies (the nemesis restarts it later).
         self.on_down: list[Callable[[BookieNode, bool], None]] = []
@@ -709,10 +709,11 @@ class Cluster:
         bk = cls(
             store,
             config or SIM_CONFIG,
-            pool=self.network.pool(name),
+            # The simulator's pool stands in for the client's: same calls, no sockets.
+            pool=cast(ConnectionPool, self.network.pool(name)),
             rng=random.Random(self.rng.random()),
         )
-        bk.sim_name = name
+        self.names[id(bk)] = name
         self.clients.append(bk)
         return bk
 

@@ -32,13 +32,13 @@ from __future__ import annotations
 import errno
 import random
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from quorumlog.bookie.disk_checker import DiskUsage
 from quorumlog.bookie.fileops import FileOps
-from quorumlog.bookie.index import IndexUpdate
+from quorumlog.bookie.index import IndexReader, IndexUpdate, LedgerIndex
 from quorumlog.bookie.ledger_state import LedgerState, Location
 
 __all__ = ["DiskFaults", "MemoryIndex", "PowerLoss", "SimDisk", "SimFiles"]
@@ -439,10 +439,11 @@ class SimFiles(FileOps):
 _LOG_KEY = struct.Struct(">Q")
 
 
-class MemoryIndex:
+class MemoryIndex(LedgerIndex):
     """The bookie's index (:class:`~quorumlog.bookie.index.LedgerIndex`) with LMDB's
     guarantees and nothing more: :meth:`apply` is one transaction, durable when it
-    returns; readers see committed transactions only."""
+    returns; readers see committed transactions only. Every method is its own (none
+    reaches LMDB, so LedgerIndex's __init__ is not called)."""
 
     def __init__(self, files: SimFiles, directory: Path, data: _IndexData) -> None:
         self._files = files
@@ -486,8 +487,8 @@ class MemoryIndex:
         self._files._live()
         return self._data.entries.get((ledger_id, entry_id))
 
-    def reader(self) -> MemoryIndex:
-        return self
+    def reader(self) -> IndexReader:
+        return _MemoryReader(self)
 
     def count_entries(self, ledger_id: int) -> int:
         return sum(1 for lid, _ in self._data.entries if lid == ledger_id)
@@ -527,11 +528,15 @@ class MemoryIndex:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> MemoryIndex:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+class _MemoryReader(IndexReader):
+    """Lookups as of now (a committed index never changes under a reader here)."""
+
+    def __init__(self, index: MemoryIndex) -> None:  # no LMDB transaction to open
+        self._index = index
+
+    def get(self, ledger_id: int, entry_id: int) -> Location | None:
+        return self._index.get(ledger_id, entry_id)
+
+    def close(self) -> None:
         pass
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return iter(self._data.entries)

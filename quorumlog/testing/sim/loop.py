@@ -109,7 +109,7 @@ class SimExecutor(concurrent.futures.Executor):
         self.dead = False
         self.jobs_run = 0
 
-    def submit(  # type: ignore[override]
+    def submit(
         self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()

@@ -30,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from quorumlog.testing.memory_store import MetadataFaults
 from quorumlog.testing.sim.cluster import BookieNode, Cluster
@@ -134,14 +136,16 @@ class Nemesis:
         self.flipped: set[str] = set()  # nodes with a flipped bit on their disk
         cluster.on_down.append(self._node_went_down)
 
-    def _spawn(self, coro: object) -> None:
-        task = self.loop.create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _later(self, low_ms: float, high_ms: float, callback: object, *args: object) -> None:
+    def _later(
+        self, low_ms: float, high_ms: float, callback: Callable[..., object], *args: object
+    ) -> None:
         delay_s = self.rng.uniform(low_ms, high_ms) / 1000
-        self._undo.append(self.loop.call_later(delay_s, callback, *args))  # type: ignore[arg-type]
+        self._undo.append(self.loop.call_later(delay_s, callback, *args))
 
     def _node_went_down(self, node: BookieNode, power_loss: bool) -> None:
         # Every crash is followed by a restart on the same disk (unless healing does it).

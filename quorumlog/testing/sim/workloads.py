@@ -536,7 +536,7 @@ async def _open_log(run: _Run, bk: Any, name: str, config: LogConfig) -> Any:
         try:
             return await bk.open_log(name, config)
         except BKError as exc:
-            run.trace(bk.sim_name, "open_log failed: %s", exc)
+            run.trace(run.cluster.names.get(id(bk), "client"), "open_log failed: %s", exc)
             await asyncio.sleep(0.02)
     return None
 
