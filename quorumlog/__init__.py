@@ -20,6 +20,7 @@ from quorumlog.errors import (
     NotEnoughBookiesError,
     ProtocolError,
     Status,
+    TooManyRequestsError,
     UnauthorizedError,
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
@@ -85,5 +86,6 @@ __all__ = [
     "ReadHandle",
     "Record",
     "Status",
+    "TooManyRequestsError",
     "UnauthorizedError",
 ]
