@@ -288,11 +288,21 @@ def scan(
         )
         if magic != JOURNAL_MAGIC or header_id != file_id:
             # The header is synced before any record is written: a bad one with nothing
-            # after it is a creation cut short, anything else is damage.
-            if last_file and _NONZERO.search(buf, FILE_HEADER_SIZE) is None:
-                log.warning("journal %s: incomplete file header; removing the file", path)
-                ops.unlink(path)
-                report.truncated = [*(report.truncated or []), (path, 0)]
+            # after it is a creation cut short (a start or a rollover whose header sync
+            # failed, or a power loss before it), which never held a record, wherever
+            # the file stands; anything else is damage.
+            if _NONZERO.search(buf, FILE_HEADER_SIZE) is None:
+                if last_file:
+                    log.warning("journal %s: incomplete file header; removing the file", path)
+                    ops.unlink(path)
+                    report.truncated = [*(report.truncated or []), (path, 0)]
+                else:
+                    # Kept: the files after it must stay in order, and the next start
+                    # finds it as empty as now.
+                    log.warning(
+                        "journal %s: incomplete file header and no records; skipping it",
+                        path,
+                    )
                 continue
             message = (
                 f"journal {path}: bad file header with records after it: acknowledged "

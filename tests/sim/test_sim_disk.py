@@ -225,13 +225,6 @@ def test_r7_a_fence_survives_a_power_loss_of_the_real_bookie() -> None:
     run_virtual(body)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: journal replay refuses an empty journal file that is not the last one "
-    "('bad file header with records after it'), so a bookie whose start failed at a "
-    "new journal file's header sync, then lost power after a later start, never starts "
-    "again (simulator seed 105 of the first simulator commit)",
-)
 def test_a_bookie_starts_after_an_empty_journal_file_that_is_not_the_last() -> None:
     async def body(loop: asyncio.AbstractEventLoop) -> None:
         node = Node(loop, SimDisk(random.Random(7)))

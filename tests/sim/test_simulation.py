@@ -28,15 +28,7 @@ FIRST_SEED = int(os.environ.get("QUORUMLOG_SIM_FIRST_SEED", "0"))
 # (the rule broken, words of the violation). A seed that shows one is let through here
 # (and printed); each has a deterministic reproduction marked xfail(strict=True)
 # elsewhere, which fails once the defect is fixed, so that it leaves this list.
-KNOWN_DEFECTS: list[tuple[str, str, str]] = [
-    (
-        "bookie-restart",
-        "bad file header with records after it",
-        "journal replay refuses an empty journal file that is not the last one "
-        "(tests/sim/test_sim_disk.py::test_a_bookie_starts_after_an_empty_journal_file_"
-        "that_is_not_the_last)",
-    ),
-]
+KNOWN_DEFECTS: list[tuple[str, str, str]] = []
 
 
 def _known(violations: list[Violation]) -> str | None:
