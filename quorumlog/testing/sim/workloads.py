@@ -439,7 +439,15 @@ async def _final_ledger_check(run: _Run, lh: LedgerHistory) -> None:
         except BKError as exc:
             error = f"reading past the end: {_why(exc)}"
             break
-        run.trace("checker", "ledger %d ends at %d", lh.ledger_id, last)
+        run.trace(
+            "checker",
+            "ledger %d ends at %d; %d entries were confirmed (the last %s), %d closes",
+            lh.ledger_id,
+            last,
+            len(lh.confirmed),
+            max((e for e, _, _ in lh.confirmed), default="none"),
+            len(lh.closes),
+        )
         return
     lh.final_error = error
 
