@@ -732,12 +732,14 @@ def test_zk_session_and_watches_survive_a_server_restart():
                 async with await open_store(uri) as other:
                     changed_at = time.monotonic()
                     await other.set("/node", b"2")
-                    await events.wait_for(EventType.CHANGED, changed_at, 5.0)
+                    # Bounds for the events to happen at all (kazoo reconnects with
+                    # backoff, slower on a loaded machine), not latency targets.
+                    await events.wait_for(EventType.CHANGED, changed_at, 30.0)
 
                     async def connected() -> bool:
                         return store.session_state is SessionState.CONNECTED
 
-                    await wait_until(connected, 5.0)
+                    await wait_until(connected, 30.0)
                     assert states[0] is SessionState.SUSPENDED
                     assert states[-1] is SessionState.CONNECTED
                     assert await other.exists("/held") == 0  # same session: ephemeral kept
