@@ -1,12 +1,14 @@
 """``quorumlog bookie``: run one bookie in the foreground.
 
-Prints ``bookie 127.0.0.1:PORT ready`` (``ready read-only`` in read-only mode)
-on stdout once it is registered; SIGTERM or SIGINT stop it gracefully (exit
-status 0). A bookie that refuses to start (cookie mismatch, damaged journal,
-port in use) prints one line on stderr and exits with status 2; an unreachable
-metadata store or another runtime failure exits with status 1; a broken invariant
-(a state that cannot be) stops the bookie at once with status 70
-(:mod:`quorumlog.bookie.invariants`).
+Listens on ``--bind-address`` (127.0.0.1 unless given; 0.0.0.0 for every
+interface) and registers, as its identity, ``HOST:PORT`` with HOST its
+``--advertised-address`` (by default the bind address). Prints ``bookie HOST:PORT
+ready`` (``ready read-only`` in read-only mode) on stdout once it is registered;
+SIGTERM or SIGINT stop it gracefully (exit status 0). A bookie that refuses to
+start (cookie mismatch, damaged journal, port in use) prints one line on stderr and
+exits with status 2; an unreachable metadata store or another runtime failure exits
+with status 1; a broken invariant (a state that cannot be) stops the bookie at once
+with status 70 (:mod:`quorumlog.bookie.invariants`).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import contextlib
 import logging
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from quorumlog.commands import autorecovery as _autorecovery_command
+from quorumlog.commands.addresses import add_address_options, resolve_addresses
 from quorumlog.errors import BKError
 from quorumlog.server.config import ServerConfig
 
@@ -54,14 +58,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--port",
         type=int,
         default=0,
-        help="TCP port on 127.0.0.1 (default: the port the cookie records, else a free one)",
+        help="TCP port (default: the port the cookie records, else a free one)",
     )
+    add_address_options(p, "the bookie (and its admin API)")
     p.add_argument(
         "--http-port",
         type=int,
         default=None,
-        help="serve the HTTP admin API and /metrics on 127.0.0.1:PORT (0: a free port, "
-        "printed on stdout; default: not served)",
+        help="serve the HTTP admin API and /metrics on the bind address, port PORT (0: a "
+        "free port, printed on stdout; default: not served)",
     )
     p.add_argument(
         "--no-journal-sync",
@@ -235,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
         config, server_config, uri = _configs(args)
+        bind_host, advertised_host = resolve_addresses(args.bind_address, args.advertised_address)
     except ValueError as exc:  # InvalidArgumentError is a ValueError too
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -243,9 +249,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    listen = _Listen(port=args.port, bind_host=bind_host, advertised_host=advertised_host)
     loop = _new_event_loop()
     try:
-        return loop.run_until_complete(_serve(config, server_config, uri, args.port, recovery))
+        return loop.run_until_complete(_serve(config, server_config, uri, listen, recovery))
     except BookieStartError as exc:
         print(f"{_PROG}: refusing to start: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -264,11 +271,20 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+@dataclass(frozen=True, slots=True)
+class _Listen:
+    """Where the bookie listens and the host it registers (and its cookie records)."""
+
+    port: int
+    bind_host: str
+    advertised_host: str
+
+
 async def _serve(
     config: BookieConfig,
     server_config: ServerConfig,
     uri: str,
-    port: int,
+    listen: _Listen,
     recovery: AutoRecoveryConfig | None = None,
 ) -> int:
     from quorumlog.replication.autorecovery import AutoRecovery
@@ -278,7 +294,14 @@ async def _serve(
     stop_requested = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
-    server = BookieServer(config, uri, port=port, server_config=server_config)
+    server = BookieServer(
+        config,
+        uri,
+        port=listen.port,
+        host=listen.bind_host,
+        advertised_host=listen.advertised_host,
+        server_config=server_config,
+    )
     daemon: AutoRecovery | None = None
     daemon_task: asyncio.Task[None] | None = None
     starting = loop.create_task(server.start())
@@ -294,7 +317,8 @@ async def _serve(
         starting.result()  # raises the start-up error, if any
         mode = " read-only" if server.registered_read_only else ""
         if server_config.http_port is not None:
-            print(f"bookie {server.address} admin http://127.0.0.1:{server.http_port}", flush=True)
+            admin_url = f"http://{listen.advertised_host}:{server.http_port}"
+            print(f"bookie {server.address} admin {admin_url}", flush=True)
         print(f"bookie {server.address} ready{mode}", flush=True)
         if recovery is not None:
             # Identified by the bookie's address: whoisauditor then names a bookie.

@@ -69,10 +69,11 @@ async def verify_or_create(registry: CookieRegistry, config: BookieConfig, addre
         local = _local_cookie(config)
         if local is not None:
             if local.address != address:
+                host, _, port = local.address.rpartition(":")
                 raise BookieStartError(
                     f"bookie {address}: the cookie in {data_dir} belongs to bookie "
-                    f"{local.address}; start it with that address (--port "
-                    f"{_cookie_port(local)}) or use empty directories"
+                    f"{local.address}; start it with that address (--advertised-address "
+                    f"{host} --port {port}) or use empty directories"
                 )
             raise BookieStartError(
                 f"bookie {address}: data directory {data_dir} holds a cookie (instance "

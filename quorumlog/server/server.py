@@ -3,9 +3,11 @@
 Start-up, in this order (each step refuses with :class:`BookieStartError` and a
 message that names what is wrong):
 
-1. bind the listening socket on 127.0.0.1 (not yet accepting): the port is the
-   one asked for, else the one the cookie records (a restarted bookie keeps its
-   identity), else a free one; the address ``127.0.0.1:PORT`` is the bookie's id;
+1. bind the listening socket on the bind host (127.0.0.1 unless given; not yet
+   accepting): the port is the one asked for, else the one the cookie records (a
+   restarted bookie keeps its identity), else a free one; the address
+   ``ADVERTISED_HOST:PORT`` (the advertised host is the bind host unless given) is
+   the bookie's id, registered, and recorded by its cookie;
 2. open the metadata store;
 3. check the cookies: the copies in the data and journal directories against
    the metadata store's copy (a wiped or swapped directory refuses to start);
@@ -76,12 +78,19 @@ class BookieServer:
         port: int = 0,
         host: str = LISTEN_HOST,
         server_config: ServerConfig | None = None,
+        advertised_host: str | None = None,
     ) -> None:
         self.config = config
         self.metadata_uri = metadata_uri
         self.server_config = server_config or ServerConfig()
         self._requested_port = port
         self._host = host
+        # What clients connect to; a wildcard bind host (0.0.0.0) cannot be it.
+        self._advertised_host = advertised_host or host
+        if self._advertised_host in ("0.0.0.0", ""):
+            raise BookieStartError(
+                f"bookie bound to {host!r} (every interface) needs an advertised host"
+            )
         self.address = ""
         self.bookie: Bookie | None = None
         self.store: MetadataStore | None = None
@@ -124,7 +133,7 @@ class BookieServer:
         port = self._requested_port or recorded_port or 0
         self._server = await self._bind(port, from_cookie=not self._requested_port)
         bound_port = self._server.sockets[0].getsockname()[1]
-        self.address = f"{self._host}:{bound_port}"
+        self.address = f"{self._advertised_host}:{bound_port}"
 
         self.store = await self._open_store()
         from quorumlog.meta.bookies import BookieRegistry
