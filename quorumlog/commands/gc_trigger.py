@@ -2,10 +2,13 @@
 
 As with BookKeeper (``curl -XPUT http://bookie:8000/api/v1/bookie/gc``), a forced
 collection goes through each bookie's HTTP admin API, not the data protocol: an
-operator's action, on the port an operator reaches, answering JSON. The bookies'
-admin addresses are not in the metadata store, so they are named with ``--http``;
-each answers who it is (``/api/v1/bookie/info``), and every registered bookie that
-no ``--http`` reached is listed, with a non-zero exit status.
+operator's action, on the port an operator reaches, answering JSON. Each bookie
+started with ``--http-port`` publishes its admin address in its registration
+(``/bookies/available/<address>``), where the command finds it; ``--http`` names
+admin addresses by hand instead. Each bookie answers who it is
+(``/api/v1/bookie/info``), and every registered bookie that was not reached (no
+admin API published, or none of the ``--http`` given) is listed, with a non-zero
+exit status.
 
 For each bookie: ``PUT /api/v1/bookie/gc`` with ``{"major": true|false}``, then
 ``GET /api/v1/bookie/gc`` until it is done; the result is printed (entry logs
@@ -32,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="HOST:PORT",
-        help="a bookie's admin API (its --http-port); repeat for every bookie",
+        help="a bookie's admin API (its --http-port), repeatable; default: the address "
+        "each registered bookie publishes",
     )
     p.add_argument("--minor", action="store_true", help="a minor compaction instead of a major one")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait per bookie")
@@ -70,22 +74,34 @@ async def _one(http: str, major: bool, timeout_s: float) -> dict[str, Any]:
         await asyncio.sleep(_POLL_S)
 
 
+async def _published_admin_addresses(registry: Any, bookies: set[str]) -> dict[str, str]:
+    """Bookie address -> the admin API address it published in its registration."""
+    published = {}
+    for bookie in sorted(bookies):
+        info = await registry.read_service_info(bookie)
+        if info and info.get("http"):
+            published[bookie] = info["http"]
+    return published
+
+
 async def run_gc(bk: Any, args: argparse.Namespace) -> int:
-    if not args.http:
-        print(
-            "quorumlog shell gc: name each bookie's admin API with --http HOST:PORT (the "
-            "port its --http-port serves)",
-            file=sys.stderr,
-        )
-        return 2
     registered = set(await bk.registry.writable_bookies())
     registered |= set(await bk.registry.readonly_bookies())
+    if args.http:
+        targets = list(args.http)
+        tried: set[str] = set()
+        unreached_why = "registered, but no --http reached it"
+    else:
+        published = await _published_admin_addresses(bk.registry, registered)
+        targets = list(published.values())
+        tried = set(published)  # a failure of these is printed with its admin address
+        unreached_why = "registered without an admin API (start it with --http-port)"
     outcomes = await asyncio.gather(
-        *(_one(h, not args.minor, args.timeout) for h in args.http), return_exceptions=True
+        *(_one(h, not args.minor, args.timeout) for h in targets), return_exceptions=True
     )
     status = 0
     reached = set()
-    for http, outcome in zip(args.http, outcomes, strict=True):
+    for http, outcome in zip(targets, outcomes, strict=True):
         if isinstance(outcome, BaseException):
             print(f"{http}: {outcome}", file=sys.stderr)
             status = 1
@@ -97,8 +113,8 @@ async def run_gc(bk: Any, args: argparse.Namespace) -> int:
             print(json.dumps(outcome, sort_keys=True))
         else:
             print(_summary(outcome))
-    for missing in sorted(registered - reached):
-        print(f"{missing}: registered, but no --http reached it", file=sys.stderr)
+    for missing in sorted(registered - reached - tried):
+        print(f"{missing}: {unreached_why}", file=sys.stderr)
         status = 1
     return status
 

@@ -16,7 +16,7 @@
     quorumlog shell lostbookierecoverydelay [SECONDS]
     quorumlog shell triggeraudit
     quorumlog shell decommissionbookie BOOKIE [--password TEXT]
-    quorumlog shell gc --http HOST:PORT [--http ...] [--minor] [--json]
+    quorumlog shell gc [--http HOST:PORT ...] [--minor] [--json]
 
 Every failure is one line on stderr and a non-zero exit status, never a traceback.
 """

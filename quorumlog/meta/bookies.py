@@ -2,8 +2,9 @@
 
 Layout (see docs/METADATA.md)::
 
-    /bookies/available/<host:port>   ephemeral: a writable bookie is up
-    /bookies/readonly/<host:port>    ephemeral: a read-only bookie is up
+    /bookies/available/<host:port>   ephemeral: a writable bookie is up; its data is the
+                                     bookie's service info (JSON, e.g. its admin HTTP address)
+    /bookies/readonly/<host:port>    ephemeral: a read-only bookie is up (same data)
     /bookies/cookies/<host:port>     persistent: the bookie's cookie (identity of its disks)
 
 A bookie's registration is an ephemeral node of its metadata session, so it
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable
 
@@ -49,6 +51,18 @@ def check_bookie_address(address: str) -> str:
     return address
 
 
+def parse_service_info(data: bytes) -> dict[str, str]:
+    """A registration's data as a dict of strings; nothing usable (a bookie of an
+    earlier version wrote b"") is ``{}``."""
+    try:
+        decoded = json.loads(data) if data else {}
+    except ValueError:
+        return {}
+    if not isinstance(decoded, dict):
+        return {}
+    return {str(key): value for key, value in decoded.items() if isinstance(value, str)}
+
+
 class _PairWatch(Watch):
     def __init__(self, watches: list[Watch]) -> None:
         self.watches = watches
@@ -74,25 +88,34 @@ class BookieRegistry:
         self.stale_wait_ms = stale_wait_ms
         self._registered: set[str] = set()  # paths this registry created in this session
 
-    async def register(self, address: str, read_only: bool = False) -> None:
-        """Announce the bookie as writable (or read-only), moving it out of the other list."""
+    async def register(
+        self, address: str, read_only: bool = False, *, service_info: bytes = b""
+    ) -> None:
+        """Announce the bookie as writable (or read-only), moving it out of the other list.
+
+        ``service_info`` (JSON, see ``read_service_info``) is the registration's data.
+        """
         check_bookie_address(address)
         target = f"{READONLY_PATH if read_only else AVAILABLE_PATH}/{address}"
         other = f"{AVAILABLE_PATH if read_only else READONLY_PATH}/{address}"
-        await self._create_registration(address, target, ours=target in self._registered)
+        await self._create_registration(
+            address, target, ours=target in self._registered, data=service_info
+        )
         self._registered.add(target)
         with contextlib.suppress(NoNodeError):
             await self.store.delete(other)
         self._registered.discard(other)
 
-    async def _create_registration(self, address: str, path: str, *, ours: bool) -> None:
+    async def _create_registration(
+        self, address: str, path: str, *, ours: bool, data: bytes
+    ) -> None:
         deadline = time.monotonic() + self.stale_wait_ms / 1000
         gone = asyncio.Event()
         watch = self.store.watch(path, lambda _event: gone.set())
         try:
             for _ in range(1_000_000):  # bounded by the deadline below
                 try:
-                    await self.store.create(path, b"", ephemeral=True)
+                    await self.store.create(path, data, ephemeral=True)
                     return
                 except NodeExistsError:
                     if ours:  # registered earlier by this registry, in this session
@@ -126,6 +149,21 @@ class BookieRegistry:
     async def readonly_bookies(self) -> list[str]:
         """Addresses of the registered read-only bookies, sorted."""
         return await self._list(READONLY_PATH)
+
+    async def read_service_info(self, address: str) -> dict[str, str] | None:
+        """What a registered bookie published about itself, or None if it is not registered.
+
+        A JSON object of strings, e.g. ``{"http": "http://127.0.0.1:8000"}`` for a bookie
+        serving the admin API; ``{}`` for one that published nothing.
+        """
+        check_bookie_address(address)
+        for listing in (AVAILABLE_PATH, READONLY_PATH):
+            try:
+                node = await self.store.get(f"{listing}/{address}")
+            except NoNodeError:
+                continue
+            return parse_service_info(node.data)
+        return None
 
     async def _list(self, path: str) -> list[str]:
         try:

@@ -27,7 +27,9 @@ _RETRY_MAX_S = 3.0
 
 
 class Registry(Protocol):
-    async def register(self, address: str, read_only: bool = False) -> None: ...
+    async def register(
+        self, address: str, read_only: bool = False, *, service_info: bytes = b""
+    ) -> None: ...
 
     async def unregister(self, address: str) -> None: ...
 
@@ -46,8 +48,12 @@ class Registration:
         address: str,
         *,
         verify_interval_ms: int = 10_000,
+        service_info: bytes = b"",
     ) -> None:
         self._registry = registry
+        # The node's data (JSON): what clients and tools learn about this bookie there,
+        # such as its admin HTTP address.
+        self._service_info = service_info
         self._store = store
         self.address = address
         self._verify_interval_s = verify_interval_ms / 1000
@@ -174,13 +180,17 @@ class Registration:
         if wanted is None:
             return
         try:
-            await self._registry.register(self.address, read_only=wanted)
+            await self._registry.register(
+                self.address, read_only=wanted, service_info=self._service_info
+            )
         except NodeExistsError:
             # Left by an earlier run of this bookie whose session has not expired.
             log.info("bookie %s: replacing a registration left by an earlier run", self.address)
             with contextlib.suppress(NoNodeError):
                 await self._registry.unregister(self.address)
-            await self._registry.register(self.address, read_only=wanted)
+            await self._registry.register(
+                self.address, read_only=wanted, service_info=self._service_info
+            )
         self._current = wanted
         self._owned = True
         log.info("bookie %s registered as %s", self.address, "read-only" if wanted else "writable")

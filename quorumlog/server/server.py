@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import socket
 from typing import TYPE_CHECKING
@@ -151,13 +152,15 @@ class BookieServer:
         await self._server.start_serving()
         log.info("bookie %s accepting connections", self.address)
 
+        # The admin API serves before the bookie registers: its address is published in
+        # the registration, where `quorumlog shell gc` finds it.
+        if sc.http_port is not None:
+            await self._start_admin(sc.http_port)
         await self._register(self.store)
         self._watch_read_only(self.bookie)
         self._tasks.append(
             loop.create_task(gc_loop(self.bookie, self._gc_metadata(), sc.gc_interval_ms))
         )
-        if sc.http_port is not None:
-            await self._start_admin(sc.http_port)
 
     async def _start_admin(self, port: int) -> None:
         # Imported here: a bookie without --http-port loads no HTTP server.
@@ -204,11 +207,20 @@ class BookieServer:
         assert self.bookie is not None
         store.add_session_listener(self._on_session)
         self._registration = Registration(
-            BookieRegistry(store), store, self.address, verify_interval_ms=10_000
+            BookieRegistry(store),
+            store,
+            self.address,
+            verify_interval_ms=10_000,
+            service_info=self._service_info(),
         )
         await self._registration.start(
             self.bookie.read_only, timeout_s=self.server_config.registration_timeout_ms / 1000
         )
+
+    def _service_info(self) -> bytes:
+        """The registration's data: the admin API's address when it serves."""
+        info = {"http": f"http://{self._host}:{self.http_port}"} if self._admin else {}
+        return json.dumps(info, sort_keys=True).encode()
 
     def _gc_metadata(self) -> StoreGcMetadata:
         def store() -> MetadataStore:

@@ -13,6 +13,7 @@ import pytest
 from support import run, shell
 
 from quorumlog.errors import Status
+from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.factory import open_store
 from quorumlog.meta.ledger_metadata import new_ledger_metadata
 from quorumlog.meta.ledgers import LedgerManager
@@ -219,12 +220,22 @@ def test_reclaim_rate_of_an_unpaced_compaction(metadata_uri: str, tmp_path: Path
 _ADMIN = re.compile(rb"admin (http://127\.0\.0\.1:\d+)")
 
 
+async def published_service_info(metadata_uri: str, bookies: list[str]) -> list[object]:
+    store = await open_store(metadata_uri)
+    try:
+        registry = BookieRegistry(store)
+        return [await registry.read_service_info(bookie) for bookie in bookies]
+    finally:
+        await store.close()
+
+
 def test_shell_gc_collects_and_compacts_on_every_bookie_named(
     metadata_uri: str, tmp_path: Path
 ) -> None:
     """Nothing periodic runs (hour-long intervals): the deleted ledgers' space comes
-    back only through ``quorumlog shell gc``, which reaches each bookie's admin API;
-    a registered bookie left out is named and fails the command."""
+    back only through ``quorumlog shell gc``, which reaches each bookie's admin API at
+    the address the bookie published in its registration; with ``--http``, a
+    registered bookie left out is named and fails the command."""
     pytest.importorskip("quorumlog.server.admin_http")
     args = ["--gc-interval-ms", "3600000", "--entry-log-max-bytes", str(256 * 1024)]
     args += ["--http-port", "0", "--log-level", "INFO"]
@@ -240,8 +251,12 @@ def test_shell_gc_collects_and_compacts_on_every_bookie_named(
         assert f"{address}: registered, but no --http reached it" in partial.stderr
         assert entry_log_bytes(bookie.data_dir) == before  # bookie 0 was not asked
 
-        done = shell(metadata_uri, "gc", "--http", admins[0], "--http", admins[1])
+        published = run(published_service_info(metadata_uri, cluster.addresses))
+        assert published == [{"http": admin} for admin in admins]
+
+        done = shell(metadata_uri, "gc")  # every bookie found through its registration
         assert done.returncode == 0, (done.stdout, done.stderr)
+        assert f"{cluster.addresses[1]}: major compaction rewrote" in done.stdout
         assert f"{address}: major compaction rewrote" in done.stdout
         after = entry_log_bytes(bookie.data_dir)
         assert after < before * 0.5, (before, after, done.stdout)
