@@ -219,7 +219,10 @@ class BookieServer:
 
     def _service_info(self) -> bytes:
         """The registration's data: the admin API's address when it serves."""
-        info = {"http": f"http://{self._host}:{self.http_port}"} if self._admin else {}
+        # The advertised host, as for the bookie's own address: the bind address may be
+        # a wildcard other machines cannot connect to.
+        http = f"http://{self._advertised_host}:{self.http_port}"
+        info = {"http": http} if self._admin else {}
         return json.dumps(info, sort_keys=True).encode()
 
     def _gc_metadata(self) -> StoreGcMetadata:
