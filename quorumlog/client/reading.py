@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from itertools import count, repeat
 from typing import TYPE_CHECKING, TypeVar
 
 from quorumlog.core.quorum import is_covered, write_set
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from quorumlog.meta.store import Watch
 
 T = TypeVar("T")
+
+_make_entry = Entry._make
 
 
 async def gather_in_order(factories: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
@@ -258,24 +261,20 @@ class ReadHandle:
                 status, f"ledger {self.ledger_id} entry {first} on bookie {address}"
             )
         self._learn_lac(response.lac)
-        entries: list[Entry] = []
-        decode = self._codec.decode
         ledger_id = self.ledger_id
-        entry_id = first
-        for blob in response.entries:
-            try:
-                decoded = decode(blob, ledger_id, entry_id)
-            except DigestMismatchError as exc:
-                if not entries:
-                    raise DigestMismatchError(f"{exc.message} (bookie {address})") from None
-                break  # keep the good prefix; the rest is read again elsewhere
-            if decoded.lac > self._lac:
-                self._learn_lac(decoded.lac)
-            entries.append(Entry(ledger_id, entry_id, decoded.data))
-            entry_id += 1
-        if not entries:
+        payloads, largest_lac, error = self._codec.decode_payloads(
+            response.entries, ledger_id, first
+        )
+        if not payloads:
+            if error is not None:
+                raise DigestMismatchError(f"{error.message} (bookie {address})")
             raise NoSuchEntryError(f"ledger {ledger_id} entry {first}: bookie {address} sent none")
-        return entries
+        # A bad blob after a sound prefix ends the answer there: the rest is read
+        # again, from this replica or another.
+        if largest_lac > self._lac:
+            self._learn_lac(largest_lac)
+        # Entries built by map in C, not one Python-level constructor call each.
+        return list(map(_make_entry, zip(repeat(ledger_id), count(first), payloads)))
 
     def _read_failure(self, entry_id: int, replicas: list[str], errors: list[BKError]) -> BKError:
         where = f"ledger {self.ledger_id} entry {entry_id} (bookies {', '.join(replicas)})"
