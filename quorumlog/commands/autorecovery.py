@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from quorumlog.commands.addresses import check_host
 from quorumlog.errors import BKError
 from quorumlog.replication.auditor import AUDIT_INTERVAL_S_DEFAULT, BOOKIE_CHECK_INTERVAL_S_DEFAULT
 from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
@@ -34,6 +36,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--metadata",
         metavar="URI",
         help="metadata store (default: $QUORUMLOG_METADATA, else sqlite:// ./.quorumlog)",
+    )
+    p.add_argument(
+        "--advertised-address",
+        metavar="HOST",
+        default=None,
+        help="this machine's name as other machines know it: the daemon's identifier is "
+        "HOST:PID (shown by whoisauditor and in the workers' claims; default: the host name)",
     )
     add_options(p)
     p.add_argument(
@@ -143,13 +152,17 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
         config = config_from_args(args)
+        identifier = None
+        if args.advertised_address is not None:
+            host = check_host(args.advertised_address, "--advertised-address")
+            identifier = f"{host}:{os.getpid()}"
     except ValueError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     uri = resolve_metadata_uri(args.metadata)
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(_serve(uri, config))
+        return loop.run_until_complete(_serve(uri, config, identifier))
     except (BKError, OSError) as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -157,13 +170,13 @@ def run(args: argparse.Namespace) -> int:
         loop.close()
 
 
-async def _serve(uri: str, config: AutoRecoveryConfig) -> int:
+async def _serve(uri: str, config: AutoRecoveryConfig, identifier: str | None = None) -> int:
     from quorumlog.client.bookkeeper import BookKeeper
 
     # Fail at once, in one line, on a store that is not there (a client never makes one).
     probe = await BookKeeper.connect(uri)
     await probe.close()
-    daemon = AutoRecovery(uri, config)
+    daemon = AutoRecovery(uri, config, identifier=identifier)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.stop)

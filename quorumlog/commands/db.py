@@ -34,8 +34,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     serve.add_argument("--metadata", default=None, help="metadata store URI")
     serve.add_argument("--name", required=True, help="database name (its log is db.NAME)")
     serve.add_argument("--data-dir", required=True, help="where this replica's SQLite file lives")
-    serve.add_argument("--http-addr", default="127.0.0.1:4001", help="HOST:PORT to listen on")
-    serve.add_argument("--node-id", default=None, help="this replica's id (default: HOST:PORT)")
+    serve.add_argument(
+        "--http-addr",
+        default="127.0.0.1:4001",
+        help="HOST:PORT the HTTP API listens on; HOST 0.0.0.0 for every interface, which "
+        "needs --http-adv-addr (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--http-adv-addr",
+        "--advertised-address",
+        dest="http_adv_addr",
+        metavar="HOST[:PORT]",
+        default=None,
+        help="where other replicas and clients reach this one's HTTP API, as published in "
+        "the election (default: --http-addr; the port defaults to its port)",
+    )
+    serve.add_argument(
+        "--node-id", default=None, help="this replica's id (default: the advertised HOST:PORT)"
+    )
     serve.add_argument(
         "--session-timeout-ms", type=positive_int, default=3000, help="election session (3000)"
     )
@@ -117,12 +133,29 @@ def _split_addr(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _advertised_addr(http_addr: str, advertised: str | None) -> tuple[str, int, str]:
+    """(bind host, port, advertised HOST:PORT) from --http-addr and --http-adv-addr."""
+    from quorumlog.commands.addresses import resolve_addresses
+
+    bind, port = _split_addr(http_addr)
+    if advertised is None:
+        bind_host, advertised_host = resolve_addresses(bind, None)
+        return bind_host, port, f"{advertised_host}:{port}"
+    host, colon, advertised_port = advertised.rpartition(":")
+    if not colon:
+        host, advertised_port = advertised, str(port)
+    if not advertised_port.isdigit():
+        raise ValueError(f"--http-adv-addr {advertised!r}: expected HOST or HOST:PORT")
+    bind_host, advertised_host = resolve_addresses(bind, host)
+    return bind_host, port, f"{advertised_host}:{int(advertised_port)}"
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from quorumlog.client.sync import new_event_loop
     from quorumlog.log.config import LogConfig
 
     try:
-        host, port = _split_addr(args.http_addr)
+        host, port, advertised = _advertised_addr(args.http_addr, args.http_adv_addr)
         log_config = LogConfig(
             ensemble=args.ensemble,
             write_quorum=args.write_quorum,
@@ -139,13 +172,15 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         try:
-            return runner.run(_serve(args, host, port, log_config))
+            return runner.run(_serve(args, host, port, advertised, log_config))
         except (BKError, OSError) as exc:
             print(f"quorumlog db serve: {exc}", file=sys.stderr)
             return EXIT_FAILURE
 
 
-async def _serve(args: argparse.Namespace, host: str, port: int, log_config: Any) -> int:
+async def _serve(
+    args: argparse.Namespace, host: str, port: int, advertised: str, log_config: Any
+) -> int:
     from quorumlog.aio import BookKeeper
     from quorumlog.client.config import ClientConfig
     from quorumlog.db.http import DbHttpApi
@@ -155,8 +190,8 @@ async def _serve(args: argparse.Namespace, host: str, port: int, log_config: Any
     config = ReplicaConfig(
         name=args.name,
         data_dir=args.data_dir,
-        node_id=args.node_id or f"{host}:{port}",
-        http_addr=f"http://{host}:{port}",
+        node_id=args.node_id or advertised,
+        http_addr=f"http://{advertised}",
         session_timeout_ms=args.session_timeout_ms,
         log_config=log_config,
         snapshot_every_records=max(0, args.snapshot_every),
@@ -171,7 +206,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int, log_config: Any
     try:
         await api.start(host, port)
         await replica.start()
-        print(f"quorumlog db: {args.name} serving on http://{host}:{port}", flush=True)
+        print(f"quorumlog db: {args.name} serving on http://{advertised}", flush=True)
         await stop.wait()
     finally:
         await api.close()

@@ -8,19 +8,29 @@ machine: a bookie bound to it is not reachable at 127.0.0.1.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import run
+from support import poll_until, run, shell
 
 from quorumlog.aio import BookKeeper
 from quorumlog.bookie.cookie import COOKIE_FILE_NAME
 from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.factory import open_store
 from quorumlog.server.local_cluster import LocalCluster, embedded_metadata_uri
+from quorumlog.testing.zookeeper import free_port
+
+# Child processes import this checkout, wherever they run.
+_ENV = {k: v for k, v in os.environ.items() if k != "QUORUMLOG_METADATA"}
+_ENV["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
 
 
 async def _registered(uri: str) -> list[str]:
@@ -114,6 +124,95 @@ def test_bookie_address_flags_refuse_what_no_client_could_reach(
         text=True,
         timeout=60,
         check=False,
+        env=_ENV,
     )
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (["db", "serve", "--name", "x", "--data-dir", "."], "give --advertised-address"),
+        (["autorecovery", "--advertised-address", "h:1"], "no port"),
+    ],
+)
+def test_db_and_autorecovery_address_flags_refuse_unreachable_addresses(
+    tmp_path: Path, command: list[str], message: str
+) -> None:
+    if command[0] == "db":
+        command = [*command, "--http-addr", "0.0.0.0:4001"]
+    done = subprocess.run(
+        [sys.executable, "-m", "quorumlog", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env=_ENV,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def three_bookies(tmp_path: Path) -> Iterator[LocalCluster]:
+    uri = embedded_metadata_uri(tmp_path)
+    with LocalCluster(uri, tmp_path / "c", 3, journal_sync=False) as cluster:
+        yield cluster
+
+
+def _spawn(tmp_path: Path, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    with open(tmp_path / f"{name}.out", "wb") as out, open(tmp_path / f"{name}.err", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "quorumlog", *args], stdout=out, stderr=err, env=_ENV
+        )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def _nodes(addr: str) -> dict[str, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"http://{addr}/nodes", timeout=5) as answer:
+            nodes: dict[str, dict[str, object]] = json.loads(answer.read())
+            return nodes
+    except OSError:
+        return {}
+
+
+def test_db_replica_and_autorecovery_publish_their_advertised_addresses(
+    three_bookies: LocalCluster, tmp_path: Path
+) -> None:
+    """A database replica bound to every interface publishes its advertised HTTP address
+    in the election (where followers forward writes); an autorecovery daemon's identifier
+    carries its advertised host."""
+    uri = three_bookies.metadata_uri
+    port = free_port()
+    db_args = ["db", "serve", "--metadata", uri, "--name", "hosts", "--data-dir"]
+    db_args += [str(tmp_path / "db"), "--http-addr", f"0.0.0.0:{port}"]
+    db = _spawn(tmp_path, "db", [*db_args, "--http-adv-addr", "localhost"])
+    daemon = _spawn(
+        tmp_path, "ar", ["autorecovery", "--metadata", uri, "--advertised-address", "localhost"]
+    )
+    try:
+        me = f"localhost:{port}"
+        poll_until(lambda: me in _nodes(me), timeout_s=60, interval_s=0.2, what="replica listed")
+        assert _nodes(me)[me]["api_addr"] == f"http://{me}"
+        expected = f"localhost:{daemon.pid}"
+        poll_until(
+            lambda: shell(uri, "whoisauditor").stdout.strip() == expected,
+            timeout_s=60,
+            interval_s=0.5,
+            what="auditor named by its advertised host",
+        )
+    finally:
+        _stop(db)
+        _stop(daemon)
