@@ -28,6 +28,13 @@ Two details make this work:
   commit or abort deletes every registered ledger that is not in the log. A
   streaming write's token names its query and batch, so that no other query's
   or batch's clean-up touches its ledgers.
+- *Stragglers.* Spark runs the driver's abort while tasks of the failed job may
+  still run (killing them takes time). A batch write's staging is opened by the
+  driver before any task, and a task never creates it: one that asks for its
+  ledger id after the clean-up finds no staging and fails. The clean-up deletes a
+  registration before the ledger, and a task checks its registration after
+  creating its ledger, so a ledger created after the clean-up looked for it is
+  deleted by its own task (:func:`create_task_ledger`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from functools import partial
 
 from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.client.reading import gather_in_order
+from quorumlog.client.writing import LedgerHandle
 from quorumlog.errors import (
     BKError,
     InvalidArgumentError,
@@ -90,6 +98,11 @@ TAG_PARTITION = "spark.partition"
 class CommitOutcomeUnknownError(MetadataError):
     """The commit's compare-and-set may or may not have been applied, and the log could
     not be read to tell: the rows may be in the log. Nothing was deleted."""
+
+
+class WriteEndedError(BKError):
+    """The driver already committed or aborted the write this task belongs to (the
+    task straggled behind its job): its rows are not kept, and it left no ledger."""
 
 
 class StagedLedgerError(BKError):
@@ -201,10 +214,17 @@ async def task_ledger_id(
     for slot in range(min(task_attempt, SLOTS_PER_PARTITION - 1), SLOTS_PER_PARTITION):
         ledger_id = first_id + slot
         try:
-            # Registered before the ledger exists, so no ledger escapes the clean-up.
-            await bk.store.create(f"{staging_path(token)}/l{ledger_id}", str(partition).encode())
+            # Registered before the ledger exists, so no ledger escapes the clean-up;
+            # never creating the staging, which a finished write's clean-up removed.
+            await bk.store.create(
+                f"{staging_path(token)}/l{ledger_id}",
+                str(partition).encode(),
+                make_parents=False,
+            )
         except NodeExistsError:
             continue
+        except NoNodeError:
+            raise _write_ended(log_name, token, partition) from None
         return ledger_id
     raise InvalidArgumentError(
         f"log {log_name}: partition {partition} of stage {stage_key} was tried more than "
@@ -212,11 +232,21 @@ async def task_ledger_id(
     )
 
 
-async def _ensure_staging_root(bk: BookKeeper, token: str, log_name: str) -> None:
+async def open_staging(bk: BookKeeper, token: str, log_name: str) -> None:
+    """Open the write's staging, where its tasks register their ledgers: a batch
+    write's driver before any task runs; a streaming batch's first task (no driver
+    code runs before a micro-batch's tasks)."""
     # The header names the log and the age, for the sweep of abandoned writes.
     header = json.dumps({"log": log_name, "created_ms": int(time.time() * 1000)}).encode()
     with contextlib.suppress(NodeExistsError):
         await bk.store.create(staging_path(token), header)
+
+
+def _write_ended(log_name: str, token: str, partition: int) -> WriteEndedError:
+    return WriteEndedError(
+        f"log {log_name}: write {token} was already committed or aborted by its driver; "
+        f"the task of partition {partition} straggled behind its job and keeps nothing"
+    )
 
 
 async def _stage_block(
@@ -228,13 +258,51 @@ async def _stage_block(
     except NoNodeError:
         pass
     first = await bk.ledgers.reserve_ledger_ids(max_partitions * SLOTS_PER_PARTITION)
-    await _ensure_staging_root(bk, token, log_name)
     try:
-        await bk.store.create(path, str(first).encode())
+        await bk.store.create(path, str(first).encode(), make_parents=False)
         return first
     except NodeExistsError:
         # Another task of the stage got there first; our reserved block goes unused.
         return int((await bk.store.get(path)).data)
+    except NoNodeError:
+        raise _write_ended(log_name, token, -1) from None
+
+
+async def create_task_ledger(
+    bk: BookKeeper,
+    token: str,
+    log_name: str,
+    partition: int,
+    ledger_id: int,
+    ensemble: int,
+    write_quorum: int,
+    ack_quorum: int,
+    *,
+    password: bytes = b"",
+) -> LedgerHandle:
+    """Create the task's ledger (registered by :func:`task_ledger_id`), tagged for the
+    commit's checks. If the registration is gone once the ledger exists, the write's
+    clean-up ran before the ledger was there to delete: the task deletes it itself."""
+    handle = await bk.create_ledger(
+        ensemble,
+        write_quorum,
+        ack_quorum,
+        password=password,
+        custom_metadata=ledger_tags(log_name, token, partition),
+        ledger_id=ledger_id,
+    )
+    if await bk.store.exists(f"{staging_path(token)}/l{ledger_id}") is not None:
+        return handle
+    # The clean-up deletes a registration before its ledger: seeing it gone after the
+    # create means no clean-up will come back for this ledger.
+    with contextlib.suppress(BKError):
+        await handle.close()
+    with contextlib.suppress(NoSuchLedgerError):
+        await bk.delete_ledger(ledger_id, password)
+    raise WriteEndedError(
+        f"log {log_name}: write {token} ended while the task of partition {partition} "
+        f"created ledger {ledger_id}; the ledger was deleted again and nothing is kept"
+    )
 
 
 # ---------------------------------------------------------------- the driver
@@ -399,7 +467,7 @@ async def _read_for_commit(
 
 async def _mark_commit(bk: BookKeeper, log_name: str, token: str) -> None:
     """Say in the staging that a compare-and-set may be sent (see :func:`abort`)."""
-    await _ensure_staging_root(bk, token, log_name)
+    await open_staging(bk, token, log_name)
     with contextlib.suppress(NodeExistsError):
         await bk.store.create(f"{staging_path(token)}/{COMMIT_MARKER}", b"")
 
@@ -581,19 +649,26 @@ async def clean_up(
     kept = set(keep)
     deleted: list[int] = []
     for name in names:
-        if name.startswith("l") and name[1:].isdigit():
-            ledger_id = int(name[1:])
-            if ledger_id not in kept:
-                try:
-                    await bk.delete_ledger(ledger_id, password)
-                    deleted.append(ledger_id)
-                except NoSuchLedgerError:
-                    pass  # registered, but the task died before creating it
-                except BKError as exc:
-                    log.warning("log %s: could not delete ledger %d: %s", log_name, ledger_id, exc)
-                    continue  # keep its registration: a later clean-up tries again
+        # The registration goes first, then the ledger: a task that creates its ledger
+        # after this clean-up looked for it sees its registration gone and deletes the
+        # ledger itself (create_task_ledger).
         with contextlib.suppress(NoNodeError):
             await bk.store.delete(f"{root}/{name}")
+        if not (name.startswith("l") and name[1:].isdigit()):
+            continue
+        ledger_id = int(name[1:])
+        if ledger_id in kept:
+            continue
+        try:
+            await bk.delete_ledger(ledger_id, password)
+            deleted.append(ledger_id)
+        except NoSuchLedgerError:
+            pass  # registered, but the task died before creating it (or deleted it)
+        except BKError as exc:
+            log.warning("log %s: could not delete ledger %d: %s", log_name, ledger_id, exc)
+            # Registered again, so that a later clean-up tries again.
+            with contextlib.suppress(BKError):
+                await bk.store.create(f"{root}/{name}", b"", make_parents=False)
     # A straggling task may have registered something meanwhile: a later clean-up's.
     with contextlib.suppress(BKError):
         await bk.store.delete(root)

@@ -321,6 +321,11 @@ async def _commit(
         raise
 
 
+async def _open_staging(opts: WriteOptions, token: str) -> None:
+    bk = await scan.client_for(opts.metadata_uri)
+    await commits.open_staging(bk, token, opts.log)
+
+
 async def _abort(opts: WriteOptions, token: str) -> None:
     bk = await scan.client_for(opts.metadata_uri)
     await commits.abort(bk, opts.log, token, password=opts.password)
@@ -333,6 +338,9 @@ class QuorumlogWriter(DataSourceArrowWriter):
     def __init__(self, opts: WriteOptions) -> None:
         self.opts = opts
         self.token = commits.new_write_token()
+        # Opened here, on the driver, before any task: a task that straggles behind
+        # the job's abort or commit finds it gone and creates nothing.
+        scan.run(_open_staging(opts, self.token))
 
     def write(self, iterator: Iterator[Any]) -> QuorumlogCommitMessage:
         return QuorumlogCommitMessage(write_task(self.opts, self.token, _task_identity(), iterator))

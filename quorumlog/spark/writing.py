@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from quorumlog.client.writing import LedgerHandle
 from quorumlog.errors import BKError, InvalidArgumentError
 from quorumlog.spark import scan
-from quorumlog.spark.commit import TaskResult, ledger_tags, task_ledger_id
+from quorumlog.spark.commit import TaskResult, create_task_ledger, open_staging, task_ledger_id
 from quorumlog.spark.options import WriteOptions
 
 if TYPE_CHECKING:
@@ -69,6 +69,10 @@ def data_column(batch: pa.RecordBatch, partition: int) -> list[bytes]:
 
 async def _open_ledger(opts: WriteOptions, token: str, who: TaskIdentity) -> LedgerHandle:
     bk = await scan.client_for(opts.metadata_uri)
+    if who.batch_id is not None:
+        # No driver code runs before a micro-batch's tasks: the first one opens the
+        # staging. A batch write's driver opened it when the job was planned.
+        await open_staging(bk, token, opts.log)
     ledger_id = await task_ledger_id(
         bk,
         token,
@@ -78,14 +82,16 @@ async def _open_ledger(opts: WriteOptions, token: str, who: TaskIdentity) -> Led
         who.task_attempt,
         opts.max_write_partitions,
     )
-    return await bk.create_ledger(
+    return await create_task_ledger(
+        bk,
+        token,
+        opts.log,
+        who.partition,
+        ledger_id,
         opts.ensemble,
         opts.write_quorum,
         opts.ack_quorum,
         password=opts.password,
-        # Checked by the commit before it appends the ledger.
-        custom_metadata=ledger_tags(opts.log, token, who.partition),
-        ledger_id=ledger_id,
     )
 
 

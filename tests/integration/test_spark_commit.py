@@ -37,18 +37,18 @@ async def task(
     rows: int,
     attempt: int = 0,
     password: bytes = b"",
+    opens_staging: bool = True,
 ) -> TaskResult:
-    """What a write task does: its ledger id, the ledger, its rows, close."""
+    """What a write task does: its ledger id, the ledger, its rows, close. A streaming
+    batch's task opens the staging itself (``opens_staging``); a batch write's driver
+    opened it before any task ran."""
+    if opens_staging:
+        await commits.open_staging(bk, token, log)
     ledger_id = await commits.task_ledger_id(
         bk, token, log, "stage-1", partition, attempt, MAX_PARTITIONS
     )
-    handle = await bk.create_ledger(
-        3,
-        3,
-        2,
-        password=password,
-        ledger_id=ledger_id,
-        custom_metadata=commits.ledger_tags(log, token, partition),
+    handle = await commits.create_task_ledger(
+        bk, token, log, partition, ledger_id, 3, 3, 2, password=password
     )
     for i in range(rows):
         await handle.add_entry(b"p%d-%d" % (partition, i))
@@ -207,6 +207,52 @@ def test_task_ledgers_sort_by_partition_whatever_order_tasks_run(cluster3: Local
             assert await staging(bk, token) == []
             with pytest.raises(InvalidArgumentError, match="maxWritePartitions=8"):
                 await commits.task_ledger_id(bk, token, "ordered", "s", 8, 0, MAX_PARTITIONS)
+
+    asyncio.run(main())
+
+
+def test_a_task_that_starts_after_the_abort_creates_no_ledger_and_no_staging(
+    cluster3: LocalCluster,
+) -> None:
+    """Spark runs the driver's abort while a task of the failed job is still running
+    (killing it takes time), so the straggler asks for its ledger id after the clean-up.
+    It fails, naming the write, and leaves no ledger and no staging behind."""
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster3.metadata_uri) as bk:
+            await commits.prepare_log(bk, "straggler")
+            token = commits.new_write_token()
+            await commits.open_staging(bk, token, "straggler")  # the driver, before tasks
+            done = await task(bk, token, "straggler", 0, 3, opens_staging=False)
+            before = set(await bk.list_ledgers())
+            assert await commits.abort(bk, "straggler", token) == (done.ledger_id,)
+            with pytest.raises(commits.WriteEndedError, match=f"write {token}"):
+                await task(bk, token, "straggler", 2, 3, opens_staging=False)
+            assert set(await bk.list_ledgers()) == before - {done.ledger_id}
+            assert token not in await bk.store.children(commits.STAGING_PATH)
+
+    asyncio.run(main())
+
+
+def test_a_task_that_creates_its_ledger_after_the_abort_deletes_it_again(
+    cluster3: LocalCluster,
+) -> None:
+    """The straggler registered its ledger id before the abort, which found no ledger
+    to delete; the ledger created after it is deleted by the task itself, which fails."""
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster3.metadata_uri) as bk:
+            await commits.prepare_log(bk, "late-ledger")
+            token = commits.new_write_token()
+            await commits.open_staging(bk, token, "late-ledger")
+            ledger_id = await commits.task_ledger_id(
+                bk, token, "late-ledger", "stage-1", 1, 0, MAX_PARTITIONS
+            )
+            assert await commits.abort(bk, "late-ledger", token) == ()
+            with pytest.raises(commits.WriteEndedError, match=f"ledger {ledger_id}"):
+                await commits.create_task_ledger(bk, token, "late-ledger", 1, ledger_id, 3, 3, 2)
+            assert not await bk.ledger_exists(ledger_id)
+            assert token not in await bk.store.children(commits.STAGING_PATH)
 
     asyncio.run(main())
 
