@@ -86,6 +86,12 @@ class Host:
     address: str
     mac: str = ""
     network: Network | None = field(default=None, repr=False)
+    # More addresses of the same interface (a bookie's proxy listens on one).
+    extra_addresses: list[str] = field(default_factory=list)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.address, *self.extra_addresses]
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside this host's namespace."""
@@ -231,6 +237,14 @@ class Network:
         with self._lock:
             self.hosts[name] = host
         return host
+
+    def add_address(self, host: Host) -> str:
+        """One more address of the range on ``host``'s interface."""
+        with self._lock:
+            address = str(next(self._addresses))
+        _ip("addr", "add", f"{address}/{SUBNET.prefixlen}", "dev", "eth0", namespace=host.namespace)
+        host.extra_addresses.append(address)
+        return address
 
     # ------------------------------------------------------------ link faults
 
