@@ -2,7 +2,11 @@
 replication worker) in the foreground.
 
 Prints ``autorecovery IDENTIFIER running`` once it has joined the auditor election;
-SIGTERM or SIGINT stop it (exit status 0). ``quorumlog bookie --autorecovery`` runs
+SIGTERM or SIGINT stop it (exit status 0). With ``--http-port`` it serves the admin
+API without the bookie endpoints (heartbeat, bookies, ledgers, under-replicated
+ledgers, the auditor) and ``/metrics`` with its own counts
+(:mod:`quorumlog.replication.metrics`), announced by ``autorecovery IDENTIFIER admin
+URL`` before the running line. ``quorumlog bookie --autorecovery`` runs
 the same daemon inside a bookie process, with the same options.
 """
 
@@ -10,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from quorumlog.commands.addresses import check_host
@@ -23,7 +29,12 @@ from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
 from quorumlog.replication.rereplicate import LEDGERS_IN_FLIGHT_DEFAULT
 from quorumlog.replication.worker import OPEN_LEDGER_GRACE_S_DEFAULT, RETRY_BACKOFF_S_DEFAULT
 
+if TYPE_CHECKING:
+    from quorumlog.server.admin_http import AdminServer
+
 _PROG = "quorumlog autorecovery"
+# The admin API is an operator's port: on this machine only, as the bookies' default.
+_ADMIN_HOST = "127.0.0.1"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -43,6 +54,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         default=None,
         help="this machine's name as other machines know it: the daemon's identifier is "
         "HOST:PID (shown by whoisauditor and in the workers' claims; default: the host name)",
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the HTTP admin API and /metrics on 127.0.0.1:PORT (0: a free port, "
+        "printed on stdout; default: not served)",
     )
     add_options(p)
     p.add_argument(
@@ -152,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
         config = config_from_args(args)
+        if args.http_port is not None and not 0 <= args.http_port <= 65535:
+            raise ValueError(f"--http-port {args.http_port}: expected 0..65535")
         identifier = None
         if args.advertised_address is not None:
             host = check_host(args.advertised_address, "--advertised-address")
@@ -162,7 +183,10 @@ def run(args: argparse.Namespace) -> int:
     uri = resolve_metadata_uri(args.metadata)
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(_serve(uri, config, identifier))
+        return loop.run_until_complete(_serve(uri, config, identifier, args.http_port))
+    except _AdminPortError as exc:
+        print(f"{_PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (BKError, OSError) as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -170,22 +194,64 @@ def run(args: argparse.Namespace) -> int:
         loop.close()
 
 
-async def _serve(uri: str, config: AutoRecoveryConfig, identifier: str | None = None) -> int:
+class _AdminPortError(Exception):
+    """The admin API's port cannot be served (in use, not permitted)."""
+
+
+async def _start_admin(daemon: AutoRecovery, port: int) -> AdminServer:
+    """The admin API without a bookie: the metadata endpoints through the daemon's
+    current session, ``/metrics`` with its counts."""
+    from quorumlog.replication.metrics import AutoRecoveryMetrics
+    from quorumlog.server.admin_http import AdminContext, AdminServer, build_admin_app
+
+    metrics = AutoRecoveryMetrics(daemon)
+    ctx = AdminContext(
+        store=lambda: daemon.bk.store if daemon.bk is not None else None,
+        bookie=None,
+        bookie_id=daemon.identifier,
+        registry=metrics.registry,
+        before_scrape=metrics.refresh,
+    )
+    admin = AdminServer(build_admin_app(ctx), _ADMIN_HOST, port)
+    try:
+        await admin.start()
+    except OSError as exc:
+        raise _AdminPortError(
+            f"cannot serve the admin API on {_ADMIN_HOST}:{port}: {exc.strerror or exc}"
+        ) from None
+    return admin
+
+
+async def _serve(
+    uri: str,
+    config: AutoRecoveryConfig,
+    identifier: str | None = None,
+    http_port: int | None = None,
+) -> int:
     from quorumlog.client.bookkeeper import BookKeeper
 
     # Fail at once, in one line, on a store that is not there (a client never makes one).
     probe = await BookKeeper.connect(uri)
     await probe.close()
     daemon = AutoRecovery(uri, config, identifier=identifier)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, daemon.stop)
-    task = loop.create_task(daemon.run())
-    started = loop.create_task(daemon.started.wait())
-    await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
-    if daemon.started.is_set():
-        print(f"autorecovery {daemon.identifier} running", flush=True)
-    await task
-    started.cancel()
+    admin = await _start_admin(daemon, http_port) if http_port is not None else None
+    try:
+        if admin is not None:
+            url = f"http://{_ADMIN_HOST}:{admin.port}"
+            print(f"autorecovery {daemon.identifier} admin {url}", flush=True)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, daemon.stop)
+        task = loop.create_task(daemon.run())
+        started = loop.create_task(daemon.started.wait())
+        await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+        if daemon.started.is_set():
+            print(f"autorecovery {daemon.identifier} running", flush=True)
+        await task
+        started.cancel()
+    finally:
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(admin.stop(), 2.0)
     print(f"autorecovery {daemon.identifier} stopped", flush=True)
     return EXIT_OK

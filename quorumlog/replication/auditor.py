@@ -160,13 +160,15 @@ class Auditor:
         config: AuditorConfig | None = None,
         *,
         rng: random.Random | None = None,
+        stats: AuditorStats | None = None,
     ) -> None:
         self.bk = bk
         self.identifier = identifier
         self.config = config or AuditorConfig()
         self.marks = UnderReplicationManager(bk.store)
         self.tracker = LossTracker()
-        self.stats = AuditorStats()
+        # Given by the daemon, the counts go on across its sessions (its metrics).
+        self.stats = stats if stats is not None else AuditorStats()
         self.rng = rng or random.Random()
         self._wake = asyncio.Event()
         self._audit_task: asyncio.Task[None] | None = None

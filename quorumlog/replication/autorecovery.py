@@ -27,8 +27,8 @@ from quorumlog.errors import BKError
 from quorumlog.meta.store import SessionState
 from quorumlog.meta.underreplication import AUDITOR_ELECTION_GROUP
 from quorumlog.recipes.election import LeaderElection
-from quorumlog.replication.auditor import Auditor, AuditorConfig
-from quorumlog.replication.worker import ReplicationWorker, WorkerConfig
+from quorumlog.replication.auditor import Auditor, AuditorConfig, AuditorStats
+from quorumlog.replication.worker import ReplicationWorker, WorkerConfig, WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,13 @@ class AutoRecovery:
         self.worker: ReplicationWorker | None = None
         self.auditor: Auditor | None = None
         self.is_auditor = False
+        # The client of the current session (None between sessions): the admin API
+        # reads the metadata store through it.
+        self.bk: BookKeeper | None = None
+        # One count for the process: each session's worker and auditor add to them.
+        self.worker_stats = WorkerStats()
+        self.auditor_stats = AuditorStats()
+        self.sessions_started = 0
         self._stop = asyncio.Event()
         self.started = asyncio.Event()
 
@@ -84,6 +91,8 @@ class AutoRecovery:
             metadata_session_timeout_ms=self.config.metadata_session_timeout_ms
         )
         bk = await BookKeeper.connect(self.metadata_uri, config=client_config)
+        self.bk = bk
+        self.sessions_started += 1
         lost = asyncio.Event()
 
         def on_session(state: SessionState) -> None:
@@ -96,7 +105,7 @@ class AutoRecovery:
 
         def gain() -> None:
             self.is_auditor = True
-            auditor = Auditor(bk, self.identifier, self.config.auditor)
+            auditor = Auditor(bk, self.identifier, self.config.auditor, stats=self.auditor_stats)
             self.auditor = auditor
             task = asyncio.get_running_loop().create_task(
                 self._again_on_error("auditor", auditor.run)
@@ -111,7 +120,9 @@ class AutoRecovery:
         election: LeaderElection | None = None
         try:
             if self.config.run_worker:
-                worker = ReplicationWorker(bk, self.identifier, self.config.worker)
+                worker = ReplicationWorker(
+                    bk, self.identifier, self.config.worker, stats=self.worker_stats
+                )
                 self.worker = worker
                 tasks.add(
                     asyncio.get_running_loop().create_task(
@@ -150,6 +161,7 @@ class AutoRecovery:
             for task in [*tasks]:
                 with contextlib.suppress(asyncio.CancelledError, BKError):
                     await task
+            self.bk = None
             with contextlib.suppress(BKError):
                 await bk.close()
 

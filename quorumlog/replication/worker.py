@@ -96,12 +96,14 @@ class ReplicationWorker:
         config: WorkerConfig | None = None,
         *,
         rng: random.Random | None = None,
+        stats: WorkerStats | None = None,
     ) -> None:
         self.bk = bk
         self.identifier = identifier
         self.config = config or WorkerConfig()
         self.marks = UnderReplicationManager(bk.store)
-        self.stats = WorkerStats()
+        # Given by the daemon, the counts go on across its sessions (its metrics).
+        self.stats = stats if stats is not None else WorkerStats()
         self.rng = rng or random.Random()
         self.retry_at: dict[int, float] = {}
         self.current: set[int] = set()  # the ledgers being repaired now

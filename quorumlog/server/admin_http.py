@@ -71,6 +71,10 @@ class AdminContext:
     # the bookie has no force_gc (compaction) of its own.
     gc_round: Callable[[], Awaitable[object]] | None = None
     shutting_down: Callable[[], bool] = lambda: False
+    # Awaited before each /metrics answer: a process whose metrics need the metadata
+    # store (an autorecovery daemon's marked ledgers) reads it there, as a collector
+    # may not wait.
+    before_scrape: Callable[[], Awaitable[None]] | None = None
     gc_task: asyncio.Task[object] | None = field(default=None, init=False)
     gc_last: dict[str, Any] | None = field(default=None, init=False)
 
@@ -174,6 +178,8 @@ class _Handlers:
     async def metrics(self, _request: web.Request) -> web.Response:
         if self.ctx.registry is None:
             raise HttpError(404, "this process exports no metrics")
+        if self.ctx.before_scrape is not None:
+            await self.ctx.before_scrape()
         body = generate_latest(self.ctx.registry)
         response = web.Response(body=body)
         # aiohttp refuses a content type with parameters in content_type=, so set it whole.

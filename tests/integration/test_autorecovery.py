@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from typing import Any
 
 import pytest
 from support import holders, holds_for, plant_forged_entry, poll_until, shell
+from test_admin_http import http
+from test_metrics import scrape
 
 from quorumlog import BookKeeper
 from quorumlog.errors import BKError, Status
@@ -33,6 +36,7 @@ DELAY_S = 3
 # Bound for the repair once the delay has passed: detection (a session expiry), the
 # copies and the compare-and-sets, on a shared 2-core machine.
 REPAIR_BOUND_S = 90.0
+_ADMIN_LINE = re.compile(r"^autorecovery (\S+) admin http://127\.0\.0\.1:(\d+)$", re.MULTILINE)
 
 
 @pytest.fixture
@@ -87,6 +91,14 @@ class Daemon:
         )
         assert self.process.poll() is None, self.err.read_text()
         self.identifier = self.out.read_text().split()[1]
+
+    @property
+    def admin_port(self) -> int:
+        """The port of its admin API (``--http-port``), printed before ``running``."""
+        found = _ADMIN_LINE.search(self.out.read_text())
+        assert found, self.out.read_text()
+        assert found.group(1) == self.identifier
+        return int(found.group(2))
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -202,7 +214,8 @@ def test_a_killed_bookie_is_re_replicated_without_operator_action(
         ledgers = [write_closed(bk, 300) for _ in range(8)]
         for ledger_id in ledgers:
             assert_fully_replicated(bk, ledger_id)
-        daemons.append(Daemon(uri, tmp_path / "ar1"))
+        daemon = Daemon(uri, tmp_path / "ar1", "--http-port", "0")
+        daemons.append(daemon)
         writers = [Writer(uri), Writer(uri)]
         for writer in writers:
             writer.start()
@@ -251,6 +264,19 @@ def test_a_killed_bookie_is_re_replicated_without_operator_action(
             reader = bk.open_ledger(ledger_id)
             data = [e.data for e in reader.read_entries(0, 299)]
             assert data == [payload(ledger_id, i) for i in range(300)]
+        # The daemon's /metrics (prometheus-client's parser) count what it did.
+        _, metrics = scrape(daemon.admin_port)
+        assert metrics["quorumlog_autorecovery_is_auditor"] == 1
+        assert metrics["quorumlog_autorecovery_under_replicated_ledgers"] == 0
+        assert metrics["quorumlog_autorecovery_ledgers_marked_total"] >= len(named)
+        assert metrics["quorumlog_autorecovery_lost_bookies_marked_total"] == 1
+        assert metrics["quorumlog_autorecovery_ledgers_repaired_total"] >= len(named)
+        assert metrics["quorumlog_autorecovery_copied_fragments_total"] >= len(named)
+        assert metrics["quorumlog_autorecovery_copied_entries_total"] >= 300 * len(named)
+        # Each copied entry is a blob: its payload of 100 bytes and its header and digest.
+        copied_bytes = metrics["quorumlog_autorecovery_copied_bytes_total"]
+        assert copied_bytes > 100 * metrics["quorumlog_autorecovery_copied_entries_total"]
+        assert metrics["quorumlog_autorecovery_ledger_repair_failures_total"] == 0
         print(f"healed {len(ledgers)} ledgers {healed_s:.1f} s after the kill")
 
 
@@ -617,3 +643,84 @@ def test_disabled_autorecovery_marks_and_copies_nothing_until_enabled(
         poll_until(
             lambda: not naming(bk, lost), timeout_s=REPAIR_BOUND_S, interval_s=0.5, what="repair"
         )
+
+
+def test_the_autorecovery_admin_api_answers_and_its_metrics_follow_the_marks(
+    cluster3: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """``quorumlog autorecovery --http-port``: the admin endpoints without a bookie
+    (those of a bookie answer 404 as JSON), bad parameters refused with 400 naming them,
+    and ``/metrics`` following the marks in the store, an audit and the repairs."""
+    uri = cluster3.metadata_uri
+    daemon = Daemon(uri, tmp_path / "ar", "--http-port", "0")
+    daemons.append(daemon)
+    port = daemon.admin_port
+    assert http(port, "/heartbeat")[:2] == (200, {"status": "OK"})
+    poll_until(
+        lambda: (
+            http(port, "/api/v1/autorecovery/who_is_auditor")[:2]
+            == (200, {"Auditor": daemon.identifier})
+        ),
+        timeout_s=30,
+        what="the daemon audits",
+    )
+    with BookKeeper(uri) as bk:
+        ledger_id = write_closed(bk, 20)
+        status, listed, _ = http(port, "/api/v1/bookie/list_bookies?type=rw")
+        assert (status, set(listed)) == (200, set(cluster3.addresses))
+        assert http(port, "/api/v1/bookie/list_bookies?type=ro")[:2] == (200, {})
+        status, ledgers, _ = http(port, "/api/v1/ledger/list?print_metadata=true")
+        assert status == 200 and ledgers[str(ledger_id)]["state"] == "CLOSED"
+        status, metadata, _ = http(port, f"/api/v1/ledger/metadata?ledger_id={ledger_id}")
+        assert status == 200 and metadata["last_entry_id"] == 19
+
+        # An audit asked for is counted once it ran.
+        assert scrape(port)[1]["quorumlog_autorecovery_audit_runs_total"] == 0
+        assert shell(uri, "triggeraudit").returncode == 0
+        poll_until(
+            lambda: scrape(port)[1]["quorumlog_autorecovery_audit_runs_total"] == 1,
+            timeout_s=60,
+            what="the requested audit counted",
+        )
+
+        # Marks made while autorecovery is paused: listed, and in the gauge.
+        manager = UnderReplicationManager(bk.aio.store)
+        bk.run(manager.set_enabled(False))
+        bk.run(manager.mark(4242, ["127.0.0.1:1"]))
+        bk.run(manager.mark(17, ["127.0.0.1:2", "127.0.0.1:3"]))
+        status, marked, _ = http(port, "/api/v1/autorecovery/list_under_replicated_ledger")
+        assert (status, marked) == (200, [17, 4242])
+        status, marked, _ = http(
+            port, "/api/v1/autorecovery/list_under_replicated_ledger?print_missing_replica=true"
+        )
+        assert status == 200
+        assert marked == {"17": ["127.0.0.1:2", "127.0.0.1:3"], "4242": ["127.0.0.1:1"]}
+        text, metrics = scrape(port)
+        assert metrics["quorumlog_autorecovery_under_replicated_ledgers"] == 2
+        assert "# TYPE quorumlog_autorecovery_copied_bytes_total counter" in text
+        # Resumed: the worker clears the marks of ledgers that do not exist.
+        bk.run(manager.set_enabled(True))
+        poll_until(
+            lambda: scrape(port)[1]["quorumlog_autorecovery_under_replicated_ledgers"] == 0,
+            timeout_s=60,
+            what="the marks cleared",
+        )
+        assert scrape(port)[1]["quorumlog_autorecovery_ledgers_repaired_total"] == 2
+
+    for path, name in [
+        ("/api/v1/ledger/metadata", "ledger_id"),
+        ("/api/v1/ledger/metadata?ledger_id=x", "ledger_id"),
+        ("/api/v1/ledger/list?print_metadata=maybe", "print_metadata"),
+        ("/api/v1/bookie/list_bookies?type=xx", "type"),
+        ("/api/v1/autorecovery/list_under_replicated_ledger?print_missing_replica=2", "print"),
+    ]:
+        status, error, ctype = http(port, path)
+        assert status == 400, (path, status, error)
+        assert ctype.startswith("application/json") and name in error["error"], (path, error)
+    status, error, _ = http(port, "/api/v1/ledger/metadata?ledger_id=987654321")
+    assert status == 404 and "987654321" in error["error"]
+    for path, method in [("/api/v1/bookie/info", "GET"), ("/api/v1/bookie/gc", "PUT")]:
+        status, error, _ = http(port, path, method=method, body={} if method == "PUT" else None)
+        assert status == 404 and "no bookie" in error["error"], (path, error)
+    status, error, _ = http(port, "/heartbeat", method="POST", body={})
+    assert status == 405 and "error" in error

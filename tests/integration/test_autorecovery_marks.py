@@ -135,6 +135,9 @@ def test_autorecovery_command_refuses_bad_options_and_a_missing_store(tmp_path: 
     bad = command("--metadata", f"sqlite://{tmp_path}/x.db", "--audit-sample", "2")
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
     assert "--audit-sample" in bad.stderr
+    bad_port = command("--metadata", f"sqlite://{tmp_path}/x.db", "--http-port", "70000")
+    assert bad_port.returncode == 2 and len(bad_port.stderr.splitlines()) == 1, bad_port.stderr
+    assert "--http-port" in bad_port.stderr
     missing = command("--metadata", f"sqlite://{tmp_path}/missing.db")
     assert missing.returncode == 1 and len(missing.stderr.splitlines()) == 1, missing.stderr
     assert "missing.db" in missing.stderr
