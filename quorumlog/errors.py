@@ -118,6 +118,14 @@ class BookieUnavailableError(BKError):
     status = Status.IO_ERROR
 
 
+class AuthenticationError(BookieUnavailableError):
+    """A peer refused this process's credentials (a missing, bad or expired token, a role
+    that may not send what was asked) or its transport (TLS at one end only). The message
+    says which and never holds the credential itself (docs/SECURITY.md)."""
+
+    status = Status.UNAUTHORIZED
+
+
 class TimeoutError_(BookieUnavailableError):
     """A request to a bookie timed out (its outcome is unknown)."""
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Self
 
 from quorumlog.client.config import ClientConfig
-from quorumlog.client.connection import ConnectionPool
+from quorumlog.client.connection import ConnectionPool, SslContextSource
 from quorumlog.client.placement import BookiePlacement
 from quorumlog.client.reading import ReadHandle
 from quorumlog.client.recovery import LedgerRecovery
@@ -41,6 +41,8 @@ from quorumlog.meta.ledgers import LedgerManager
 from quorumlog.meta.store import MetadataStore
 from quorumlog.proto.codec import DeleteLedgerRequest
 from quorumlog.proto.entry import DigestType, master_key
+from quorumlog.security.tls import TlsFiles, TlsReloader
+from quorumlog.security.tokens import TokenFile
 
 if TYPE_CHECKING:
     from quorumlog.client.metrics import ClientMetrics
@@ -49,6 +51,11 @@ if TYPE_CHECKING:
 def password_digest(password: bytes) -> str:
     """What the metadata keeps to check passwords: a hash of the master key, not the password."""
     return hashlib.sha256(master_key(password)).hexdigest()
+
+
+def _tls_source(tls: TlsFiles | None) -> SslContextSource | None:
+    """The TLS context of each new bookie connection (None: plain TCP)."""
+    return None if tls is None else TlsReloader(tls, server_side=False).current
 
 
 class BookKeeper:
@@ -73,6 +80,9 @@ class BookKeeper:
             connect_timeout_ms=self.config.connect_timeout_ms,
             max_frame_size_bytes=self.config.max_frame_size_bytes,
             max_queued_bytes=self.config.max_queued_bytes_per_connection,
+            # Security (docs/SECURITY.md): both read per new connection.
+            ssl_context=_tls_source(self.config.tls),
+            token=TokenFile(self.config.token_file),
         )
         # Bookie placement draws from here; the simulator passes a seeded one.
         self.rng = rng or random.Random()

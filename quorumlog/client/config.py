@@ -11,6 +11,7 @@ from quorumlog.proto.codec import (
     MAX_FRAME_SIZE_BYTES_DEFAULT,
 )
 from quorumlog.proto.entry import ENTRY_HEADER_SIZE, DigestType
+from quorumlog.security.tls import TlsFiles
 
 
 def entry_size_limit(max_frame_size_bytes: int) -> int:
@@ -65,3 +66,9 @@ class ClientConfig:
     # Sessions to the metadata store retry a compare-and-set this many times when a
     # concurrent change (not a state change) made it lose.
     metadata_cas_retries: int = 20
+    # Security (docs/SECURITY.md). TLS to bookies: None plain TCP; TlsFiles() verifies
+    # bookies against the system's CAs, ca_file against that CA, cert/key for mutual TLS.
+    tls: TlsFiles | None = None
+    # The token presented to bookies, read from this file (again when it changes); None:
+    # from QUORUMLOG_TOKEN when set, else no token (bookies without auth need none).
+    token_file: str | None = None

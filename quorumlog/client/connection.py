@@ -18,17 +18,25 @@ R12 holds for answers too: an answer of the wrong type, for another ledger or
 entry, or with more entries than asked is not handed on; its callback gets a
 :class:`ProtocolError` naming the bookie, as for a failed request. The check is
 per answer (a frame), never per entry.
+
+Security (docs/SECURITY.md): with TLS, the connection is made with the context its
+source gives at that moment (certificates replaced on disk serve the next connection);
+with a token, an AUTH request is the connection's first frame, and a refusal fails every
+request of the connection with an :class:`AuthenticationError` saying why. The token is
+read again for each new connection, so a renewed token file takes effect on reconnection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 from collections.abc import Callable
 from typing import Protocol, cast
 
 from quorumlog.errors import (
+    AuthenticationError,
     BKError,
     BookieUnavailableError,
     ProtocolError,
@@ -39,6 +47,8 @@ from quorumlog.proto.codec import (
     MAX_FRAME_SIZE_BYTES_DEFAULT,
     AddRequest,
     AddResponse,
+    AuthRequest,
+    AuthResponse,
     BookieInfoRequest,
     BookieInfoResponse,
     DeleteLedgerRequest,
@@ -63,6 +73,12 @@ MAX_QUEUED_BYTES_DEFAULT = 64 * 1024 * 1024
 _LENGTH = struct.Struct(">I")  # a frame's length prefix (quorumlog.proto.codec)
 
 ResponseCallback = Callable[[Response | BKError], None]
+# Where a new connection gets its TLS context and its token (each called per connection).
+SslContextSource = Callable[[], ssl.SSLContext]
+TokenSource = Callable[[], str | None]
+# The first bytes of a TLS record (handshake 0x16 or alert 0x15, version 3.x): a plain
+# frame's length prefix never starts so (frames are at most a few MiB).
+_TLS_RECORD_PREFIXES = (b"\x15\x03", b"\x16\x03")
 
 # The answer each request must get, and the operation named in messages.
 _ANSWERS: dict[type, tuple[type, Op]] = {
@@ -73,6 +89,7 @@ _ANSWERS: dict[type, tuple[type, Op]] = {
     WriteLacRequest: (StatusResponse, Op.WRITE_LAC),
     DeleteLedgerRequest: (StatusResponse, Op.DELETE_LEDGER),
     BookieInfoRequest: (BookieInfoResponse, Op.BOOKIE_INFO),
+    AuthRequest: (AuthResponse, Op.AUTH),
 }
 _ANSWER_OPS: dict[type, Op] = {
     AddResponse: Op.ADD,
@@ -80,6 +97,7 @@ _ANSWER_OPS: dict[type, Op] = {
     ReadLacResponse: Op.READ_LAC,
     FenceResponse: Op.FENCE,
     BookieInfoResponse: Op.BOOKIE_INFO,
+    AuthResponse: Op.AUTH,
 }
 
 
@@ -101,7 +119,9 @@ def answer_problem(request: Request, answer: Response) -> str | None:
     expected, op = _ANSWERS[type(request)]
     if type(answer) is not expected or (isinstance(answer, StatusResponse) and answer.op != op):
         return f"a {_answer_name(answer)} answer"
-    if isinstance(request, BookieInfoRequest) or isinstance(answer, BookieInfoResponse):
+    if isinstance(request, BookieInfoRequest | AuthRequest) or isinstance(
+        answer, BookieInfoResponse | AuthResponse
+    ):
         return None
     if answer.ledger_id != request.ledger_id:
         return f"an answer for ledger {answer.ledger_id}"
@@ -128,7 +148,11 @@ class BookieConnection(asyncio.Protocol):
         max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT,
         max_queued_bytes: int = MAX_QUEUED_BYTES_DEFAULT,
         on_closed: Callable[[BookieConnection], None] | None = None,
+        ssl_context: SslContextSource | None = None,
+        token: TokenSource | None = None,
     ) -> None:
+        """``ssl_context``: TLS on, with the context it returns; ``token``: the token to
+        present first (None from it: present none)."""
         self.address = address
         self._loop = loop
         self._decoder = FrameDecoder(max_frame_size_bytes)
@@ -144,14 +168,31 @@ class BookieConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._on_closed = on_closed
         self.closed = False
-        self._connect_task = loop.create_task(self._connect(connect_timeout_ms))
+        self._tls = ssl_context is not None
+        self._received_bytes = 0
+        credential = token() if token is not None else None
+        if credential is not None:
+            # Queued before anything else: the bookie reads nothing else first.
+            auth = AuthRequest(0, credential.encode("ascii", "replace"))
+            self.send(auth, self._authenticated, connect_timeout_ms)
+        context = ssl_context() if ssl_context is not None else None
+        self._connect_task = loop.create_task(self._connect(connect_timeout_ms, context))
 
-    async def _connect(self, timeout_ms: int) -> None:
+    async def _connect(self, timeout_ms: int, context: ssl.SSLContext | None) -> None:
         host, _, port = self.address.rpartition(":")
         try:
             await asyncio.wait_for(
-                self._loop.create_connection(lambda: self, host, int(port)), timeout_ms / 1000
+                self._loop.create_connection(
+                    lambda: self,
+                    host,
+                    int(port),
+                    ssl=context,
+                    server_hostname=host if context is not None else None,
+                ),
+                timeout_ms / 1000,
             )
+        except ssl.SSLError as exc:
+            self._shut(AuthenticationError(f"bookie {self.address}: {_tls_failure(exc)}"))
         except (TimeoutError, OSError, ValueError) as exc:
             reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc)
             self._shut(BookieUnavailableError(f"bookie {self.address}: cannot connect: {reason}"))
@@ -176,15 +217,28 @@ class BookieConnection(asyncio.Protocol):
             self._flush()
 
     def data_received(self, data: bytes) -> None:
+        first = self._received_bytes == 0
+        self._received_bytes += len(data)
         try:
             messages = self._decoder.feed(data)
         except ProtocolError as exc:
+            if first and not self._tls and data[:2] in _TLS_RECORD_PREFIXES:
+                self._shut(
+                    AuthenticationError(
+                        f"bookie {self.address} answers with TLS: turn the client's tls setting on"
+                    )
+                )
+                return
             self._shut(BookieUnavailableError(f"bookie {self.address}: bad answer: {exc}"))
             return
         pending = self._pending
         for message in messages:
             waiting = pending.pop(message.request_id, None)
             if waiting is None:
+                if type(message) is AuthResponse and message.status != 0:
+                    # Unasked (request id 0): the bookie says why it closes the connection.
+                    self._shut(AuthenticationError(f"bookie {self.address}: {message.reason}"))
+                    return
                 continue  # answer to a request that already timed out
             callback, timer, request = waiting
             if timer is not None:
@@ -204,7 +258,23 @@ class BookieConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = f": {exc}" if exc else ""
+        if isinstance(exc, ssl.SSLError):
+            why = f": {_tls_failure(exc)}"
+        elif not self._tls and self._received_bytes == 0 and self._pending:
+            # A bookie serving TLS closes a plain connection without a byte (its handshake
+            # fails); so does one that stops, but then the hint costs nothing.
+            why = (
+                " before any answer (a bookie that serves TLS closes plain connections so: "
+                "is the client's tls setting on?)"
+            )
         self._shut(BookieUnavailableError(f"bookie {self.address}: connection lost{why}"))
+
+    def _authenticated(self, answer: Response | BKError) -> None:
+        """The answer to the connection's AUTH request."""
+        if isinstance(answer, AuthResponse) and answer.status != 0:
+            self._shut(
+                AuthenticationError(f"bookie {self.address} refused the token: {answer.reason}")
+            )
 
     # ------------------------------------------------------------ sending
 
@@ -291,6 +361,16 @@ class BookieConnection(asyncio.Protocol):
         self._shut(BookieUnavailableError(f"bookie {self.address}: connection closed by client"))
 
 
+def _tls_failure(exc: ssl.SSLError) -> str:
+    """A TLS failure in words an operator can act on (never key material: none is here)."""
+    reason = exc.reason or str(exc)
+    if reason in ("TLSV1_ALERT_PROTOCOL_VERSION", "WRONG_VERSION_NUMBER"):
+        return f"TLS handshake refused ({reason}): the bookie does not serve TLS"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS: the bookie's certificate does not verify: {exc.verify_message}"
+    return f"TLS handshake failed: {reason}"
+
+
 def _mark_retrieved(future: asyncio.Future[Response]) -> None:
     if not future.cancelled():
         future.exception()
@@ -336,8 +416,12 @@ class ConnectionPool:
         connect_timeout_ms: int,
         max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES_DEFAULT,
         max_queued_bytes: int = MAX_QUEUED_BYTES_DEFAULT,
+        ssl_context: SslContextSource | None = None,
+        token: TokenSource | None = None,
     ) -> None:
         self._loop = loop
+        self._ssl_context = ssl_context
+        self._token = token
         self._connect_timeout_ms = connect_timeout_ms
         self._max_frame_size_bytes = max_frame_size_bytes
         self._max_queued_bytes = max_queued_bytes
@@ -353,6 +437,8 @@ class ConnectionPool:
                 max_frame_size_bytes=self._max_frame_size_bytes,
                 max_queued_bytes=self._max_queued_bytes,
                 on_closed=self._forget,
+                ssl_context=self._ssl_context,
+                token=self._token,
             )
             self._connections[address] = conn
         return conn

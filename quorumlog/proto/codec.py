@@ -48,11 +48,25 @@ class Op(enum.IntEnum):
     WRITE_LAC = 5
     DELETE_LEDGER = 6
     BOOKIE_INFO = 7
+    AUTH = 8
 
 
 class AddFlag(enum.IntFlag):
     NONE = 0
     RECOVERY = 1  # accepted even when the ledger is fenced (R7)
+
+
+class AuthMechanism(enum.IntEnum):
+    TOKEN = 1  # a signed token (JWT) with a role claim
+
+
+# The body layout of AUTH, numbered on its own so that it can change without a new frame
+# version (a bookie refuses a version it does not know with BAD_REQUEST and a reason).
+AUTH_VERSION = 1
+# Roles on the wire (AuthResponse.roles): one bit each, as quorumlog.security.Role names them.
+AUTH_ROLE_BITS = {"client": 1, "admin": 2, "bookie": 4}
+MAX_AUTH_CREDENTIAL_BYTES = 16 * 1024
+MAX_AUTH_REASON_BYTES = 1024
 
 
 class ReadFlag(enum.IntFlag):
@@ -128,6 +142,23 @@ class BookieInfoRequest:
     request_id: int
 
 
+@dataclass(slots=True)
+class AuthRequest:
+    """The first request of a connection to a bookie that checks credentials: the bookie
+    answers it before it reads anything else (docs/SECURITY.md)."""
+
+    request_id: int
+    credential: bytes
+    mechanism: int = AuthMechanism.TOKEN
+    version: int = AUTH_VERSION
+
+    def __repr__(self) -> str:  # the credential is a secret: never in a log line
+        return (
+            f"AuthRequest(request_id={self.request_id}, mechanism={self.mechanism}, "
+            f"credential=<{len(self.credential)} bytes>)"
+        )
+
+
 # ---------------------------------------------------------------- responses
 
 
@@ -191,6 +222,17 @@ class BookieInfoResponse:
     total_bytes: int
 
 
+@dataclass(slots=True)
+class AuthResponse:
+    """``roles``: the granted roles' bits (AUTH_ROLE_BITS), 0 when refused or when the
+    bookie checks nothing; ``reason``: why it refused, for the operator (no secret)."""
+
+    request_id: int
+    status: int
+    roles: int = 0
+    reason: str = ""
+
+
 Request = (
     AddRequest
     | ReadRequest
@@ -199,6 +241,7 @@ Request = (
     | WriteLacRequest
     | DeleteLedgerRequest
     | BookieInfoRequest
+    | AuthRequest
 )
 Response = (
     AddResponse
@@ -207,6 +250,7 @@ Response = (
     | FenceResponse
     | StatusResponse
     | BookieInfoResponse
+    | AuthResponse
 )
 Message = Request | Response
 
@@ -223,6 +267,8 @@ _WRITE_LAC_REQ = struct.Struct(f">Q{MASTER_KEY_SIZE}sq")
 _DELETE_REQ = struct.Struct(f">Q{MASTER_KEY_SIZE}s")  # ledger, key
 _STATUS_RESP = struct.Struct(">hQ")
 _INFO_RESP = struct.Struct(">hBqq")
+_AUTH_REQ = struct.Struct(">BBH")  # auth version, mechanism, credential length
+_AUTH_RESP = struct.Struct(">hBH")  # status, role bits, reason length
 
 # What an ADD frame's length field counts besides its entry blobs, which must stay within
 # the peer's max_frame_size_bytes: the header after the length prefix and the fixed body,
@@ -324,6 +370,17 @@ def _encode_parts(m: Message) -> list[bytes]:
     if isinstance(m, BookieInfoResponse):
         body_b = _INFO_RESP.pack(m.status, int(m.read_only), m.free_bytes, m.total_bytes)
         return [_header(Op.BOOKIE_INFO | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
+    if isinstance(m, AuthRequest):
+        if len(m.credential) > MAX_AUTH_CREDENTIAL_BYTES:
+            raise LocalProtocolError(
+                f"credential of {len(m.credential)} bytes (over {MAX_AUTH_CREDENTIAL_BYTES})"
+            )
+        body_b = _AUTH_REQ.pack(m.version, int(m.mechanism), len(m.credential)) + m.credential
+        return [_header(Op.AUTH, m.request_id, len(body_b)), body_b]
+    if isinstance(m, AuthResponse):
+        reason = m.reason.encode("utf-8")[:MAX_AUTH_REASON_BYTES]
+        body_b = _AUTH_RESP.pack(m.status, m.roles, len(reason)) + reason
+        return [_header(Op.AUTH | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
     raise LocalProtocolError(f"not a protocol message: {type(m).__name__}")
 
 
@@ -342,6 +399,8 @@ def error_response(request: Request, status: Status) -> Response:
         return StatusResponse(rid, Op.WRITE_LAC, status, request.ledger_id)
     if isinstance(request, DeleteLedgerRequest):
         return StatusResponse(rid, Op.DELETE_LEDGER, status, request.ledger_id)
+    if isinstance(request, AuthRequest):
+        return AuthResponse(rid, status)
     return BookieInfoResponse(rid, status, False, 0, 0)
 
 
@@ -434,6 +493,8 @@ def decode_message(op: int, request_id: int, body: memoryview) -> Message:
             ledger_id, key = _fixed(_DELETE_REQ, body, name)
             _check_ids(ledger_id, op_name=name)
             return DeleteLedgerRequest(request_id, ledger_id, key)
+        if kind is Op.AUTH:
+            return _decode_auth_request(request_id, body, name)
         if len(body) != 0:
             raise ProtocolError(f"{name}: unexpected body of {len(body)} bytes")
         return BookieInfoRequest(request_id)
@@ -455,8 +516,33 @@ def decode_message(op: int, request_id: int, body: memoryview) -> Message:
     if kind in (Op.WRITE_LAC, Op.DELETE_LEDGER):
         status, ledger_id = _fixed(_STATUS_RESP, body, name)
         return StatusResponse(request_id, kind, status, ledger_id)
+    if kind is Op.AUTH:
+        return _decode_auth_response(request_id, body, name)
     status, read_only, free, total = _fixed(_INFO_RESP, body, name)
     return BookieInfoResponse(request_id, status, bool(read_only), free, total)
+
+
+def _decode_auth_request(request_id: int, body: memoryview, name: str) -> AuthRequest:
+    if len(body) < _AUTH_REQ.size:
+        raise ProtocolError(f"{name}: body of {len(body)} bytes is too short")
+    # Version and mechanism decode whatever they are: the bookie answers one it does not
+    # know with BAD_REQUEST and a reason, which a newer client can act on.
+    version, mechanism, size = _AUTH_REQ.unpack_from(body, 0)
+    if size > MAX_AUTH_CREDENTIAL_BYTES:
+        raise ProtocolError(f"{name}: credential of {size} bytes")
+    if len(body) != _AUTH_REQ.size + size:
+        raise ProtocolError(f"{name}: credential length {size} does not match the body")
+    return AuthRequest(request_id, bytes(body[_AUTH_REQ.size :]), mechanism, version)
+
+
+def _decode_auth_response(request_id: int, body: memoryview, name: str) -> AuthResponse:
+    if len(body) < _AUTH_RESP.size:
+        raise ProtocolError(f"{name}: body of {len(body)} bytes is too short")
+    status, roles, size = _AUTH_RESP.unpack_from(body, 0)
+    if size > MAX_AUTH_REASON_BYTES or len(body) != _AUTH_RESP.size + size:
+        raise ProtocolError(f"{name}: reason length {size} does not match the body")
+    reason = bytes(body[_AUTH_RESP.size :]).decode("utf-8", "replace")
+    return AuthResponse(request_id, status, roles, reason)
 
 
 class FrameDecoder:

@@ -34,13 +34,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Protocol, cast
 
 from quorumlog.bookie.invariants import BrokenInvariant
-from quorumlog.errors import LocalProtocolError, ProtocolError, Status
+from quorumlog.errors import AuthenticationError, LocalProtocolError, ProtocolError, Status
 from quorumlog.proto.codec import (
+    AUTH_ROLE_BITS,
+    AUTH_VERSION,
     AddResponse,
+    AuthMechanism,
+    AuthRequest,
+    AuthResponse,
     BookieInfoResponse,
     FenceResponse,
     FrameDecoder,
@@ -54,6 +60,8 @@ from quorumlog.proto.codec import (
     encode_parts,
     error_response,
 )
+from quorumlog.security.roles import permitted, required_roles
+from quorumlog.security.tokens import Identity
 from quorumlog.server.config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -67,6 +75,16 @@ _RESPONSE_TYPES = (
     FenceResponse,
     StatusResponse,
     BookieInfoResponse,
+    AuthResponse,
+)
+# A TLS ClientHello record starts so; a frame's length prefix never does.
+_TLS_HANDSHAKE_PREFIX = b"\x16\x03"
+# A TLS fatal alert "protocol_version" in a plain record: the client's TLS library then
+# reports a refused handshake instead of a bare reset.
+_TLS_PROTOCOL_VERSION_ALERT = bytes.fromhex("15030300020246")
+_AUTH_REQUIRED = (
+    "authentication required: this bookie accepts only connections that present a token "
+    "(set the client's token file or QUORUMLOG_TOKEN)"
 )
 
 
@@ -167,6 +185,11 @@ class BookieProtocol(asyncio.Protocol):
         self.closed = False
         self.peer = "?"
         self.requests_total = 0
+        # Authentication (docs/SECURITY.md): with a verifier, nothing but AUTH is served
+        # until a token was verified, and every request after is checked against its roles.
+        self._verifier = config.token_verifier
+        self.identity: Identity | None = None
+        self._expiry: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -191,6 +214,9 @@ class BookieProtocol(asyncio.Protocol):
         try:
             messages = self._decoder.feed(data, sizes)
         except ProtocolError as exc:
+            if self.requests_total == 0 and data[:2] == _TLS_HANDSHAKE_PREFIX:
+                self._tls_on_plain_port()
+                return
             self._protocol_violation(str(exc))
             return
         submit = self._handler.submit
@@ -199,6 +225,15 @@ class BookieProtocol(asyncio.Protocol):
             if isinstance(message, _RESPONSE_TYPES):
                 self._protocol_violation(f"a {type(message).__name__} sent to a bookie")
                 return
+            if type(message) is AuthRequest:
+                self._authenticate(message)
+                if self.closed:
+                    return
+                continue
+            if self._verifier is not None and not self._authorized(message):
+                if self.closed:
+                    return
+                continue
             poll = False
             if type(message) is ReadRequest:
                 if message.flags & ReadFlag.LONG_POLL:
@@ -245,6 +280,8 @@ class BookieProtocol(asyncio.Protocol):
         return True  # keep the write side open until the last answer is out
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
         if self._joined:
             self._joined = False
             self._budget.leave()
@@ -261,6 +298,88 @@ class BookieProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writing_paused = False
         self._update_reading()
+
+    # ------------------------------------------------------------ authentication
+
+    def _answer_now(self, response: Response) -> None:
+        """An answer the connection gives itself (the bookie never saw the request)."""
+        self.requests_total += 1
+        self.in_flight += 1
+        self._answered(_Answer(self, 0, False), response)
+
+    def _authenticate(self, request: AuthRequest) -> None:
+        verifier = self._verifier
+        rid = request.request_id
+        if request.version != AUTH_VERSION or request.mechanism != AuthMechanism.TOKEN:
+            reason = (
+                f"auth version {request.version} mechanism {request.mechanism} not supported "
+                f"(version {AUTH_VERSION}, TOKEN)"
+            )
+            self._refuse(AuthResponse(rid, Status.BAD_REQUEST, 0, reason))
+            return
+        if verifier is None:
+            # An open bookie (no key configured) lets every connection in, as before.
+            self._answer_now(AuthResponse(rid, Status.OK, 0, "this bookie checks no tokens"))
+            return
+        try:
+            identity = verifier.verify(request.credential)
+        except AuthenticationError as exc:
+            self._refuse(AuthResponse(rid, Status.UNAUTHORIZED, 0, exc.message))
+            return
+        self.identity = identity
+        bits = sum(AUTH_ROLE_BITS[role.value] for role in identity.roles)
+        self._answer_now(AuthResponse(rid, Status.OK, bits, ""))
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if identity.expires_at_s is not None:
+            # A token is checked when it is presented; the connection it opened ends when
+            # it expires (the client reconnects with the token it holds then).
+            delay_s = max(0.0, identity.expires_at_s - time.time())
+            self._expiry = self._loop.call_later(delay_s, self._token_expired)
+
+    def _token_expired(self) -> None:
+        self._expiry = None
+        if not self.closed:
+            self._refuse(AuthResponse(0, Status.UNAUTHORIZED, 0, "token expired"))
+
+    def _authorized(self, request: Request) -> bool:
+        """Whether ``request`` may be served; if not, it is answered (and, before any
+        token, the connection closed)."""
+        identity = self.identity
+        if identity is None:
+            # Request id 0 answers no request: it tells the client why before the close.
+            self._answer_now(AuthResponse(0, Status.UNAUTHORIZED, 0, _AUTH_REQUIRED))
+            self._refuse(error_response(request, Status.UNAUTHORIZED))
+            return False
+        if permitted(request, identity.roles):
+            return True
+        log.warning(
+            "refused %s from %s (%s): it needs the role %s",
+            type(request).__name__,
+            self.peer,
+            identity.describe(),
+            " or ".join(sorted(required_roles(request))),
+        )
+        self._answer_now(error_response(request, Status.UNAUTHORIZED))
+        return False
+
+    def _tls_on_plain_port(self) -> None:
+        log.warning(
+            "closing connection from %s: a TLS handshake, and this bookie serves no TLS "
+            "(no --tls-cert); the client's tls setting is on",
+            self.peer,
+        )
+        if self._transport is not None:
+            self._transport.write(_TLS_PROTOCOL_VERSION_ALERT)
+        self._close()
+
+    def _refuse(self, response: Response) -> None:
+        """Answer ``response``, then close the connection."""
+        if isinstance(response, AuthResponse) and response.reason:
+            log.warning("closing connection from %s: %s", self.peer, response.reason)
+        self._answer_now(response)
+        self._close()
 
     # ------------------------------------------------------------ answers
 

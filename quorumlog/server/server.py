@@ -285,6 +285,8 @@ class BookieServer:
                 backlog=self.server_config.listen_backlog,
                 reuse_address=True,
                 start_serving=False,
+                # TLS (docs/SECURITY.md): each handshake takes the current certificates.
+                ssl=tls.server_front_context() if (tls := self.server_config.tls) else None,
             )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:

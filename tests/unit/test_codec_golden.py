@@ -21,6 +21,8 @@ from quorumlog.proto import (
     AddFlag,
     AddRequest,
     AddResponse,
+    AuthRequest,
+    AuthResponse,
     BookieInfoRequest,
     BookieInfoResponse,
     DeleteLedgerRequest,
@@ -278,6 +280,34 @@ CASES: list[tuple[str, object, bytes]] = [
             "01",  # uint8 read-only flag: true
             "0000010203040506",  # int64 free bytes
             "00000a0b0c0d0e0f",  # int64 total bytes
+        ),
+    ),
+    (
+        "auth request",
+        AuthRequest(REQUEST_ID, b"eyJ.x.y"),
+        h(
+            "00000015",  # uint32 length of the rest: 10 + 11
+            V1,
+            "08",  # uint8 op AUTH
+            RID,
+            "01",  # uint8 auth version 1
+            "01",  # uint8 mechanism TOKEN
+            "0007",  # uint16 credential length
+            "65794a2e782e79",  # the token's ASCII bytes
+        ),
+    ),
+    (
+        "auth response",
+        AuthResponse(REQUEST_ID, Status.UNAUTHORIZED, 0b101, "expired"),
+        h(
+            "00000016",  # uint32 length of the rest: 10 + 12
+            V1,
+            "88",  # uint8 op AUTH | 0x80
+            RID,
+            "0005",  # int16 status UNAUTHORIZED
+            "05",  # uint8 role bits: client (1) | bookie (4)
+            "0007",  # uint16 reason length
+            "65787069726564",  # the reason, UTF-8
         ),
     ),
 ]

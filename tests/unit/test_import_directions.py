@@ -134,6 +134,7 @@ LAYERS = frozenset(
         "stats",  # histogram buckets as plain integers: no I/O, imports nothing of ours
         "proto",
         "core",
+        "security",  # tokens, roles, TLS contexts, redaction: below the server and client
         "bookie",
         "server",
         "meta",
@@ -253,6 +254,12 @@ RULES = [
         "the shared histogram buckets import nothing of quorumlog",
         importers=frozenset({"stats"}),
         allowed=frozenset({"stats"}),
+    ),
+    Rule(
+        "security-knows-nothing-above-it",
+        "the security helpers import only errors, proto and security",
+        importers=frozenset({"security"}),
+        allowed=frozenset({"errors", "proto", "security"}),
     ),
     Rule(
         "meta-knows-nothing-above-it",

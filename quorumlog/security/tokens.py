@@ -1,0 +1,226 @@
+"""Signed tokens (JSON Web Tokens through PyJWT) with roles and an expiry.
+
+A bookie (or an HTTP API) is configured with a key file: an HMAC secret (at least 32
+bytes, HS256/384/512) or a PEM public key (RSA: RS*/PS*, EC: ES*, Ed25519/Ed448:
+EdDSA); the algorithms follow from the key, so a token can never pick a weaker one
+(``none`` is never accepted, nor an HMAC token checked with a public key as its
+secret). A token must carry a ``role`` claim (``client``, ``admin``, ``bookie``, or a
+list of them); ``exp`` is checked when present, ``sub`` names the holder in logs.
+
+Clients read their token from a file or from ``QUORUMLOG_TOKEN``, never from a command
+line (``ps`` shows those to every user of the machine).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+from quorumlog.errors import AuthenticationError
+from quorumlog.security.roles import Role, parse_roles
+
+TOKEN_ENV_VAR = "QUORUMLOG_TOKEN"
+MIN_HMAC_KEY_BYTES = 32  # HS256's own size: a shorter secret is guessable
+# A token is a few hundred bytes; a larger one is refused before it is parsed.
+MAX_TOKEN_BYTES = 16 * 1024
+
+_HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
+_RSA_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
+_EC_ALGORITHMS = ("ES256", "ES384", "ES512")
+_EDDSA_ALGORITHMS = ("EdDSA",)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a verified token says its holder is. ``expires_at_s``: the ``exp`` claim
+    (seconds since the epoch), None when the token has none."""
+
+    subject: str
+    roles: frozenset[Role]
+    expires_at_s: float | None = None
+
+    def describe(self) -> str:
+        """For logs: the subject and roles, never the token."""
+        roles = ",".join(sorted(self.roles))
+        return f"{self.subject or '(no subject)'} [{roles}]"
+
+
+class TokenVerifier:
+    """Checks tokens against one key; :meth:`verify` raises AuthenticationError saying why."""
+
+    def __init__(
+        self, key: bytes | str | object, algorithms: Iterable[str], *, leeway_s: float = 0.0
+    ) -> None:
+        self._key = key
+        self.algorithms = tuple(algorithms)
+        self.leeway_s = leeway_s
+
+    @classmethod
+    def from_key_file(cls, path: str | os.PathLike[str], *, leeway_s: float = 0.0) -> TokenVerifier:
+        """A verifier for the key in ``path`` (see the module docstring for the kinds)."""
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"token key file {path}: {exc.strerror or exc}") from None
+        return cls.from_key_bytes(data, name=str(path), leeway_s=leeway_s)
+
+    @classmethod
+    def from_key_bytes(
+        cls, data: bytes, *, name: str = "key", leeway_s: float = 0.0
+    ) -> TokenVerifier:
+        if b"-----BEGIN" in data:
+            try:
+                public_key = load_pem_public_key(data)
+            except ValueError:
+                raise ValueError(
+                    f"token key file {name}: a PEM block that is not a public key "
+                    "(give the public half: bookies only check tokens)"
+                ) from None
+            if isinstance(public_key, rsa.RSAPublicKey):
+                return cls(public_key, _RSA_ALGORITHMS, leeway_s=leeway_s)
+            if isinstance(public_key, ec.EllipticCurvePublicKey):
+                return cls(public_key, _EC_ALGORITHMS, leeway_s=leeway_s)
+            if isinstance(public_key, ed25519.Ed25519PublicKey | ed448.Ed448PublicKey):
+                return cls(public_key, _EDDSA_ALGORITHMS, leeway_s=leeway_s)
+            raise ValueError(f"token key file {name}: unsupported key type")
+        secret = data.strip()
+        if len(secret) < MIN_HMAC_KEY_BYTES:
+            raise ValueError(
+                f"token key file {name}: an HMAC secret of {len(secret)} bytes; at least "
+                f"{MIN_HMAC_KEY_BYTES} are needed"
+            )
+        return cls(secret, _HMAC_ALGORITHMS, leeway_s=leeway_s)
+
+    def verify(self, token: str | bytes) -> Identity:
+        """The identity ``token`` proves; AuthenticationError (never quoting the token) if none."""
+        if len(token) > MAX_TOKEN_BYTES:
+            raise AuthenticationError(
+                f"token of {len(token)} bytes refused (over {MAX_TOKEN_BYTES})"
+            )
+        if isinstance(token, bytes):
+            try:
+                token = token.decode("ascii")
+            except UnicodeDecodeError:
+                raise AuthenticationError("malformed token (not ASCII)") from None
+        try:
+            claims = jwt.decode(
+                token,
+                self._key,  # type: ignore[arg-type]
+                algorithms=list(self.algorithms),
+                leeway=self.leeway_s,
+                options={"require": ["role"], "verify_aud": False},
+            )
+        except jwt.ExpiredSignatureError:
+            raise AuthenticationError("token expired") from None
+        except jwt.ImmatureSignatureError:
+            raise AuthenticationError("token not valid yet (nbf or iat in the future)") from None
+        except jwt.MissingRequiredClaimError:
+            raise AuthenticationError(
+                "the token has no role claim (client, admin or bookie)"
+            ) from None
+        except jwt.InvalidAlgorithmError:
+            raise AuthenticationError(
+                "token signed with an algorithm this key does not allow "
+                f"({', '.join(self.algorithms)})"
+            ) from None
+        except jwt.InvalidSignatureError:
+            raise AuthenticationError(
+                "token signature does not verify with the configured key"
+            ) from None
+        except jwt.InvalidTokenError as exc:
+            # PyJWT's messages name the defect (bad padding, bad header), never the token.
+            raise AuthenticationError(f"invalid token: {type(exc).__name__}") from None
+        return _identity(claims)
+
+
+def _identity(claims: Mapping[str, object]) -> Identity:
+    try:
+        roles = parse_roles(claims.get("role"))
+    except ValueError as exc:
+        raise AuthenticationError(str(exc)) from None
+    expires = claims.get("exp")
+    subject = claims.get("sub")
+    return Identity(
+        subject=subject if isinstance(subject, str) else "",
+        roles=roles,
+        expires_at_s=float(expires) if isinstance(expires, int | float) else None,
+    )
+
+
+def issue_token(
+    key: bytes | str | object,
+    roles: Iterable[Role | str],
+    *,
+    subject: str = "",
+    expires_at_s: float | None = None,
+    algorithm: str = "HS256",
+) -> str:
+    """A signed token (operators' tooling and tests): ``key`` is the HMAC secret or the
+    private key; ``expires_at_s`` the ``exp`` claim, seconds since the epoch."""
+    names = [Role(r).value for r in roles]
+    claims: dict[str, object] = {"role": names[0] if len(names) == 1 else names}
+    if subject:
+        claims["sub"] = subject
+    if expires_at_s is not None:
+        claims["exp"] = int(expires_at_s)
+    return jwt.encode(claims, key, algorithm=algorithm)  # type: ignore[arg-type]
+
+
+def read_token(
+    token_file: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The token from ``token_file`` (whitespace stripped), else from ``QUORUMLOG_TOKEN``,
+    else None. A named file that cannot be read is a ValueError naming the file."""
+    if token_file is not None:
+        try:
+            text = Path(token_file).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(
+                f"token file {token_file}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
+        if not text:
+            raise ValueError(f"token file {token_file} is empty")
+        return text
+    env = os.environ if environ is None else environ
+    value = env.get(TOKEN_ENV_VAR, "").strip()
+    return value or None
+
+
+class TokenFile:
+    """A client's token, read again when its file changes (a renewed token serves the next
+    connection); without a file, ``QUORUMLOG_TOKEN``. Call it for the token (or None)."""
+
+    def __init__(
+        self, token_file: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None
+    ) -> None:
+        """Reads the token now: a named file that cannot be read is a ValueError."""
+        self.token_file = token_file
+        self._token = read_token(token_file, environ)
+        self._stamp = self._mtime()
+
+    def _mtime(self) -> int:
+        if self.token_file is None:
+            return -1
+        try:
+            return os.stat(self.token_file).st_mtime_ns
+        except OSError:
+            return -1
+
+    def __call__(self) -> str | None:
+        stamp = self._mtime()
+        if stamp != self._stamp and stamp != -1:
+            try:
+                self._token = read_token(self.token_file)
+                self._stamp = stamp
+            except ValueError:
+                pass  # caught half-written: keep the previous token, read again next time
+        return self._token
+
+    def __repr__(self) -> str:
+        return f"TokenFile({self.token_file!r})"
