@@ -4,12 +4,19 @@ What ``quorumlog bench`` runs, importable by benchmark scripts:
 
 - ``write``: appends to ``ledgers`` ledgers at once, at most ``max_outstanding`` in
   flight per ledger, optionally at a fixed ``rate``; latency is add to confirmation.
-- ``read``: writes ``entries`` to a ledger, closes it, then reads it back in batches;
-  latency is each batch's time shared out over its entries.
+- ``write-sync``: the same appends from a thread through the synchronous client's
+  ``add_entry_async`` (what a program without asyncio uses), ``max_outstanding`` in
+  flight.
+- ``log-write``: pipelined appends through a log stream's writer (``append_nowait``).
+- ``read``: writes ``entries`` to a ledger, closes it, then reads it back in steps of
+  ``read_batch_entries * reads_in_flight`` with the next step in flight while one is
+  checked (read-ahead, as a sequential reader does); latency is each step's time
+  shared out over its entries.
 - ``tail``: a writer at a fixed rate and a reader long-polling the LAC; latency is
   writer confirmation to reader delivery.
 
-Latencies go into an HDR histogram (microsecond resolution). Example::
+Latencies go into an HDR histogram (microsecond resolution); completions are also
+counted per ``TIMELINE_INTERVAL_S`` for throughput over time. Example::
 
     from quorumlog.benchmark import BenchSettings, run_workload
     from quorumlog.server.local_cluster import temporary_cluster
@@ -22,16 +29,30 @@ Latencies go into an HDR histogram (microsecond resolution). Example::
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
+import math
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
+if TYPE_CHECKING:
+    from quorumlog.proto.entry import Entry
+
 HIST_MAX_US = 60_000_000  # one minute
+# Completions are counted per interval of this length: throughput over time.
+TIMELINE_INTERVAL_S = 0.1
+# The percentiles a summary lists for a latency distribution (CDF) drawn later.
+DISTRIBUTION_PERCENTILES = (0.0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.99, 100.0)
+# Buckets per factor of ten of the latency histogram a summary carries.
+HISTOGRAM_BUCKETS_PER_DECADE = 10
+# Read steps in flight at once in ``read``: one being checked, one on the wire.
+READ_STEPS_AHEAD = 2
 
 # Called now and then with the number of entries done so far (for a progress line).
 ProgressCallback = Callable[[int], None]
@@ -66,10 +87,49 @@ class BenchSettings:
         }
 
 
+def log_buckets(
+    hist: HdrHistogram, per_decade: int = HISTOGRAM_BUCKETS_PER_DECADE
+) -> list[list[float]]:
+    """``[[upper bound µs, count], ...]`` of the non-empty buckets of width 10^(1/per_decade):
+    a latency histogram small enough to keep beside the figures (about 60 buckets from
+    1 µs to 1 s), which the figures draw on a logarithmic axis."""
+    counts: dict[int, int] = {}
+    for step in hist.get_recorded_iterator():
+        value_us = max(1, step.value_iterated_to)
+        bucket = math.ceil(math.log10(value_us) * per_decade - 1e-9)
+        counts[bucket] = counts.get(bucket, 0) + step.count_added_in_this_iter_step
+    return [[round(10 ** (b / per_decade), 1), counts[b]] for b in sorted(counts)]
+
+
+class Timeline:
+    """Completions counted per ``interval_s`` from ``start()``: throughput over time.
+
+    One list index per interval, so recording costs an addition, not an object."""
+
+    def __init__(self, interval_s: float = TIMELINE_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.counts: list[int] = []
+        self._start_s = time.perf_counter()
+
+    def start(self) -> None:
+        self._start_s = time.perf_counter()
+        self.counts.clear()
+
+    def record(self, entries: int = 1) -> None:
+        index = int((time.perf_counter() - self._start_s) / self.interval_s)
+        counts = self.counts
+        if index >= len(counts):
+            counts.extend([0] * (index + 1 - len(counts)))
+        counts[index] += entries
+
+    def entries_per_s(self) -> list[float]:
+        return [round(count / self.interval_s, 1) for count in self.counts]
+
+
 @dataclass
 class Result:
-    """One run's figures: ``entries`` measured (warm-up excluded) in ``seconds``, and the
-    latency of each in an HDR histogram (microseconds)."""
+    """One run's figures: ``entries`` measured (warm-up excluded) in ``seconds``, the
+    latency of each in an HDR histogram (microseconds), and completions over time."""
 
     workload: str
     entries: int = 0
@@ -78,6 +138,7 @@ class Result:
     latency_us: HdrHistogram = field(
         default_factory=lambda: HdrHistogram(1, HIST_MAX_US, 3), repr=False
     )
+    timeline: Timeline = field(default_factory=Timeline, repr=False)
     settings: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
@@ -99,6 +160,15 @@ class Result:
                 "mean": round(h.get_mean_value() / 1000, 3),
                 "samples": h.get_total_count(),
             },
+            "latency_distribution_ms": [
+                [percentile, h.get_value_at_percentile(percentile) / 1000]
+                for percentile in DISTRIBUTION_PERCENTILES
+            ],
+            "latency_histogram_us": log_buckets(h),
+            "timeline": {
+                "interval_s": self.timeline.interval_s,
+                "entries_per_s": self.timeline.entries_per_s(),
+            },
             **self.settings,
         }
 
@@ -110,69 +180,188 @@ async def _connect(metadata_uri: str):  # type: ignore[no-untyped-def]
     return await BookKeeper.connect(metadata_uri, config=ClientConfig())
 
 
+# Appends one payload and returns the future of its confirmation.
+Append = Callable[[bytes], "asyncio.Future[Any]"]
+
+
 async def _write(settings: BenchSettings, metadata_uri: str, report: ProgressCallback) -> Result:
     bk = await _connect(metadata_uri)
-    result = Result("write", entry_size=settings.entry_size, settings=settings.summary_settings())
-    payload = os.urandom(settings.entry_size)
     try:
         handles = [
             await bk.create_ledger(settings.ensemble, settings.write_quorum, settings.ack_quorum)
             for _ in range(settings.ledgers)
         ]
-        hist = result.latency_us
-        loop = asyncio.get_running_loop()
-        total = settings.entries + settings.warmup
-        # append() refuses past the client's bound rather than queue (R16).
-        per_ledger_limit = max(1, min(settings.max_outstanding, bk.config.max_outstanding_adds))
-        deadline = time.perf_counter() + settings.duration_s if settings.duration_s else None
-        counters = {"sent": 0, "done": 0}
-        measured_start = 0.0
-
-        def on_done(sent_ns: int, measured: bool, future: asyncio.Future[int]) -> None:
-            counters["done"] += 1
-            if measured and not future.exception():
-                hist.record_value(max(1, (time.perf_counter_ns() - sent_ns) // 1000))
-
-        async def drive(handle) -> None:  # type: ignore[no-untyped-def]
-            nonlocal measured_start
-            in_flight: list[asyncio.Future[int]] = []
-            interval = settings.ledgers / settings.rate if settings.rate else 0.0
-            next_send = loop.time()
-            while counters["sent"] < total:
-                if deadline is not None and time.perf_counter() > deadline:
-                    break
-                if len(in_flight) >= per_ledger_limit:
-                    await in_flight[len(in_flight) - per_ledger_limit]
-                    del in_flight[: len(in_flight) - per_ledger_limit + 1]
-                if interval:
-                    next_send += interval
-                    delay = next_send - loop.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                index = counters["sent"]
-                counters["sent"] += 1
-                if index == settings.warmup:
-                    measured_start = time.perf_counter()
-                future = handle.append(payload)
-                future.add_done_callback(
-                    functools.partial(on_done, time.perf_counter_ns(), index >= settings.warmup)
-                )
-                in_flight.append(future)
-                if index % 1000 == 0:
-                    report(counters["done"])
-                    await asyncio.sleep(0)
-            await asyncio.gather(*in_flight)
-
-        if settings.warmup == 0:
-            measured_start = time.perf_counter()
-        await asyncio.gather(*(drive(h) for h in handles))
-        result.seconds = time.perf_counter() - measured_start
-        result.entries = max(0, counters["sent"] - settings.warmup)
+        result = await _append_pipelined(
+            "write", settings, [h.append for h in handles], bk.config.max_outstanding_adds, report
+        )
         for handle in handles:
             await handle.close()
             await bk.delete_ledger(handle.ledger_id)
     finally:
         await bk.close()
+    return result
+
+
+async def _log_write(
+    settings: BenchSettings, metadata_uri: str, report: ProgressCallback
+) -> Result:
+    from quorumlog.client.config import ClientConfig
+    from quorumlog.log.bookkeeper import BookKeeper
+    from quorumlog.log.config import LogConfig
+    from quorumlog.log.log import delete_log
+
+    bk = await BookKeeper.connect(metadata_uri, config=ClientConfig())
+    name = f"bench-{os.getpid()}-{time.time_ns()}"
+    config = LogConfig(
+        ensemble=settings.ensemble,
+        write_quorum=settings.write_quorum,
+        ack_quorum=settings.ack_quorum,
+    )
+    try:
+        writers = [
+            await (await bk.open_log(f"{name}-{i}", config)).open_writer()
+            for i in range(settings.ledgers)
+        ]
+        result = await _append_pipelined(
+            "log-write",
+            settings,
+            [w.append_nowait for w in writers],
+            bk.config.max_outstanding_adds,
+            report,
+        )
+        for i, writer in enumerate(writers):
+            await writer.close()
+            await delete_log(bk, f"{name}-{i}")
+    finally:
+        await bk.close()
+    return result
+
+
+async def _write_sync(
+    settings: BenchSettings, metadata_uri: str, report: ProgressCallback
+) -> Result:
+    # The synchronous client runs its own loop thread; this one only waits for it.
+    return await asyncio.to_thread(_write_sync_thread, settings, metadata_uri, report)
+
+
+def _write_sync_thread(
+    settings: BenchSettings, metadata_uri: str, report: ProgressCallback
+) -> Result:
+    """Pipelined appends from this thread through ``add_entry_async`` of the
+    synchronous client, at most ``max_outstanding`` unconfirmed (one ledger)."""
+    from quorumlog.client.sync import BookKeeper
+
+    result = Result(
+        "write-sync", entry_size=settings.entry_size, settings=settings.summary_settings()
+    )
+    payload = os.urandom(settings.entry_size)
+    hist = result.latency_us
+    record_completion = result.timeline.record
+    total = settings.entries + settings.warmup
+    last_done_s = [0.0]
+
+    bk = BookKeeper(metadata_uri)
+    try:
+        window = max(1, min(settings.max_outstanding, bk.aio.config.max_outstanding_adds))
+        slots = threading.Semaphore(window)
+
+        # Runs on the client's loop thread, the only one that records.
+        def on_done(sent_ns: int, measured: bool, future: concurrent.futures.Future[int]) -> None:
+            if measured and future.exception() is None:
+                hist.record_value(max(1, (time.perf_counter_ns() - sent_ns) // 1000))
+                record_completion()
+            last_done_s[0] = time.perf_counter()
+            slots.release()
+
+        handle = bk.create_ledger(settings.ensemble, settings.write_quorum, settings.ack_quorum)
+        started = time.perf_counter()
+        for index in range(total):
+            slots.acquire()
+            if index == settings.warmup:
+                started = time.perf_counter()
+                result.timeline.start()
+            future = handle.add_entry_async(payload)
+            future.add_done_callback(
+                functools.partial(on_done, time.perf_counter_ns(), index >= settings.warmup)
+            )
+            if index % 1000 == 0:
+                report(index)
+        for _ in range(window):  # every slot back: every add confirmed
+            slots.acquire()
+        result.seconds = last_done_s[0] - started
+        result.entries = settings.entries
+        handle.close()
+        bk.delete_ledger(handle.ledger_id)
+    finally:
+        bk.close()
+    return result
+
+
+async def _append_pipelined(
+    workload: str,
+    settings: BenchSettings,
+    appenders: list[Append],
+    max_outstanding_adds: int,
+    report: ProgressCallback,
+) -> Result:
+    """``settings.entries`` (after the warm-up) through each appender at once, at most
+    ``max_outstanding`` unconfirmed per appender."""
+    result = Result(workload, entry_size=settings.entry_size, settings=settings.summary_settings())
+    payload = os.urandom(settings.entry_size)
+    hist = result.latency_us
+    loop = asyncio.get_running_loop()
+    total = settings.entries + settings.warmup
+    # append() refuses past the client's bound rather than queue (R16).
+    per_ledger_limit = max(1, min(settings.max_outstanding, max_outstanding_adds))
+    deadline = time.perf_counter() + settings.duration_s if settings.duration_s else None
+    counters = {"sent": 0, "done": 0}
+    measured_start = 0.0
+
+    record_completion = result.timeline.record
+
+    def on_done(sent_ns: int, measured: bool, future: asyncio.Future[Any]) -> None:
+        counters["done"] += 1
+        if measured and not future.exception():
+            hist.record_value(max(1, (time.perf_counter_ns() - sent_ns) // 1000))
+            record_completion()
+
+    async def drive(append: Append) -> None:
+        nonlocal measured_start
+        in_flight: list[asyncio.Future[Any]] = []
+        interval = settings.ledgers / settings.rate if settings.rate else 0.0
+        next_send = loop.time()
+        while counters["sent"] < total:
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            if len(in_flight) >= per_ledger_limit:
+                await in_flight[len(in_flight) - per_ledger_limit]
+                del in_flight[: len(in_flight) - per_ledger_limit + 1]
+            if interval:
+                next_send += interval
+                delay = next_send - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            index = counters["sent"]
+            counters["sent"] += 1
+            if index == settings.warmup:
+                measured_start = time.perf_counter()
+                result.timeline.start()
+            future = append(payload)
+            future.add_done_callback(
+                functools.partial(on_done, time.perf_counter_ns(), index >= settings.warmup)
+            )
+            in_flight.append(future)
+            if index % 1000 == 0:
+                report(counters["done"])
+                await asyncio.sleep(0)
+        await asyncio.gather(*in_flight)
+
+    if settings.warmup == 0:
+        measured_start = time.perf_counter()
+        result.timeline.start()
+    await asyncio.gather(*(drive(a) for a in appenders))
+    result.seconds = time.perf_counter() - measured_start
+    result.entries = max(0, counters["sent"] - settings.warmup)
     return result
 
 
@@ -193,14 +382,27 @@ async def _read(settings: BenchSettings, metadata_uri: str, report: ProgressCall
         await writer.close()
         reader = await bk.open_ledger(writer.ledger_id)
         step = max(1, bk.config.read_batch_entries * bk.config.reads_in_flight)
+        steps = [
+            (first, min(settings.entries - 1, first + step - 1))
+            for first in range(0, settings.entries, step)
+        ]
         started = time.perf_counter()
+        result.timeline.start()
         count = 0
-        for first in range(0, settings.entries, step):
-            last = min(settings.entries - 1, first + step - 1)
-            t0 = time.perf_counter_ns()
-            entries = await reader.read_entries(first, last)
+        # (issue time, read) of the steps in flight, oldest first.
+        ahead: list[tuple[int, asyncio.Future[list[Entry]]]] = []
+        next_step = 0
+        while next_step < len(steps) or ahead:
+            while next_step < len(steps) and len(ahead) < READ_STEPS_AHEAD:
+                first, last = steps[next_step]
+                read = asyncio.ensure_future(reader.read_entries(first, last))
+                ahead.append((time.perf_counter_ns(), read))
+                next_step += 1
+            t0, read = ahead.pop(0)
+            entries = await read
             per_entry_us = (time.perf_counter_ns() - t0) // 1000 // max(1, len(entries))
             result.latency_us.record_value(max(1, per_entry_us), len(entries))
+            result.timeline.record(len(entries))
             if any(e.data != payload for e in entries):
                 raise RuntimeError(f"ledger {writer.ledger_id}: read back different data")
             count += len(entries)
@@ -263,10 +465,12 @@ async def _tail(settings: BenchSettings, metadata_uri: str, report: ProgressCall
                     sent = confirmed_at.get(e.entry_id)
                     if sent is not None and e.entry_id >= settings.warmup:
                         result.latency_us.record_value(max(1, (now - sent) // 1000))
+                        result.timeline.record()
                 next_id = delivered[-1].entry_id + 1
                 report(next_id)
 
         started = time.perf_counter()
+        result.timeline.start()
         await asyncio.gather(write(), tail())
         result.seconds = time.perf_counter() - started
         result.entries = total
@@ -281,7 +485,13 @@ async def _tail(settings: BenchSettings, metadata_uri: str, report: ProgressCall
 
 _Workload = Callable[[BenchSettings, str, ProgressCallback], Awaitable[Result]]
 
-_WORKLOADS: dict[str, _Workload] = {"write": _write, "read": _read, "tail": _tail}
+_WORKLOADS: dict[str, _Workload] = {
+    "write": _write,
+    "write-sync": _write_sync,
+    "log-write": _log_write,
+    "read": _read,
+    "tail": _tail,
+}
 WORKLOADS: tuple[str, ...] = tuple(_WORKLOADS)
 
 

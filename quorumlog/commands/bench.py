@@ -3,8 +3,11 @@
     quorumlog bench write [--bookies 3 | --metadata URI] [--ensemble 3 --write-quorum 3
                           --ack-quorum 2] [--entry-size 100] [--entries N | --duration-s S]
                           [--ledgers 1] [--max-outstanding 1000] [--rate 0] [--json]
+    quorumlog bench write-sync [...]                 the same through add_entry_async
+    quorumlog bench log-write  [...]                 appends through a log stream's writer
     quorumlog bench read  [...] [--entries N]       sequential reads of a closed ledger
     quorumlog bench tail  [...] [--rate 1000]       confirmation-to-delivery latency
+    quorumlog bench ... --plot FILE                 latency distribution, throughput over time
 
 Latencies go into an HDR histogram (microsecond resolution); the summary gives
 throughput (entries/s, MB/s) and p50, p99, p99.9 and max. Without ``--metadata`` the
@@ -21,6 +24,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from quorumlog.benchmark import BenchSettings, run_workload
@@ -33,6 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     workloads = bench.add_subparsers(dest="workload", metavar="WORKLOAD", required=True)
     for name, text in (
         ("write", "appends: throughput and add latency"),
+        ("write-sync", "appends from a thread through the synchronous add_entry_async"),
+        ("log-write", "appends through a log stream's writer (append_nowait)"),
         ("read", "sequential reads of a closed ledger"),
         ("tail", "a writer at a fixed rate and a tailing reader: confirmation-to-delivery"),
     ):
@@ -52,6 +58,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         p.add_argument("--warmup", type=int, default=1000, help="entries not measured")
         p.add_argument("--json", action="store_true", help="print one JSON object")
         p.add_argument("--quiet", action="store_true", help="no progress line")
+        p.add_argument(
+            "--plot",
+            metavar="FILE",
+            help="draw the latency distribution and throughput over time (PNG/SVG/PDF; "
+            "needs matplotlib: the plot extra)",
+        )
     from quorumlog.commands.db import add_bench_parser
 
     add_bench_parser(workloads, "db")  # its own options and function
@@ -67,6 +79,14 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     settings = _settings(args)
+    if args.plot:
+        from quorumlog.commands.bench_plot import pyplot
+
+        try:
+            pyplot()  # before the run: a missing matplotlib should not cost one
+        except RuntimeError as exc:
+            print(f"quorumlog bench: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         with _cluster(args) as metadata_uri:
             # Started once the cluster is up: its first rate covers only the workload.
@@ -83,10 +103,16 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     progress.done()
     summary = result.summary()
+    if args.plot:
+        from quorumlog.commands.bench_plot import plot_summary
+
+        plot_summary(summary, Path(args.plot))
     if args.json:
         print(json.dumps(summary))
     else:
         _print_summary(summary)
+        if args.plot:
+            print(f"figure: {args.plot}")
     return EXIT_OK
 
 
