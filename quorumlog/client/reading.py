@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from itertools import count, repeat
 from typing import TYPE_CHECKING, TypeVar
 
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_make_entry = Entry._make
+# Entry from an (ledger id, entry id, data) tuple without a Python-level call per entry.
+_make_entry = partial(tuple.__new__, Entry)
 
 
 async def gather_in_order(factories: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
@@ -273,7 +275,6 @@ class ReadHandle:
         # again, from this replica or another.
         if largest_lac > self._lac:
             self._learn_lac(largest_lac)
-        # Entries built by map in C, not one Python-level constructor call each.
         return list(map(_make_entry, zip(repeat(ledger_id), count(first), payloads)))
 
     def _read_failure(self, entry_id: int, replicas: list[str], errors: list[BKError]) -> BKError:
