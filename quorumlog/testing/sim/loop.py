@@ -16,14 +16,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextvars
+import heapq
 import random
 import selectors
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVarTuple
 
 from quorumlog.testing.sim.disk import PowerLoss
 
 __all__ = ["SimExecutor", "SimulationDeadlock", "VirtualTimeLoop"]
+
+# asyncio's own thresholds (base_events): the heap is rebuilt without cancelled timers
+# when it holds over 100 and more than half of them are cancelled.
+_MIN_SCHEDULED_TIMER_HANDLES = 100
+_MIN_CANCELLED_FRACTION = 0.5
+_MAXIMUM_TIMEOUT_S = 24 * 3600
+
+_Ts = TypeVarTuple("_Ts")
 
 
 class SimulationDeadlock(RuntimeError):
@@ -84,6 +94,75 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # Everything runs on this one thread: a wake-up byte would only fill a socket
         # buffer that nobody reads (the selector never waits on it).
         pass
+
+    # The timer heap holds (when, handle) pairs instead of handles: asyncio's TimerHandle
+    # compares with a Python __lt__, called millions of times a minute here, while a
+    # pair compares its floats in C. At equal times the pair compares the handles, whose
+    # answer is "not less" both ways, as TimerHandle's own, so every push and pop makes
+    # the same heap as asyncio's and each seed runs exactly as it did on the stock loop
+    # (tests/sim/test_simulation.py pins trace digests).
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        if when is None:
+            raise TypeError("when cannot be None")
+        base: Any = self  # asyncio's private state, which typeshed does not declare
+        base._check_closed()
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        heapq.heappush(base._scheduled, (when, timer))
+        base_timer: Any = timer
+        base_timer._scheduled = True
+        return timer
+
+    def _run_once(self) -> None:
+        """asyncio's BaseEventLoop._run_once for this heap, with the clock moved in place
+        of the selector's wait (there are no file descriptors to poll)."""
+        base: Any = self  # asyncio's private state, which typeshed does not declare
+        scheduled: list[tuple[float, Any]] = base._scheduled
+        ready: collections.deque[Any] = base._ready
+        count = len(scheduled)
+        if (
+            count > _MIN_SCHEDULED_TIMER_HANDLES
+            and base._timer_cancelled_count / count > _MIN_CANCELLED_FRACTION
+        ):
+            kept = []
+            for entry in scheduled:
+                if entry[1]._cancelled:
+                    entry[1]._scheduled = False
+                else:
+                    kept.append(entry)
+            heapq.heapify(kept)
+            base._scheduled = scheduled = kept
+            base._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0][1]._cancelled:
+                base._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)[1]._scheduled = False
+
+        if ready or base._stopping:
+            timeout = 0.0
+        elif scheduled:
+            timeout = min(max(0, scheduled[0][0] - self._virtual_now), _MAXIMUM_TIMEOUT_S)
+        else:
+            raise SimulationDeadlock("the simulated program waits with no timer set")
+        self._virtual_now += max(timeout, 0.0)
+
+        end_time = self._virtual_now + base._clock_resolution
+        while scheduled and scheduled[0][0] < end_time:
+            handle = heapq.heappop(scheduled)[1]
+            handle._scheduled = False
+            ready.append(handle)
+
+        # Only the callbacks ready now run; those they schedule wait for the next turn.
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
 
 
 Job = tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
