@@ -21,7 +21,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, security_options
 from quorumlog.commands.addresses import check_host
 from quorumlog.errors import BKError
 from quorumlog.replication.auditor import AUDIT_INTERVAL_S_DEFAULT, BOOKIE_CHECK_INTERVAL_S_DEFAULT
@@ -64,6 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "printed on stdout; default: not served)",
     )
     add_options(p)
+    security_options.add_client_tls_options(p)
     p.add_argument(
         "--log-level",
         default="WARNING",
@@ -125,6 +126,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-auditor", action="store_true", help="run a replication worker only, never audit"
     )
+    security_options.add_token_file_option(p)  # a token with the bookie role
 
 
 def config_from_args(args: argparse.Namespace) -> AutoRecoveryConfig:
@@ -155,6 +157,10 @@ def config_from_args(args: argparse.Namespace) -> AutoRecoveryConfig:
     config.worker.retry_backoff_s = args.retry_backoff_s
     config.worker.ledgers_in_flight = args.ledgers_in_flight
     config.worker.password = password
+    # In a bookie process, the bookie's own TLS files: its CA verifies the other bookies,
+    # its certificate is the client certificate.
+    config.tls = security_options.client_tls(args)
+    config.token_file = security_options.token_file(args)
     return config
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quorumlog.bookie.config import BookieConfig
-from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, security_options
 from quorumlog.commands import autorecovery as _autorecovery_command
 from quorumlog.commands.addresses import add_address_options, resolve_addresses
 from quorumlog.errors import BKError
@@ -68,6 +68,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="serve the HTTP admin API and /metrics on the bind address, port PORT (0: a "
         "free port, printed on stdout; default: not served)",
     )
+    security_options.add_server_tls_options(p, "the bookie port and the admin API")
+    security_options.add_token_key_option(p)
     p.add_argument(
         "--no-journal-sync",
         action="store_true",
@@ -222,6 +224,8 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         max_connections=args.max_connections,
         max_in_flight_bytes=args.max_in_flight_bytes,
         http_port=args.http_port,
+        tls=security_options.server_tls(args),
+        token_verifier=security_options.token_verifier(args),
     )
     return config, server_config, resolve_metadata_uri(args.metadata)
 
@@ -238,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
         # kazoo warns on every failed connection attempt; the store reports what matters
         # (session suspended, lost, or unreachable) in one line.
         logging.getLogger("kazoo").setLevel(logging.ERROR)
+    security_options.redact_logs(args)
     try:
         config, server_config, uri = _configs(args)
         bind_host, advertised_host = resolve_addresses(args.bind_address, args.advertised_address)

@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
-from quorumlog.commands import gc_trigger
+from quorumlog.commands import gc_trigger, security_options
 from quorumlog.errors import BKError
 
 
@@ -41,6 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     shell.add_argument(
         "--metadata", help="metadata URI (default: $QUORUMLOG_METADATA, else ./.quorumlog)"
     )
+    security_options.add_client_tls_options(shell)
+    security_options.add_token_file_option(shell)
     commands = shell.add_subparsers(dest="shell_command", metavar="COMMAND", required=True)
     commands.add_parser("listbookies", help="list available bookies (writable and read-only)")
     commands.add_parser("listledgers", help="list ledger ids")
@@ -137,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     # kazoo warns on every failed connection attempt, dozens of lines while ZooKeeper is
     # down; the store's own error says it in the one line this command prints.
     logging.getLogger("kazoo").setLevel(logging.ERROR)
+    security_options.redact_logs(args)
 
     handlers: dict[str, Callable[..., Awaitable[int]]] = {
         "listbookies": _listbookies,
@@ -173,7 +176,11 @@ async def _with_client(args: argparse.Namespace, handler: Callable[..., Awaitabl
     from quorumlog.client.bookkeeper import BookKeeper
     from quorumlog.client.config import ClientConfig
 
-    config = ClientConfig(metadata_session_timeout_ms=10_000)
+    config = ClientConfig(
+        metadata_session_timeout_ms=10_000,
+        tls=security_options.client_tls(args),
+        token_file=security_options.token_file(args),
+    )
     bk = await asyncio.wait_for(BookKeeper.connect(args.metadata, config=config), 30)
     try:
         return await handler(bk, args)

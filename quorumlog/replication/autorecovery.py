@@ -29,6 +29,7 @@ from quorumlog.meta.underreplication import AUDITOR_ELECTION_GROUP
 from quorumlog.recipes.election import LeaderElection
 from quorumlog.replication.auditor import Auditor, AuditorConfig, AuditorStats
 from quorumlog.replication.worker import ReplicationWorker, WorkerConfig, WorkerStats
+from quorumlog.security.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,10 @@ class AutoRecoveryConfig:
     metadata_session_timeout_ms: int = 4_000
     run_worker: bool = True
     run_auditor: bool = True
+    # How the daemon's client reaches bookies that check (docs/SECURITY.md): TLS files,
+    # and the token file (a ``bookie`` role; None: QUORUMLOG_TOKEN, if set).
+    tls: TlsFiles | None = None
+    token_file: str | None = None
 
 
 class AutoRecovery:
@@ -88,7 +93,9 @@ class AutoRecovery:
 
     async def _session(self) -> None:
         client_config = ClientConfig(
-            metadata_session_timeout_ms=self.config.metadata_session_timeout_ms
+            metadata_session_timeout_ms=self.config.metadata_session_timeout_ms,
+            tls=self.config.tls,
+            token_file=self.config.token_file,
         )
         bk = await BookKeeper.connect(self.metadata_uri, config=client_config)
         self.bk = bk
