@@ -1,0 +1,309 @@
+"""Nemeses: faults started, held for a bounded time, and undone.
+
+Each nemesis names the mechanism it uses, because the kernel here has no ``netem``:
+
+- ``neighbour``: a permanent neighbour entry to a MAC nobody owns, in the sender's
+  namespace: its frames to that address vanish (silence, as a pulled cable; one
+  direction per entry, a partition sets both);
+- ``proxy``: the bookie's TCP proxy holds chunks: delay, jitter (reordering across
+  connections), loss as TCP retransmission stalls;
+- ``signal``: SIGSTOP/SIGCONT or SIGKILL by pid (and a restart on the same data).
+
+``start(context)`` applies it, ``heal(context)`` undoes it; :class:`RunContext` gives
+both the cluster and the run's client processes. ``heal`` is safe to call twice and
+is always called, also when the run fails.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quorumlog.testing.netns.cluster import BookieNode, NetnsCluster, ServerProcess
+from quorumlog.testing.netns.history import read_events
+from quorumlog.testing.netns.network import Host
+from quorumlog.testing.netns.proxy import LinkFaults
+
+
+@dataclass
+class RunContext:
+    """What a nemesis may act on during one run."""
+
+    cluster: NetnsCluster
+    history_dir: Path
+    clients: dict[str, Host]  # process name -> its namespace
+    processes: dict[str, subprocess.Popen[bytes]]  # process name -> the client process
+    notes: dict[str, object] = field(default_factory=dict)
+
+    def leading_writer(self) -> str | None:
+        """The log writer that opened the log last (from the recorded history)."""
+        events = read_events(sorted(self.history_dir.glob("*.jsonl")))
+        opened = {e.op_id for e in events if e.f == "open" and e.type == "ok"}
+        leader = None
+        for event in events:
+            if event.op_id in opened and event.type == "ok":
+                leader = event.process
+        return leader
+
+
+class Nemesis:
+    name = "none"
+    mechanism = "none"
+    drivers: tuple[str, ...] = ("sqlite", "zk")
+
+    def describe(self) -> str:
+        return self.name
+
+    def start(self, context: RunContext) -> None:
+        raise NotImplementedError
+
+    def heal(self, context: RunContext) -> None:
+        raise NotImplementedError
+
+
+def _bookie(context: RunContext, index: int) -> BookieNode:
+    return context.cluster.bookies[index]
+
+
+class IsolateBookie(Nemesis):
+    """A bookie cut off from everyone (both directions)."""
+
+    name = "partition-bookie"
+    mechanism = "neighbour"
+
+    def start(self, context: RunContext) -> None:
+        context.cluster.network.isolate(_bookie(context, 0).server.host)
+
+    def heal(self, context: RunContext) -> None:
+        context.cluster.network.heal()
+
+
+class WriterFromBookies(Nemesis):
+    """The writer cut off from some bookies (both directions), not from the others
+    nor from the metadata store."""
+
+    name = "partition-writer-from-bookies"
+    mechanism = "neighbour"
+
+    def __init__(self, count: int = 1) -> None:
+        self.count = count
+
+    def start(self, context: RunContext) -> None:
+        bookies = [b.server.host for b in context.cluster.bookies[: self.count]]
+        context.cluster.network.partition([context.clients["writer"]], bookies)
+
+    def heal(self, context: RunContext) -> None:
+        context.cluster.network.heal()
+
+
+class OneWayLoss(Nemesis):
+    """Everything one bookie sends to the writer is lost; the writer's requests still
+    arrive (entries stored, acknowledgements lost)."""
+
+    name = "one-way-loss"
+    mechanism = "neighbour"
+
+    def start(self, context: RunContext) -> None:
+        bookie = _bookie(context, 0).server.host
+        context.cluster.network.cut(bookie, context.clients["writer"])
+
+    def heal(self, context: RunContext) -> None:
+        context.cluster.network.heal()
+
+
+class ProxyFaults(Nemesis):
+    """The bookies' proxies apply ``faults`` (to the first ``count`` bookies, or all)."""
+
+    mechanism = "proxy"
+
+    def __init__(self, name: str, faults: LinkFaults, count: int | None = None) -> None:
+        self.name = name
+        self.faults = faults
+        self.count = count
+
+    def describe(self) -> str:
+        return f"{self.name} {self.faults.to_json()}"
+
+    def _targets(self, context: RunContext) -> list[BookieNode]:
+        bookies = context.cluster.bookies
+        return bookies if self.count is None else bookies[: self.count]
+
+    def start(self, context: RunContext) -> None:
+        for bookie in self._targets(context):
+            context.cluster.set_link_faults(bookie, self.faults)
+
+    def heal(self, context: RunContext) -> None:
+        for bookie in context.cluster.bookies:
+            context.cluster.set_link_faults(bookie, LinkFaults())
+
+
+class PauseBookie(Nemesis):
+    name = "pause-bookie"
+    mechanism = "signal"
+
+    def start(self, context: RunContext) -> None:
+        context.cluster.pause(_bookie(context, 0).server)
+
+    def heal(self, context: RunContext) -> None:
+        context.cluster.resume(_bookie(context, 0).server)
+
+
+class KillBookie(Nemesis):
+    """kill -9 of a bookie; healing restarts it on the same data."""
+
+    name = "kill-bookie"
+    mechanism = "signal"
+
+    def start(self, context: RunContext) -> None:
+        context.cluster.kill(_bookie(context, 0).server)
+
+    def heal(self, context: RunContext) -> None:
+        bookie = _bookie(context, 0)
+        if not bookie.server.alive():
+            context.cluster.restart(bookie.server)
+            context.cluster.wait_bookie_ready(bookie)
+
+
+class _LeaderFault(Nemesis):
+    """Acts on the log writer that leads when the fault starts."""
+
+    def target(self, context: RunContext) -> str:
+        leader = context.notes.get("target")
+        if isinstance(leader, str):
+            return leader
+        found = context.leading_writer()
+        if found is None:
+            raise RuntimeError("no log writer has opened the log yet")
+        context.notes["target"] = found
+        return found
+
+
+class PauseLeader(_LeaderFault):
+    """SIGSTOP of the leading writer past its election session; another takes over;
+    SIGCONT at healing, when it must find itself fenced."""
+
+    name = "pause-leader"
+    mechanism = "signal"
+
+    def start(self, context: RunContext) -> None:
+        process = context.processes[self.target(context)]
+        process.send_signal(19)  # SIGSTOP
+
+    def heal(self, context: RunContext) -> None:
+        if "target" in context.notes:
+            context.processes[str(context.notes["target"])].send_signal(18)  # SIGCONT
+
+
+class KillLeader(_LeaderFault):
+    """kill -9 of the leading writer; the other contender takes the log over."""
+
+    name = "kill-leader"
+    mechanism = "signal"
+
+    def start(self, context: RunContext) -> None:
+        process = context.processes[self.target(context)]
+        process.kill()
+        process.wait(timeout=10)
+
+    def heal(self, context: RunContext) -> None:
+        pass  # a dead writer stays dead: the other one writes from now on
+
+
+class LeaderFromZooKeeper(_LeaderFault):
+    """The leading writer cut off from ZooKeeper but not from the bookies: its election
+    session is suspended, then expires; its writes must be fenced."""
+
+    name = "partition-writer-from-zookeeper"
+    mechanism = "neighbour"
+    drivers = ("zk",)
+
+    def start(self, context: RunContext) -> None:
+        zookeeper = context.cluster.zookeeper
+        assert zookeeper is not None
+        writer = context.clients[self.target(context)]
+        context.cluster.network.partition([writer], [n.host for n in zookeeper.nodes])
+
+    def heal(self, context: RunContext) -> None:
+        context.cluster.network.heal()
+
+
+class ZooKeeperMinority(Nemesis):
+    """The ZooKeeper leader cut off from everyone: a minority of one; the other two
+    elect a leader and serve."""
+
+    name = "partition-zookeeper-minority"
+    mechanism = "neighbour"
+    drivers = ("zk",)
+
+    def start(self, context: RunContext) -> None:
+        zookeeper = context.cluster.zookeeper
+        assert zookeeper is not None
+        leader = zookeeper.leader() or zookeeper.nodes[0]
+        context.notes["isolated_zookeeper"] = leader.server_id
+        context.cluster.network.isolate(leader.host)
+
+    def heal(self, context: RunContext) -> None:
+        context.cluster.network.heal()
+
+
+class BookieFromZooKeeper(Nemesis):
+    """A bookie cut off from ZooKeeper (not from clients) past its session timeout:
+    its registration expires; after healing it must register again."""
+
+    name = "partition-bookie-from-zookeeper"
+    mechanism = "neighbour"
+    drivers = ("zk",)
+
+    def start(self, context: RunContext) -> None:
+        zookeeper = context.cluster.zookeeper
+        assert zookeeper is not None
+        bookie = _bookie(context, 0)
+        context.notes["bookie"] = bookie.address
+        context.cluster.network.partition([bookie.server.host], [n.host for n in zookeeper.nodes])
+
+    def heal(self, context: RunContext) -> None:
+        context.cluster.network.heal()
+
+
+def registered_bookies(cluster: NetnsCluster, host: Host, timeout_s: float = 30) -> list[str]:
+    """The writable bookies the metadata store lists, asked from ``host``."""
+    done = host.run(
+        [*_python(cluster), "bookies", "--metadata", cluster.metadata_uri], timeout_s=timeout_s
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"listing bookies failed: {done.stderr[-2000:]}")
+    listed = json.loads(done.stdout.strip().splitlines()[-1])
+    return [str(address) for address in listed]
+
+
+def _python(cluster: NetnsCluster) -> list[str]:
+    import sys
+
+    return ["env", f"PYTHONPATH={cluster.env['PYTHONPATH']}", sys.executable, "-m",
+            "quorumlog.testing.netns.workload"]  # fmt: skip
+
+
+def server_named(context: RunContext, name: str) -> ServerProcess:
+    for server in context.cluster.servers():
+        if server.name == name:
+            return server
+    raise KeyError(name)
+
+
+class IsolateDbLeader(Nemesis):
+    """The database's leading replica cut off from everyone."""
+
+    name = "partition-db-leader"
+    mechanism = "neighbour"
+
+    def start(self, context: RunContext) -> None:
+        leader = context.cluster.db_leader()
+        if leader is None:
+            raise RuntimeError("no database leader to cut off")
+        context.notes["isolated_replica"] = leader.name
+        context.cluster.network.isolate(leader.host)
+
+    def heal(self, context: RunContext) -> None:
+        context.cluster.network.heal()
