@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.ledgers import LedgerManager
 from quorumlog.meta.store import MetadataStore
 from quorumlog.meta.underreplication import UnderReplicationManager
+from quorumlog.security.http import admin_api_roles, bearer_middleware
+from quorumlog.security.tokens import TokenVerifier
 
 __all__ = ["AdminContext", "AdminServer", "build_admin_app"]
 
@@ -71,6 +74,8 @@ class AdminContext:
     # the bookie has no force_gc (compaction) of its own.
     gc_round: Callable[[], Awaitable[object]] | None = None
     shutting_down: Callable[[], bool] = lambda: False
+    # Bearer tokens (docs/SECURITY.md): None serves everyone, as the bookie port does.
+    token_verifier: TokenVerifier | None = None
     # Awaited before each /metrics answer: a process whose metrics need the metadata
     # store (an autorecovery daemon's marked ledgers) reads it there, as a collector
     # may not wait.
@@ -336,7 +341,12 @@ def _describe(result: object) -> object:
 def build_admin_app(ctx: AdminContext) -> web.Application:
     """The admin API's application; add routes to it before it runs."""
     h = _Handlers(ctx)
-    app = web.Application(middlewares=[_errors])
+    checks = (
+        []
+        if ctx.token_verifier is None
+        else [bearer_middleware(ctx.token_verifier, admin_api_roles)]
+    )
+    app = web.Application(middlewares=[*checks, _errors])
     app.router.add_get("/heartbeat", h.heartbeat)
     app.router.add_get("/metrics", h.metrics)
     app.router.add_get("/api/v1/bookie/info", h.bookie_info)
@@ -357,7 +367,11 @@ def build_admin_app(ctx: AdminContext) -> web.Application:
 class AdminServer:
     """Runs an admin application on the running event loop, on ``host:port``."""
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
+    def __init__(
+        self, app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        """``ssl_context``: serve HTTPS (a reloader's front context takes renewed files)."""
+        self._ssl_context = ssl_context
         self._app = app
         self._host = host
         self._port = port
@@ -367,7 +381,9 @@ class AdminServer:
     async def start(self) -> None:
         runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port, reuse_address=True)
+        site = web.TCPSite(
+            runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl_context
+        )
         try:
             await site.start()
         except OSError:

@@ -1,0 +1,179 @@
+"""TLS and tokens on real bookie processes, on both metadata drivers (docs/SECURITY.md).
+
+One cluster per driver: two bookies serving mutual TLS and checking tokens (an HMAC key
+file), then a third, plain bookie. A client with the right certificate and token writes
+and reads; every other kind of client gets an error that says what is wrong: no TLS,
+TLS without a client certificate, no token, a token signed with another key, an expired
+token, a role that may not send the request; TLS against the plain bookie. Then the
+bookie's certificate is replaced on disk and a new connection gets the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from support import poll_until, run
+from tls_certs import HMAC_SECRET, TlsMaterial, make_tls_material, write_hmac_key
+
+from quorumlog.aio import BookKeeper
+from quorumlog.client.config import ClientConfig
+from quorumlog.client.connection import BookieConnection, request_future
+from quorumlog.errors import AuthenticationError, BKError, BookieUnavailableError, Status
+from quorumlog.proto.codec import (
+    AddRequest,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    DeleteLedgerRequest,
+    Request,
+    Response,
+)
+from quorumlog.security import Role, issue_token
+from quorumlog.security.tls import TlsFiles, TlsReloader
+from quorumlog.server.local_cluster import LocalCluster
+
+KEY = bytes(20)
+TIMEOUT_MS = 10_000
+
+
+def _token(*roles: Role | str, expires_in_s: float = 3600, key: bytes = HMAC_SECRET) -> str:
+    return issue_token(key, roles, subject="test", expires_at_s=time.time() + expires_in_s)
+
+
+async def _ask(
+    address: str,
+    request: Request,
+    *,
+    tls: TlsFiles | None,
+    token: str | None,
+) -> Response:
+    """``request`` on a new connection with these credentials: the answer, or the error."""
+    loop = asyncio.get_running_loop()
+    context = TlsReloader(tls, server_side=False).current if tls is not None else None
+    connection = BookieConnection(
+        address,
+        loop,
+        connect_timeout_ms=TIMEOUT_MS,
+        ssl_context=context,
+        token=lambda: token,
+    )
+    try:
+        return await request_future(loop, connection, request, TIMEOUT_MS)
+    finally:
+        connection.close()
+
+
+def _error_of(address: str, request: Request, **credentials: object) -> BKError:
+    with pytest.raises(BKError) as caught:
+        run(_ask(address, request, **credentials))  # type: ignore[arg-type]
+    return caught.value
+
+
+@pytest.fixture
+def material(tmp_path: Path) -> TlsMaterial:
+    return make_tls_material(tmp_path / "tls")
+
+
+def test_tls_and_tokens_let_in_only_clients_with_both_and_say_why_to_others(
+    metadata_uri: str, tmp_path: Path, material: TlsMaterial
+):
+    key_file = write_hmac_key(tmp_path)
+    secure = [
+        "--tls-cert", str(material.server_cert),
+        "--tls-key", str(material.server_key),
+        "--tls-ca", str(material.ca_cert),
+        "--token-key-file", str(key_file),
+    ]  # fmt: skip
+    mutual = TlsFiles(str(material.client_cert), str(material.client_key), str(material.ca_cert))
+    token_file = tmp_path / "client.token"
+    token_file.write_text(_token(Role.CLIENT))
+    with LocalCluster(metadata_uri, tmp_path / "cluster", 0) as cluster:
+        for _ in range(2):
+            cluster.start_new_bookie(secure)
+        bookie = cluster.addresses[0]
+
+        # The right certificate and token: a ledger written, closed and read back.
+        async def write_and_read() -> list[bytes]:
+            config = ClientConfig(tls=mutual, token_file=str(token_file))
+            bk = await BookKeeper.connect(metadata_uri, config=config)
+            try:
+                lh = await bk.create_ledger(2, 2, 2, password=b"pw")
+                for i in range(5):
+                    await lh.add_entry(b"entry-%d" % i)
+                await lh.close()
+                rh = await bk.open_ledger(lh.ledger_id, b"pw")
+                return [e.data for e in await rh.read_entries(0, 4)]
+            finally:
+                await bk.close()
+
+        assert run(write_and_read()) == [b"entry-%d" % i for i in range(5)]
+
+        info = BookieInfoRequest(0)
+        good = _token(Role.CLIENT)
+        assert isinstance(run(_ask(bookie, info, tls=mutual, token=good)), BookieInfoResponse)
+
+        # A plain client: the TLS bookie closes without a byte; the client says why.
+        plain = _error_of(bookie, info, tls=None, token=good)
+        assert "tls setting" in str(plain), plain
+        # TLS, but no client certificate for a bookie that asks for one.
+        no_cert = _error_of(bookie, info, tls=TlsFiles(ca_file=str(material.ca_cert)), token=good)
+        assert isinstance(no_cert, BookieUnavailableError), no_cert
+
+        # Tokens: missing, signed with another key, expired; each refused with its reason.
+        cases = {
+            None: "authentication required",
+            _token(Role.CLIENT, key=b"z" * 40): "signature does not verify",
+            _token(Role.CLIENT, expires_in_s=-10): "token expired",
+        }
+        for token, reason in cases.items():
+            refused = _error_of(bookie, info, tls=mutual, token=token)
+            assert isinstance(refused, AuthenticationError), refused
+            assert reason in str(refused) and bookie in str(refused)
+
+        # Roles: a bookie token may not add as a writer; only an admin deletes.
+        add = AddRequest(0, 1, KEY, [])
+        as_bookie = run(_ask(bookie, add, tls=mutual, token=_token(Role.BOOKIE)))
+        assert as_bookie.status == Status.UNAUTHORIZED
+        delete = DeleteLedgerRequest(0, 999, KEY)
+        as_client = run(_ask(bookie, delete, tls=mutual, token=good))
+        assert as_client.status == Status.UNAUTHORIZED
+        as_admin = run(_ask(bookie, delete, tls=mutual, token=_token(Role.ADMIN)))
+        assert as_admin.status != Status.UNAUTHORIZED
+
+        # The reverse: a TLS client against a bookie that serves no TLS.
+        plain_index = cluster.start_new_bookie()
+        assert [b.alive() for b in cluster.bookies] == [True, True, True]
+        plain_bookie = cluster.bookies[plain_index].address
+        reverse = _error_of(plain_bookie, info, tls=mutual, token=None)
+        assert isinstance(reverse, AuthenticationError), reverse
+        assert "does not serve TLS" in str(reverse)
+
+        # Certificates replaced on disk serve the next connection, without a restart.
+        renewed_cert, renewed_key = material.issue("bookie-renewed")
+        material.server_key.write_bytes(renewed_key.read_bytes())
+        material.server_cert.write_bytes(renewed_cert.read_bytes())
+
+        def served_name() -> str:
+            return run(_served_common_name(bookie, mutual))
+
+        poll_until(
+            lambda: served_name() == "bookie-renewed",
+            timeout_s=30,
+            what="the bookie serves the renewed certificate to a new connection",
+            interval_s=0.2,
+        )
+        assert isinstance(run(_ask(bookie, info, tls=mutual, token=good)), BookieInfoResponse)
+
+
+async def _served_common_name(address: str, tls: TlsFiles) -> str:
+    host, _, port = address.rpartition(":")
+    context = TlsReloader(tls, server_side=False).current()
+    _, writer = await asyncio.open_connection(host, int(port), ssl=context, server_hostname=host)
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        return x509.load_der_x509_certificate(der).subject.rfc4514_string().removeprefix("CN=")
+    finally:
+        writer.close()
