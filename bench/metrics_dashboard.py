@@ -1,10 +1,12 @@
 """Draw the Grafana dashboard's panels (docs/grafana/quorumlog.json) from a real scrape.
 
-Starts 4 local bookies serving ``/metrics`` (``--http-port 0``), puts load on them
-with a client whose metrics are on (two writers on 3/3/2 ledgers at a fixed rate, a
-reader of recent entries, a tailing long poll), kills one bookie of the first
-writer's ensemble two thirds of the way through (an ensemble change), recovers a
-ledger left open, and scrapes every bookie and the client's registry every second.
+Starts 4 local bookies and an autorecovery daemon serving ``/metrics`` (``--http-port
+0``, 2 s metadata sessions), writes closed ledgers, puts load on the bookies with a
+client whose metrics are on (two writers on 3/3/2 ledgers at a fixed rate, a reader
+of recent entries, a tailing long poll), kills one bookie of the first writer's
+ensemble two thirds of the way through (an ensemble change, and autorecovery
+re-replicating what it held), recovers a ledger left open, and scrapes every bookie,
+the daemon and the client's registry every second.
 The panels are then computed as the dashboard's PromQL computes them (rates over a
 window, ``histogram_quantile`` over bucket rates) and drawn with matplotlib.
 
@@ -17,6 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -63,6 +69,7 @@ async def load(
     rate: int,
     series: Series,
     t0: float,
+    closed_ledgers: int,
 ) -> None:
     bk = await BookKeeper.connect(uri)
     metrics = bk.enable_metrics()
@@ -74,6 +81,13 @@ async def load(
             text = generate_latest(metrics.registry).decode()
             series.append((time.monotonic() - t0, "client", parse(text)))
 
+    # Closed ledgers for autorecovery to copy once a bookie is killed.
+    for _ in range(closed_ledgers):
+        closed = await bk.create_ledger(3, 3, 2, password=b"pw")
+        entry = b"c" * 1000
+        for _batch in range(8):  # 4,000 entries of 1 kB
+            await asyncio.gather(*(closed.append(entry) for _ in range(500)))
+        await closed.close()
     handles = [await bk.create_ledger(3, 3, 2, password=b"pw") for _ in range(2)]
 
     async def writer(handle: object, per_s: int) -> None:
@@ -159,6 +173,8 @@ def rate(
     """Per instance: (t, per-second increase of ``name`` over the last ``window_s``)."""
     out: dict[str, list[tuple[float, float]]] = {}
     for instance, points in _by_instance(series, client).items():
+        if not any((name, le) in s for _, s in points):
+            continue  # another kind of process (a bookie, autorecovery) exports other names
         values = [(t, s.get((name, le), 0.0)) for t, s in points]
         line = []
         for i, (t, v) in enumerate(values):
@@ -378,7 +394,46 @@ def draw(series: Series, out: Path, window_s: float) -> None:
             ],
         ),
     ]
-    fig, axes = plt.subplots(4, 3, figsize=(16, 15))
+    A = "quorumlog_autorecovery_"
+    panels += [
+        (
+            "Autorecovery: under-replicated ledgers, ledgers in repair",
+            "ledgers",
+            lambda: [
+                ("under-replicated", _max_gauge(gauge(series, A + "under_replicated_ledgers"))),
+                ("in repair", _sum_gauge(gauge(series, A + "ledgers_in_repair"))),
+                ("auditors", _sum_gauge(gauge(series, A + "is_auditor"))),
+            ],
+        ),
+        (
+            "Autorecovery: copy rate (MB/s)",
+            "MB/s",
+            lambda: [
+                (
+                    "copied",
+                    [
+                        (t, v / 1e6)
+                        for t, v in summed(rate(series, A + "copied_bytes_total", window_s))
+                    ],
+                )
+            ],
+        ),
+        (
+            "Autorecovery: marked, repaired, deferred, failed (per min)",
+            "per min",
+            lambda: [
+                (label, [(t, v * 60) for t, v in summed(rate(series, A + name, window_s))])
+                for label, name in (
+                    ("ledgers marked", "ledgers_marked_total"),
+                    ("ledgers repaired", "ledgers_repaired_total"),
+                    ("deferred (open)", "ledgers_deferred_total"),
+                    ("failed", "ledger_repair_failures_total"),
+                    ("audit runs", "audit_runs_total"),
+                )
+            ],
+        ),
+    ]
+    fig, axes = plt.subplots(5, 3, figsize=(16, 19))
     for ax, (title, unit, lines) in zip(axes.flat, panels, strict=True):
         for label, line in lines():
             if line:
@@ -392,10 +447,11 @@ def draw(series: Series, out: Path, window_s: float) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle(
-        "quorumlog dashboard panels from a real scrape (4 local bookies, one killed at 2/3)",
+        "quorumlog dashboard panels from a real scrape (4 local bookies and autorecovery, "
+        "one bookie killed at 2/3)",
         fontsize=12,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # room for the title
     fig.savefig(out, dpi=80)
 
 
@@ -419,33 +475,80 @@ def _max_gauge(per: dict[str, list[tuple[float, float]]]) -> list[tuple[float, f
     return sorted((float(t), v) for t, v in grid.items())
 
 
+def start_autorecovery(uri: str, home: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``quorumlog autorecovery --http-port 0``; its process and admin port."""
+    out_path = home / "autorecovery.out"
+    with open(out_path, "wb") as out, open(home / "autorecovery.err", "wb") as err:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "quorumlog", "autorecovery", "--metadata", uri),
+                *("--http-port", "0", "--autorecovery-session-timeout-ms", "2000"),
+                *("--password", "pw", "--open-ledger-grace-s", "10"),
+            ],
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        for line in out_path.read_text().splitlines():
+            if " admin http://" in line:
+                return process, int(line.rsplit(":", 1)[1])
+        time.sleep(0.1)
+    stop_process(process)
+    raise SystemExit(f"autorecovery did not start: {(home / 'autorecovery.err').read_text()}")
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration-s", type=float, default=60.0)
     parser.add_argument("--rate", type=int, default=4000, help="entries/s, both writers")
     parser.add_argument("--window-s", type=float, default=5.0, help="rate() window")
+    parser.add_argument(
+        "--closed-ledgers", type=int, default=8, help="closed ledgers of 4 MB written first"
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/metrics.png"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="metrics-dashboard-") as tmp:
         uri = embedded_metadata_uri(tmp)
-        with LocalCluster(uri, Path(tmp) / "bookies", 4, extra_args=["--http-port", "0"]) as c:
+        bookie_args = ["--http-port", "0", "--metadata-session-timeout-ms", "2000"]
+        with LocalCluster(uri, Path(tmp) / "bookies", 4, extra_args=bookie_args) as c:
             ports = {}
             for bookie in c.bookies:
                 for line in bookie.stdout_text().splitlines():
                     if " admin http://" in line:
                         ports[line.split()[1]] = int(line.rsplit(":", 1)[1])
+            daemon, ports["autorecovery"] = start_autorecovery(uri, Path(tmp))
             series: Series = []
             stop = threading.Event()
             t0 = time.monotonic()
             thread = threading.Thread(target=scrape_loop, args=(ports, series, stop, t0))
             thread.start()
             try:
-                asyncio.run(load(uri, c, args.duration_s, args.rate, series, t0))
+                asyncio.run(
+                    load(uri, c, args.duration_s, args.rate, series, t0, args.closed_ledgers)
+                )
             finally:
                 stop.set()
                 thread.join()
+                stop_process(daemon)
     draw(series, args.out, args.window_s)
-    print(f"{len(series)} scrapes -> {args.out}")
+    copied = max(
+        (s.get(("quorumlog_autorecovery_copied_bytes_total", ""), 0.0) for _, _, s in series),
+        default=0.0,
+    )
+    print(f"{len(series)} scrapes -> {args.out}; autorecovery copied {copied / 1e6:.1f} MB")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from support import holders, holds_for, plant_forged_entry, poll_until, shell
 from test_admin_http import http
-from test_metrics import scrape
+from test_metrics import assert_dashboard_names_exported, scrape
 
 from quorumlog import BookKeeper
 from quorumlog.errors import BKError, Status
@@ -698,6 +698,7 @@ def test_the_autorecovery_admin_api_answers_and_its_metrics_follow_the_marks(
         text, metrics = scrape(port)
         assert metrics["quorumlog_autorecovery_under_replicated_ledgers"] == 2
         assert "# TYPE quorumlog_autorecovery_copied_bytes_total counter" in text
+        assert_dashboard_names_exported("quorumlog_autorecovery_", metrics)
         # Resumed: the worker clears the marks of ledgers that do not exist.
         bk.run(manager.set_enabled(True))
         poll_until(

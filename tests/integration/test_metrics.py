@@ -6,7 +6,9 @@ ensemble change a killed bookie causes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import urllib.request
 from pathlib import Path
 
@@ -32,6 +34,23 @@ def parse(text: str) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
             samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return samples
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "quorumlog.json"
+
+
+def dashboard_names(prefix: str) -> set[str]:
+    """The sample names with ``prefix`` that the Grafana dashboard's queries read."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    exprs = [target["expr"] for panel in panels for target in panel["targets"]]
+    return {name for expr in exprs for name in re.findall(prefix + r"\w+", expr)}
+
+
+def assert_dashboard_names_exported(prefix: str, samples: dict[str, float]) -> None:
+    exported = {key.split("{")[0] for key in samples}
+    wanted = dashboard_names(prefix)
+    assert wanted, prefix
+    assert wanted <= exported, sorted(wanted - exported)
 
 
 def scrape(port: int) -> tuple[str, dict[str, float]]:
@@ -112,6 +131,7 @@ def test_bookie_metrics_count_what_was_done(metadata_uri: str, tmp_path: Path) -
             if k.startswith(p + "add_latency_seconds_bucket")
         )
         assert [v for _, v in buckets] == sorted(v for _, v in buckets)
+        assert_dashboard_names_exported(p, m)
 
 
 def test_client_registry_shows_an_ensemble_change_after_a_bookie_is_killed(
@@ -150,6 +170,7 @@ def test_client_registry_shows_an_ensemble_change_after_a_bookie_is_killed(
     assert m[p + "recoveries_total"] == 1
     assert m[p + "recoveries_completed_total"] == 1
     assert m[p + "speculative_reads_total"] >= 0
+    assert_dashboard_names_exported(p, m)
 
 
 def test_client_keeps_no_metrics_unless_asked(cluster4: LocalCluster, metadata_uri: str) -> None:
