@@ -292,6 +292,7 @@ async def _serve(
     listen: _Listen,
     recovery: AutoRecoveryConfig | None = None,
 ) -> int:
+    from quorumlog.bookie.bookie import BookieStartError
     from quorumlog.replication.autorecovery import AutoRecovery
     from quorumlog.server.server import BookieServer
 
@@ -322,14 +323,17 @@ async def _serve(
         starting.result()  # raises the start-up error, if any
         mode = " read-only" if server.registered_read_only else ""
         if server_config.http_port is not None:
-            admin_url = f"http://{listen.advertised_host}:{server.http_port}"
+            scheme = "https" if server_config.tls is not None else "http"
+            admin_url = f"{scheme}://{listen.advertised_host}:{server.http_port}"
             print(f"bookie {server.address} admin {admin_url}", flush=True)
         print(f"bookie {server.address} ready{mode}", flush=True)
         if recovery is not None:
             # Identified by the bookie's address: whoisauditor then names a bookie.
             daemon = AutoRecovery(uri, recovery, identifier=server.address)
             daemon_task = loop.create_task(daemon.run())
-        await stop_wait
+        failed_wait = loop.create_task(server.failed.wait())
+        await asyncio.wait({stop_wait, failed_wait}, return_when=asyncio.FIRST_COMPLETED)
+        failed_wait.cancel()
     finally:
         stop_wait.cancel()
         if daemon is not None and daemon_task is not None:
@@ -337,5 +341,12 @@ async def _serve(
             with contextlib.suppress(asyncio.CancelledError, BKError):
                 await asyncio.wait_for(daemon_task, 30)
     await server.stop()
+    if server.failure is not None:
+        # Serving unlisted helps nobody: exit, and let the supervisor start it again.
+        failure = server.failure
+        refused = isinstance(failure, BookieStartError)
+        what = "refusing to go on" if refused else "failed"
+        print(f"{_PROG}: {what}: {failure}", file=sys.stderr)
+        return EXIT_USAGE if refused else EXIT_FAILURE
     print(f"bookie {server.address} stopped", flush=True)
     return EXIT_OK

@@ -174,8 +174,12 @@ class BookieServer:
             registry=bookie_registry(self),
             gc_round=self.collect_garbage,
             shutting_down=lambda: self._stopping,
+            token_verifier=self.server_config.token_verifier,
         )
-        admin = AdminServer(build_admin_app(ctx), self._host, port)
+        # HTTPS with the bookie port's certificates (docs/SECURITY.md).
+        tls = self.server_config.tls
+        ssl_context = tls.server_front_context() if tls is not None else None
+        admin = AdminServer(build_admin_app(ctx), self._host, port, ssl_context)
         try:
             await admin.start()
         except OSError as exc:
@@ -185,7 +189,8 @@ class BookieServer:
             ) from None
         self._admin = admin
         self.http_port = admin.port
-        log.info("bookie %s: admin API on http://%s:%d", self.address, self._host, admin.port)
+        scheme = "https" if ssl_context is not None else "http"
+        log.info("bookie %s: admin API on %s://%s:%d", self.address, scheme, self._host, admin.port)
 
     async def _open_store(self) -> MetadataStore:
         sc = self.server_config
@@ -221,7 +226,8 @@ class BookieServer:
         """The registration's data: the admin API's address when it serves."""
         # The advertised host, as for the bookie's own address: the bind address may be
         # a wildcard other machines cannot connect to.
-        http = f"http://{self._advertised_host}:{self.http_port}"
+        scheme = "https" if self.server_config.tls is not None else "http"
+        http = f"{scheme}://{self._advertised_host}:{self.http_port}"
         info = {"http": http} if self._admin else {}
         return json.dumps(info, sort_keys=True).encode()
 

@@ -11,9 +11,11 @@ bookie's certificate is replaced on disk and a new connection gets the new one.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 from cryptography import x509
 from support import poll_until, run
@@ -86,6 +88,7 @@ def test_tls_and_tokens_let_in_only_clients_with_both_and_say_why_to_others(
         "--tls-key", str(material.server_key),
         "--tls-ca", str(material.ca_cert),
         "--token-key-file", str(key_file),
+        "--http-port", "0",
     ]  # fmt: skip
     mutual = TlsFiles(str(material.client_cert), str(material.client_key), str(material.ca_cert))
     token_file = tmp_path / "client.token"
@@ -143,6 +146,18 @@ def test_tls_and_tokens_let_in_only_clients_with_both_and_say_why_to_others(
         as_admin = run(_ask(bookie, delete, tls=mutual, token=_token(Role.ADMIN)))
         assert as_admin.status != Status.UNAUTHORIZED
 
+        # The admin API: HTTPS with the same certificates, the same tokens as Bearer.
+        admin_url = re.search(rb"admin (https://\S+)", cluster.bookies[0].stdout_path.read_bytes())
+        assert admin_url is not None
+        statuses = run(_admin_statuses(admin_url.group(1).decode(), mutual, good))
+        assert statuses == {
+            "heartbeat, no token": 200,
+            "info, no token": 401,
+            "info, client": 200,
+            "read-only switch, client": 403,
+            "read-only switch, admin": 200,
+        }
+
         # The reverse: a TLS client against a bookie that serves no TLS.
         plain_index = cluster.start_new_bookie()
         assert [b.alive() for b in cluster.bookies] == [True, True, True]
@@ -166,6 +181,26 @@ def test_tls_and_tokens_let_in_only_clients_with_both_and_say_why_to_others(
             interval_s=0.2,
         )
         assert isinstance(run(_ask(bookie, info, tls=mutual, token=good)), BookieInfoResponse)
+
+
+async def _admin_statuses(url: str, tls: TlsFiles, client_token: str) -> dict[str, int]:
+    context = TlsReloader(tls, server_side=False).current()
+    admin_token = _token(Role.ADMIN)
+    asks = {
+        "heartbeat, no token": ("GET", "/heartbeat", None, None),
+        "info, no token": ("GET", "/api/v1/bookie/info", None, None),
+        "info, client": ("GET", "/api/v1/bookie/info", client_token, None),
+        "read-only switch, client": ("PUT", "/api/v1/bookie/state", client_token, False),
+        "read-only switch, admin": ("PUT", "/api/v1/bookie/state", admin_token, False),
+    }
+    statuses: dict[str, int] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+        for name, (method, path, token, read_only) in asks.items():
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            body = None if read_only is None else {"readOnly": read_only}
+            async with session.request(method, url + path, headers=headers, json=body) as r:
+                statuses[name] = r.status
+    return statuses
 
 
 async def _served_common_name(address: str, tls: TlsFiles) -> str:
