@@ -292,7 +292,6 @@ async def _serve(
     listen: _Listen,
     recovery: AutoRecoveryConfig | None = None,
 ) -> int:
-    from quorumlog.bookie.bookie import BookieStartError
     from quorumlog.replication.autorecovery import AutoRecovery
     from quorumlog.server.server import BookieServer
 
@@ -331,9 +330,7 @@ async def _serve(
             # Identified by the bookie's address: whoisauditor then names a bookie.
             daemon = AutoRecovery(uri, recovery, identifier=server.address)
             daemon_task = loop.create_task(daemon.run())
-        failed_wait = loop.create_task(server.failed.wait())
-        await asyncio.wait({stop_wait, failed_wait}, return_when=asyncio.FIRST_COMPLETED)
-        failed_wait.cancel()
+        await stop_wait
     finally:
         stop_wait.cancel()
         if daemon is not None and daemon_task is not None:
@@ -341,12 +338,5 @@ async def _serve(
             with contextlib.suppress(asyncio.CancelledError, BKError):
                 await asyncio.wait_for(daemon_task, 30)
     await server.stop()
-    if server.failure is not None:
-        # Serving unlisted helps nobody: exit, and let the supervisor start it again.
-        failure = server.failure
-        refused = isinstance(failure, BookieStartError)
-        what = "refusing to go on" if refused else "failed"
-        print(f"{_PROG}: {what}: {failure}", file=sys.stderr)
-        return EXIT_USAGE if refused else EXIT_FAILURE
     print(f"bookie {server.address} stopped", flush=True)
     return EXIT_OK
