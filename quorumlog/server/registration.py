@@ -8,6 +8,14 @@ order, one at a time, retried while the store is unreachable.
 A node under this bookie's address left by an earlier run of the same bookie
 (killed before its session ended) is replaced rather than waited out: the
 server holds the address's port, so that run is certainly gone.
+
+A registration lives and dies with its store's session: once that session is
+lost, the server abandons it and makes a new one on a new store. Abandoning
+does not rely on cancelling the task alone: on Python 3.11 ``asyncio.wait_for``
+swallows a cancel that lands in the same turn as the result it waits for, and
+kazoo fails every pending call (SessionExpired) at the very moment it reports the
+session lost, so a registration checking the registry then would otherwise go on
+retrying on the dead session for ever and the bookie would never be listed again.
 """
 
 from __future__ import annotations
@@ -17,13 +25,15 @@ import contextlib
 import logging
 from typing import Protocol
 
-from quorumlog.errors import BKError, NodeExistsError, NoNodeError
+from quorumlog.errors import BKError, NodeExistsError, NoNodeError, SessionExpiredError
 from quorumlog.meta.store import MetadataStore, SessionState
 
 log = logging.getLogger(__name__)
 
 _RETRY_MIN_S = 0.2
 _RETRY_MAX_S = 3.0
+# How long abandon() waits for the task to end (it ends at its next step once told).
+_ABANDON_WAIT_S = 5.0
 
 
 class Registry(Protocol):
@@ -66,6 +76,7 @@ class Registration:
         self._applied = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._abandoned = False  # the session is gone: the task must end, whatever it does
         store.add_session_listener(self._on_session)
 
     @property
@@ -93,6 +104,8 @@ class Registration:
 
     async def stop(self, timeout_s: float) -> None:
         """Unregister (best effort within ``timeout_s``) and stop the task."""
+        if self._abandoned:
+            return  # its session, and the node with it, is gone: nothing to remove
         self._stopping = True
         self._wanted = None
         self._applied.clear()
@@ -107,12 +120,22 @@ class Registration:
                 await self._task
 
     async def abandon(self) -> None:
-        """Stop without unregistering (the session, and with it the node, is gone)."""
+        """Stop without unregistering (the session, and with it the node, is gone).
+
+        Returns within a few seconds whatever the task is doing (see the module
+        docstring for why a cancel alone is not enough)."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        self._abandoned = True
+        self._changed.set()
+        task = self._task
+        if task is None:
+            return
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=_ABANDON_WAIT_S)
+        if not done:
+            log.warning("bookie %s: the old registration task did not end", self.address)
+        elif not task.cancelled() and task.exception() is not None:
+            log.warning("bookie %s: old registration: %s", self.address, task.exception())
 
     async def _wait_applied(self, timeout_s: float) -> None:
         try:
@@ -139,16 +162,25 @@ class Registration:
 
     async def _run(self) -> None:
         delay_s = _RETRY_MIN_S
-        while True:
+        while not self._abandoned:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), self._verify_interval_s)
             self._changed.clear()
+            if self._abandoned:
+                return
             try:
                 await self._reconcile()
             except asyncio.CancelledError:
                 raise
             except (BKError, OSError) as exc:
-                log.warning("bookie %s: registration: %s (retrying)", self.address, exc)
+                if self._abandoned:
+                    return
+                if isinstance(exc, SessionExpiredError):
+                    # Nothing can be registered on this session any more: the server
+                    # replaces it with a new one (and abandons this registration).
+                    log.info("bookie %s: registration: %s", self.address, exc)
+                else:
+                    log.warning("bookie %s: registration: %s (retrying)", self.address, exc)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, _RETRY_MAX_S)
                 self._changed.set()

@@ -108,6 +108,10 @@ class BookieServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
         self._session_task: asyncio.Task[None] | None = None
+        # Set when the bookie cannot go on serving (its cookie refused on a new metadata
+        # session): the process should exit so that a supervisor restarts it.
+        self.failure: BaseException | None = None
+        self.failed = asyncio.Event()
         self._started = False
         self._stopping = False
         self._admin: AdminServer | None = None
@@ -249,7 +253,22 @@ class BookieServer:
 
     async def _new_session(self) -> None:
         """A lost session is final for its store (its ephemeral registration is gone):
-        open a new store, register on it, and close the old one."""
+        open a new store, check the cookie again (the store may have changed while this
+        bookie was cut off from it), register on it, and close the old one. A refused
+        cookie, or anything unexpected, fails the server (see ``failed``) rather than
+        leaving a bookie that serves but is never listed."""
+        try:
+            await self._register_on_new_session()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.error("bookie %s: cannot register again: %s", self.address, exc)
+            self.failure = exc
+            self.failed.set()
+
+    async def _register_on_new_session(self) -> None:
+        from quorumlog.meta.bookies import BookieRegistry
+
         old_store, old_registration = self.store, self._registration
         if old_registration is not None:
             await old_registration.abandon()
@@ -260,8 +279,15 @@ class BookieServer:
                 return
             try:
                 store = await self._open_store()
+                await cookies.verify_or_create(BookieRegistry(store), self.config, self.address)
                 break
-            except (BKError, OSError) as exc:
+            except (BKError, OSError, BookieStartError) as exc:
+                if store is not None:
+                    with contextlib.suppress(TimeoutError, BKError, OSError):
+                        await asyncio.wait_for(store.close(), 5.0)
+                    store = None
+                if isinstance(exc, BookieStartError):
+                    raise
                 log.warning("bookie %s: metadata store: %s (retrying)", self.address, exc)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)

@@ -1,0 +1,279 @@
+"""A process cut off from ZooKeeper long enough for its session to expire comes back.
+
+Every process reaches ZooKeeper through a TCP forwarder that the test can cut (every
+connection reset, new ones closed at once) and heal. While it is cut, ZooKeeper hears
+nothing from the session and expires it, deleting its ephemeral nodes: the bookie's
+registration, an election candidate. Once healed, kazoo learns on reconnecting that
+the session is gone (LOST) and starts a new one; the process must put its ephemerals
+back on the new session (or exit so a supervisor restarts it), never keep retrying on
+the dead one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import holds_for, poll_until, run
+
+from quorumlog.errors import NoNodeError
+from quorumlog.meta.bookies import BookieRegistry
+from quorumlog.meta.factory import open_store
+from quorumlog.server.local_cluster import LocalCluster
+from quorumlog.testing.raw_client import RawClient, make_entry, master_key
+from quorumlog.testing.zookeeper import ZooKeeperServer, free_port
+
+pytestmark = pytest.mark.zookeeper
+
+# Short sessions (the test ZooKeeper's tickTime is 100 ms): expiry takes about a second.
+SESSION_TIMEOUT_MS = 1000
+_chroots = itertools.count(1)
+# Child processes import this checkout and take the metadata URI from their flags.
+_ENV = {k: v for k, v in os.environ.items() if k != "QUORUMLOG_METADATA"}
+_ENV["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+
+
+class CuttableLink:
+    """A TCP forwarder from a local port to ``target`` that can be cut and healed.
+
+    A cut is a partition: nothing crosses in either direction (bytes in flight are
+    dropped), connections stay open but silent, new ones are accepted and hear nothing.
+    A heal lets new connections through; the silent ones are reset, as the peers'
+    timeouts would have ended them.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._silent: set[socket.socket] = set()
+        self._cut = False
+        self._closed = False
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            self._silent, self._open = self._open, set()
+
+    def heal(self) -> None:
+        with self._lock:
+            self._cut = False
+            silent, self._silent = self._silent, set()
+        for sock in silent:
+            _close(sock)
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            doomed = self._open | self._silent
+        for sock in doomed:
+            _close(sock)
+        _close(self._listener)
+        self._accepting.join(5)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._cut:  # accepted, then silence
+                    self._silent.add(client)
+                    continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._open |= {client, upstream}
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(65536):
+                with self._lock:
+                    if self._cut:
+                        continue  # lost in the partition
+                sink.sendall(chunk)
+        _close(source)
+        _close(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+@pytest.fixture
+def link(zookeeper_server: ZooKeeperServer) -> Iterator[CuttableLink]:
+    forwarder = CuttableLink("127.0.0.1", zookeeper_server.port)
+    try:
+        yield forwarder
+    finally:
+        forwarder.close()
+
+
+def _chroot() -> str:
+    return f"/expiry-{os.getpid()}-{next(_chroots)}"
+
+
+async def _writable(uri: str) -> list[str]:
+    store = await open_store(uri, create=True)
+    try:
+        return await BookieRegistry(store).writable_bookies()
+    finally:
+        await store.close()
+
+
+async def _delete_cookie(uri: str, address: str) -> None:
+    store = await open_store(uri, create=True)
+    try:
+        await store.delete(f"/bookies/cookies/{address}")
+    finally:
+        await store.close()
+
+
+def test_a_bookie_whose_cookie_went_while_it_was_cut_off_exits_instead_of_registering(
+    zookeeper_server: ZooKeeperServer, link: CuttableLink, tmp_path: Path
+) -> None:
+    """Re-registering checks the cookie on the new session: the store no longer knowing
+    this bookie (its record removed, or the wrong store) stops it with status 2, so its
+    supervisor's restart reports the refusal, instead of it joining again unchecked."""
+    chroot = _chroot()
+    direct_uri = zookeeper_server.uri(chroot)
+    cut_uri = f"zk://127.0.0.1:{link.port}{chroot}"
+    run(_writable(direct_uri))
+    args = ["--metadata-session-timeout-ms", str(SESSION_TIMEOUT_MS)]
+    with LocalCluster(cut_uri, tmp_path / "c", 1, extra_args=args, journal_sync=False) as c:
+        address = c.addresses[0]
+        link.cut()
+        poll_until(
+            lambda: run(_writable(direct_uri)) == [],
+            timeout_s=30,
+            interval_s=0.2,
+            what="the cut-off bookie's session expired",
+        )
+        run(_delete_cookie(direct_uri, address))
+        link.heal()
+        assert c.wait_exit(0, timeout_s=30) == 2
+        stderr = c.bookies[0].stderr_text()
+        assert "refusing to go on" in stderr and "cookie" in stderr
+        assert run(_writable(direct_uri)) == []
+
+
+async def _election_identifiers(uri: str, group: str) -> list[str]:
+    """The data of every node in election ``group`` (each contender's identifier)."""
+    store = await open_store(uri, create=True)
+    try:
+        path = f"/election/{group}"
+        try:
+            names = await store.children(path)
+        except NoNodeError:
+            return []
+        found = []
+        for name in names:
+            with contextlib.suppress(NoNodeError):
+                found.append((await store.get(f"{path}/{name}")).data.decode())
+        return found
+    finally:
+        await store.close()
+
+
+def _spawn(tmp_path: Path, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    with open(tmp_path / f"{name}.out", "wb") as out, open(tmp_path / f"{name}.err", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "quorumlog", *args], stdout=out, stderr=err, env=_ENV
+        )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def test_every_ephemeral_comes_back_after_its_session_expired_behind_a_partition(
+    zookeeper_server: ZooKeeperServer, link: CuttableLink, tmp_path: Path
+) -> None:
+    """A bookie, an autorecovery daemon and a database replica, all reaching ZooKeeper
+    through one link, cut for longer than their sessions and than the bookie's
+    registration check (10 s), so that calls are in flight when kazoo reports the
+    sessions lost: once healed, each is back on a new session."""
+    chroot = _chroot()
+    direct_uri = zookeeper_server.uri(chroot)  # the test's own view, never cut
+    cut_uri = f"zk://127.0.0.1:{link.port}{chroot}"
+    run(_writable(direct_uri))  # creates the chroot
+    session = str(SESSION_TIMEOUT_MS)
+    args = ["--metadata-session-timeout-ms", session]
+    with LocalCluster(cut_uri, tmp_path / "c", 1, extra_args=args, journal_sync=False) as c:
+        address = c.addresses[0]
+        daemon = _spawn(
+            tmp_path,
+            "ar",
+            ["autorecovery", "--metadata", cut_uri, "--autorecovery-session-timeout-ms", session],
+        )
+        db_args = ["db", "serve", "--metadata", cut_uri, "--name", "expiry", "--data-dir"]
+        db_args += [str(tmp_path / "db"), "--http-addr", f"127.0.0.1:{free_port()}"]
+        db_args += ["--session-timeout-ms", session, "--ensemble", "1", "--write-quorum", "1"]
+        db = _spawn(tmp_path, "db", [*db_args, "--ack-quorum", "1", "--node-id", "replica"])
+        try:
+
+            def everyone_there() -> bool:
+                return (
+                    run(_writable(direct_uri)) == [address]
+                    and len(run(_election_identifiers(direct_uri, "autorecovery-auditor"))) == 1
+                    and len(run(_election_identifiers(direct_uri, "db.expiry"))) == 1
+                )
+
+            def nobody_there() -> bool:
+                return (
+                    run(_writable(direct_uri)) == []
+                    and run(_election_identifiers(direct_uri, "autorecovery-auditor")) == []
+                    and run(_election_identifiers(direct_uri, "db.expiry")) == []
+                )
+
+            poll_until(everyone_there, timeout_s=60, interval_s=0.2, what="all joined")
+            link.cut()
+            # ZooKeeper expires the silent sessions and deletes their ephemerals.
+            poll_until(nobody_there, timeout_s=30, interval_s=0.2, what="sessions expired")
+            # Past the bookie's registration check: calls are in flight at the heal.
+            holds_for(nobody_there, duration_s=10, interval_s=0.5, what="nobody while cut")
+            link.heal()
+            poll_until(everyone_there, timeout_s=30, interval_s=0.2, what="all back")
+            assert c.bookies[0].alive() and daemon.poll() is None and db.poll() is None
+        finally:
+            _stop(daemon)
+            _stop(db)
+
+        async def add() -> int:
+            client = await RawClient.connect(address)
+            try:
+                key = master_key(b"")
+                return (await client.add(7, key, [make_entry(7, 0, b"after")])).status
+            finally:
+                await client.close()
+
+        assert run(add()) == 0  # OK: the bookie serves on
