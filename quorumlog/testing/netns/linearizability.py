@@ -54,6 +54,33 @@ class ListAppendModel:
         raise ValueError(f"ListAppendModel has no operation {op.f!r}")
 
 
+class OrderedListAppendModel:
+    """:class:`ListAppendModel` for unique values whose order is known: the list as the
+    last read found it (``order``). Appends only add at the end, so every state is a
+    prefix of that list and appends take effect in its order; the state is the prefix
+    length. This prunes the search from every interleaving of the unknown outcomes to
+    the one order the system claims, so long histories check quickly. An append whose
+    value is not in ``order`` can never take effect (so an acknowledged one makes the
+    history fail), and the last read itself is checked like any other."""
+
+    def __init__(self, order: Sequence[object]) -> None:
+        self.order = tuple(order)
+
+    def initial(self) -> Hashable:
+        return 0
+
+    def step(self, state: Hashable, op: Operation) -> tuple[bool, Hashable]:
+        assert isinstance(state, int)
+        if op.f == "append":
+            allowed = state < len(self.order) and self.order[state] == op.value
+            return allowed, state + 1 if allowed else state
+        if op.f == "read":
+            if op.completion != "ok":
+                return True, state
+            return tuple(op.result) == self.order[:state], state
+        raise ValueError(f"OrderedListAppendModel has no operation {op.f!r}")
+
+
 class RegisterModel:
     """A register: ``write`` sets ``op.value``; ``read`` answers it (None at first)."""
 
@@ -219,6 +246,7 @@ __all__ = [
     "LinearizabilityResult",
     "ListAppendModel",
     "Model",
+    "OrderedListAppendModel",
     "RegisterModel",
     "check_by_key",
     "check_linearizable",

@@ -29,8 +29,8 @@ from quorumlog.testing.netns.checker import AppendReport, check_appends, recover
 from quorumlog.testing.netns.cluster import NetnsCluster
 from quorumlog.testing.netns.history import Operation, pair_operations, read_events
 from quorumlog.testing.netns.linearizability import (
-    ListAppendModel,
-    check_by_key,
+    OrderedListAppendModel,
+    check_linearizable,
     describe_results,
 )
 from quorumlog.testing.netns.nemesis import (
@@ -263,6 +263,10 @@ def run_nemesis(cluster: NetnsCluster, spec: RunSpec, out_dir: Path) -> RunResul
                 process.kill()
                 process.wait(timeout=10)
                 result.problems.append(f"client {name} did not stop within the bound")
+            killed = name == context.notes.get("target") and spec.nemesis.name == "kill-leader"
+            if process.returncode != 0 and not killed:
+                tail = (logs / f"{name}.err").read_text(errors="replace")[-1500:]
+                result.problems.append(f"client {name} exited with {process.returncode}: {tail}")
     checker = cluster.client("checker")
     final = cluster.run_python(
         checker, WORKLOAD_MODULE, [*workload.final, *common, "--process", "final"],
@@ -362,15 +366,19 @@ def _judge_db(operations: list[Operation], result: RunResult) -> None:
             result.problems.append(f"no final read of {key}")
             continue
         final = reads.pop("final")
+        by_key[key]["final_order"] = final
         ops = [op for op in operations if op.key == key]
         report = check_appends(ops, final, reads)
         _add_report(result, report)
     result.operations += sum(1 for op in operations if op.f == "read")
-    # Strong reads, the final ones included, against a list per key.
+    # Strong reads, the final ones included, against a list per key whose order is the
+    # one the final read found (see OrderedListAppendModel).
     model_ops = [_as_read(op) if op.f == "final-read" else op for op in operations]
-    checked = check_by_key(
-        ListAppendModel(), [op for op in model_ops if op.f in ("append", "read")]
-    )
+    checked = {}
+    for key in keys:
+        order = by_key.get(key, {}).get("final_order", [])
+        ops = [op for op in model_ops if op.key == key and op.f in ("append", "read")]
+        checked[key] = check_linearizable(OrderedListAppendModel(order), ops)
     result.linearizable = all(r.linearizable for r in checked.values())
     result.problems += describe_results(checked)
 

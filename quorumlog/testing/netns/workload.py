@@ -110,7 +110,12 @@ async def ledger_writer(args: argparse.Namespace) -> None:
         value = f"e{seq}"
         seq += 1
         op_id = history.invoke("append", "ledgers", value)
-        future = handle.append(value.encode())
+        try:
+            future = handle.append(value.encode())
+        except Exception:  # refused before anything was sent: the ledger has failed
+            history.complete(op_id, "fail", "append", "ledgers")
+            broken.set()
+            continue
         task = asyncio.ensure_future(track(op_id, future, handle.ledger_id))
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
