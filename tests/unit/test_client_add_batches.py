@@ -1,0 +1,109 @@
+"""Batches of adds on the writer's handle (append_entries: one future for the batch, R3,
+R16) and the synchronous facade's bound on adds in flight (Capacity)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+
+import pytest
+from held_pool import BOOKIES, HeldPool, run_client, turns
+from support import holds_for, poll_until
+
+from quorumlog.client.bookkeeper import BookKeeper
+from quorumlog.client.config import ClientConfig
+from quorumlog.client.sync import Capacity
+from quorumlog.errors import (
+    InvalidArgumentError,
+    LedgerFencedError,
+    Status,
+    TooManyRequestsError,
+)
+
+
+def test_r3_a_batch_is_one_future_of_consecutive_ids_confirmed_with_its_last_entry() -> None:
+    async def main(bk: BookKeeper, pool: HeldPool) -> None:
+        lh = await bk.create_ledger(3, 3, 2, ensemble_bookies=BOOKIES)
+        settled: list[int] = []
+        lh.on_settled(settled.append)
+        first = lh.append(b"alone")
+        batch = lh.append_entries([b"a", b"b", b"c"])
+        token: concurrent.futures.Future[int] = concurrent.futures.Future()
+        lh.append_with_token(b"token", token)
+        assert lh.outstanding_adds == 5
+        await turns()
+        assert pool.answer_adds(BOOKIES[0]) == 5
+        await turns()
+        assert not batch.done() and not token.done() and settled == []
+        assert pool.answer_adds(BOOKIES[2]) == 5
+        assert await first == 0
+        assert await batch == [1, 2, 3]
+        assert token.result(timeout=0) == 4  # completed on the loop, no second future
+        assert settled == [5] and lh.outstanding_adds == 0
+        assert await lh.append_entries([]) == []
+        await lh.close()
+        assert lh.metadata.length == len(b"alone" + b"abc" + b"token")
+
+    run_client(main, ClientConfig())
+
+
+def test_r16_a_batch_is_refused_whole_before_anything_is_queued() -> None:
+    config = ClientConfig(max_outstanding_adds=5, max_entry_size_bytes=10)
+
+    async def main(bk: BookKeeper, pool: HeldPool) -> None:
+        lh = await bk.create_ledger(3, 3, 2, ensemble_bookies=BOOKIES)
+        held = lh.append_entries([b"1", b"2", b"3"])
+        with pytest.raises(TooManyRequestsError, match=r"3 adds.*3 more.*max_outstanding_adds"):
+            lh.append_entries([b"4", b"5", b"6"])
+        with pytest.raises(InvalidArgumentError, match="entry of 11 bytes"):
+            lh.append_entries([b"7", b"x" * 11])
+        with pytest.raises(InvalidArgumentError, match="batch of 6 entries"):
+            await lh.add_entries([b"x"] * 6)
+        assert lh.outstanding_adds == 3
+        waiting = asyncio.ensure_future(lh.add_entries([b"4", b"5", b"6"]))
+        await turns()
+        assert not waiting.done() and lh.outstanding_adds == 3  # no room for 3 more yet
+        assert pool.answer_adds(BOOKIES[0]) == 3 and pool.answer_adds(BOOKIES[1]) == 3
+        assert await held == [0, 1, 2]
+        await turns()
+        pool.answer_adds(BOOKIES[0])
+        pool.answer_adds(BOOKIES[1])
+        assert await waiting == [3, 4, 5]
+
+    run_client(main, config)
+
+
+def test_r7_a_fenced_batch_fails_its_one_future() -> None:
+    async def main(bk: BookKeeper, pool: HeldPool) -> None:
+        lh = await bk.create_ledger(3, 3, 2, ensemble_bookies=BOOKIES)
+        settled: list[int] = []
+        lh.on_settled(settled.append)
+        batch = lh.append_entries([b"a", b"b"])
+        await turns()
+        pool.answer_adds(BOOKIES[0], Status.FENCED)
+        with pytest.raises(LedgerFencedError):
+            await batch
+        assert settled == [2] and lh.outstanding_adds == 0
+
+    run_client(main, ClientConfig())
+
+
+def test_capacity_wakes_a_blocked_thread_once_a_quarter_of_the_bound_is_free() -> None:
+    capacity = Capacity(8)
+    capacity.take(8)
+    taken = threading.Event()
+
+    def take_one() -> None:
+        capacity.take()
+        taken.set()
+
+    thread = threading.Thread(target=take_one, daemon=True)
+    thread.start()
+    poll_until(lambda: capacity._waiting == 1, timeout_s=10, what="the thread waits for room")
+    capacity.give(1)  # 7 in flight: room, but not yet a quarter of the bound free
+    holds_for(lambda: not taken.is_set(), duration_s=0.2, what="the thread stays blocked")
+    capacity.give(1)  # 6 = 8 - 8 // 4: wake it
+    poll_until(taken.is_set, timeout_s=10, what="the thread took room")
+    thread.join(timeout=10)
+    assert capacity.in_flight == 7
