@@ -206,7 +206,11 @@ class ZkStore(MetadataStore):
             raise self._translate(exc, what, path) from exc
         result.rawlink(lambda done: self._hand_over(future, done))
         try:
-            return await asyncio.wait_for(future, self.operation_timeout_ms / 1000)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
+            # lands in the turn the future is settled (kazoo fails every pending call as
+            # it reports a session lost), and a cancelled caller would go on as if not.
+            async with asyncio.timeout(self.operation_timeout_ms / 1000):
+                return await future
         except TimeoutError:
             raise MetadataError(
                 f"ZooKeeper {what} {path} at {self.hosts}: no answer within "

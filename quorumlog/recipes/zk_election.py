@@ -349,7 +349,9 @@ class KazooContender(Contender):
         try:
             result = call(path)
             result.rawlink(partial(self._hand_over, future))
-            return await asyncio.wait_for(future, self.operation_timeout_s)
+            # Not wait_for, which on Python 3.11 can swallow a cancel (see ZkStore._call).
+            async with asyncio.timeout(self.operation_timeout_s):
+                return await future
         except kz.NoNodeError:
             raise
         except TimeoutError:

@@ -1,0 +1,66 @@
+"""A ZooKeeper call cancelled in the very turn kazoo fails it stays cancelled.
+
+kazoo fails every pending call (SessionExpired) at the moment it reports a session
+lost, which is when the owners of ephemerals cancel what they were doing. On Python
+3.11 ``asyncio.wait_for`` returns the inner future's outcome instead of the cancel if
+both land in one turn, so a task that was told to stop went on retrying on the dead
+session (a bookie that never registered again). No ZooKeeper server is needed: the
+kazoo call is a stand-in that fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from kazoo import exceptions as kz  # type: ignore[import-untyped]
+
+from quorumlog.meta.zk_store import ZkStore
+from quorumlog.recipes.zk_election import KazooContender
+
+
+class _FailedAtOnce:
+    """A kazoo AsyncResult already failed with SessionExpired."""
+
+    value: Any = None
+    exception = kz.SessionExpiredError()
+
+    def successful(self) -> bool:
+        return False
+
+    def rawlink(self, callback: Any) -> None:
+        callback(self)  # as kazoo's thread would: the loop hears of it in its next turn
+
+
+async def _cancelled_in_the_turn_it_fails(call: Any) -> None:
+    task = asyncio.get_running_loop().create_task(call)
+    await asyncio.sleep(0)  # the task now waits; the failure is queued on the loop
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_a_store_call_cancelled_as_kazoo_fails_it_is_cancelled() -> None:
+    async def scenario() -> None:
+        store = ZkStore("zk://127.0.0.1:1/x", "127.0.0.1:1", "/x", 1000)  # never connected
+        await _cancelled_in_the_turn_it_fails(store._call("get", "/a", _FailedAtOnce))
+
+    asyncio.run(scenario())
+
+
+def test_an_election_call_cancelled_as_kazoo_fails_it_is_cancelled() -> None:
+    async def scenario() -> None:
+        contender = KazooContender(
+            "zk://127.0.0.1:1/x",
+            group="g",
+            path="/election/g",
+            identifier="me",
+            session_timeout_ms=1000,
+            set_leader=lambda _leading: None,
+        )
+        contender._loop = asyncio.get_running_loop()
+        call = contender._call("children", "/election/g", lambda _path: _FailedAtOnce())
+        await _cancelled_in_the_turn_it_fails(call)
+
+    asyncio.run(scenario())
