@@ -119,10 +119,10 @@ class Host:
         return sock
 
 
-def socket_in_namespace(namespace: str) -> socket.socket:
-    """A TCP socket that belongs to ``namespace``: made by a short-lived thread that
-    enters the namespace (setns applies to the calling thread only), so the caller's
-    own threads never leave the machine's namespace. The socket stays in the
+def socket_in_namespace(namespace: str, kind: int = socket.SOCK_STREAM) -> socket.socket:
+    """A TCP socket (UDP with ``kind=socket.SOCK_DGRAM``) that belongs to ``namespace``:
+    made by a short-lived thread that enters the namespace (setns applies to the calling
+    thread only), so the caller's own threads never leave the machine's namespace. The socket stays in the
     namespace it was made in, whichever thread uses it afterwards."""
     libc = ctypes.CDLL(None, use_errno=True)
     made: list[socket.socket] = []
@@ -136,7 +136,7 @@ def socket_in_namespace(namespace: str) -> socket.socket:
                     raise OSError(ctypes.get_errno(), f"setns into {namespace}")
             finally:
                 os.close(fd)
-            made.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            made.append(socket.socket(socket.AF_INET, kind))
         except BaseException as error:  # handed to the caller's thread
             failed.append(error)
 
