@@ -122,8 +122,8 @@ class Host:
 def socket_in_namespace(namespace: str, kind: int = socket.SOCK_STREAM) -> socket.socket:
     """A TCP socket (UDP with ``kind=socket.SOCK_DGRAM``) that belongs to ``namespace``:
     made by a short-lived thread that enters the namespace (setns applies to the calling
-    thread only), so the caller's own threads never leave the machine's namespace. The socket stays in the
-    namespace it was made in, whichever thread uses it afterwards."""
+    thread only), so the caller's own threads never leave the machine's namespace. The
+    socket stays in the namespace it was made in, whichever thread uses it afterwards."""
     libc = ctypes.CDLL(None, use_errno=True)
     made: list[socket.socket] = []
     failed: list[BaseException] = []
