@@ -7,6 +7,8 @@ What ``quorumlog bench`` runs, importable by benchmark scripts:
 - ``write-sync``: the same appends from a thread through the synchronous client's
   ``add_entry_async`` (what a program without asyncio uses), ``max_outstanding`` in
   flight.
+- ``write-batch``: the same in batches of ``BATCH_ENTRIES`` through the synchronous
+  client's ``add_entries_async``, ``max_outstanding`` entries in flight.
 - ``log-write``: pipelined appends through a log stream's writer (``append_nowait``).
 - ``read``: writes ``entries`` to a ledger, closes it, then reads it back in steps of
   ``read_batch_entries * reads_in_flight`` with the next step in flight while one is
@@ -51,6 +53,8 @@ TIMELINE_INTERVAL_S = 0.1
 DISTRIBUTION_PERCENTILES = (0.0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.99, 100.0)
 # Buckets per factor of ten of the latency histogram a summary carries.
 HISTOGRAM_BUCKETS_PER_DECADE = 10
+# Entries per add_entries_async call in ``write-batch``.
+BATCH_ENTRIES = 100
 # Read steps in flight at once in ``read``: one being checked, one on the wire.
 READ_STEPS_AHEAD = 2
 
@@ -297,6 +301,69 @@ def _write_sync_thread(
     return result
 
 
+async def _write_batch(
+    settings: BenchSettings, metadata_uri: str, report: ProgressCallback
+) -> Result:
+    return await asyncio.to_thread(_write_batch_thread, settings, metadata_uri, report)
+
+
+def _write_batch_thread(
+    settings: BenchSettings, metadata_uri: str, report: ProgressCallback
+) -> Result:
+    """Pipelined batches of ``BATCH_ENTRIES`` from this thread through the synchronous
+    client's ``add_entries_async``, at most ``max_outstanding`` entries unconfirmed;
+    each entry's latency is its batch's, issue to confirmation."""
+    from quorumlog.client.sync import BookKeeper
+
+    result = Result(
+        "write-batch", entry_size=settings.entry_size, settings=settings.summary_settings()
+    )
+    batch = [os.urandom(settings.entry_size)] * BATCH_ENTRIES
+    hist = result.latency_us
+    record_completion = result.timeline.record
+    batches = max(1, (settings.entries + BATCH_ENTRIES - 1) // BATCH_ENTRIES)
+    warmup_batches = (settings.warmup + BATCH_ENTRIES - 1) // BATCH_ENTRIES
+    last_done_s = [0.0]
+
+    bk = BookKeeper(metadata_uri)
+    try:
+        handle = bk.create_ledger(settings.ensemble, settings.write_quorum, settings.ack_quorum)
+        add_entries_async = getattr(handle, "add_entries_async", None)
+        if add_entries_async is None:
+            raise RuntimeError("this client has no add_entries_async: no batch form to measure")
+        limit = min(settings.max_outstanding, bk.aio.config.max_outstanding_adds)
+        window = max(1, limit // BATCH_ENTRIES)
+        slots = threading.Semaphore(window)
+
+        def on_done(sent_ns: int, measured: bool, future: concurrent.futures.Future[Any]) -> None:
+            if measured and future.exception() is None:
+                hist.record_value(max(1, (time.perf_counter_ns() - sent_ns) // 1000), BATCH_ENTRIES)
+                record_completion(BATCH_ENTRIES)
+            last_done_s[0] = time.perf_counter()
+            slots.release()
+
+        started = time.perf_counter()
+        for index in range(warmup_batches + batches):
+            slots.acquire()
+            if index == warmup_batches:
+                started = time.perf_counter()
+                result.timeline.start()
+            future = add_entries_async(batch)
+            future.add_done_callback(
+                functools.partial(on_done, time.perf_counter_ns(), index >= warmup_batches)
+            )
+            report(index * BATCH_ENTRIES)
+        for _ in range(window):  # every slot back: every batch confirmed
+            slots.acquire()
+        result.seconds = last_done_s[0] - started
+        result.entries = batches * BATCH_ENTRIES
+        handle.close()
+        bk.delete_ledger(handle.ledger_id)
+    finally:
+        bk.close()
+    return result
+
+
 async def _append_pipelined(
     workload: str,
     settings: BenchSettings,
@@ -488,6 +555,7 @@ _Workload = Callable[[BenchSettings, str, ProgressCallback], Awaitable[Result]]
 _WORKLOADS: dict[str, _Workload] = {
     "write": _write,
     "write-sync": _write_sync,
+    "write-batch": _write_batch,
     "log-write": _log_write,
     "read": _read,
     "tail": _tail,

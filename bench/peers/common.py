@@ -2,8 +2,8 @@
 
 - :class:`Processes`: every server process a peer starts, stopped by its pid (also at
   interpreter exit, should a run be interrupted).
-- :func:`ensure_module` / :func:`ensure_binary`: install a missing PyPI or Debian package
-  with pip or apt-get, once, and say so on stderr.
+- :func:`ensure_modules` / :func:`ensure_binary`: install missing (or too old) PyPI
+  packages with pip, Debian packages with apt-get, once, and say so on stderr.
 - :func:`run_one_at_a_time` and :func:`run_windowed`: the two measurement loops. Both
   time each operation from issue to confirmation into an HDR histogram (microseconds),
   skip ``warmup`` operations, stop after ``time_limit_s`` whatever happens, and return
@@ -15,6 +15,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -141,21 +143,52 @@ def log_tail(path: Path, lines: int = 20) -> str:
 # ------------------------------------------------------------------ installation
 
 
-def ensure_module(module: str, pip_name: str) -> None:
-    """Import ``module``, installing ``pip_name`` with this interpreter's pip if missing."""
+def module_present(module: str) -> bool:
+    """Whether ``module`` can be found, without importing it (so a package that is
+    installed but whose own dependencies are missing still counts as present)."""
     try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package of a dotted name
+        return False
+
+
+def requirement_met(requirement: str) -> bool:
+    """Whether the installed distribution satisfies a pip ``requirement`` (name and
+    version specifiers; extras are ignored). False when it is not installed."""
+    from packaging.requirements import Requirement  # pip's own dependency
+
+    parsed = Requirement(requirement)
+    try:
+        installed = importlib.metadata.version(parsed.name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return parsed.specifier.contains(installed, prereleases=True)
+
+
+def ensure_modules(packages: Sequence[tuple[str, str]]) -> list[str]:
+    """Install, with this interpreter's pip and in one call, every ``(module, pip
+    requirement)`` whose module is missing or whose installed version the requirement
+    rules out; then import each module. Returns the requirements installed.
+
+    One call so that pip resolves them together: a client library may need another
+    package at a version it does not declare (etcd-sdk-python's generated code needs
+    protobuf >= 5.27.2 and never asks for protobuf at all)."""
+    missing = [
+        requirement
+        for module, requirement in packages
+        if not module_present(module) or not requirement_met(requirement)
+    ]
+    if missing:
+        log(f"installing {' '.join(missing)} (pip)")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", *missing],
+            check=True,
+            timeout=900,
+        )
+        importlib.invalidate_caches()
+    for module, _ in packages:
         importlib.import_module(module)
-        return
-    except ImportError:
-        pass
-    log(f"installing {pip_name} (pip)")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", pip_name],
-        check=True,
-        timeout=600,
-    )
-    importlib.invalidate_caches()
-    importlib.import_module(module)
+    return missing
 
 
 def ensure_debian(package: str, present: Callable[[], bool]) -> None:

@@ -34,7 +34,7 @@ from peers.common import (
     Processes,
     add_client_arguments,
     ensure_binary,
-    ensure_module,
+    ensure_modules,
     free_ports,
     log,
     log_tail,
@@ -46,10 +46,12 @@ from peers.common import (
 )
 
 MEMBERS = 3
+# etcd-sdk-python declares only grpcio, but its generated code (protoc 5.27.2) imports
+# google.protobuf and checks the runtime: protobuf 5.27.2 or later within major 5.
 CLIENT_PACKAGES = (
-    ("pyetcd", "etcd-sdk-python"),
-    ("grpc", "grpcio"),
-    ("google.protobuf", "protobuf"),
+    ("pyetcd", "etcd-sdk-python==0.0.7"),
+    ("grpc", "grpcio>=1.60,<2"),
+    ("google.protobuf", "protobuf>=5.27.2,<6"),
 )
 
 
@@ -136,8 +138,7 @@ def measure(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Start a cluster, run each mode's client (``{mode: {entries, warmup, window}}``),
     stop it. Returns ({mode: summary}, facts about the setup)."""
-    for module, package in CLIENT_PACKAGES:
-        ensure_module(module, package)
+    ensure_modules(CLIENT_PACKAGES)
     with EtcdCluster() as cluster:
         leader = cluster.leader_port()
         log(f"etcd cluster up ({cluster.version}); leader on port {leader}")

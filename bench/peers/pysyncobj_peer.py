@@ -44,7 +44,7 @@ import contextlib
 from peers.common import (
     Processes,
     client_env,
-    ensure_module,
+    ensure_modules,
     free_ports,
     log,
     log_tail,
@@ -148,7 +148,7 @@ def measure(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Start 3 nodes, have the leader run each mode (``{mode: {entries, warmup, window}}``),
     stop them. Returns ({mode: summary}, facts about the setup)."""
-    ensure_module("pysyncobj", "pysyncobj")
+    ensure_modules([("pysyncobj", "pysyncobj>=0.3.12,<0.4")])
     results: dict[str, dict[str, Any]] = {}
     for mode, spec in modes.items():
         # Each mode on a fresh cluster with the setting that suits it best (measured):

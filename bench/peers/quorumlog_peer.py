@@ -8,15 +8,78 @@ are kept next to them.
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
 from typing import Any
 
-from peers.common import client_env, last_json_line, log
+from peers.common import (
+    BENCH_DIR,
+    REPO_ROOT,
+    client_env,
+    ensure_binary,
+    ensure_modules,
+    last_json_line,
+    log,
+)
 
 # The comparison's common workload: 3 bookies, ensemble 3, write quorum 3, ack quorum 2.
 QUORUM_ARGS = ("--bookies", "3", "--ensemble", "3", "--write-quorum", "3", "--ack-quorum", "2")
+
+
+# What the Spark read needs beyond quorumlog: the project's spark extra.
+SPARK_PACKAGES = (
+    ("pyspark", "pyspark>=4.2,<5"),
+    ("pyarrow", "pyarrow>=15,<30"),
+    ("numpy", "numpy>=1.24,<3"),
+)
+
+
+def ensure_quorumlog() -> None:
+    """quorumlog and its dependencies importable by the benchmark's processes; from a
+    fresh clone, ``pip install -e`` of the clone (its declared dependencies) once."""
+    check = [sys.executable, "-c", "import quorumlog.benchmark, quorumlog.server.local_cluster"]
+    env = client_env()
+    if subprocess.run(check, env=env, capture_output=True, check=False).returncode == 0:
+        return
+    log(f"installing quorumlog's dependencies (pip install -e {REPO_ROOT})")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "-e", str(REPO_ROOT)],
+        check=True,
+        timeout=900,
+    )
+    subprocess.run(check, env=env, check=True, capture_output=True)
+
+
+def spark_read(entries: int, jobs: int, timeout_s: float = 900.0) -> dict[str, Any]:
+    """``bench/spark_read.py`` on its own cluster: ``entries`` read by Spark ``local[2]``,
+    the median of ``jobs`` timed jobs (and one client read beside it)."""
+    ensure_modules(SPARK_PACKAGES)
+    ensure_binary("java", "default-jre-headless")
+    command = [
+        sys.executable,
+        str(BENCH_DIR / "spark_read.py"),
+        "--entries",
+        str(entries),
+        "--jobs",
+        str(jobs),
+        "--no-copy",
+        "--json",
+    ]
+    proc = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout_s, env=client_env(), check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"spark_read.py failed ({proc.returncode}): {proc.stderr[-800:]}")
+    # Its JSON is indented: the object is everything from the first brace.
+    result: dict[str, Any] = json.loads(proc.stdout[proc.stdout.index("{") :])
+    result["command"] = " ".join(["python", "bench/spark_read.py", *command[2:]])
+    log(
+        f"Spark local[2]: {result['spark_rows_per_s']:,} rows/s (jobs: "
+        f"{', '.join(f'{r:,}' for r in result['spark_job_rows_per_s'])})"
+    )
+    return result
 
 
 def bench(workload: str, args: list[str], timeout_s: float = 300.0) -> dict[str, Any]:
@@ -36,9 +99,12 @@ def bench(workload: str, args: list[str], timeout_s: float = 300.0) -> dict[str,
 
 
 def median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median of each throughput and latency figure over ``runs`` (raw runs kept)."""
+    """The median of each throughput and latency figure over ``runs`` (raw runs kept);
+    the latency distribution and timeline are those of the run of median throughput."""
     first = runs[0]
-    merged = {k: v for k, v in first.items() if k not in ("latency_ms",)}
+    by_rate = sorted(runs, key=lambda r: r["entries_per_s"])
+    middle = by_rate[(len(by_rate) - 1) // 2]
+    merged = {k: v for k, v in middle.items() if k not in ("latency_ms",)}
     for key in ("entries_per_s", "mb_per_s", "seconds"):
         if key in first:
             merged[key] = round(statistics.median(r[key] for r in runs), 3)
@@ -51,6 +117,7 @@ def median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     merged["runs"] = [
         {"entries_per_s": r["entries_per_s"], "latency_ms": r["latency_ms"]} for r in runs
     ]
+    merged["distribution_of_run"] = runs.index(middle) + 1
     return merged
 
 
@@ -86,6 +153,7 @@ def measure(
     modes: dict[str, dict[str, Any]], repeat: int
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Each mode (``{mode: {entries, warmup, window}}``) ``repeat`` times; medians."""
+    ensure_quorumlog()
     results = {}
     for mode, spec in modes.items():
         args = write_args(spec["entries"], spec["warmup"], spec["window"])

@@ -32,7 +32,7 @@ from peers.common import (
     add_client_arguments,
     ensure_binary,
     ensure_debian,
-    ensure_module,
+    ensure_modules,
     free_ports,
     log,
     log_tail,
@@ -159,7 +159,7 @@ def measure(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Start an ensemble, run each mode's client (``{mode: {entries, warmup, window}}``),
     stop it. Returns ({mode: summary}, facts about the setup)."""
-    ensure_module("kazoo", "kazoo")
+    ensure_modules([("kazoo", "kazoo>=2.10,<3")])
     with ZooKeeperEnsemble() as ensemble:
         leader = ensemble.leader_port()
         log(f"ZooKeeper ensemble up ({ensemble.version}); leader on port {leader}")

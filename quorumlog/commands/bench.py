@@ -4,6 +4,7 @@
                           --ack-quorum 2] [--entry-size 100] [--entries N | --duration-s S]
                           [--ledgers 1] [--max-outstanding 1000] [--rate 0] [--json]
     quorumlog bench write-sync [...]                 the same through add_entry_async
+    quorumlog bench write-batch [...]                batches of 100 through add_entries_async
     quorumlog bench log-write  [...]                 appends through a log stream's writer
     quorumlog bench read  [...] [--entries N]       sequential reads of a closed ledger
     quorumlog bench tail  [...] [--rate 1000]       confirmation-to-delivery latency
@@ -38,6 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     for name, text in (
         ("write", "appends: throughput and add latency"),
         ("write-sync", "appends from a thread through the synchronous add_entry_async"),
+        ("write-batch", "batches of 100 appends through the synchronous add_entries_async"),
         ("log-write", "appends through a log stream's writer (append_nowait)"),
         ("read", "sequential reads of a closed ledger"),
         ("tail", "a writer at a fixed rate and a tailing reader: confirmation-to-delivery"),

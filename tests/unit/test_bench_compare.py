@@ -78,11 +78,19 @@ def test_ratio_is_none_when_a_side_is_zero_or_missing(compare: ModuleType) -> No
     assert compare._ratio(10.0, 4.0) == 2.5
 
 
-def extra(mb_per_s: float = 60.0, read_rate: float = 150_000.0, tail_p99: float = 8.0) -> dict:
+def extra(
+    mb_per_s: float = 60.0,
+    read_rate: float = 450_000.0,
+    tail_p99: float = 1.8,
+    log_rate: float = 57_000.0,
+    spark_rate: int = 520_000,
+) -> dict[str, Any]:
     return {
         "write_64k": {"mb_per_s": mb_per_s},
         "read": {"entries_per_s": read_rate},
         "tail": {"latency_ms": {"p99": tail_p99}},
+        "log_write": {"entries_per_s": log_rate},
+        "spark": {"spark_rows_per_s": spark_rate},
     }
 
 
@@ -101,7 +109,9 @@ def test_targets_met(compare: ModuleType) -> None:
 def test_targets_missed_are_reported_as_missed(compare: ModuleType) -> None:
     targets = compare.evaluate_targets(
         systems(zk_pipelined_rate=7_000.0),  # 60,000 / 7,000 = 8.6x < 10x
-        extra(mb_per_s=50.0, read_rate=90_000.0, tail_p99=12.0),
+        extra(
+            mb_per_s=50.0, read_rate=390_000.0, tail_p99=2.5, log_rate=50_000.0, spark_rate=400_000
+        ),
         disk_mb_per_s=270.0,
     )
     got = verdicts(targets)
@@ -109,8 +119,11 @@ def test_targets_missed_are_reported_as_missed(compare: ModuleType) -> None:
     assert got["64 KiB pipelined, share of disk bandwidth / 3"] is False
     assert got["sequential read, entries/s"] is False
     assert got["tail at 1,000/s, p99 ms"] is False
+    # 50,000 log appends/s against 60,000 ledger appends/s: 83% < 90%.
+    assert got["log-stream appends, share of pipelined ledger appends"] is False
+    assert got["Spark local[2] batch read of 1M entries, rows/s"] is False
     assert got["pipelined 3/3/2 100 B, entries/s"] is True
-    assert "| tail at 1,000/s, p99 ms | <= 10 | 12 | NO |" in compare.format_targets(targets)
+    assert "| tail at 1,000/s, p99 ms | <= 2 | 2.5 | NO |" in compare.format_targets(targets)
 
 
 def test_targets_without_figures_are_not_measured(compare: ModuleType) -> None:
@@ -127,3 +140,68 @@ def test_dd_summary_line_is_parsed_in_decimal_megabytes() -> None:
     )
     with pytest.raises(ValueError):
         disk.parse_dd("dd: error writing: No space left on device")
+
+
+def test_the_quorumlog_rows_name_what_failed_or_did_not_run(compare: ModuleType) -> None:
+    run = {
+        "quorumlog_extra": {
+            "read": summary(450_000.0, 0.004, 0.01, mb_per_s=45.0),
+            "errors": {"write_batch": "RuntimeError('this client has no add_entries_async')"},
+        },
+        "systems": systems(),
+    }
+    run["quorumlog_extra"]["read"]["latency_ms"]["p99.9"] = 0.02
+    for mode in run["systems"]["quorumlog"]["modes"].values():
+        mode["latency_ms"]["p99.9"] = 30.0
+    table = compare.format_quorumlog_rows(run)
+    assert "| sequential read | 450,000 | 45.00 | 0.004 | 0.010 | 0.020 |" in table
+    assert "| pipelined, asyncio append | 60,000 | - | 15.000 | 20.000 | 30.000 |" in table
+    assert "| pipelined, sync facade add_entries_async (batches) | RuntimeError(" in table
+    assert "| tail at 1,000/s | not run |" in table
+
+
+def test_the_disk_line_gives_the_start_and_the_end() -> None:
+    compare = _load("bench_compare_disk", BENCH_DIR / "compare.py")
+    facts = {
+        "mb_per_s": 280.0,
+        "parallel": {"mb_per_s": 650.0},
+        "fdatasync": {"p50_ms": 0.2, "p99_ms": 0.3},
+        "end": {"mb_per_s": 250.0, "fdatasync": {"p50_ms": 0.4, "p99_ms": 2.9}},
+    }
+    assert compare.disk_line(facts) == (
+        "disk: dd 280.0 MB/s one stream (start), 250.0 MB/s (end); 650.0 MB/s three "
+        "streams; fdatasync p50/p99 0.2/0.3 ms at the start; fdatasync p50/p99 0.4/2.9 ms "
+        "at the end"
+    )
+
+
+def test_medians_keep_the_distribution_of_the_run_of_median_throughput() -> None:
+    sys.path.insert(0, str(BENCH_DIR))
+    peer = _load("bench_quorumlog_peer", BENCH_DIR / "peers" / "quorumlog_peer.py")
+
+    def run(rate: float, p99: float) -> dict[str, Any]:
+        return {
+            "entries_per_s": rate,
+            "mb_per_s": rate / 1e4,
+            "seconds": 1.0,
+            "latency_ms": {"p50": 1.0, "p99": p99},
+            "timeline": {"interval_s": 0.1, "entries_per_s": [rate]},
+        }
+
+    merged = peer.median_summary([run(3.0, 9.0), run(1.0, 5.0), run(2.0, 7.0)])
+    assert merged["entries_per_s"] == 2.0
+    assert merged["latency_ms"]["p99"] == 7.0
+    assert merged["timeline"]["entries_per_s"] == [2.0]
+    assert merged["distribution_of_run"] == 3
+
+
+def test_installing_is_skipped_when_every_requirement_is_met() -> None:
+    sys.path.insert(0, str(BENCH_DIR))
+    common = _load("bench_peers_common", BENCH_DIR / "peers" / "common.py")
+    assert common.module_present("json")
+    assert not common.module_present("google.no_such_module_here")
+    assert not common.module_present("no_such_package_here.sub")
+    assert common.requirement_met("pytest>=1")
+    assert not common.requirement_met("pytest<1")
+    assert not common.requirement_met("no-such-distribution-here>=1")
+    assert common.ensure_modules([("json", "pytest>=1")]) == []
