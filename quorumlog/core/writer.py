@@ -378,8 +378,13 @@ class LedgerWriter:
                 )
             )
         if status == Status.UNAUTHORIZED:
+            # A wire answer refuses the master key (R10); a connection's own error says
+            # why it was refused (a token: docs/SECURITY.md) and names the bookie itself.
+            refused = event.message if event.message.startswith("bookie ") else None
             return self._fail(
-                UnauthorizedError(f"ledger {self.ledger_id}: bookie {address} refused key")
+                UnauthorizedError(
+                    f"ledger {self.ledger_id}: {refused or f'bookie {address} refused key'}"
+                )
             )
         if status == Status.NO_SUCH_LEDGER:
             return self._fail(
