@@ -276,10 +276,11 @@ class DbHttpApi:
                     return await self._forward(request, body)
                 timeout_s = _timeout_s(request)
                 try:
-                    answer = await asyncio.wait_for(
-                        replica.execute(statements, transaction=_flag(request, "transaction")),
-                        timeout_s,
-                    )
+                    # asyncio.timeout, not wait_for: no task of its own per request.
+                    async with asyncio.timeout(timeout_s):
+                        answer = await replica.execute(
+                            statements, transaction=_flag(request, "transaction")
+                        )
                 except TimeoutError:
                     # The record stays queued (shielded): it may still commit and be
                     # applied, but this client is told only that the outcome is unknown.
@@ -308,7 +309,7 @@ class DbHttpApi:
                     return await self._forward(request, body)
                 if level in ("strong", "linearizable"):
                     await replica.barrier()
-            return self._answer(request, replica.query(statements), started)
+            return self._answer(request, await replica.read(statements), started)
         except BadRequestError as exc:
             return self._error(request, 400, exc.message)
         except NotLeaderError as exc:
@@ -323,10 +324,11 @@ class DbHttpApi:
         level = request.query.get("level", "weak").lower()
         if level != "none" and not self.replica.is_leader:
             return await self._forward(request, b"")
-        data, position = copy_file(self.replica.sqlite_path)
+        # On a thread: a copy of a large file must not hold up the replica's loop.
+        data, position = await asyncio.to_thread(copy_file, self.replica.sqlite_path)
         headers = {"X-Quorumlog-Position": "" if position is None else str(position)}
         if request.query.get("fmt") == "sql":
-            text = "\n".join(dump_sql(data)) + "\n"
+            text = "\n".join(await asyncio.to_thread(dump_sql, data)) + "\n"
             return web.Response(text=text, headers=headers, content_type="application/sql")
         return web.Response(body=data, headers=headers, content_type="application/octet-stream")
 

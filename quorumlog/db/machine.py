@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quorumlog.db.sql import APPLIED_TABLE, BadRequestError, Statement
+from quorumlog.db.sql import APPLIED_TABLE, BadRequestError, Statement, inserts_rows
 from quorumlog.errors import BKError
 from quorumlog.log.position import Position
 
@@ -44,6 +45,11 @@ _ENVIRONMENT_CODES = frozenset({3, 5, 6, 7, 8, 10, 11, 13, 14, 26})
 
 class ReplicaStorageError(BKError):
     """The local SQLite file failed (not the statement): this replica must stop."""
+
+
+class _TransactionEnded(Exception):
+    """A statement's conflict clause (``OR ROLLBACK``, ``RAISE(ROLLBACK)``) ended the
+    whole SQLite transaction, undoing the records applied before it in the same group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,30 +165,58 @@ class StateMachine:
     def apply(self, position: Position, record: DbRecord) -> list[StatementResult] | None:
         """Apply ``record`` found at ``position``; its results, or None when the position
         was applied already (a record is never applied twice)."""
-        if self._applied is not None and position <= self._applied:
-            return None
+        return self.apply_group([(position, record)])[0]
+
+    def apply_group(
+        self, records: Sequence[tuple[Position, DbRecord]]
+    ) -> list[list[StatementResult] | None]:
+        """Apply consecutive records (in log order) in one SQLite transaction that ends
+        by storing the last one's position: group commit. A replica killed meanwhile has
+        all of the group or none of it and resumes after the stored position, so the
+        group's bounds, which differ between replicas, change nothing in the file.
+
+        Each record keeps its own savepoints, so its statements fail and roll back
+        exactly as when applied alone. The results, one list per record (None for a
+        position applied already), are what applying each alone would give.
+        """
+        applied = self._applied
+        fresh = [(p, r) for p, r in records if applied is None or p > applied]
+        out: list[list[StatementResult] | None] = [None] * (len(records) - len(fresh))
+        if not fresh:
+            return out
         conn = self._conn
-        results: list[StatementResult] = []
+        results: list[list[StatementResult] | None] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            if record.kind == EXECUTE:
-                results = self._run_writes(record)
+            for _position, record in fresh:
+                if record.kind == EXECUTE:
+                    results.append(self._run_writes(record, grouped=len(fresh) > 1))
+                else:
+                    results.append([])
+            last = fresh[-1][0]
             conn.execute(
                 f"INSERT OR REPLACE INTO {APPLIED_TABLE} (id, ledger_id, entry_id) "
                 "VALUES (1, ?, ?)",
-                position,
+                last,
             )
             conn.execute("COMMIT")
+        except _TransactionEnded:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            # The earlier records of the group were undone with it: apply each record
+            # in a transaction of its own instead, as the record itself asks.
+            return out + [self.apply(p, r) for p, r in fresh]
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise ReplicaStorageError(
-                f"database {self.path}: cannot apply the record at {position}: {exc}"
+                f"database {self.path}: cannot apply the records at {fresh[0][0]}"
+                f"..{fresh[-1][0]}: {exc}"
             ) from exc
-        self._applied = position
-        return results
+        self._applied = last
+        return out + results
 
-    def _run_writes(self, record: DbRecord) -> list[StatementResult]:
+    def _run_writes(self, record: DbRecord, *, grouped: bool) -> list[StatementResult]:
         conn = self._conn
         results: list[StatementResult] = []
         if record.transaction:
@@ -201,7 +235,10 @@ class StateMachine:
                 results.append(error)
                 if not conn.in_transaction:
                     # An OR ROLLBACK conflict ended the whole transaction: that happens
-                    # the same way on every replica; go on in a new one.
+                    # the same way on every replica; go on in a new one (unless other
+                    # records of a group went with it: then they are applied again alone).
+                    if grouped:
+                        raise _TransactionEnded from exc
                     conn.execute("BEGIN IMMEDIATE")
                     if record.transaction:
                         break
@@ -232,7 +269,7 @@ class StateMachine:
             result.types = _types(rows, len(result.columns))
             result.values = rows
         result.rows_affected = max(cursor.rowcount, 0)
-        if cursor.lastrowid:
+        if cursor.lastrowid and result.rows_affected and inserts_rows(statement.sql):
             result.last_insert_id = cursor.lastrowid
         return result
 

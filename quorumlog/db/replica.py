@@ -32,6 +32,7 @@ import logging
 import sqlite3
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,17 +46,19 @@ from quorumlog.db.machine import (
     StatementResult,
 )
 from quorumlog.db.snapshot import list_snapshots, read_snapshot, take_snapshot
-from quorumlog.db.sql import BadRequestError, Choices, Statement, rewrite_for_replay
+from quorumlog.db.sql import BadRequestError, Statement, rewrite_all_for_replay
 from quorumlog.errors import BKError
 from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogFencedError
 from quorumlog.log.log import open_log
 from quorumlog.log.position import Position
+from quorumlog.log.position import Record as LogRecord
 from quorumlog.recipes.election import LeaderElection
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
     from quorumlog.log.log import Log
+    from quorumlog.log.reader import LogReader
     from quorumlog.log.writer import LogWriter
 
 __all__ = [
@@ -71,6 +74,9 @@ log = logging.getLogger(__name__)
 FOLLOWER = "follower"
 CATCHING_UP = "catching-up"
 LEADER = "leader"
+# Records applied in one SQLite transaction at most: bounds the time the loop spends
+# in one group and the answers held back by it.
+_MAX_GROUP_RECORDS = 512
 
 
 def log_name_of(name: str) -> str:
@@ -125,6 +131,8 @@ class Replica:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.sqlite_path = data_dir / f"{config.name}.sqlite"
         self.machine = StateMachine(self.sqlite_path)
+        # Reads run here, off the event loop, one at a time on the read-only connection.
+        self._reads = ThreadPoolExecutor(1, thread_name_prefix=f"db-{config.name}-reads")
         self.records_since_snapshot = 0
         self.bytes_since_snapshot = 0
         self.snapshots_taken = 0
@@ -180,6 +188,7 @@ class Replica:
         if self._election is not None:
             with contextlib.suppress(BKError, TimeoutError):
                 await asyncio.wait_for(self._election.close(), 5)
+        await asyncio.get_running_loop().run_in_executor(None, self._reads.shutdown)
         self.machine.close()
 
     async def members(self) -> list[tuple[str, str, bool]]:
@@ -204,8 +213,7 @@ class Replica:
         Raises :class:`BadRequestError` (nothing logged) for statements that cannot be
         replicated, :class:`NotLeaderError` when this replica does not take writes.
         """
-        choices = Choices.fresh()
-        rewritten = tuple(rewrite_for_replay(s, choices) for s in statements)
+        rewritten = rewrite_all_for_replay(statements)
         return await self._submit(DbRecord(EXECUTE, rewritten, transaction))
 
     async def barrier(self) -> Position:
@@ -227,7 +235,14 @@ class Replica:
         return True
 
     def query(self, statements: list[Statement]) -> list[StatementResult]:
+        """Run read-only statements on this replica's file, on the calling thread."""
         return self.machine.query(statements)
+
+    async def read(self, statements: list[Statement]) -> list[StatementResult]:
+        """:meth:`query` on the replica's read thread: a long read does not hold up the
+        event loop (appends, answers, applying the log)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reads, self.machine.query, statements)
 
     # ------------------------------------------------------------ writes
 
@@ -245,35 +260,54 @@ class Replica:
         self.bytes_since_snapshot += len(data)
         self._pending.append(pending)
         self._pending_added.set()
-        return await asyncio.shield(pending.answer)
+        # Not shielded: a caller that stops waiting (its timeout) cancels only its answer;
+        # the record stays queued and is applied in its turn all the same.
+        return await pending.answer
 
     async def _apply_pending(self) -> None:
-        """Apply the leader's records in append order as each is confirmed (R3: they
-        are confirmed in that order too). A failed append fails it and every later one."""
+        """Apply the leader's records in append order as they are confirmed (R3: they are
+        confirmed in that order too): every record confirmed by the time the first one
+        is goes into the same SQLite transaction (group commit), and each request is
+        answered with its own record's results. A failed append fails it and every
+        later one."""
         for _ in range(1 << 62):  # bounded by the leader's term; exits by cancellation
             if not self._pending:
                 self._pending_added.clear()
                 await self._pending_added.wait()
                 continue
-            pending = self._pending[0]
             try:
-                position = await asyncio.shield(pending.appended)
+                # Shielded: cancelling this task must not cancel the log's own future.
+                await asyncio.shield(self._pending[0].appended)
             except BKError as exc:
                 self._fail_pending(exc)
                 self._taking_writes = False
                 return
-            self._pending.popleft()
+            group = self._confirmed_prefix()
             try:
-                results = self._apply(position, pending.record)
+                results = self._apply_group([(p.appended.result(), p.record) for p in group])
             except ReplicaStorageError as exc:
                 self.failure = str(exc)
-                if not pending.answer.done():
-                    pending.answer.set_exception(exc)
+                for pending in group:
+                    if not pending.answer.done():
+                        pending.answer.set_exception(exc)
                 self._fail_pending(exc)
                 self._taking_writes = False
                 raise
-            if not pending.answer.done():
-                pending.answer.set_result(WriteAnswer(position, results or []))
+            for pending, result in zip(group, results, strict=True):
+                if not pending.answer.done():
+                    pending.answer.set_result(WriteAnswer(pending.appended.result(), result or []))
+
+    def _confirmed_prefix(self) -> list[_Pending]:
+        """Take the queued records whose appends are confirmed, from the oldest on (at
+        most ``_MAX_GROUP_RECORDS``; a failed append ends the group, it is handled next)."""
+        group: list[_Pending] = []
+        pending = self._pending
+        while pending and len(group) < _MAX_GROUP_RECORDS:
+            appended = pending[0].appended
+            if not appended.done() or appended.cancelled() or appended.exception() is not None:
+                break
+            group.append(pending.popleft())
+        return group
 
     def _fail_pending(self, cause: BaseException) -> None:
         while self._pending:
@@ -288,10 +322,12 @@ class Replica:
             # The append's own outcome is consumed here so it is never left unobserved.
             pending.appended.add_done_callback(_observe)
 
-    def _apply(self, position: Position, record: DbRecord) -> list[StatementResult] | None:
-        results = self.machine.apply(position, record)
+    def _apply_group(
+        self, records: list[tuple[Position, DbRecord]]
+    ) -> list[list[StatementResult] | None]:
+        results = self.machine.apply_group(records)
         self._applied_event.set()
-        self.records_since_snapshot += 1
+        self.records_since_snapshot += len(records)
         return results
 
     # ------------------------------------------------------------ snapshots
@@ -341,7 +377,8 @@ class Replica:
             )
         newest = snapshots[-1]
         log.info("database %s: restoring the snapshot at %s", self.config.name, newest.position)
-        self.machine.close()
+        # Closed on the read thread: after any read still running on the old file.
+        await asyncio.get_running_loop().run_in_executor(self._reads, self.machine.close)
         try:
             await read_snapshot(the_log, newest, self.sqlite_path)
         finally:
@@ -375,14 +412,30 @@ class Replica:
         applied = self.machine.applied
         return None if applied is None else applied.next()
 
-    def _apply_record(self, position: Position, data: bytes) -> None:
-        try:
-            record = DbRecord.decode(data)
-        except BadRequestError as exc:
-            log.warning("database %s: record %s skipped: %s", self.config.name, position, exc)
-            record = DbRecord(BARRIER)
-        self.bytes_since_snapshot += len(data)
-        self._apply(position, record)
+    async def _apply_read(
+        self, reader: LogReader, first: LogRecord, end: Position | None = None
+    ) -> bool:
+        """Apply ``first`` and the records already read after it, before ``end`` (None:
+        all of them), in one transaction; whether a record at or after ``end`` came."""
+        batch = [first, *await reader.read_available(_MAX_GROUP_RECORDS - 1)]
+        reached_end = False
+        records: list[tuple[Position, DbRecord]] = []
+        for read in batch:
+            if end is not None and read.position >= end:
+                reached_end = True
+                break
+            try:
+                record = DbRecord.decode(read.data)
+            except BadRequestError as exc:
+                log.warning(
+                    "database %s: record %s skipped: %s", self.config.name, read.position, exc
+                )
+                record = DbRecord(BARRIER)
+            self.bytes_since_snapshot += len(read.data)
+            records.append((read.position, record))
+        if records:
+            self._apply_group(records)
+        return reached_end
 
     async def _follow(self, the_log: Log, election: LeaderElection) -> None:
         self.role = FOLLOWER
@@ -399,7 +452,7 @@ class Replica:
             while not self._stop.is_set() and not election.is_leader:
                 record = await reader.read_next(timeout_ms=self.config.check_interval_ms)
                 if record is not None:
-                    self._apply_record(record.position, record.data)
+                    await self._apply_read(reader, record)
         except ReplicaStorageError:
             raise  # the local file failed: this replica stops (``_run``)
         except BKError as exc:
@@ -479,9 +532,8 @@ class Replica:
                 record = await reader.read_next(timeout_ms=self.config.check_interval_ms)
                 if record is None:
                     continue
-                if record.position >= end:
+                if await self._apply_read(reader, record, end):
                     return True
-                self._apply_record(record.position, record.data)
             return False
         finally:
             with contextlib.suppress(BKError):

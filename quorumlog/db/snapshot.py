@@ -21,6 +21,7 @@ log from the snapshot's position.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -134,7 +135,8 @@ def dump_sql(data: bytes) -> list[str]:
 async def take_snapshot(the_log: Log, source: Path, *, keep: int = 2) -> Snapshot | None:
     """Snapshot the file at ``source`` into a ledger, record it, drop older snapshots,
     truncate the log; the snapshot (None when the file holds no position yet)."""
-    data, position = copy_file(source)
+    # The copy reads the whole file: on a thread, so the leader's loop goes on meanwhile.
+    data, position = await asyncio.to_thread(copy_file, source)
     if position is None:
         return None
     config = the_log.config
@@ -199,7 +201,7 @@ async def read_snapshot(the_log: Log, snapshot: Snapshot, target: Path) -> None:
             f"expected {snapshot.size_bytes}"
         )
     scratch = target.with_suffix(".restore")
-    scratch.write_bytes(data)
+    await asyncio.to_thread(scratch.write_bytes, data)
     for suffix in ("-wal", "-shm"):
         Path(f"{target}{suffix}").unlink(missing_ok=True)
     os.replace(scratch, target)

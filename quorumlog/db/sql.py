@@ -11,6 +11,7 @@ anything is logged (docs/DB.md lists them function by function).
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from collections.abc import Callable
@@ -23,8 +24,10 @@ __all__ = [
     "BadRequestError",
     "Param",
     "Statement",
+    "inserts_rows",
     "is_read_only",
     "parse_statements",
+    "rewrite_all_for_replay",
     "rewrite_for_replay",
 ]
 
@@ -171,6 +174,33 @@ def is_read_only(sql: str) -> bool:
     return False
 
 
+# Statements up to this length are analysed once per text: a program sends the same
+# few statements again and again (tokenizing each one was the leader's largest cost per
+# request); longer ones (a restore's INSERTs of literal rows) are not kept in memory.
+_CACHED_SQL_CHARS = 4096
+_CACHED_STATEMENTS = 4096
+
+
+def _inserts(sql: str) -> bool:
+    words = [t.text.upper() for t in _tokens(sql) if t.kind == "word"]
+    if not words:
+        return False
+    if words[0] == "WITH":
+        return "INSERT" in words or "REPLACE" in words
+    return words[0] in ("INSERT", "REPLACE")
+
+
+_inserts_cached = functools.lru_cache(maxsize=_CACHED_STATEMENTS)(_inserts)
+
+
+def inserts_rows(sql: str) -> bool:
+    """Whether a statement is an INSERT or REPLACE (possibly after WITH): the only ones
+    whose result carries a ``last_insert_id``. SQLite's last inserted rowid belongs to
+    the connection, so for any other statement it would be the history of whichever
+    statement inserted last, not something of this one."""
+    return _inserts(sql) if len(sql) > _CACHED_SQL_CHARS else _inserts_cached(sql)
+
+
 # ---------------------------------------------------------------- the rewrite
 
 
@@ -192,6 +222,39 @@ class Choices:
 
 
 _MAX_RANDOMBLOB_BYTES = 1 << 20
+
+# Stand-in choices for finding out whether a statement calls anything non-deterministic:
+# the values are thrown away, only "changed or not" (or a refusal) is kept.
+_PROBE_CHOICES = Choices(
+    now=datetime(2000, 1, 1, tzinfo=UTC),
+    random_int=lambda: 0,
+    random_bytes=lambda size: bytes(min(size, 1)),
+)
+
+
+def _replays_as_is(sql: str) -> bool:
+    """Whether ``sql`` replays identically without a rewrite. Raises BadRequestError
+    for a refused statement (never cached: ``lru_cache`` stores no exception)."""
+    if len(sql) > _CACHED_SQL_CHARS:
+        return _probe(sql)
+    return _probe_cached(sql)
+
+
+def _probe(sql: str) -> bool:
+    probe = Statement(sql, [])
+    return _rewrite(probe, _PROBE_CHOICES) is probe
+
+
+_probe_cached = functools.lru_cache(maxsize=_CACHED_STATEMENTS)(_probe)
+
+
+def rewrite_all_for_replay(statements: list[Statement]) -> tuple[Statement, ...]:
+    """Every statement of one request rewritten with one set of :class:`Choices` (the
+    same 'now' for all), drawn only when some statement needs them."""
+    if all(_replays_as_is(s.sql) for s in statements):
+        return tuple(statements)
+    choices = Choices.fresh()
+    return tuple(rewrite_for_replay(s, choices) for s in statements)
 
 
 def _closing(tokens: list[_Token], sig: list[int], open_at: int) -> int:
@@ -219,6 +282,12 @@ def rewrite_for_replay(statement: Statement, choices: Choices) -> Statement:
     and any of these in CREATE statements (a default, trigger or view would evaluate
     them later, separately on each replica).
     """
+    if _replays_as_is(statement.sql):
+        return statement
+    return _rewrite(statement, choices)
+
+
+def _rewrite(statement: Statement, choices: Choices) -> Statement:
     tokens = _tokens(statement.sql)
     sig = _significant(tokens)
     words = [tokens[i].text.upper() for i in sig if tokens[i].kind == "word"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.db.machine import BARRIER, EXECUTE, DbRecord, StateMachine
+from quorumlog.db.machine import BARRIER, EXECUTE, DbRecord, StateMachine, StatementResult
 from quorumlog.db.sql import (
     BadRequestError,
     Choices,
@@ -126,3 +126,50 @@ def test_records_apply_exactly_once_and_failures_repeat_identically(tmp_path: Pa
     assert reopened.query([Statement("SELECT v FROM t ORDER BY id")])[0].values == [["a"], ["b"]]
     assert reopened.query([Statement("INSERT INTO t(v) VALUES ('x')")])[0].error
     assert reopened.dump() == machines[1].dump()
+
+
+DUPLICATE_A = Statement("INSERT INTO t(v) VALUES ('a')")
+
+
+def _summary(results: list[StatementResult] | None) -> object:
+    assert results is not None
+    return [(r.error, r.rows_affected, r.last_insert_id, r.values) for r in results]
+
+
+@pytest.mark.parametrize("group_size", [2, 3, 5])
+def test_records_applied_in_groups_give_what_applying_each_alone_gives(
+    tmp_path: Path, group_size: int
+) -> None:
+    """Group commit changes nothing a replica can see: the file, each record's results
+    and the stored position are those of applying the records one by one, including a
+    statement whose conflict clause ends the whole transaction (OR ROLLBACK) in the
+    middle of a group."""
+    records = [
+        DbRecord(EXECUTE, (Statement("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT UNIQUE)"),)),
+        DbRecord(EXECUTE, (Statement("INSERT INTO t(v) VALUES ('a')"),)),
+        DbRecord(EXECUTE, (Statement("INSERT INTO t(v) VALUES ('b')"), Statement("nonsense"))),
+        DbRecord(BARRIER),
+        DbRecord(EXECUTE, (Statement("INSERT OR ROLLBACK INTO t(v) VALUES ('a')"),)),
+        DbRecord(EXECUTE, (Statement("INSERT INTO t(v) VALUES ('c')"),)),
+        DbRecord(EXECUTE, (Statement("INSERT INTO t(v) VALUES ('d')"), DUPLICATE_A), True),
+        DbRecord(EXECUTE, (Statement("UPDATE t SET v = v || '!' WHERE v != 'a'"),)),
+    ]
+    positioned = [(Position(3, n), r) for n, r in enumerate(records)]
+    alone = StateMachine(tmp_path / "alone.sqlite")
+    expected = [_summary(alone.apply(p, r)) for p, r in positioned]
+    grouped = StateMachine(tmp_path / "grouped.sqlite")
+    got: list[object] = []
+    for first in range(0, len(positioned), group_size):
+        got += [_summary(r) for r in grouped.apply_group(positioned[first : first + group_size])]
+    assert got == expected
+    assert grouped.dump() == alone.dump()
+    assert grouped.applied == alone.applied == Position(3, len(records) - 1)
+    # A group that overlaps what was applied applies only the rest, once.
+    again = grouped.apply_group([*positioned[-2:], (Position(4, 0), records[1])])
+    assert again[:2] == [None, None] and again[2] is not None and again[2][0].error
+    assert grouped.applied == Position(4, 0)
+    assert grouped.query([Statement("SELECT v FROM t ORDER BY id")])[0].values == [
+        ["a"],
+        ["b!"],
+        ["c!"],
+    ]
