@@ -346,7 +346,12 @@ class SqliteStore(MetadataStore):
         if self._may_create:
             directory = os.path.dirname(self.db_path)
             try:
-                os.makedirs(directory, exist_ok=True)
+                # Owner-only: the store says which bookies to trust and holds every
+                # ledger's metadata, so no other local user may read or change it.
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+                # Made before SQLite opens it: SQLite gives its -wal and -shm files the
+                # database file's permissions.
+                os.close(os.open(self.db_path, os.O_CREAT | os.O_RDWR, 0o600))
                 conn = _connect(self.db_path, busy_timeout_ms=BUSY_TIMEOUT_MS, synchronous="FULL")
             except OSError as exc:
                 raise MetadataError(f"cannot create metadata store {self.db_path}: {exc}") from exc

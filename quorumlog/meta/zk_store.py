@@ -1,7 +1,15 @@
 """The ZooKeeper metadata driver, on kazoo.
 
-``zk://host:port[,host:port...][/root]``: the root (a chroot) is created if
-missing, and every path of the store lives under it.
+``zk://host:port[,host:port...][/root][?digest_file=/path]``: the root (a chroot)
+is created if missing, and every path of the store lives under it.
+
+- Credentials: with ``digest_file`` (a file holding ``user:password``, readable by
+  its owner only), the session authenticates with ZooKeeper's ``digest`` scheme and
+  every node it creates carries the ACL "this user may do everything" and nothing for
+  anyone else (BookKeeper's ``zkEnableSecurity``), so another ZooKeeper user can
+  neither change nor read quorumlog's nodes. Every process of the cluster uses the
+  same URI, hence the same user. The secret never appears in the URI, which is
+  printed and logged. Nodes created before the credentials keep their open ACL.
 
 - Operations use kazoo's ``*_async`` calls; their results are handed to the
   asyncio loop with ``rawlink`` + ``loop.call_soon_threadsafe``, and kazoo's
@@ -30,8 +38,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import stat
+import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kazoo import exceptions as kz  # type: ignore[import-untyped]
@@ -40,6 +52,7 @@ from kazoo.handlers.threading import AsyncResult  # type: ignore[import-untyped]
 from kazoo.protocol.states import EventType as KzEventType  # type: ignore[import-untyped]
 from kazoo.protocol.states import KazooState, WatchedEvent, ZnodeStat
 from kazoo.retry import KazooRetry  # type: ignore[import-untyped]
+from kazoo.security import ACL, make_digest_acl  # type: ignore[import-untyped]
 
 from quorumlog.errors import (
     InvalidArgumentError,
@@ -70,12 +83,17 @@ REARM_RETRY_DELAY_S = 0.2
 CONNECT_TIMEOUT_MS = 15_000
 
 
+DIGEST_FILE_PARAMETER = "digest_file"
+
+
 def parse_zk_uri(uri: str) -> tuple[str, str]:
-    """``zk://h1:p1,h2:p2/root`` -> (``"h1:p1,h2:p2"``, ``"/root"``); root ``""`` if none."""
+    """``zk://h1:p1,h2:p2/root`` -> (``"h1:p1,h2:p2"``, ``"/root"``); root ``""`` if none.
+
+    The query (``?digest_file=...``, see :func:`zk_credentials`) is not part of either."""
     prefix = "zk://"
     if not uri.startswith(prefix):
         raise InvalidArgumentError(f"metadata URI {uri!r}: expected zk://host:port[/root]")
-    rest = uri[len(prefix) :]
+    rest = uri[len(prefix) :].partition("?")[0]
     hosts, slash, root = rest.partition("/")
     if not hosts or any(not h.strip() for h in hosts.split(",")):
         raise InvalidArgumentError(f"metadata URI {uri!r}: no ZooKeeper host:port")
@@ -88,6 +106,61 @@ def parse_zk_uri(uri: str) -> tuple[str, str]:
     return hosts, root
 
 
+@dataclass(frozen=True, slots=True)
+class ZkCredentials:
+    """A ZooKeeper ``digest`` user: what a session authenticates as, and the ACL of the
+    nodes it creates (everything for this user, nothing for anyone else)."""
+
+    user: str
+    password: str
+    source: str  # the file they were read from, for messages
+
+    def auth_data(self) -> list[tuple[str, str]]:
+        return [("digest", f"{self.user}:{self.password}")]
+
+    def acl(self) -> list[ACL]:
+        return [make_digest_acl(self.user, self.password, all=True)]
+
+    def __repr__(self) -> str:  # never the password
+        return f"ZkCredentials(user={self.user!r}, source={self.source!r})"
+
+
+def zk_credentials(uri: str) -> ZkCredentials | None:
+    """The credentials a ``zk://`` URI names with ``?digest_file=PATH``, or None.
+
+    InvalidArgumentError for another parameter, a file others may read (like ssh,
+    a secret that leaked is refused rather than used), or one that is not
+    ``user:password``."""
+    query = uri.partition("?")[2]
+    if not query:
+        return None
+    params = urllib.parse.parse_qs(query, keep_blank_values=True, strict_parsing=False)
+    unknown = sorted(set(params) - {DIGEST_FILE_PARAMETER})
+    if unknown:
+        raise InvalidArgumentError(
+            f"metadata URI {uri!r}: unknown parameter {unknown[0]!r} "
+            f"(known: {DIGEST_FILE_PARAMETER})"
+        )
+    path = params[DIGEST_FILE_PARAMETER][-1]
+    try:
+        mode = os.stat(path).st_mode
+        with open(path, encoding="utf-8") as secret:
+            text = secret.read().strip()
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"ZooKeeper credentials {path}: cannot read: {exc.strerror or exc}"
+        ) from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise InvalidArgumentError(
+            f"ZooKeeper credentials {path}: readable by others (mode {stat.S_IMODE(mode):o}); "
+            "chmod 600 it"
+        )
+    user, colon, password = text.partition(":")
+    if not colon or not user or not password or "\n" in text:
+        raise InvalidArgumentError(f"ZooKeeper credentials {path}: expected one line user:password")
+    return ZkCredentials(user, password, path)
+
+
 class ZkStore(MetadataStore):
     """A :class:`MetadataStore` on ZooKeeper.
 
@@ -98,18 +171,28 @@ class ZkStore(MetadataStore):
         await store.close()
     """
 
-    def __init__(self, uri: str, hosts: str, root: str, session_timeout_ms: int) -> None:
+    def __init__(
+        self,
+        uri: str,
+        hosts: str,
+        root: str,
+        session_timeout_ms: int,
+        credentials: ZkCredentials | None = None,
+    ) -> None:
         self.uri = uri
         self.hosts = hosts
         self.root = root
         self.session_timeout_ms = session_timeout_ms
         self.operation_timeout_ms = max(2 * session_timeout_ms, 5_000)
+        self.credentials = credentials
         self._loop = asyncio.get_running_loop()
         self._client = KazooClient(
             hosts=hosts,
             timeout=session_timeout_ms / 1000,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
             command_retry=None,
+            auth_data=credentials.auth_data() if credentials else None,
+            default_acl=credentials.acl() if credentials else None,
         )
         self._state = SessionState.CONNECTED
         self._listeners: list[SessionCallback] = []
@@ -132,7 +215,7 @@ class ZkStore(MetadataStore):
         """Connect, create the root if missing (else, without ``create``, MetadataError),
         and start a session."""
         hosts, root = parse_zk_uri(uri)
-        store = cls(uri, hosts, root, session_timeout_ms)
+        store = cls(uri, hosts, root, session_timeout_ms, zk_credentials(uri))
         try:
             await asyncio.to_thread(store._connect, connect_timeout_ms, create)
         except BaseException:
@@ -149,6 +232,8 @@ class ZkStore(MetadataStore):
                 self._client.ensure_path(self.root)
             elif self.root:
                 root_missing = self._client.exists(self.root) is None
+        except kz.NoAuthError as exc:
+            raise self._translate(exc, "create", self.root) from exc
         except (kz.KazooException, OSError) as exc:
             raise MetadataError(
                 f"cannot reach ZooKeeper at {self.hosts} within {connect_timeout_ms} ms: "
@@ -241,6 +326,13 @@ class ZkStore(MetadataStore):
             return NotEmptyError(f"metadata path {path} has children")
         if isinstance(exc, kz.SessionExpiredError):
             return SessionExpiredError(f"ZooKeeper session expired during {what} {path}")
+        if isinstance(exc, kz.NoAuthError):
+            who = (
+                f"user {self.credentials.user!r} ({self.credentials.source})"
+                if self.credentials
+                else "a session without credentials (add ?digest_file= to the URI)"
+            )
+            return MetadataError(f"ZooKeeper {what} {path}: not allowed for {who}")
         if isinstance(exc, kz.NoChildrenForEphemeralsError):
             return MetadataError(f"metadata path {path}: the parent is ephemeral")
         if isinstance(exc, kz.ConnectionClosedError):

@@ -55,7 +55,7 @@ from kazoo.recipe.lock import Lock  # type: ignore[import-untyped]
 from kazoo.retry import KazooRetry  # type: ignore[import-untyped]
 
 from quorumlog.errors import MetadataError
-from quorumlog.meta.zk_store import CONNECT_TIMEOUT_MS, parse_zk_uri
+from quorumlog.meta.zk_store import CONNECT_TIMEOUT_MS, parse_zk_uri, zk_credentials
 from quorumlog.recipes.contender import Contender, SetLeader
 
 log = logging.getLogger(__name__)
@@ -127,10 +127,13 @@ class KazooContender(Contender):
         if self._client is not None:
             return
         self._loop = asyncio.get_running_loop()
+        credentials = zk_credentials(self.uri)  # the store's: the same user and ACL
         client = KazooClient(
             hosts=self.hosts,
             timeout=self.session_timeout_ms / 1000,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
+            auth_data=credentials.auth_data() if credentials else None,
+            default_acl=credentials.acl() if credentials else None,
         )
         self._client = client
         try:
