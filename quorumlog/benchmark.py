@@ -52,7 +52,7 @@ TIMELINE_INTERVAL_S = 0.1
 # The percentiles a summary lists for a latency distribution (CDF) drawn later.
 DISTRIBUTION_PERCENTILES = (0.0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.99, 100.0)
 # Buckets per factor of ten of the latency histogram a summary carries.
-HISTOGRAM_BUCKETS_PER_DECADE = 10
+HISTOGRAM_BUCKETS_PER_DECADE = 20
 # Entries per add_entries_async call in ``write-batch``.
 BATCH_ENTRIES = 100
 # Read steps in flight at once in ``read``: one being checked, one on the wire.
@@ -95,8 +95,8 @@ def log_buckets(
     hist: HdrHistogram, per_decade: int = HISTOGRAM_BUCKETS_PER_DECADE
 ) -> list[list[float]]:
     """``[[upper bound µs, count], ...]`` of the non-empty buckets of width 10^(1/per_decade):
-    a latency histogram small enough to keep beside the figures (about 60 buckets from
-    1 µs to 1 s), which the figures draw on a logarithmic axis."""
+    a latency histogram small enough to keep beside the figures (at most 120 buckets
+    from 1 µs to 1 s), which the figures draw on a logarithmic axis."""
     counts: dict[int, int] = {}
     for step in hist.get_recorded_iterator():
         value_us = max(1, step.value_iterated_to)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quorumlog.benchmark import HISTOGRAM_BUCKETS_PER_DECADE
+
 PLOT_EXTRA_HINT = "matplotlib is missing: pip install 'quorumlog[plot]' (or matplotlib)"
 
 
@@ -64,7 +66,7 @@ def draw_latency(axes: Any, summary: dict[str, Any], label: str | None = None) -
     bounds_ms, counts = histogram_points(summary)
     if counts:
         # Each bar spans its logarithmic bucket: from the previous bound to its own.
-        ratio = 10 ** (1 / 10)
+        ratio = 10 ** (1 / HISTOGRAM_BUCKETS_PER_DECADE)
         lefts = [bound / ratio for bound in bounds_ms]
         widths = [bound - left for bound, left in zip(bounds_ms, lefts, strict=True)]
         axes.bar(lefts, counts, width=widths, align="edge", alpha=0.5, label=label)
