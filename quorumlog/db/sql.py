@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -76,9 +76,26 @@ class Statement:
         return cls(raw[0], params)
 
 
+# The JSON values a parameter may be; bool is an int in Python and SQLite stores it as
+# 0/1, as rqlite does.
+_PARAM_TYPES = frozenset({str, int, float, bool, type(None)})
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _params_ok(values: Iterable[object]) -> bool:
+    """Whether every value can be bound as it is (the common case, checked in one pass;
+    the message for a bad one is built only then, by :func:`_check_param`)."""
+    for value in values:
+        kind = type(value)
+        if kind not in _PARAM_TYPES:
+            return False
+        if kind is int and not _INT64_MIN <= value <= _INT64_MAX:  # type: ignore[operator]
+            return False
+    return True
+
+
 def _check_param(value: object, where: str) -> Param:
-    # bool is an int in Python; SQLite stores it as 0/1, as rqlite does.
-    if isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
+    if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
         raise BadRequestError(f"{where}: integer {value} does not fit SQLite's 64 bits")
     if value is None or isinstance(value, int | float | str):
         return value
@@ -99,20 +116,26 @@ def parse_statements(body: object) -> list[Statement]:
         raise BadRequestError("empty statement list")
     statements: list[Statement] = []
     for index, item in enumerate(body):
-        where = f"statement {index}"
         if isinstance(item, str):
             statements.append(Statement(item, []))
             continue
         if not isinstance(item, list) or not item or not isinstance(item[0], str):
-            raise BadRequestError(f"{where}: expected a string or [sql, parameters...]")
+            raise BadRequestError(f"statement {index}: expected a string or [sql, parameters...]")
         sql, rest = item[0], item[1:]
         if len(rest) == 1 and isinstance(rest[0], dict):
-            named = {
-                str(k): _check_param(v, f"{where} parameter {k!r}") for k, v in rest[0].items()
-            }
+            named: dict[str, Param] = rest[0]
+            if not _params_ok(named.values()):
+                named = {
+                    str(k): _check_param(v, f"statement {index} parameter {k!r}")
+                    for k, v in named.items()
+                }
             statements.append(Statement(sql, named))
+        elif _params_ok(rest):
+            statements.append(Statement(sql, rest))
         else:
-            positional = [_check_param(v, f"{where} parameter {i + 1}") for i, v in enumerate(rest)]
+            positional = [
+                _check_param(v, f"statement {index} parameter {i + 1}") for i, v in enumerate(rest)
+            ]
             statements.append(Statement(sql, positional))
     return statements
 
