@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int
+from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int, security_options
 from quorumlog.errors import BKError
 
 
@@ -82,6 +82,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     serve.add_argument("--write-quorum", type=positive_int, default=3)
     serve.add_argument("--ack-quorum", type=positive_int, default=2)
     serve.add_argument("--verbose", action="store_true", help="log role changes on stderr")
+    # Security (docs/SECURITY.md): HTTPS and Bearer tokens on the API; TLS and a token
+    # towards the bookies, as any client.
+    serve.add_argument("--http-tls-cert", default=None, metavar="PEM", help="serve HTTPS")
+    serve.add_argument("--http-tls-key", default=None, metavar="PEM", help="its key")
+    security_options.add_token_key_option(serve)
+    security_options.add_client_tls_options(serve)
+    security_options.add_token_file_option(serve)
     serve.set_defaults(func=run_serve)
 
     for action, text in (("status", "a replica's /status"), ("nodes", "the group's /nodes")):
@@ -170,10 +177,11 @@ def run_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    security_options.redact_logs(args)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         try:
             return runner.run(_serve(args, host, port, advertised, log_config))
-        except (BKError, OSError) as exc:
+        except (BKError, OSError, ValueError) as exc:  # ValueError: TLS or token files
             print(f"quorumlog db serve: {exc}", file=sys.stderr)
             return EXIT_FAILURE
 
@@ -185,20 +193,35 @@ async def _serve(
     from quorumlog.client.config import ClientConfig
     from quorumlog.db.http import DbHttpApi
     from quorumlog.db.replica import Replica, ReplicaConfig
+    from quorumlog.security.tls import TlsFiles, TlsReloader, client_context
 
-    bk = await BookKeeper.connect(args.metadata, config=ClientConfig())
+    client_config = ClientConfig(
+        tls=security_options.client_tls(args), token_file=security_options.token_file(args)
+    )
+    https = None
+    if args.http_tls_cert is not None or args.http_tls_key is not None:
+        https = TlsReloader(TlsFiles(args.http_tls_cert, args.http_tls_key), server_side=True)
+    scheme = "https" if https is not None else "http"
+    bk = await BookKeeper.connect(args.metadata, config=client_config)
     config = ReplicaConfig(
         name=args.name,
         data_dir=args.data_dir,
         node_id=args.node_id or advertised,
-        http_addr=f"http://{advertised}",
+        http_addr=f"{scheme}://{advertised}",
         session_timeout_ms=args.session_timeout_ms,
         log_config=log_config,
         snapshot_every_records=max(0, args.snapshot_every),
         snapshot_every_bytes=max(0, args.snapshot_every_bytes),
     )
     replica = Replica(bk, config)
-    api = DbHttpApi(replica, max_body_bytes=args.max_body_bytes)
+    api = DbHttpApi(
+        replica,
+        max_body_bytes=args.max_body_bytes,
+        token_verifier=security_options.token_verifier(args),
+        ssl_context=https.server_front_context() if https is not None else None,
+        # The leader's certificate: the CA of --tls-ca, else the system's.
+        leader_ssl_context=client_context(TlsFiles(ca_file=args.tls_ca)) if https else None,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -206,7 +229,7 @@ async def _serve(
     try:
         await api.start(host, port)
         await replica.start()
-        print(f"quorumlog db: {args.name} serving on http://{advertised}", flush=True)
+        print(f"quorumlog db: {args.name} serving on {scheme}://{advertised}", flush=True)
         await stop.wait()
     finally:
         await api.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 import time
 from typing import Any
 
@@ -23,6 +24,8 @@ from quorumlog.db.snapshot import copy_file, dump_sql
 from quorumlog.db.sql import BadRequestError, Statement, is_read_only, parse_statements
 from quorumlog.errors import BKError, InvalidArgumentError
 from quorumlog.log.position import Position
+from quorumlog.security.http import bearer_middleware, db_api_roles
+from quorumlog.security.tokens import TokenVerifier
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DbHttpApi"]
 
@@ -100,14 +103,24 @@ class DbHttpApi:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         forward_timeout_s: float = 30.0,
+        token_verifier: TokenVerifier | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        leader_ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """Security (docs/SECURITY.md): ``token_verifier`` asks for Bearer tokens,
+        ``ssl_context`` serves HTTPS, ``leader_ssl_context`` verifies the leader's."""
+        self._ssl_context = ssl_context
+        self._leader_ssl_context = leader_ssl_context
         self.replica = replica
         self.max_body_bytes = max_body_bytes
         self.forward_timeout_s = forward_timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._leader_cache: tuple[str, float] | None = None
         self._runner: web.AppRunner | None = None
-        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors])
+        checks = [] if token_verifier is None else [bearer_middleware(token_verifier, db_api_roles)]
+        self.app = web.Application(
+            client_max_size=max_body_bytes, middlewares=[*checks, self._errors]
+        )
         self.app.router.add_route("*", "/db/execute", self._execute)
         self.app.router.add_route("*", "/db/query", self._query)
         self.app.router.add_route("*", "/db/request", self._request)
@@ -118,12 +131,17 @@ class DbHttpApi:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: a free port); the port."""
+        connector = (
+            None
+            if self._leader_ssl_context is None
+            else aiohttp.TCPConnector(ssl=self._leader_ssl_context)
+        )
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.forward_timeout_s)
+            timeout=aiohttp.ClientTimeout(total=self.forward_timeout_s), connector=connector
         )
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=self._ssl_context)
         await site.start()
         server = site._server
         assert server is not None
@@ -230,12 +248,15 @@ class DbHttpApi:
         if _flag(request, "redirect"):
             raise web.HTTPMovedPermanently(location=target)
         assert self._session is not None
+        headers = {FORWARDED_HEADER: "1", "Content-Type": "application/json"}
+        if "Authorization" in request.headers:  # the leader checks the same token
+            headers["Authorization"] = request.headers["Authorization"]
         try:
             async with self._session.request(
                 request.method,
                 target,
                 data=body if request.method == "POST" else None,
-                headers={FORWARDED_HEADER: "1", "Content-Type": "application/json"},
+                headers=headers,
             ) as answer:
                 text = await answer.read()
                 if answer.status == 503:

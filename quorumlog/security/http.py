@@ -73,6 +73,14 @@ def bearer_middleware(verifier: TokenVerifier, roles_for: RolesFor) -> Middlewar
     return check
 
 
+def db_api_roles(request: web.Request) -> frozenset[Role] | None:
+    """The database's API: readiness is open (load balancers), a backup (the whole
+    database) takes ``admin``, statements and status take ``client`` (or ``admin``)."""
+    if request.path == "/readyz":
+        return None
+    return ADMIN_ONLY if request.path == "/db/backup" else CLIENTS
+
+
 def admin_api_roles(request: web.Request) -> frozenset[Role] | None:
     """The admin API: the heartbeat is open, reading takes any role, changing (read-only
     switch, GC, decommission) takes ``admin``."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from quorumlog.proto.codec import (
 from quorumlog.security import Role, issue_token
 from quorumlog.security.tls import TlsFiles, TlsReloader
 from quorumlog.server.local_cluster import LocalCluster
+from quorumlog.testing.zookeeper import free_port
 
 KEY = bytes(20)
 TIMEOUT_MS = 10_000
@@ -158,6 +161,17 @@ def test_tls_and_tokens_let_in_only_clients_with_both_and_say_why_to_others(
             "read-only switch, admin": 200,
         }
 
+        # The database's API: HTTPS and tokens; its replica reaches the bookies with
+        # mutual TLS and its own client token.
+        db_statuses = _db_statuses(metadata_uri, tmp_path, material, key_file, token_file)
+        assert db_statuses == {
+            "readyz, no token": 200,
+            "execute, no token": 401,
+            "execute, client": 200,
+            "query, client": 200,
+            "backup, client": 403,
+        }
+
         # The reverse: a TLS client against a bookie that serves no TLS.
         plain_index = cluster.start_new_bookie()
         assert [b.alive() for b in cluster.bookies] == [True, True, True]
@@ -181,6 +195,66 @@ def test_tls_and_tokens_let_in_only_clients_with_both_and_say_why_to_others(
             interval_s=0.2,
         )
         assert isinstance(run(_ask(bookie, info, tls=mutual, token=good)), BookieInfoResponse)
+
+
+def _db_statuses(
+    metadata_uri: str, tmp_path: Path, material: TlsMaterial, key_file: Path, token_file: Path
+) -> dict[str, int]:
+    """Run ``quorumlog db serve`` on the secure bookies; the status of each request."""
+    address = f"127.0.0.1:{free_port()}"
+    command = [
+        sys.executable, "-m", "quorumlog", "db", "serve", "--metadata", metadata_uri,
+        "--name", "secure", "--data-dir", str(tmp_path / "db"),
+        "--http-addr", address,
+        "--ensemble", "2", "--write-quorum", "2", "--ack-quorum", "2",
+        "--http-tls-cert", str(material.server_cert), "--http-tls-key", str(material.server_key),
+        "--token-key-file", str(key_file),
+        "--tls-ca", str(material.ca_cert), "--tls-cert", str(material.client_cert),
+        "--tls-key", str(material.client_key), "--token-file", str(token_file),
+    ]  # fmt: skip
+    out = tmp_path / "db.out"
+    with out.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        poll_until(
+            lambda: b"serving on https://" in out.read_bytes() or process.poll() is not None,
+            timeout_s=60,
+            what="the database replica serves",
+            interval_s=0.05,
+        )
+        found = re.search(rb"serving on (https://\S+)", out.read_bytes())
+        assert found is not None, out.read_text()
+        mutual = TlsFiles(ca_file=str(material.ca_cert))
+        return run(_db_requests(found.group(1).decode(), mutual, token_file.read_text()))
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def _db_requests(url: str, tls: TlsFiles, client_token: str) -> dict[str, int]:
+    context = TlsReloader(tls, server_side=False).current()
+    asks = {
+        "readyz, no token": ("GET", "/readyz", None, None),
+        "execute, no token": ("POST", "/db/execute", None, ["CREATE TABLE t (x INTEGER)"]),
+        "execute, client": ("POST", "/db/execute", client_token, ["CREATE TABLE t (x INTEGER)"]),
+        "query, client": ("GET", "/db/query?q=SELECT+count(*)+FROM+t", client_token, None),
+        "backup, client": ("GET", "/db/backup", client_token, None),
+    }
+    statuses: dict[str, int] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+        for name, (method, path, token, body) in asks.items():
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            for _ in range(100):  # readyz may say "not yet" while the replica starts
+                async with session.request(method, url + path, headers=headers, json=body) as r:
+                    statuses[name] = r.status
+                if r.status != 503:
+                    break
+                await asyncio.sleep(0.1)
+    return statuses
 
 
 async def _admin_statuses(url: str, tls: TlsFiles, client_token: str) -> dict[str, int]:
