@@ -7,6 +7,7 @@ names is :mod:`quorumlog.aio`. Every error is a :class:`BKError`.
 from typing import TYPE_CHECKING, Any
 
 from quorumlog.errors import (
+    AuthenticationError,
     BKError,
     BookieUnavailableError,
     DigestMismatchError,
@@ -61,6 +62,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AuthenticationError",
     "BKError",
     "BookKeeper",
     "BookieUnavailableError",
