@@ -72,6 +72,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="or after this many bytes of records (0: no size trigger; default 64 MiB)",
     )
     serve.add_argument(
+        "--snapshot-every-s",
+        type=float,
+        default=3600.0,
+        help="or this many seconds after the previous snapshot, if anything was written "
+        "since (0: no time trigger; default 3600)",
+    )
+    serve.add_argument(
         "--rollover-bytes",
         type=positive_int,
         default=256 << 20,
@@ -212,6 +219,7 @@ async def _serve(
         log_config=log_config,
         snapshot_every_records=max(0, args.snapshot_every),
         snapshot_every_bytes=max(0, args.snapshot_every_bytes),
+        snapshot_every_s=max(0.0, args.snapshot_every_s),
     )
     replica = Replica(bk, config)
     api = DbHttpApi(

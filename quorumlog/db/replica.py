@@ -67,6 +67,7 @@ __all__ = [
     "ReplicaConfig",
     "WriteAnswer",
     "log_name_of",
+    "snapshot_due",
 ]
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,17 @@ _MAX_GROUP_RECORDS = 512
 def log_name_of(name: str) -> str:
     """The log (and election group) of database ``name``."""
     return f"db.{name}"
+
+
+def snapshot_due(config: ReplicaConfig, *, records: int, size_bytes: int, elapsed_s: float) -> bool:
+    """Whether the leader takes a snapshot, ``records`` (of ``size_bytes``) applied and
+    ``elapsed_s`` seconds gone since the last one: whichever trigger comes first; the
+    time trigger only when something changed (a snapshot of the same file is no use)."""
+    if config.snapshot_every_records and records >= config.snapshot_every_records:
+        return True
+    if config.snapshot_every_bytes and size_bytes >= config.snapshot_every_bytes:
+        return True
+    return bool(config.snapshot_every_s and records and elapsed_s >= config.snapshot_every_s)
 
 
 class NotLeaderError(BKError):
@@ -104,6 +116,10 @@ class ReplicaConfig:
     snapshot_every_records: int = 10_000
     # ... or after this many bytes of records (0: no size trigger).
     snapshot_every_bytes: int = 64 << 20
+    # ... or this long after the previous one (or after taking the lead), when any
+    # record was applied since (0: no time trigger): a database written slowly still
+    # gets its log truncated and new replicas a recent starting point.
+    snapshot_every_s: float = 3600.0
     snapshots_kept: int = 2
 
 
@@ -135,6 +151,7 @@ class Replica:
         self._reads = ThreadPoolExecutor(1, thread_name_prefix=f"db-{config.name}-reads")
         self.records_since_snapshot = 0
         self.bytes_since_snapshot = 0
+        self._last_snapshot_s = time.monotonic()
         self.snapshots_taken = 0
         self.restores = 0
         self._snapshot_task: asyncio.Task[None] | None = None
@@ -333,10 +350,12 @@ class Replica:
     # ------------------------------------------------------------ snapshots
 
     def _maybe_snapshot(self, the_log: Log) -> None:
-        every = self.config.snapshot_every_records
-        every_bytes = self.config.snapshot_every_bytes
-        due = (every and self.records_since_snapshot >= every) or (
-            every_bytes and self.bytes_since_snapshot >= every_bytes
+        config = self.config
+        due = snapshot_due(
+            config,
+            records=self.records_since_snapshot,
+            size_bytes=self.bytes_since_snapshot,
+            elapsed_s=time.monotonic() - self._last_snapshot_s,
         )
         if not due:
             return
@@ -344,6 +363,7 @@ class Replica:
             return
         self.records_since_snapshot = 0
         self.bytes_since_snapshot = 0
+        self._last_snapshot_s = time.monotonic()
         self._snapshot_task = asyncio.create_task(self._snapshot(the_log))
 
     async def _snapshot(self, the_log: Log) -> None:
@@ -478,6 +498,7 @@ class Replica:
             self._writer = writer
             self._taking_writes = True
             self.role = LEADER
+            self._last_snapshot_s = time.monotonic()
             log.info("database %s: leading, ledger %s", self.config.name, writer.ledger_id)
             applier = asyncio.create_task(self._apply_pending())
             while (

@@ -9,14 +9,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from support import poll_until
+from support import holds_for, poll_until
 
 from quorumlog.aio import BookKeeper
-from quorumlog.db.snapshot import list_snapshots
+from quorumlog.db.replica import log_name_of
+from quorumlog.db.snapshot import Snapshot, list_snapshots
 from quorumlog.server.local_cluster import LocalCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from test_db import DbProcess, dump, http, wait_ready
+from test_db import DB, DbProcess, dump, http, wait_ready
 
 SNAPSHOT_EVERY = 40
 
@@ -31,12 +32,53 @@ def _answers(replica: DbProcess) -> bool:
 async def _log_state(uri: str) -> tuple[int, object, int]:
     bk = await BookKeeper.connect(uri)
     try:
-        the_log = await bk.open_log("db.shop")
+        the_log = await bk.open_log(log_name_of(DB))
         metadata, _ = await the_log.metadata()
         snapshots = await list_snapshots(the_log)
         return len(metadata.ledgers), metadata.truncated_before, len(snapshots)
     finally:
         await bk.close()
+
+
+async def _snapshots(uri: str) -> list[Snapshot]:
+    bk = await BookKeeper.connect(uri)
+    try:
+        return await list_snapshots(await bk.open_log(log_name_of(DB)))
+    finally:
+        await bk.close()
+
+
+def test_db_snapshot_on_the_time_trigger_only_after_writes(
+    cluster3: LocalCluster, tmp_path: Path
+) -> None:
+    """With the record and size triggers off, the leader snapshots a second after its
+    last snapshot (or after taking the lead) when something was written, and not when
+    nothing was."""
+    args = ("--snapshot-every", "0", "--snapshot-every-bytes", "0", "--snapshot-every-s", "1")
+    replica = DbProcess(cluster3.metadata_uri, "t0", tmp_path / "db", extra_args=args)
+    try:
+        wait_ready([replica])
+        last = ""
+        for sql in ("CREATE TABLE t (n INTEGER)", "INSERT INTO t VALUES (1)"):
+            status, answer = http(replica.addr, "/db/execute", [sql])
+            assert status == 200, answer
+            last = answer["position"]
+        taken: list[Snapshot] = []
+
+        def snapshot_of_last_write() -> bool:
+            taken[:] = asyncio.run(_snapshots(cluster3.metadata_uri))
+            return bool(taken) and str(taken[-1].position) == last
+
+        poll_until(snapshot_of_last_write, timeout_s=30, what="a snapshot at the last write")
+        count = len(taken)
+        holds_for(
+            lambda: len(asyncio.run(_snapshots(cluster3.metadata_uri))) == count,
+            duration_s=2.5,
+            what="no snapshot without writes",
+            interval_s=0.25,
+        )
+    finally:
+        replica.stop()
 
 
 def test_db_wiped_replica_rebuilds_from_snapshot_and_log_stays_truncated(

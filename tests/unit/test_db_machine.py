@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from quorumlog.db.machine import BARRIER, EXECUTE, DbRecord, StateMachine, StatementResult
+from quorumlog.db.replica import ReplicaConfig, snapshot_due
 from quorumlog.db.sql import (
     BadRequestError,
     Choices,
@@ -173,3 +174,19 @@ def test_records_applied_in_groups_give_what_applying_each_alone_gives(
         ["b!"],
         ["c!"],
     ]
+
+
+def test_snapshot_due_on_whichever_trigger_comes_first() -> None:
+    config = ReplicaConfig(
+        "t", ".", snapshot_every_records=100, snapshot_every_bytes=1000, snapshot_every_s=60
+    )
+    assert not snapshot_due(config, records=99, size_bytes=999, elapsed_s=59)
+    assert snapshot_due(config, records=100, size_bytes=0, elapsed_s=0)
+    assert snapshot_due(config, records=1, size_bytes=1000, elapsed_s=0)
+    assert snapshot_due(config, records=1, size_bytes=10, elapsed_s=60)
+    # the time trigger only when something was applied since
+    assert not snapshot_due(config, records=0, size_bytes=0, elapsed_s=3600)
+    off = ReplicaConfig(
+        "t", ".", snapshot_every_records=0, snapshot_every_bytes=0, snapshot_every_s=0
+    )
+    assert not snapshot_due(off, records=10**9, size_bytes=10**12, elapsed_s=10**6)
