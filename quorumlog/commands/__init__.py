@@ -101,6 +101,14 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> i
     """Parse ``argv`` with ``parser`` and run the ``func`` the chosen subcommand set;
     its exit status, or 130 (the shell's status for SIGINT) on Ctrl-C."""
     args = parser.parse_args(argv)
+    if getattr(args, "_config_parser", None) is not None:  # a server: --config, QUORUMLOG_*
+        from quorumlog.commands.config_file import ConfigError, resolve
+
+        try:
+            args = resolve(args, argv, parser)
+        except ConfigError as exc:
+            print(f"{args._config_parser.prog}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

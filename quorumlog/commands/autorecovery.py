@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, security_options
 from quorumlog.commands.addresses import check_host
+from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
 from quorumlog.replication.auditor import AUDIT_INTERVAL_S_DEFAULT, BOOKIE_CHECK_INTERVAL_S_DEFAULT
 from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
@@ -72,6 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="log level on stderr (default: %(default)s)",
     )
     p.set_defaults(func=run)
+    enable_config_file(p, "autorecovery")
 
 
 def add_options(p: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ from quorumlog.bookie.config import BookieConfig
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, security_options
 from quorumlog.commands import autorecovery as _autorecovery_command
 from quorumlog.commands.addresses import add_address_options, resolve_addresses
+from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
 from quorumlog.server.config import ServerConfig
 
@@ -133,6 +134,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="log level on stderr (default: %(default)s)",
     )
     p.set_defaults(func=run)
+    enable_config_file(p, "bookie")
 
 
 def _add_compaction_options(p: argparse.ArgumentParser) -> None:
@@ -292,6 +294,7 @@ async def _serve(
     listen: _Listen,
     recovery: AutoRecoveryConfig | None = None,
 ) -> int:
+    from quorumlog.bookie.bookie import BookieStartError
     from quorumlog.replication.autorecovery import AutoRecovery
     from quorumlog.server.server import BookieServer
 
@@ -330,7 +333,9 @@ async def _serve(
             # Identified by the bookie's address: whoisauditor then names a bookie.
             daemon = AutoRecovery(uri, recovery, identifier=server.address)
             daemon_task = loop.create_task(daemon.run())
-        await stop_wait
+        failed_wait = loop.create_task(server.failed.wait())
+        await asyncio.wait({stop_wait, failed_wait}, return_when=asyncio.FIRST_COMPLETED)
+        failed_wait.cancel()
     finally:
         stop_wait.cancel()
         if daemon is not None and daemon_task is not None:
@@ -338,5 +343,12 @@ async def _serve(
             with contextlib.suppress(asyncio.CancelledError, BKError):
                 await asyncio.wait_for(daemon_task, 30)
     await server.stop()
+    if server.failure is not None:
+        # Serving unlisted helps nobody: exit, and let the supervisor start it again.
+        failure = server.failure
+        refused = isinstance(failure, BookieStartError)
+        what = "refusing to go on" if refused else "failed"
+        print(f"{_PROG}: {what}: {failure}", file=sys.stderr)
+        return EXIT_USAGE if refused else EXIT_FAILURE
     print(f"bookie {server.address} stopped", flush=True)
     return EXIT_OK

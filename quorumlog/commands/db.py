@@ -19,6 +19,7 @@ import urllib.request
 from typing import Any
 
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int, security_options
+from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
 
 
@@ -97,6 +98,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     security_options.add_client_tls_options(serve)
     security_options.add_token_file_option(serve)
     serve.set_defaults(func=run_serve)
+    enable_config_file(serve, "db")
 
     for action, text in (("status", "a replica's /status"), ("nodes", "the group's /nodes")):
         p = sub.add_parser(action, help=f"print {text}")
