@@ -120,94 +120,86 @@ class ReadHandle:
         return repr(self._handle)
 
 
-class Capacity:
-    """A bound on items in flight, shared by submitting threads and the loop.
+class Handoff:
+    """Items from any thread to the loop, under a bound on the items in flight.
 
-    A thread takes room before it queues (and blocks while there is none); the loop gives
-    room back once per batch of settled items. A blocked thread is woken only once the
-    count has fallen a quarter below the bound, so that a thread that keeps the pipeline
-    full is woken once per quarter of the bound, not once per item: a wake-up per item
-    costs a thread switch (tens of microseconds on a small VM) each.
-    """
+    A thread queues an item with :meth:`put`: one lock, no call to the loop but one
+    ``call_soon_threadsafe`` per burst, and ``run(items)`` gets the burst on the loop.
+    Two waits keep a busy thread from starving the loop, under the same lock:
 
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"capacity of {limit} items")
-        self.limit = limit
-        self._resume_at = limit - max(1, limit // 4)
-        self._condition = threading.Condition(threading.Lock())
-        self._count = 0
-        self._waiting = 0
-
-    @property
-    def in_flight(self) -> int:
-        return self._count
-
-    def take(self, count: int = 1) -> None:
-        """Wait until ``count`` items fit under the bound, then count them in."""
-        condition = self._condition
-        with condition:
-            while self._count and self._count + count > self.limit:
-                self._waiting += 1
-                try:
-                    condition.wait()
-                finally:
-                    self._waiting -= 1
-            self._count += count
-
-    def give(self, count: int) -> None:
-        """``count`` items left (any thread, usually the loop)."""
-        condition = self._condition
-        with condition:
-            self._count -= count
-            if self._waiting and self._count <= self._resume_at:
-                condition.notify_all()
-
-
-class _Burst:
-    """Work queued by threads for the loop, handed over with one
-    ``call_soon_threadsafe`` per burst instead of one per item.
-
-    A thread that has queued ``max_items`` the loop has not taken yet waits for the
-    loop to take them. Without that, a thread adding in a tight loop keeps the GIL
-    while the loop thread waits for it at each of its system calls (up to the switch
-    interval, 5 ms, each time): the adds queue up but hardly leave.
+    - room: at most ``limit`` items (counted as each put says) are in flight, until the
+      loop gives them back with :meth:`give` (once per batch of settled items). A thread
+      that found no room is woken only once a quarter of the bound is free again, so a
+      thread that keeps the pipeline full is woken once per quarter of the bound, not
+      once per item: each wake-up is a thread switch (tens of microseconds here).
+    - the burst: a thread that queued ``max_burst`` items the loop has not taken yet
+      waits for the loop to take them. Without it, a thread adding in a tight loop keeps
+      the GIL while the loop thread waits for it after each of its system calls (up to
+      the switch interval, 5 ms, each time): adds pile up but hardly leave.
     """
 
     def __init__(
         self,
-        loop: asyncio.AbstractEventLoop,
+        loop: Any,
         run: Callable[[list[Any]], None],
-        max_items: int = 512,
+        limit: int,
+        *,
+        max_burst: int = 512,
     ) -> None:
+        if limit < 1:
+            raise ValueError(f"a bound of {limit} items in flight")
         self._loop = loop
         self._run = run
-        self._max_items = max_items
-        self._taken = threading.Condition(threading.Lock())
+        self.limit = limit
+        self._resume_at = limit - max(1, limit // 4)
+        self._max_burst = max_burst
+        self._lock = threading.Lock()  # taken with ``with``: a C call, unlike a Condition's
+        self._room = threading.Condition(self._lock)
+        self._taken = threading.Condition(self._lock)
         self._items: list[Any] = []
         self._wake_pending = False
+        self._in_flight = 0
+        self._waiting = 0  # threads waiting for room
 
-    def put(self, item: Any) -> None:
-        taken = self._taken
-        with taken:
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def put(self, item: Any, count: int = 1) -> None:
+        """Queue ``item``, which stands for ``count`` items in flight; blocks while they
+        do not fit under the bound (callers refuse a ``count`` above it first)."""
+        with self._lock:
+            while self._in_flight and self._in_flight + count > self.limit:
+                self._waiting += 1
+                try:
+                    self._room.wait()
+                finally:
+                    self._waiting -= 1
+            self._in_flight += count
             items = self._items
             items.append(item)
             wake = not self._wake_pending
             self._wake_pending = True
-            if len(items) >= self._max_items and not wake:
-                # Hand the GIL to the loop until it took this burst (timed: a loop
-                # that stopped must not hang the caller).
-                taken.wait_for(lambda: self._items is not items, 1.0)
+            if len(items) >= self._max_burst and not wake:
+                # Let the loop take this burst (timed: a stopped loop must not hang us).
+                self._taken.wait_for(lambda: self._items is not items, 1.0)
         if wake:
             self._loop.call_soon_threadsafe(self.drain)
 
+    def give(self, count: int) -> None:
+        """``count`` items in flight were settled (any thread, usually the loop)."""
+        with self._lock:
+            self._in_flight -= count
+            if self._waiting and self._in_flight <= self._resume_at:
+                self._room.notify_all()
+
     def drain(self) -> None:
         """Run everything queued (on the loop)."""
-        taken = self._taken
-        with taken:
+        with self._lock:
             items, self._items = self._items, []
             self._wake_pending = False
-            taken.notify_all()
+            if len(items) >= self._max_burst:
+                self._taken.notify_all()
         if items:
             self._run(items)
 
@@ -219,7 +211,7 @@ class ThreadedSubmitter(Generic[T]):
     on the loop, so a thread submitting in a tight loop pays a few microseconds each
     instead of a coroutine and a wake-up per payload. At most ``max_outstanding`` are
     unconfirmed at once: further submitters block (back-pressure for threads, see
-    :class:`Capacity`).
+    :class:`Handoff`).
     """
 
     def __init__(
@@ -229,18 +221,16 @@ class ThreadedSubmitter(Generic[T]):
         max_outstanding: int,
     ) -> None:
         self._send = send
-        self._capacity = Capacity(max_outstanding)
-        self._burst = _Burst(loop, self._send_all)
+        self._handoff = Handoff(loop, self._send_all, max_outstanding)
 
     def submit(self, data: bytes) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._capacity.take()
-        self._burst.put((bytes(data), future))
+        self._handoff.put((bytes(data), future))
         return future
 
     def drain(self) -> None:
         """Send everything queued (on the loop)."""
-        self._burst.drain()
+        self._handoff.drain()
 
     def _send_all(self, items: list[tuple[bytes, concurrent.futures.Future[T]]]) -> None:
         send = self._send
@@ -248,13 +238,13 @@ class ThreadedSubmitter(Generic[T]):
             try:
                 sent = send(data)
             except BKError as exc:
-                self._capacity.give(1)
+                self._handoff.give(1)
                 future.set_exception(exc)
                 continue
             sent.add_done_callback(partial(self._transfer, future))
 
     def _transfer(self, future: concurrent.futures.Future[T], sent: asyncio.Future[T]) -> None:
-        self._capacity.give(1)
+        self._handoff.give(1)
         if sent.cancelled():
             future.cancel()
             return
@@ -278,37 +268,35 @@ class LedgerSubmitter:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: _AioLedgerHandle) -> None:
         self._handle = handle
-        self._capacity = Capacity(handle._config.max_outstanding_adds)
-        self._burst = _Burst(loop, self._send_all)
-        handle.on_settled(self._capacity.give)
+        self._handoff = handoff = Handoff(loop, self._send_all, handle._config.max_outstanding_adds)
+        handle.on_settled(handoff.give)
 
     def submit(self, data: bytes) -> concurrent.futures.Future[int]:
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._capacity.take()
-        self._burst.put((data, future))
+        self._handoff.put((data, future))
         return future
 
     def submit_many(self, entries: Sequence[bytes]) -> concurrent.futures.Future[list[int]]:
         future: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
         batch = list(entries)
-        if len(batch) > self._capacity.limit:
+        limit = self._handoff.limit
+        if len(batch) > limit:
             future.set_exception(
                 InvalidArgumentError(
                     f"ledger {self._handle.ledger_id}: a batch of {len(batch)} entries is "
-                    f"over max_outstanding_adds ({self._capacity.limit})"
+                    f"over max_outstanding_adds ({limit})"
                 )
             )
             return future
         if not batch:
             future.set_result([])
             return future
-        self._capacity.take(len(batch))
-        self._burst.put((batch, future))
+        self._handoff.put((batch, future), len(batch))
         return future
 
     def drain(self) -> None:
         """Send everything queued (on the loop)."""
-        self._burst.drain()
+        self._handoff.drain()
 
     def _send_all(self, items: list[tuple[Any, concurrent.futures.Future[Any]]]) -> None:
         append = self._handle.append_with_token
@@ -320,7 +308,7 @@ class LedgerSubmitter:
                 else:
                     append(data, future)
             except BKError as exc:
-                self._capacity.give(len(data) if type(data) is list else 1)
+                self._handoff.give(len(data) if type(data) is list else 1)
                 with contextlib.suppress(concurrent.futures.InvalidStateError):
                     future.set_exception(exc)
 

@@ -1,5 +1,6 @@
 """Batches of adds on the writer's handle (append_entries: one future for the batch, R3,
-R16) and the synchronous facade's bound on adds in flight (Capacity)."""
+R16) and the synchronous facade's hand-off to the loop under a bound on adds in flight
+(Handoff)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from support import holds_for, poll_until
 
 from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.client.config import ClientConfig
-from quorumlog.client.sync import Capacity
+from quorumlog.client.sync import Handoff
 from quorumlog.errors import (
     InvalidArgumentError,
     LedgerFencedError,
@@ -89,21 +90,57 @@ def test_r7_a_fenced_batch_fails_its_one_future() -> None:
     run_client(main, ClientConfig())
 
 
-def test_capacity_wakes_a_blocked_thread_once_a_quarter_of_the_bound_is_free() -> None:
-    capacity = Capacity(8)
-    capacity.take(8)
+class _Loop:
+    """The loop side of a Handoff, driven by the test: the burst runs when it drains."""
+
+    def __init__(self) -> None:
+        self.wakes = 0
+
+    def call_soon_threadsafe(self, callback: object) -> None:
+        self.wakes += 1
+
+
+def test_r16_handoff_wakes_a_blocked_thread_once_a_quarter_of_the_bound_is_free() -> None:
+    loop = _Loop()
+    runs: list[list[str]] = []
+    handoff = Handoff(loop, runs.append, 8)
+    handoff.put("batch of 8", 8)
     taken = threading.Event()
 
-    def take_one() -> None:
-        capacity.take()
+    def put_one() -> None:
+        handoff.put("one")
         taken.set()
 
-    thread = threading.Thread(target=take_one, daemon=True)
+    thread = threading.Thread(target=put_one, daemon=True)
     thread.start()
-    poll_until(lambda: capacity._waiting == 1, timeout_s=10, what="the thread waits for room")
-    capacity.give(1)  # 7 in flight: room, but not yet a quarter of the bound free
+    poll_until(lambda: handoff._waiting == 1, timeout_s=10, what="the thread waits for room")
+    handoff.give(1)  # 7 in flight: room, but not yet a quarter of the bound free
     holds_for(lambda: not taken.is_set(), duration_s=0.2, what="the thread stays blocked")
-    capacity.give(1)  # 6 = 8 - 8 // 4: wake it
+    handoff.give(1)  # 6 = 8 - 8 // 4: wake it
     poll_until(taken.is_set, timeout_s=10, what="the thread took room")
     thread.join(timeout=10)
-    assert capacity.in_flight == 7
+    assert handoff.in_flight == 7
+    assert loop.wakes == 1  # one wake-up of the loop for the burst, not one per item
+    handoff.drain()
+    assert runs == [["batch of 8", "one"]]
+
+
+def test_a_thread_that_queued_a_full_burst_waits_for_the_loop_to_take_it() -> None:
+    loop = _Loop()
+    runs: list[list[int]] = []
+    handoff = Handoff(loop, runs.append, 100, max_burst=4)
+    for item in range(3):
+        handoff.put(item)
+    done = threading.Event()
+
+    def put_fourth() -> None:
+        handoff.put(3)
+        done.set()
+
+    thread = threading.Thread(target=put_fourth, daemon=True)
+    thread.start()
+    holds_for(lambda: not done.is_set(), duration_s=0.2, what="the fourth put waits")
+    handoff.drain()
+    poll_until(done.is_set, timeout_s=10, what="the put returned once the loop took the burst")
+    thread.join(timeout=10)
+    assert runs == [[0, 1, 2, 3]] and loop.wakes == 1
