@@ -68,7 +68,7 @@ class RunSpec:
 
     nemesis: Nemesis
     workload: str  # "ledger", "log" or "db"
-    fault_s: float = 2.5
+    fault_s: float = 2.0  # past the workloads' 1 s add timeout: ensemble changes happen
     warmup_s: float = 0.5
 
     @property
@@ -89,7 +89,7 @@ SUITE_SPECS: tuple[RunSpec, ...] = (
     RunSpec(ProxyFaults("reorder", LinkFaults(jitter_ms=40)), "ledger"),
     RunSpec(PauseBookie(), "ledger"),
     RunSpec(KillBookie(), "ledger"),
-    RunSpec(PauseLeader(), "log", fault_s=2.5),
+    RunSpec(PauseLeader(), "log", fault_s=2.5),  # past the 1 s election session
     RunSpec(KillLeader(), "log"),
     RunSpec(IsolateDbLeader(), "db", fault_s=3.0),
     RunSpec(LeaderFromZooKeeper(), "log", fault_s=3.0),

@@ -1,0 +1,74 @@
+"""The namespace suite: a cluster across network namespaces (ZooKeeper servers,
+bookies behind their fault proxies, database replicas, clients: one namespace each)
+under every nemesis, on both metadata drivers, as root.
+
+Each run puts a workload under load, applies one nemesis for a few seconds, heals it,
+waits for service to come back, reads everything back and checks the history: no
+acknowledged write lost, none duplicated or invented, one order for every reader,
+real-time order, nothing acknowledged by a fenced writer, strong database reads
+linearizable, and service back within RECOVERY_BOUND_S of healing. The nemeses that
+cut the metadata store's network run on ZooKeeper only: the SQLite store is a file
+every namespace shares, with no network to cut.
+
+Histories and summaries stay under pytest's temporary directory (the failure message
+names the run's directory); ``python -m quorumlog.testing.netns`` runs the same suite
+outside pytest and prints each run's summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quorumlog.testing.netns.cluster import NetnsCluster
+from quorumlog.testing.netns.network import netns_unavailable_reason
+from quorumlog.testing.netns.runner import RECOVERY_BOUND_S, SUITE, SUITE_SPECS, run_nemesis
+from quorumlog.testing.zookeeper import missing_zookeeper_message, zookeeper_installed
+
+
+def _cluster(driver: str, base: Path) -> Iterator[NetnsCluster]:
+    reason = netns_unavailable_reason()
+    if reason is not None:
+        pytest.fail(f"the namespace suite cannot run here: {reason}", pytrace=False)
+    if driver == "zk" and not zookeeper_installed():
+        pytest.fail(missing_zookeeper_message(), pytrace=False)
+    with NetnsCluster(driver, base / "cluster") as cluster:
+        cluster.start()
+        yield cluster
+
+
+def _check_run(cluster: NetnsCluster, name: str, out: Path) -> None:
+    result = run_nemesis(cluster, SUITE[name], out)
+    print(result.summary_line())
+    where = f"{result.summary_line()}\nhistory: {result.directory}"
+    assert result.valid, where
+    assert result.acknowledged > 0, f"nothing was acknowledged: {where}"
+    assert result.lost == 0 and result.duplicated == 0, where
+    assert result.recovery_s is not None and result.recovery_s <= RECOVERY_BOUND_S, where
+    if result.linearizable is not None:
+        assert result.linearizable, where
+
+
+class TestOnSqlite:
+    @pytest.fixture(scope="class")
+    def cluster(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+        yield from _cluster("sqlite", tmp_path_factory.mktemp("netns-sqlite"))
+
+    @pytest.mark.parametrize(
+        "name", [spec.name for spec in SUITE_SPECS if "sqlite" in spec.drivers]
+    )
+    def test_nemesis(self, cluster: NetnsCluster, name: str) -> None:
+        _check_run(cluster, name, cluster.base_dir.parent / "runs")
+
+
+@pytest.mark.zookeeper
+class TestOnZooKeeper:
+    @pytest.fixture(scope="class")
+    def cluster(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+        yield from _cluster("zk", tmp_path_factory.mktemp("netns-zk"))
+
+    @pytest.mark.parametrize("name", [spec.name for spec in SUITE_SPECS if "zk" in spec.drivers])
+    def test_nemesis(self, cluster: NetnsCluster, name: str) -> None:
+        _check_run(cluster, name, cluster.base_dir.parent / "runs")
