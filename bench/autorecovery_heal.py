@@ -8,10 +8,13 @@ kills (SIGKILL) the bookie that holds the most data, and times until no ledger n
 it and no mark is left. Prints the bytes the lost bookie held (the bytes that had to be
 copied), the time from the kill, and their ratio::
 
-    python bench/autorecovery_heal.py --ledgers 20 --entries 10000 --entry-size 5000
+    python bench/autorecovery_heal.py --ledgers 20 --entries 10737 --entry-size 5000
 
 The time includes detection: the killed bookie's session expiry (up to about 1.3
-session timeouts on SQLite) and the auditor's reaction.
+session timeouts on SQLite) and the auditor's reaction; it is also split into
+detection (the kill to the first under-replication mark) and repair (that mark to the
+last one cleared), and the daemon's own ``/metrics`` give the bytes it copied (entry
+blobs: payload, header and digest) and the fragments.
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 import quorumlog.aio as aio
 from quorumlog.client.sync import new_event_loop
@@ -52,14 +59,26 @@ async def write(uri: str, ledgers: int, entries: int, size: int) -> dict[str, in
     return held
 
 
-async def healed(uri: str, lost: str) -> bool:
+async def state(uri: str, lost: str) -> tuple[int, bool]:
+    """(ledgers marked now, whether some ledger still names ``lost``)."""
     async with await aio.BookKeeper.connect(uri) as bk:
-        if await UnderReplicationManager(bk.store).marked_ledgers():
-            return False
+        marked = len(await UnderReplicationManager(bk.store).marked_ledgers())
         for ledger_id in await bk.list_ledgers():
             if lost in (await bk.ledger_metadata(ledger_id)).all_bookies():
-                return False
-    return True
+                return marked, True
+    return marked, False
+
+
+def daemon_metrics(admin_port: int) -> dict[str, float]:
+    """The autorecovery daemon's counters (the parser drops ``_total``)."""
+    url = f"http://127.0.0.1:{admin_port}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        text = answer.read().decode()
+    return {
+        family.name: family.samples[0].value
+        for family in text_string_to_metric_families(text)
+        if family.samples
+    }
 
 
 def main() -> int:
@@ -99,7 +118,10 @@ def main() -> int:
             out = Path(tmp) / "autorecovery.out"
             with open(out, "wb") as stdout:
                 daemon = subprocess.Popen(
-                    [sys.executable, "-m", "quorumlog", "autorecovery", "--metadata", uri],
+                    [
+                        *(sys.executable, "-m", "quorumlog", "autorecovery"),
+                        *("--metadata", uri, "--http-port", "0"),
+                    ],
                     stdout=stdout,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -108,6 +130,11 @@ def main() -> int:
                 deadline = time.monotonic() + 60
                 while "running" not in out.read_text() and time.monotonic() < deadline:
                     time.sleep(0.1)
+                admin_port = next(
+                    int(line.rsplit(":", 1)[1])
+                    for line in out.read_text().splitlines()
+                    if " admin http://" in line
+                )
 
                 async def no_delay() -> None:
                     async with await aio.BookKeeper.connect(uri) as bk:
@@ -116,20 +143,49 @@ def main() -> int:
                 loop.run_until_complete(no_delay())
                 cluster.kill(index)
                 killed = time.perf_counter()
+                detected_s = None
                 deadline = time.monotonic() + args.timeout_s
-                while not loop.run_until_complete(healed(uri, lost)):
+                while True:
+                    marked, named = loop.run_until_complete(state(uri, lost))
+                    if detected_s is None and marked:
+                        detected_s = time.perf_counter() - killed
+                    if not marked and not named:
+                        break
                     if time.monotonic() > deadline:
                         print("not healed in time", file=sys.stderr)
                         return 1
                     time.sleep(0.2)
                 heal_s = time.perf_counter() - killed
+                counts = daemon_metrics(admin_port)
             finally:
                 os.kill(daemon.pid, signal.SIGTERM)
                 daemon.wait(timeout=60)
             copied = held[lost]
+            repair_s = heal_s - (detected_s or 0.0)
+            copied_bytes = counts["quorumlog_autorecovery_copied_bytes"]
             print(
                 f"bookie {lost} held {copied / 1e6:.0f} MB; healed {heal_s:.1f} s after its kill "
                 f"(detection included): {copied / 1e6 / heal_s:.1f} MB/s",
+                flush=True,
+            )
+            print(
+                f"detected (first mark) {detected_s or 0.0:.1f} s after the kill, repaired "
+                f"{repair_s:.1f} s later: {copied / 1e6 / repair_s:.1f} MB/s of payload; the "
+                f"daemon copied {copied_bytes / 1e6:.0f} MB of entries in "
+                f"{counts['quorumlog_autorecovery_copied_fragments']:.0f} fragments "
+                f"({counts['quorumlog_autorecovery_ledgers_repaired']:.0f} ledgers); "
+                f"load average {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            print(
+                json.dumps(
+                    {
+                        "held_bytes": copied,
+                        "heal_s": round(heal_s, 2),
+                        "detected_s": round(detected_s or 0.0, 2),
+                        "copied_bytes": copied_bytes,
+                    }
+                ),
                 flush=True,
             )
     loop.close()
