@@ -29,22 +29,34 @@ from quorumlog.meta.store import MetadataStore
 
 LOGS_PATH = "/logs"
 FORMAT = 1
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+_PART = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
+_NAME = re.compile(rf"{_PART}(?:/{_PART})*")
+_MAX_NAME_CHARS = 200
+# A log is one node of /logs whatever its name: the '/' between the parts of a name
+# (db/shop) is written '%2F' there. No name holds '%', so the escape is unambiguous.
+_SLASH, _SLASH_ESCAPED = "/", "%2F"
 
 
 def check_log_name(name: str) -> str:
-    """``name`` if it can name a log: 1-200 of ``A-Z a-z 0-9 . _ -``, not starting with . or -."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    """``name`` if it can name a log: 1-200 characters, parts separated by '/' (as in
+    ``db/shop``), each of ``A-Z a-z 0-9 . _ -`` and not starting with '.' or '-'."""
+    if not isinstance(name, str) or len(name) > _MAX_NAME_CHARS or not _NAME.fullmatch(name):
         raise InvalidLogNameError(
-            f"bad log name {name!r}: use 1 to 200 letters, digits, '.', '_' or '-' "
-            "(not starting with '.' or '-')"
+            f"bad log name {name!r}: use 1 to 200 letters, digits, '.', '_' or '-', in "
+            "parts separated by '/' (none empty, none starting with '.' or '-')"
         )
     return name
 
 
+def log_node_name(name: str) -> str:
+    """The log's node under /logs (and under any other path keyed by log): its name
+    with each '/' escaped, so that it stays one path component."""
+    return check_log_name(name).replace(_SLASH, _SLASH_ESCAPED)
+
+
 def log_path(name: str) -> str:
     """The metadata path of a log."""
-    return f"{LOGS_PATH}/{check_log_name(name)}"
+    return f"{LOGS_PATH}/{log_node_name(name)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +240,10 @@ async def create_log_if_absent(store: MetadataStore, name: str) -> tuple[LogMeta
 
 async def list_log_names(store: MetadataStore) -> list[str]:
     try:
-        return sorted(await store.children(LOGS_PATH))
+        children = await store.children(LOGS_PATH)
     except NoNodeError:
         return []
+    return sorted(child.replace(_SLASH_ESCAPED, _SLASH) for child in children)
 
 
 def ledger_ids_text(ledgers: Sequence[int]) -> str:

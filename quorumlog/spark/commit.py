@@ -64,7 +64,13 @@ from quorumlog.errors import (
 from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogFencedError, NoSuchLogError
 from quorumlog.log.log import Log
-from quorumlog.log.metadata import LogMetadata, create_log_if_absent, log_path, read_log
+from quorumlog.log.metadata import (
+    LogMetadata,
+    create_log_if_absent,
+    log_node_name,
+    log_path,
+    read_log,
+)
 from quorumlog.log.writer import fence_previous_ledgers
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 
@@ -544,7 +550,7 @@ async def claim_sink(bk: BookKeeper, log_name: str, metadata: LogMetadata, sink:
     Two queries sharing a sinkId would take each other's batches for replays (their
     batch ids overlap) and drop rows, so a sinkId is one query's, recorded beside the
     log (keyed by the log's creation time: a log created again starts afresh)."""
-    path = f"{SINKS_PATH}/{log_name}/{metadata.created_ms}/{sink.sink_id}"
+    path = f"{SINKS_PATH}/{log_node_name(log_name)}/{metadata.created_ms}/{sink.sink_id}"
     record = json.dumps({"query": sink.query_id, "claimed_ms": int(time.time() * 1000)})
     for _ in range(COMMIT_CAS_ATTEMPTS):
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -9,7 +10,14 @@ import pytest
 from quorumlog.errors import BKError, InvalidArgumentError, MetadataError
 from quorumlog.log import InvalidLogNameError, LogConfig, LogMetadata, Position
 from quorumlog.log.checker import check_observations
-from quorumlog.log.metadata import check_log_name, log_path
+from quorumlog.log.metadata import (
+    check_log_name,
+    create_log_if_absent,
+    list_log_names,
+    log_path,
+    read_log,
+)
+from quorumlog.testing.memory_store import MemoryStore
 
 
 def test_position_is_ordered_hashable_printable_and_json_able() -> None:
@@ -37,7 +45,40 @@ def test_log_names_accepted(name: str) -> None:
     assert log_path(name) == f"/logs/{name}"
 
 
-@pytest.mark.parametrize("name", ["", "a/b", "..", ".hidden", "-x", "a b", "x" * 201, "é"])
+@pytest.mark.parametrize("name", ["db/shop", "a/b/c", "db/orders.v2"])
+def test_log_names_with_slashes_are_one_node_each(name: str) -> None:
+    """'/' separates the parts of a name (``db/shop``); the log is still one node of
+    /logs, its '/' escaped as '%2F' (no name holds '%'), and listed under its name."""
+    assert check_log_name(name) == name
+    assert log_path(name) == "/logs/" + name.replace("/", "%2F")
+
+    async def listed_and_read() -> tuple[list[str], str]:
+        store = MemoryStore()
+        for each in (name, "plain"):
+            await create_log_if_absent(store, each)
+        return await list_log_names(store), (await read_log(store, name))[0].name
+
+    assert asyncio.run(listed_and_read()) == (sorted([name, "plain"]), name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "..",
+        ".hidden",
+        "-x",
+        "a b",
+        "x" * 201,
+        "é",
+        "/a",
+        "a/",
+        "a//b",
+        "a/.x",
+        "a/../b",
+        "a%2Fb",
+    ],
+)
 def test_log_names_refused_with_a_bk_error(name: str) -> None:
     with pytest.raises(InvalidLogNameError) as info:
         check_log_name(name)
