@@ -22,7 +22,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, security_options
-from quorumlog.commands.addresses import check_host
+from quorumlog.commands.addresses import LOCAL_HOST, resolve_addresses
 from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
 from quorumlog.replication.auditor import AUDIT_INTERVAL_S_DEFAULT, BOOKIE_CHECK_INTERVAL_S_DEFAULT
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from quorumlog.server.admin_http import AdminServer
 
 _PROG = "quorumlog autorecovery"
-# The admin API is an operator's port: on this machine only, as the bookies' default.
-_ADMIN_HOST = "127.0.0.1"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,19 +48,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="metadata store (default: $QUORUMLOG_METADATA, else sqlite:// ./.quorumlog)",
     )
     p.add_argument(
+        "--bind-address",
+        metavar="ADDR",
+        default=None,
+        help="local interface the admin API listens on; 0.0.0.0 for every interface, which "
+        "needs --advertised-address (default: 127.0.0.1)",
+    )
+    p.add_argument(
         "--advertised-address",
         metavar="HOST",
         default=None,
         help="this machine's name as other machines know it: the daemon's identifier is "
-        "HOST:PID (shown by whoisauditor and in the workers' claims; default: the host name)",
+        "HOST:PID (shown by whoisauditor and in the workers' claims) and the admin API's "
+        "printed address (default: the host name, and the bind address for the API)",
     )
     p.add_argument(
         "--http-port",
         type=int,
         default=None,
         metavar="PORT",
-        help="serve the HTTP admin API and /metrics on 127.0.0.1:PORT (0: a free port, "
-        "printed on stdout; default: not served)",
+        help="serve the HTTP admin API and /metrics on the bind address, port PORT (0: a "
+        "free port, printed on stdout; default: not served)",
     )
     add_options(p)
     security_options.add_client_tls_options(p)
@@ -181,17 +187,17 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         if args.http_port is not None and not 0 <= args.http_port <= 65535:
             raise ValueError(f"--http-port {args.http_port}: expected 0..65535")
+        admin_hosts = resolve_addresses(args.bind_address, args.advertised_address)
         identifier = None
         if args.advertised_address is not None:
-            host = check_host(args.advertised_address, "--advertised-address")
-            identifier = f"{host}:{os.getpid()}"
+            identifier = f"{admin_hosts[1]}:{os.getpid()}"
     except ValueError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     uri = resolve_metadata_uri(args.metadata)
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(_serve(uri, config, identifier, args.http_port))
+        return loop.run_until_complete(_serve(uri, config, identifier, args.http_port, admin_hosts))
     except _AdminPortError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -206,7 +212,7 @@ class _AdminPortError(Exception):
     """The admin API's port cannot be served (in use, not permitted)."""
 
 
-async def _start_admin(daemon: AutoRecovery, port: int) -> AdminServer:
+async def _start_admin(daemon: AutoRecovery, port: int, bind_host: str) -> AdminServer:
     """The admin API without a bookie: the metadata endpoints through the daemon's
     current session, ``/metrics`` with its counts."""
     from quorumlog.replication.metrics import AutoRecoveryMetrics
@@ -220,12 +226,12 @@ async def _start_admin(daemon: AutoRecovery, port: int) -> AdminServer:
         registry=metrics.registry,
         before_scrape=metrics.refresh,
     )
-    admin = AdminServer(build_admin_app(ctx), _ADMIN_HOST, port)
+    admin = AdminServer(build_admin_app(ctx), bind_host, port)
     try:
         await admin.start()
     except OSError as exc:
         raise _AdminPortError(
-            f"cannot serve the admin API on {_ADMIN_HOST}:{port}: {exc.strerror or exc}"
+            f"cannot serve the admin API on {bind_host}:{port}: {exc.strerror or exc}"
         ) from None
     return admin
 
@@ -235,6 +241,7 @@ async def _serve(
     config: AutoRecoveryConfig,
     identifier: str | None = None,
     http_port: int | None = None,
+    admin_hosts: tuple[str, str] = (LOCAL_HOST, LOCAL_HOST),
 ) -> int:
     from quorumlog.client.bookkeeper import BookKeeper
 
@@ -242,10 +249,11 @@ async def _serve(
     probe = await BookKeeper.connect(uri)
     await probe.close()
     daemon = AutoRecovery(uri, config, identifier=identifier)
-    admin = await _start_admin(daemon, http_port) if http_port is not None else None
+    bind_host, advertised_host = admin_hosts
+    admin = await _start_admin(daemon, http_port, bind_host) if http_port is not None else None
     try:
         if admin is not None:
-            url = f"http://{_ADMIN_HOST}:{admin.port}"
+            url = f"http://{advertised_host}:{admin.port}"
             print(f"autorecovery {daemon.identifier} admin {url}", flush=True)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -193,15 +193,15 @@ def test_db_replica_and_autorecovery_publish_their_advertised_addresses(
 ) -> None:
     """A database replica bound to every interface publishes its advertised HTTP address
     in the election (where followers forward writes); an autorecovery daemon's identifier
-    carries its advertised host."""
+    and admin API address carry its advertised host, and the API listens everywhere."""
     uri = three_bookies.metadata_uri
     port = free_port()
     db_args = ["db", "serve", "--metadata", uri, "--name", "hosts", "--data-dir"]
     db_args += [str(tmp_path / "db"), "--http-addr", f"0.0.0.0:{port}"]
     db = _spawn(tmp_path, "db", [*db_args, "--http-adv-addr", "localhost"])
-    daemon = _spawn(
-        tmp_path, "ar", ["autorecovery", "--metadata", uri, "--advertised-address", "localhost"]
-    )
+    ar_args = ["autorecovery", "--metadata", uri, "--http-port", "0"]
+    ar_args += ["--bind-address", "0.0.0.0", "--advertised-address", "localhost"]
+    daemon = _spawn(tmp_path, "ar", ar_args)
     try:
         me = f"localhost:{port}"
         poll_until(lambda: me in _nodes(me), timeout_s=60, interval_s=0.2, what="replica listed")
@@ -213,6 +213,11 @@ def test_db_replica_and_autorecovery_publish_their_advertised_addresses(
             interval_s=0.5,
             what="auditor named by its advertised host",
         )
+        printed = (tmp_path / "ar.out").read_text().split()
+        admin_url = printed[printed.index("admin") + 1]
+        assert admin_url.startswith("http://localhost:")
+        with urllib.request.urlopen(f"{admin_url}/heartbeat", timeout=10) as answer:
+            assert json.loads(answer.read()) == {"status": "OK"}
     finally:
         _stop(db)
         _stop(daemon)
