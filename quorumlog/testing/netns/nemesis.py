@@ -64,7 +64,19 @@ class Nemesis:
 
 
 def _bookie(context: RunContext, index: int) -> BookieNode:
-    return context.cluster.bookies[index]
+    """The ``index``-th bookie of the ensemble the ledger writer chose last (so the
+    fault hits a bookie the writer is using); the cluster's order when there is none."""
+    by_address = {bookie.address: bookie for bookie in context.cluster.bookies}
+    chosen = context.notes.get("ensemble")
+    if not isinstance(chosen, list):
+        chosen = []
+        for event in read_events(sorted(context.history_dir.glob("*.jsonl"))):
+            if event.f == "create" and event.type == "ok" and isinstance(event.value, dict):
+                chosen = [str(a) for a in event.value["ensemble"]]
+        context.notes["ensemble"] = chosen
+    ordered = [by_address[a] for a in chosen if a in by_address]
+    ordered += [b for b in context.cluster.bookies if b not in ordered]
+    return ordered[index]
 
 
 class IsolateBookie(Nemesis):
@@ -91,7 +103,7 @@ class WriterFromBookies(Nemesis):
         self.count = count
 
     def start(self, context: RunContext) -> None:
-        bookies = [b.server.host for b in context.cluster.bookies[: self.count]]
+        bookies = [_bookie(context, i).server.host for i in range(self.count)]
         context.cluster.network.partition([context.clients["writer"]], bookies)
 
     def heal(self, context: RunContext) -> None:
@@ -127,8 +139,9 @@ class ProxyFaults(Nemesis):
         return f"{self.name} {self.faults.to_json()}"
 
     def _targets(self, context: RunContext) -> list[BookieNode]:
-        bookies = context.cluster.bookies
-        return bookies if self.count is None else bookies[: self.count]
+        if self.count is None:
+            return context.cluster.bookies
+        return [_bookie(context, i) for i in range(self.count)]
 
     def start(self, context: RunContext) -> None:
         for bookie in self._targets(context):

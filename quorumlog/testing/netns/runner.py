@@ -132,11 +132,13 @@ class RunResult:
         recovered = "never" if self.recovery_s is None else f"{self.recovery_s:.2f} s"
         extra = "" if self.linearizable is None else f" linearizable={self.linearizable}"
         verdict = "valid" if self.valid else "INVALID: " + "; ".join(self.problems)
+        notes = " ".join(f"{key}={value}" for key, value in sorted(self.notes.items()))
         return (
             f"{self.driver:6} {self.nemesis:32} [{self.mechanism}, {self.workload}] "
             f"ops {self.operations} ok {self.acknowledged} fail {self.failed} "
             f"unknown {self.unknown} lost {self.lost} dup {self.duplicated}{extra} "
-            f"fault {self.fault_s:.1f} s recovered in {recovered} ({self.run_s:.1f} s) {verdict}"
+            f"fault {self.fault_s:.1f} s recovered in {recovered} ({self.run_s:.1f} s) "
+            f"[{notes}] {verdict}"
         )
 
 
@@ -284,7 +286,7 @@ def run_nemesis(cluster: NetnsCluster, spec: RunSpec, out_dir: Path) -> RunResul
     _judge(spec, operations, result)
     recovery_ns = recovery_time_ns([op for op in operations if op.f == "append"], healed_ns)
     result.recovery_s = None if recovery_ns is None else recovery_ns / 1e9
-    result.notes.update({k: v for k, v in context.notes.items() if isinstance(v, str | int)})
+    result.notes.update({k: v for k, v in context.notes.items() if k != "ensemble"})
     result.run_s = time.monotonic() - started
     _keep(run_dir, history_dir, result)
     return result
@@ -333,8 +335,15 @@ def _judge(spec: RunSpec, operations: list[Operation], result: RunResult) -> Non
     final = reads.pop("final")
     session_of = None
     tails: list[str] = []
+    if spec.workload == "ledger":
+        # Evidence that the faults bit: ledgers opened and fragments (ensembles) in them.
+        result.notes["ledgers"] = sum(1 for op in operations if op.f == "create" and op.ok)
+        for op in operations:
+            if op.f == "read" and op.ok and isinstance(op.result, dict):
+                result.notes["fragments"] = op.result.get("fragments", 0)
     if spec.workload == "log":
         session_of = {value: value.rsplit(".", 1)[0] for value in final}
+        result.notes["writer_sessions"] = len(set(session_of.values()))
         tails = [name for name in reads if name != "final-2"]
     report = check_appends(operations, final, reads, prefix_readers=tails, session_of=session_of)
     _add_report(result, report)

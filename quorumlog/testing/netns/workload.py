@@ -104,7 +104,8 @@ async def ledger_writer(args: argparse.Namespace) -> None:
                 handle = None
                 await asyncio.sleep(0.1)
                 continue
-            history.complete(op_id, "ok", "create", "ledgers", handle.ledger_id)
+            created = {"ledger_id": handle.ledger_id, "ensemble": list(handle.ensemble)}
+            history.complete(op_id, "ok", "create", "ledgers", created)
         while len(in_flight) >= args.window:
             await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
         value = f"e{seq}"
@@ -132,26 +133,33 @@ async def final_ledger(args: argparse.Namespace) -> None:
     """Every ledger the writers created, opened with recovery and read, concatenated in
     creation order; then again by a second client (the ledgers are closed by then)."""
     operations = pair_operations(read_events(sorted(Path(args.history).glob("*.jsonl"))))
-    ledger_ids = [op.result for op in operations if op.f == "create" and op.ok]
+    ledger_ids = [op.result["ledger_id"] for op in operations if op.f == "create" and op.ok]
     history = _recorder(args)
     for reader in ("final", "final-2"):
         op_id = history.invoke("read", "ledgers", None)
         bk = await BookKeeper.connect(args.metadata, config=CLIENT_CONFIG)
         values: list[str] = []
+        fragments = 0
         for ledger_id in ledger_ids:
-            values += await _read_ledger(bk, ledger_id, args.retry_s)
-        history.complete(op_id, "ok", "read", "ledgers", {"reader": reader, "values": values})
+            read, ensembles = await _read_ledger(bk, ledger_id, args.retry_s)
+            values += read
+            fragments += ensembles
+        answer = {"reader": reader, "values": values, "fragments": fragments}
+        history.complete(op_id, "ok", "read", "ledgers", answer)
         await bk.close()
     history.close()
 
 
-async def _read_ledger(bk: BookKeeper, ledger_id: int, retry_s: float) -> list[str]:
+async def _read_ledger(bk: BookKeeper, ledger_id: int, retry_s: float) -> tuple[list[str], int]:
+    """The ledger's values, and how many fragments (ensembles) it has: more than one
+    shows that the faults made the writer change ensembles."""
     handle = await _retry(lambda: bk.open_ledger(ledger_id), retry_s)
     last = handle.last_add_confirmed
+    fragments = len(handle.metadata.ensembles)
     if last < 0:
-        return []
+        return [], fragments
     entries = await _retry(lambda: handle.read_entries(0, last), retry_s)
-    return [entry.data.decode() for entry in entries]
+    return [entry.data.decode() for entry in entries], fragments
 
 
 async def _retry(make: Any, bound_s: float) -> Any:
