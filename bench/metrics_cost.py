@@ -12,15 +12,13 @@ entry (which other load on the machine disturbs far less than throughput); the o
 the variants rotates from round to round, so a machine that slows down over the run
 weighs on all.
 
-Two copies of the tree made at the same moment, so that they differ only by the hooks
-(the bookie's journal.py, reads.py and requests.py as before them, commit 7788cf7~1):
+The tree without the hooks is made from this one by ``--make-base-tree DIR``: a copy
+of the package whose bookie (journal.py, reads.py, requests.py) has every counting
+statement, and the clock reads that only they use, replaced by ``pass`` (the script
+fails if it does not find each one), so that the two differ by the hooks alone:
 
-    mkdir /tmp/qwith /tmp/qbase && cp -r quorumlog bench pyproject.toml /tmp/qwith/
-    cp -r /tmp/qwith/. /tmp/qbase/
-    for f in journal reads requests; do
-        git show 7788cf7~1:quorumlog/bookie/$f.py > /tmp/qbase/quorumlog/bookie/$f.py
-    done
-    cd /tmp/qwith && python bench/metrics_cost.py --base-tree /tmp/qbase --rounds 5
+    python bench/metrics_cost.py --make-base-tree /tmp/qbase
+    python bench/metrics_cost.py --base-tree /tmp/qbase --rounds 5
     # the bookie alone, in process: CPU per entry without and with the hooks
     python bench/metrics_cost.py --base-tree /tmp/qbase --storage-batches 1,10,100 --rounds 8
 """
@@ -30,6 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import py_compile
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -134,6 +135,53 @@ def run_trial(entries: int, with_metrics: bool, scrape_interval_s: float) -> Non
 
 VARIANTS = ("without", "hooks", "scraped")
 
+# The metrics hooks of the bookie: (file, a statement's pattern, how many there are).
+# Each matching line becomes ``pass`` in the tree made by --make-base-tree.
+_HOOKS = (
+    ("quorumlog/bookie/journal.py", r"counters = self\.counters$", 1),
+    ("quorumlog/bookie/journal.py", r"counters\.journal_batch_\w+(\.observe\(.*\)| \+= .*)$", 2),
+    ("quorumlog/bookie/journal.py", r"self\.counters\.add_latency\.observe\(.*\)$", 1),
+    ("quorumlog/bookie/journal.py", r"self\.counters\.journal_sync_latency\.observe\(.*\)$", 1),
+    ("quorumlog/bookie/journal.py", r"started = self\._clock\(\)$", 1),
+    ("quorumlog/bookie/reads.py", r"started = time\.perf_counter\(\)$", 1),
+    ("quorumlog/bookie/reads.py", r"counters = self\.counters$", 1),
+    ("quorumlog/bookie/reads.py", r"counters\.read_\w+(\.observe\(.*\)| \+= .*)$", 3),
+    ("quorumlog/bookie/requests.py", r"counters = journal\.counters(  #.*)?$", 1),
+    ("quorumlog/bookie/requests.py", r"counters\.add_\w+ \+= .*$", 2),
+)
+
+
+def make_base_tree(target: Path) -> None:
+    """A copy of this tree (package and bench) without the bookie's metrics hooks."""
+    if target.exists():
+        raise SystemExit(f"{target} exists: give a new directory")
+    target.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(HERE / "quorumlog", target / "quorumlog", ignore=ignore)
+    shutil.copytree(HERE / "bench", target / "bench", ignore=ignore)
+    for name, pattern, expected in _HOOKS:
+        path = target / name
+        lines = path.read_text().splitlines(keepends=True)
+        found = 0
+        for i, line in enumerate(lines):
+            if re.fullmatch(pattern, line.strip()):
+                indent = line[: len(line) - len(line.lstrip())]
+                lines[i] = f"{indent}pass  # metrics hook removed\n"
+                found += 1
+        if found != expected:
+            raise SystemExit(f"{name}: {found} lines match {pattern!r}, expected {expected}")
+        path.write_text("".join(lines))
+        py_compile.compile(str(path), doraise=True)
+    left = [
+        f"{name}:{n}"
+        for name in {h[0] for h in _HOOKS}
+        for n, line in enumerate((target / name).read_text().splitlines(), 1)
+        if re.search(r"\bcounters\.\w+(\.observe| \+=)", line)
+    ]
+    if left:
+        raise SystemExit(f"hooks left in the base tree: {', '.join(left)}")
+    print(f"{target}: this tree without the bookie's metrics hooks")
+
 
 def storage_ab(base_tree: Path, rounds: int, entries: int, batches: list[int]) -> None:
     """The bookie alone (bench/bookie_storage_bench.py, in one process, journal sync off
@@ -179,6 +227,9 @@ def storage_ab(base_tree: Path, rounds: int, entries: int, batches: list[int]) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-tree", type=Path, help="a source tree without metrics hooks")
+    parser.add_argument(
+        "--make-base-tree", type=Path, metavar="DIR", help="make that tree in DIR, then stop"
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--entries", type=int, default=300_000)
     parser.add_argument("--scrape-interval-s", type=float, default=1.0)
@@ -191,6 +242,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.trial:
         run_trial(args.entries, args.metrics, args.scrape_interval_s)
+        return
+    if args.make_base_tree is not None:
+        make_base_tree(args.make_base_tree.resolve())
         return
     if args.base_tree is None:
         parser.error("--base-tree is required")
