@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from quorumlog.testing.netns.checker import check_appends, recovery_time_ns
+from quorumlog.testing.netns.checker import check_appends, longest_stall_ns, recovery_time_ns
 from quorumlog.testing.netns.history import (
     Event,
     HistoryRecorder,
@@ -124,6 +124,12 @@ def test_recovery_time_is_the_first_acknowledgement_invoked_after_healing() -> N
     ops = [op("a", 0, 100), op("b", 60, 90, "fail"), op("c", 70, 130), op("d", 80, 120)]
     assert recovery_time_ns(ops, healed_ns=50) == 70  # d: invoked 80, done 120
     assert recovery_time_ns(ops[:2], healed_ns=50) is None
+
+
+def test_longest_stall_is_the_widest_gap_between_acknowledgements_in_the_window() -> None:
+    ops = [op("a", 0, 20), op("b", 0, 30), op("c", 0, 90, "info"), op("d", 0, 100)]
+    assert longest_stall_ns(ops, 10, 110) == 70  # from b's ack at 30 to d's at 100
+    assert longest_stall_ns([], 10, 110) == 100  # nothing acknowledged at all
 
 
 # ---------------------------------------------------------------- linearizability

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from quorumlog.testing.netns.cluster import NetnsCluster
-from quorumlog.testing.netns.network import netns_unavailable_reason
+from quorumlog.testing.netns.network import netns_unavailable_reason, removal_on_signals
 from quorumlog.testing.netns.runner import RECOVERY_BOUND_S, SUITE, SUITE_SPECS, run_nemesis
 from quorumlog.testing.zookeeper import missing_zookeeper_message, zookeeper_installed
 
@@ -34,7 +34,9 @@ def _cluster(driver: str, base: Path) -> Iterator[NetnsCluster]:
         pytest.fail(f"the namespace suite cannot run here: {reason}", pytrace=False)
     if driver == "zk" and not zookeeper_installed():
         pytest.fail(missing_zookeeper_message(), pytrace=False)
-    with NetnsCluster(driver, base / "cluster") as cluster:
+    # SIGTERM (a CI timeout) exits through finally and atexit, which kill the cluster's
+    # processes and delete its namespaces; Ctrl-C already does.
+    with removal_on_signals(), NetnsCluster(driver, base / "cluster") as cluster:
         cluster.start()
         yield cluster
 

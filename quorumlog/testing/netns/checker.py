@@ -14,11 +14,13 @@ read everything back at the end; :func:`check_appends` judges that:
   had written (a fenced writer must acknowledge nothing: in the final log, each
   session's records form one run, and no session writes again after the next one).
 
-:func:`recovery_time_ns` measures how soon service came back after the faults healed.
+:func:`recovery_time_ns` measures how soon service came back after the faults healed,
+:func:`longest_stall_ns` how long service stopped while they held.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -164,3 +166,12 @@ def recovery_time_ns(operations: Sequence[Operation], healed_ns: int) -> int | N
     operation invoked after it; None if none was (service did not come back)."""
     after = [op.end_ns for op in operations if op.ok and op.start_ns >= healed_ns and op.end_ns]
     return min(after) - healed_ns if after else None
+
+
+def longest_stall_ns(operations: Sequence[Operation], start_ns: int, end_ns: int) -> int:
+    """The longest time within [start_ns, end_ns] with no operation acknowledged."""
+    acks = sorted(
+        op.end_ns for op in operations if op.ok and op.end_ns and start_ns <= op.end_ns <= end_ns
+    )
+    edges = [start_ns, *acks, end_ns]
+    return max(later - earlier for earlier, later in itertools.pairwise(edges))

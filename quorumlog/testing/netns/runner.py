@@ -25,7 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quorumlog.testing.netns.checker import AppendReport, check_appends, recovery_time_ns
+from quorumlog.testing.netns.checker import (
+    AppendReport,
+    check_appends,
+    longest_stall_ns,
+    recovery_time_ns,
+)
 from quorumlog.testing.netns.cluster import NetnsCluster
 from quorumlog.testing.netns.history import Operation, pair_operations, read_events
 from quorumlog.testing.netns.linearizability import (
@@ -119,6 +124,7 @@ class RunResult:
     linearizable: bool | None = None
     fault_s: float = 0.0
     recovery_s: float | None = None
+    stall_s: float | None = None  # the longest time without an acknowledgement, fault to recovery
     run_s: float = 0.0
     problems: list[str] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
@@ -137,7 +143,8 @@ class RunResult:
             f"{self.driver:6} {self.nemesis:32} [{self.mechanism}, {self.workload}] "
             f"ops {self.operations} ok {self.acknowledged} fail {self.failed} "
             f"unknown {self.unknown} lost {self.lost} dup {self.duplicated}{extra} "
-            f"fault {self.fault_s:.1f} s recovered in {recovered} ({self.run_s:.1f} s) "
+            f"fault {self.fault_s:.1f} s stall {self.stall_s or 0:.2f} s "
+            f"recovered in {recovered} ({self.run_s:.1f} s) "
             f"[{notes}] {verdict}"
         )
 
@@ -224,7 +231,7 @@ def run_nemesis(cluster: NetnsCluster, spec: RunSpec, out_dir: Path) -> RunResul
     clients = {name: cluster.client(name) for name in workload.clients}
     processes: dict[str, subprocess.Popen[bytes]] = {}
     context = RunContext(cluster, history_dir, clients, processes)
-    healed_ns = 0
+    healed_ns = fault_ns = 0
     try:
         for name, args in workload.clients.items():
             processes[name] = cluster.run_python(
@@ -284,8 +291,12 @@ def run_nemesis(cluster: NetnsCluster, spec: RunSpec, out_dir: Path) -> RunResul
         result.problems.append(f"the final read failed (status {final.returncode}): {tail}")
     operations = _operations(history_dir)
     _judge(spec, operations, result)
-    recovery_ns = recovery_time_ns([op for op in operations if op.f == "append"], healed_ns)
+    appends = [op for op in operations if op.f == "append"]
+    recovery_ns = recovery_time_ns(appends, healed_ns)
     result.recovery_s = None if recovery_ns is None else recovery_ns / 1e9
+    if fault_ns:
+        window_end_ns = healed_ns + (recovery_ns or 0)
+        result.stall_s = longest_stall_ns(appends, fault_ns, window_end_ns) / 1e9
     result.notes.update({k: v for k, v in context.notes.items() if k != "ensemble"})
     result.run_s = time.monotonic() - started
     _keep(run_dir, history_dir, result)
