@@ -189,6 +189,7 @@ class BookieProtocol(asyncio.Protocol):
         # until a token was verified, and every request after is checked against its roles.
         self._verifier = config.token_verifier
         self.identity: Identity | None = None
+        self.refused_requests = 0  # requests its token's roles did not allow
         self._expiry: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ asyncio callbacks
@@ -354,13 +355,16 @@ class BookieProtocol(asyncio.Protocol):
             return False
         if permitted(request, identity.roles):
             return True
-        log.warning(
-            "refused %s from %s (%s): it needs the role %s",
-            type(request).__name__,
-            self.peer,
-            identity.describe(),
-            " or ".join(sorted(required_roles(request))),
-        )
+        self.refused_requests += 1
+        if self.refused_requests == 1:  # once per connection: a loop must not flood the log
+            log.warning(
+                "refused %s from %s (%s): it needs the role %s (later refusals on this "
+                "connection are not logged)",
+                type(request).__name__,
+                self.peer,
+                identity.describe(),
+                " or ".join(sorted(required_roles(request))),
+            )
         self._answer_now(error_response(request, Status.UNAUTHORIZED))
         return False
 
