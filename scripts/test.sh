@@ -15,6 +15,16 @@ if ! dpkg -s zookeeper >/dev/null 2>&1; then
     }
 fi
 
+# iproute2's `ip` for the network-namespace suite (tests/netns/, which runs as root).
+if ! command -v ip >/dev/null 2>&1; then
+    echo "installing Debian's iproute2 package"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq iproute2 >/dev/null 2>&1 || {
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq iproute2 >/dev/null
+    }
+fi
+
 # The spark extra brings pyspark (a ~450 MB download on a cold pip cache) and pyarrow.
 python -m pip install -q --disable-pip-version-check -e '.[test,spark]' 2>&1 | grep -v '^WARNING' || true
 # Fail early if the install did not take.
