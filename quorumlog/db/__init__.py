@@ -1,7 +1,7 @@
 """quorumlog db: a replicated SQL database on a log stream, served over rqlite's HTTP API.
 
 Each replica keeps a SQLite file; the elected leader logs every write request as one
-record of the log ``db.<name>`` and applies it once confirmed, followers tail the log
+record of the log ``db/<name>`` and applies it once confirmed, followers tail the log
 and apply the same records in the same order (docs/DB.md).
 
 - :mod:`quorumlog.db.sql` -- statements, parameters, the rewrite of non-deterministic

@@ -1,7 +1,8 @@
 """One replica of a database: its SQLite file, its place in the election, the log.
 
 Every replica of database ``NAME`` joins the election group ``db.NAME`` and works on
-the log ``db.NAME``. A follower tails the log and applies each record. The leader:
+the log ``db/NAME`` (``db.NAME`` for a database created before log names could hold
+'/'). A follower tails the log and applies each record. The leader:
 
 1. opens the log writer, which fences whatever the previous leader still held (R11);
 2. applies every record before its new ledger (the log's end when it took over);
@@ -49,8 +50,9 @@ from quorumlog.db.snapshot import list_snapshots, read_snapshot, take_snapshot
 from quorumlog.db.sql import BadRequestError, Statement, rewrite_all_for_replay
 from quorumlog.errors import BKError
 from quorumlog.log.config import LogConfig
-from quorumlog.log.errors import LogFencedError
+from quorumlog.log.errors import LogFencedError, NoSuchLogError
 from quorumlog.log.log import open_log
+from quorumlog.log.metadata import read_log
 from quorumlog.log.position import Position
 from quorumlog.log.position import Record as LogRecord
 from quorumlog.recipes.election import LeaderElection
@@ -66,7 +68,10 @@ __all__ = [
     "Replica",
     "ReplicaConfig",
     "WriteAnswer",
+    "election_group_of",
+    "legacy_log_name_of",
     "log_name_of",
+    "resolve_log_name",
     "snapshot_due",
 ]
 
@@ -81,8 +86,30 @@ _MAX_GROUP_RECORDS = 512
 
 
 def log_name_of(name: str) -> str:
-    """The log (and election group) of database ``name``."""
+    """The log of database ``name`` (``db/NAME``)."""
+    return f"db/{name}"
+
+
+def legacy_log_name_of(name: str) -> str:
+    """The log of a database created before log names could hold '/': it keeps it."""
     return f"db.{name}"
+
+
+def election_group_of(name: str) -> str:
+    """The election group of database ``name`` (a group is one path component)."""
+    return f"db.{name}"
+
+
+async def resolve_log_name(bk: BookKeeper, name: str) -> str:
+    """``db/NAME``, unless only the legacy log ``db.NAME`` exists: a database keeps the
+    log it was created on, so upgraded replicas go on where they stopped."""
+    for candidate in (log_name_of(name), legacy_log_name_of(name)):
+        try:
+            await read_log(bk.store, candidate)
+        except NoSuchLogError:
+            continue
+        return candidate
+    return log_name_of(name)
 
 
 def snapshot_due(config: ReplicaConfig, *, records: int, size_bytes: int, elapsed_s: float) -> bool:
@@ -184,10 +211,11 @@ class Replica:
         return json.dumps({"id": self.config.node_id, "api": self.config.http_addr})
 
     async def start(self) -> None:
+        self.log_name = await resolve_log_name(self.bk, self.config.name)
         self._log = await open_log(self.bk, self.log_name, self.config.log_config)
         self._election = LeaderElection(
             self.bk,
-            self.log_name,
+            election_group_of(self.config.name),
             identifier=self.identifier,
             session_timeout_ms=self.config.session_timeout_ms,
         )

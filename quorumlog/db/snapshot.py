@@ -4,7 +4,8 @@ A snapshot is a consistent copy of the file (SQLite's online backup) taken betwe
 two records, so it holds the applied position of the last record in it. Its bytes go
 into a new ledger of their own (replicated like the log, same shape and password),
 in 1 MiB entries, and the ledger is closed. Only then is the snapshot recorded, with
-a compare-and-set, in the metadata node ``/dbsnapshots/<log name>``:
+a compare-and-set, in the metadata node ``/dbsnapshots/<log name>`` (its '/' escaped as
+in ``/logs``: ``/dbsnapshots/db%2Fshop``):
 
     {"snapshots": [{"ledger": 31, "position": "27:1040", "size_bytes": 81920,
                     "created_ms": 1760000000000}, ...]}   # oldest first
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quorumlog.errors import BKError, MetadataVersionError, NodeExistsError, NoNodeError
+from quorumlog.log.metadata import log_node_name
 from quorumlog.log.position import Position
 
 if TYPE_CHECKING:
@@ -81,7 +83,7 @@ class Snapshot:
 
 
 def _path(the_log: Log) -> str:
-    return f"{SNAPSHOTS_PATH}/{the_log.name}"
+    return f"{SNAPSHOTS_PATH}/{log_node_name(the_log.name)}"
 
 
 async def _read_list(the_log: Log) -> tuple[list[Snapshot], int | None]:

@@ -3,13 +3,16 @@ the state machine's exactly-once application (a local SQLite file, no network)."
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
 from quorumlog.db.machine import BARRIER, EXECUTE, DbRecord, StateMachine, StatementResult
-from quorumlog.db.replica import ReplicaConfig, snapshot_due
+from quorumlog.db.replica import ReplicaConfig, resolve_log_name, snapshot_due
 from quorumlog.db.sql import (
     BadRequestError,
     Choices,
@@ -18,7 +21,12 @@ from quorumlog.db.sql import (
     parse_statements,
     rewrite_for_replay,
 )
+from quorumlog.log.metadata import create_log_if_absent
 from quorumlog.log.position import Position
+from quorumlog.testing.memory_store import MemoryStore
+
+if TYPE_CHECKING:
+    from quorumlog.client.bookkeeper import BookKeeper
 
 FIXED = Choices(
     now=datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
@@ -190,3 +198,17 @@ def test_snapshot_due_on_whichever_trigger_comes_first() -> None:
         "t", ".", snapshot_every_records=0, snapshot_every_bytes=0, snapshot_every_s=0
     )
     assert not snapshot_due(off, records=10**9, size_bytes=10**12, elapsed_s=10**6)
+
+
+def test_a_database_keeps_its_legacy_log_and_new_ones_get_db_slash_name() -> None:
+    async def resolved() -> tuple[str, str, str]:
+        store = MemoryStore()
+        bk = cast("BookKeeper", SimpleNamespace(store=store))
+        fresh = await resolve_log_name(bk, "new")
+        await create_log_if_absent(store, "db.old")  # created before '/' was allowed
+        legacy = await resolve_log_name(bk, "old")
+        for name in ("db/both", "db.both"):
+            await create_log_if_absent(store, name)
+        return fresh, legacy, await resolve_log_name(bk, "both")
+
+    assert asyncio.run(resolved()) == ("db/new", "db.old", "db/both")
