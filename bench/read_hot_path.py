@@ -2,7 +2,8 @@
 
 Starts three local bookies (journal sync off: only reads are measured), writes
 ``--entries`` entries of ``--entry-size`` bytes to a 3/3/2 ledger, closes it, then
-reads it back ``--rounds`` times the way ``quorumlog bench read`` does. For each round it
+reads it back ``--rounds`` times the way ``quorumlog bench read`` does (``--cold``: a new
+ledger each round, so no read is served from the bookies' read cache). For each round it
 prints the wall-clock rate and the CPU time per entry of the reading client
 (``time.process_time``) and of the bookies (``/proc/<pid>/stat``, all three summed).
 Wall-clock rates on a shared machine are noisy; the CPU figures are what to compare
@@ -72,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entry-size", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", type=Path, help="write a cProfile of the last round here")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="a new ledger for each round: every read misses the bookies' read cache, as "
+        "a single quorumlog bench read does",
+    )
     args = parser.parse_args(argv)
     if args.entries < 1 or args.rounds < 1:
         parser.error("--entries and --rounds must be >= 1")
@@ -87,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 client_us, bookie_us, rates = [], [], []
                 for round_index in range(args.rounds):
+                    if args.cold and round_index:
+                        ledger_id = loop.run_until_complete(
+                            write_ledger(uri, args.entries, args.entry_size)
+                        )
                     profiler = cProfile.Profile()
                     profiling = args.profile is not None and round_index == args.rounds - 1
                     bookies0 = sum(process_cpu_s(pid) for pid in pids)

@@ -360,6 +360,44 @@ class EntryLogger:
             self._fds[log_id] = fd
         return fd
 
+    def read_ahead(self, log_id: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
+        """The records from ``offset`` on, read from the log's file in one pread of at
+        most ``max_bytes``: ``(record offset, blob)`` each, up to the first record the
+        read cut off or that is damaged (its own :meth:`read` then says why).
+
+        Stops before the write buffer and before chunks not yet written: those records
+        are in memory, where :meth:`read` finds them."""
+        limit = offset + max_bytes
+        if log_id == self.current_id:
+            limit = min(limit, self._buffer_start)
+        for chunk_log, chunk_offset, chunk in self._pending:
+            if chunk_log != log_id:
+                continue
+            if chunk_offset <= offset < chunk_offset + len(chunk):
+                return []
+            if chunk_offset > offset:
+                limit = min(limit, chunk_offset)
+        if limit - offset <= RECORD_HEADER_SIZE:
+            return []
+        try:
+            raw = self.ops.pread(self._fd(log_id), limit - offset, offset)
+        except (OSError, BookieIOError):
+            return []  # the single read reports it
+        records: list[tuple[int, bytes]] = []
+        unpack = RECORD_HEADER.unpack_from
+        position, end = 0, len(raw)
+        while position + RECORD_HEADER_SIZE <= end:
+            size, crc = unpack(raw, position)
+            start = position + RECORD_HEADER_SIZE
+            if start + size > end:
+                break
+            blob = raw[start : start + size]
+            if crc32c(blob) != crc:
+                break
+            records.append((offset + position, blob))
+            position = start + size
+        return records
+
     def read(self, log_id: int, offset: int, size: int) -> bytes:
         """The blob of the record at ``offset``; BookieIOError if it is damaged or unreadable."""
         if log_id == self.current_id and offset >= self._buffer_start:
