@@ -32,7 +32,8 @@ from quorumlog.errors import BKError
 from quorumlog.server.config import ServerConfig
 
 if TYPE_CHECKING:
-    from quorumlog.replication.autorecovery import AutoRecoveryConfig
+    from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
+    from quorumlog.server.server import BookieServer
 
 _DEFAULTS = BookieConfig(data_dir=Path("."))
 _SERVER_DEFAULTS = ServerConfig()
@@ -287,6 +288,18 @@ class _Listen:
     advertised_host: str
 
 
+def _serve_autorecovery_metrics(server: BookieServer, daemon: AutoRecovery) -> None:
+    """The daemon's metrics on the bookie's /metrics, when it serves one."""
+    from quorumlog.replication.metrics import AutoRecoveryMetrics
+
+    ctx = server.admin_context
+    if ctx is None or ctx.registry is None:
+        return
+    metrics = AutoRecoveryMetrics(daemon)
+    ctx.registry.register(metrics.collector)
+    ctx.before_scrape = metrics.refresh
+
+
 async def _serve(
     config: BookieConfig,
     server_config: ServerConfig,
@@ -332,6 +345,7 @@ async def _serve(
         if recovery is not None:
             # Identified by the bookie's address: whoisauditor then names a bookie.
             daemon = AutoRecovery(uri, recovery, identifier=server.address)
+            _serve_autorecovery_metrics(server, daemon)
             daemon_task = loop.create_task(daemon.run())
         failed_wait = loop.create_task(server.failed.wait())
         await asyncio.wait({stop_wait, failed_wait}, return_when=asyncio.FIRST_COMPLETED)

@@ -54,7 +54,7 @@ from quorumlog.server.gc import StoreGcMetadata, collect_once, gc_loop
 from quorumlog.server.registration import Registration
 
 if TYPE_CHECKING:
-    from quorumlog.server.admin_http import AdminServer
+    from quorumlog.server.admin_http import AdminContext, AdminServer
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,9 @@ class BookieServer:
         self._started = False
         self._stopping = False
         self._admin: AdminServer | None = None
+        # What the admin API serves (its metrics registry, a scrape hook): autorecovery
+        # run in this process adds its metrics there.
+        self.admin_context: AdminContext | None = None
         self.http_port = 0  # the admin API's port once it serves
 
     # ------------------------------------------------------------ start
@@ -192,6 +195,7 @@ class BookieServer:
                 f"{exc.strerror or exc}"
             ) from None
         self._admin = admin
+        self.admin_context = ctx
         self.http_port = admin.port
         scheme = "https" if ssl_context is not None else "http"
         log.info("bookie %s: admin API on %s://%s:%d", self.address, scheme, self._host, admin.port)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import run
+from support import poll_until, run
 
 from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.server.local_cluster import LocalCluster
@@ -186,11 +186,12 @@ def test_autorecovery_endpoints_name_the_auditor_and_the_marked_ledgers(
     with cluster:
         ports = admin_ports(cluster)
         port = next(iter(ports.values()))
-        deadline = time.monotonic() + 30
+        poll_until(
+            lambda: http(port, "/api/v1/autorecovery/who_is_auditor")[0] == 200,
+            timeout_s=30,
+            what="an auditor elected",
+        )
         status, auditor, _ = http(port, "/api/v1/autorecovery/who_is_auditor")
-        while status != 200 and time.monotonic() < deadline:
-            time.sleep(0.3)
-            status, auditor, _ = http(port, "/api/v1/autorecovery/who_is_auditor")
         assert status == 200, auditor
         assert auditor["Auditor"] in ports  # identified by its bookie's address
 
@@ -213,3 +214,12 @@ def test_autorecovery_endpoints_name_the_auditor_and_the_marked_ledgers(
         )
         assert status == 200
         assert marked == {"17": ["127.0.0.1:2", "127.0.0.1:3"], "4242": ["127.0.0.1:1"]}
+
+        # Each bookie's /metrics carries its autorecovery's: one auditor among them, and
+        # the store's count of marked ledgers.
+        from test_metrics import scrape
+
+        scraped = [scrape(p)[1] for p in ports.values()]
+        assert sum(m["quorumlog_autorecovery_is_auditor"] for m in scraped) == 1
+        assert [m["quorumlog_autorecovery_under_replicated_ledgers"] for m in scraped] == [2, 2]
+        assert all("quorumlog_bookie_add_requests_total" in m for m in scraped)
