@@ -180,6 +180,11 @@ class AutoRecovery:
                 await run()
                 return
             except BKError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # Cancelled (the session was lost) in the turn the call failed:
+                    # Python 3.11's wait_for hands back the failure and drops the cancel.
+                    raise asyncio.CancelledError from exc
                 log.warning(
                     "autorecovery %s (%s): %s; again in %.0f s",
                     what,

@@ -64,3 +64,33 @@ def test_an_election_call_cancelled_as_kazoo_fails_it_is_cancelled() -> None:
         await _cancelled_in_the_turn_it_fails(call)
 
     asyncio.run(scenario())
+
+
+def test_an_autorecovery_loop_cancelled_as_its_call_fails_stops() -> None:
+    """The auditor's and the worker's loops run again after an error; one cancelled (its
+    session lost) in the turn its call failed must stop, not run again on a closed
+    client (a second auditor, or a session that never rejoins)."""
+    from quorumlog.errors import SessionExpiredError
+    from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        daemon = AutoRecovery("sqlite:///unused.db", AutoRecoveryConfig(), identifier="t")
+        runs = 0
+
+        async def a_store_call() -> None:
+            nonlocal runs
+            runs += 1
+            failing: asyncio.Future[None] = loop.create_future()
+            # The call fails in the next turn, as kazoo's thread would report it.
+            loop.call_soon(failing.set_exception, SessionExpiredError("session expired"))
+            await asyncio.wait_for(failing, 10)  # as the client's own calls wait
+
+        task = loop.create_task(daemon._again_on_error("worker", a_store_call))
+        await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.wait({task}, timeout=3)
+        assert task.done() and task.cancelled()
+        assert runs == 1
+
+    asyncio.run(scenario())
