@@ -23,7 +23,9 @@ Security (docs/SECURITY.md): with TLS, the connection is made with the context i
 source gives at that moment (certificates replaced on disk serve the next connection);
 with a token, an AUTH request is the connection's first frame, and a refusal fails every
 request of the connection with an :class:`AuthenticationError` saying why. The token is
-read again for each new connection, so a renewed token file takes effect on reconnection.
+read again for each new connection; and before a token's ``exp`` (30 s before, or
+halfway through a shorter life) the connection presents the token source's newer token
+with a second AUTH, so that a renewed token file keeps long-lived connections open.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import asyncio
 import logging
 import ssl
 import struct
+import time
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -66,6 +69,7 @@ from quorumlog.proto.codec import (
     WriteLacRequest,
     encode_parts,
 )
+from quorumlog.security.tokens import renewal_delay_s, unverified_expiry_s
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +174,12 @@ class BookieConnection(asyncio.Protocol):
         self.closed = False
         self._tls = ssl_context is not None
         self._received_bytes = 0
-        credential = token() if token is not None else None
-        if credential is not None:
+        self._token_source = token
+        self._renewal: asyncio.TimerHandle | None = None
+        self._credential = token() if token is not None else None
+        if self._credential is not None:
             # Queued before anything else: the bookie reads nothing else first.
-            auth = AuthRequest(0, credential.encode("ascii", "replace"))
-            self.send(auth, self._authenticated, connect_timeout_ms)
+            self._authenticate(self._credential)
         context = ssl_context() if ssl_context is not None else None
         self._connect_task = loop.create_task(self._connect(connect_timeout_ms, context))
 
@@ -269,12 +274,41 @@ class BookieConnection(asyncio.Protocol):
             )
         self._shut(BookieUnavailableError(f"bookie {self.address}: connection lost{why}"))
 
-    def _authenticated(self, answer: Response | BKError) -> None:
-        """The answer to the connection's AUTH request."""
-        if isinstance(answer, AuthResponse) and answer.status != 0:
-            self._shut(
-                AuthenticationError(f"bookie {self.address} refused the token: {answer.reason}")
-            )
+    def _authenticate(self, credential: str) -> None:
+        def answered(answer: Response | BKError) -> None:
+            if isinstance(answer, AuthResponse) and answer.status != 0:
+                self._shut(
+                    AuthenticationError(f"bookie {self.address} refused the token: {answer.reason}")
+                )
+            elif isinstance(answer, AuthResponse):
+                self._schedule_renewal(credential)
+
+        self.send(AuthRequest(0, credential.encode("ascii", "replace")), answered, None)
+
+    def _schedule_renewal(self, credential: str) -> None:
+        """A bookie ends a connection when its token expires: present the token source's
+        newer token before that, on this connection (the bookie takes a second AUTH)."""
+        expires_at_s = unverified_expiry_s(credential)
+        if expires_at_s is None or self.closed:
+            return
+        if self._renewal is not None:
+            self._renewal.cancel()
+        delay_s = renewal_delay_s(expires_at_s, time.time())
+        self._renewal = self._loop.call_later(delay_s, self._renew, expires_at_s)
+
+    def _renew(self, expires_at_s: float) -> None:
+        self._renewal = None
+        if self.closed or self._token_source is None:
+            return
+        fresh = self._token_source()
+        if fresh is not None and fresh != self._credential:
+            self._credential = fresh
+            self._authenticate(fresh)
+            return
+        remaining_s = expires_at_s - time.time()
+        if remaining_s > 0:  # not renewed yet: look again, until the old one expires
+            retry_s = max(0.2, min(5.0, remaining_s / 4))
+            self._renewal = self._loop.call_later(retry_s, self._renew, expires_at_s)
 
     # ------------------------------------------------------------ sending
 
@@ -344,6 +378,8 @@ class BookieConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self._renewal is not None:
+            self._renewal.cancel()
         self._out.clear()
         self._out_bytes = 0
         if self._transport is not None:

@@ -172,6 +172,28 @@ def issue_token(
     return jwt.encode(claims, key, algorithm=algorithm)  # type: ignore[arg-type]
 
 
+# A client presents a renewed token this long before its token expires (or halfway
+# through a shorter remaining life), so that the bookie never ends the connection.
+RENEW_BEFORE_EXPIRY_S = 30.0
+
+
+def unverified_expiry_s(token: str) -> float | None:
+    """The ``exp`` claim of ``token`` read without checking the signature: only to know
+    when to renew it, never to trust it. None when absent or unreadable."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.InvalidTokenError:
+        return None
+    expires = claims.get("exp")
+    return float(expires) if isinstance(expires, int | float) else None
+
+
+def renewal_delay_s(expires_at_s: float, now_s: float) -> float:
+    """How long from ``now_s`` until a token expiring at ``expires_at_s`` is renewed."""
+    remaining_s = max(0.0, expires_at_s - now_s)
+    return remaining_s - min(RENEW_BEFORE_EXPIRY_S, remaining_s / 2)
+
+
 def read_token(
     token_file: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> str | None:
