@@ -357,6 +357,13 @@ class LedgerHandle(ReadHandle):
         max_entries = self._config.add_batch_max_entries
         max_bytes = self._max_batch_bytes
         for index, generation, queue in self._writer.take_sends():
+            if len(queue) <= max_entries:
+                # The common case, one frame for the whole queue: sized without a Python
+                # step per entry.
+                blobs = [p.blob for p in queue]
+                if sum(map(len, blobs)) + ADD_ENTRY_OVERHEAD_BYTES * len(blobs) < max_bytes:
+                    self._send_batch(index, generation, queue, blobs)
+                    continue
             batch: list[PendingAdd] = []
             size = 0
             for pending in queue:
@@ -373,8 +380,16 @@ class LedgerHandle(ReadHandle):
             if batch:
                 self._send_batch(index, generation, batch)
 
-    def _send_batch(self, index: int, generation: int, batch: list[PendingAdd]) -> None:
-        request = AddRequest(0, self.ledger_id, self._master_key, [p.blob for p in batch])
+    def _send_batch(
+        self,
+        index: int,
+        generation: int,
+        batch: list[PendingAdd],
+        blobs: list[bytes] | None = None,
+    ) -> None:
+        if blobs is None:
+            blobs = [p.blob for p in batch]
+        request = AddRequest(0, self.ledger_id, self._master_key, blobs)
         callback: Callable[[Any], None] = partial(
             self._on_add_response, index, generation, [p.entry_id for p in batch]
         )

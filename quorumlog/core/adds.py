@@ -58,12 +58,20 @@ class AddTracker:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, blob: bytes, token: Any) -> PendingAdd:
-        """Register the next entry (its id is ``next_entry_id`` before the call)."""
+    def add(
+        self, blob: bytes, token: Any, queues: list[list[PendingAdd]] | None = None
+    ) -> PendingAdd:
+        """Register the next entry (its id is ``next_entry_id`` before the call); with
+        ``queues`` (one list per bookie of the ensemble), also append it to the queue of
+        each bookie of its write set (the writer's outbox: one call per add, not two)."""
         entry_id = self.next_entry_id
         self.next_entry_id = entry_id + 1
-        pending = PendingAdd(entry_id, blob, self._write_sets[entry_id % self.ensemble_size], token)
+        write_set = self._write_sets[entry_id % self.ensemble_size]
+        pending = PendingAdd(entry_id, blob, write_set, token)
         self._pending[entry_id] = pending
+        if queues is not None:
+            for slot in write_set:
+                queues[slot].append(pending)
         return pending
 
     def ack(self, entry_ids: Iterable[int], bookie_index: int) -> bool:

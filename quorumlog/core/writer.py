@@ -304,11 +304,7 @@ class LedgerWriter:
     def add(self, blob: bytes, token: object) -> PendingAdd:
         """Register the next entry (id ``tracker.next_entry_id``) and queue it for each
         bookie of its write set. Check :meth:`refusal` first."""
-        pending = self.tracker.add(blob, token)
-        outbox = self._outbox
-        for slot in pending.write_set:
-            outbox[slot].append(pending)
-        return pending
+        return self.tracker.add(blob, token, self._outbox)
 
     def take_sends(self) -> list[tuple[int, int, list[PendingAdd]]]:
         """(slot, generation, entries) for every slot with entries queued; a failed slot

@@ -408,21 +408,28 @@ def error_response(request: Request, status: Status) -> Response:
 
 
 def _read_entries(body: memoryview, offset: int, count: int, op_name: str) -> list[bytes]:
-    entries: list[bytes] = []
     end = len(body)
     # Each entry takes at least its 4-byte length, so a count larger than that
     # bound is a lie: refuse before allocating anything for it.
     if count > (end - offset) // 4:
         raise ProtocolError(f"{op_name}: entry count {count} exceeds the frame's body")
+    # Small entries: copy the body once, then each entry is one slice of bytes (one
+    # allocation) instead of a memoryview slice and its copy (two). Large ones: copy each
+    # entry once, not the body first.
+    data: bytes | memoryview = bytes(body) if end - offset <= 2048 * count else body
+    small = type(data) is bytes
+    unpack = _U32.unpack_from
+    entries: list[bytes] = []
+    append = entries.append
     for _ in range(count):
-        if offset + 4 > end:
+        start = offset + 4
+        if start > end:
             raise ProtocolError(f"{op_name}: truncated entry length")
-        (size,) = _U32.unpack_from(body, offset)
-        offset += 4
-        if offset + size > end:
+        (size,) = unpack(data, offset)
+        offset = start + size
+        if offset > end:
             raise ProtocolError(f"{op_name}: entry of {size} bytes runs past the frame")
-        entries.append(bytes(body[offset : offset + size]))
-        offset += size
+        append(data[start:offset] if small else bytes(data[start:offset]))  # type: ignore[arg-type]
     if offset != end:
         raise ProtocolError(f"{op_name}: {end - offset} trailing bytes after entries")
     return entries
