@@ -114,10 +114,7 @@ class Registration:
             await self._wait_applied(timeout_s)
         except BKError as exc:
             log.warning("bookie %s: unregistering failed: %s", self.address, exc)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await self.abandon()  # ends the task, boundedly
 
     async def abandon(self) -> None:
         """Stop without unregistering (the session, and with it the node, is gone).
@@ -173,8 +170,9 @@ class Registration:
             except asyncio.CancelledError:
                 raise
             except (BKError, OSError) as exc:
-                if self._abandoned:
-                    return
+                task = asyncio.current_task()
+                if self._abandoned or (task is not None and task.cancelling()):
+                    return  # told to end in the turn the call failed (see the docstring)
                 if isinstance(exc, SessionExpiredError):
                     # Nothing can be registered on this session any more: the server
                     # replaces it with a new one (and abandons this registration).
