@@ -53,7 +53,7 @@ def assert_consistent(summary: dict[str, Any], measured: int) -> None:
     assert percentiles == sorted(percentiles)
 
 
-@pytest.mark.parametrize("workload", ["write", "write-sync", "log-write"])
+@pytest.mark.parametrize("workload", ["write", "write-sync", "write-batch", "log-write"])
 def test_pipelined_appends_measure_every_entry_after_the_warmup(
     cluster: LocalCluster, workload: str
 ) -> None:
