@@ -13,6 +13,10 @@ exit status.
 For each bookie: ``PUT /api/v1/bookie/gc`` with ``{"major": true|false}``, then
 ``GET /api/v1/bookie/gc`` until it is done; the result is printed (entry logs
 rewritten, bytes copied and freed, why a log was kept).
+
+On secured bookies (docs/SECURITY.md) the requests carry the shell's token as
+``Authorization: Bearer`` (a collection needs the ``admin`` role) and ``https://``
+admin addresses are verified with the shell's TLS settings.
 """
 
 from __future__ import annotations
@@ -20,11 +24,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from typing import Any
+
+from quorumlog.commands import security_options
+from quorumlog.security.tls import client_context
+from quorumlog.security.tokens import TokenFile
 
 _POLL_S = 0.2
 
@@ -43,12 +53,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per bookie")
 
 
-def _call(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) -> Any:
+@dataclass(frozen=True)
+class _Credentials:
+    """What the admin API asks of a caller on secured bookies: a token, a TLS context."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    context: ssl.SSLContext | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> _Credentials:
+        token = TokenFile(getattr(args, "token_file", None))()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        tls = security_options.client_tls(args) if hasattr(args, "tls_ca") else None
+        return cls(headers, client_context(tls) if tls is not None else None)
+
+
+def _call(
+    method: str,
+    url: str,
+    body: dict[str, Any] | None,
+    timeout_s: float,
+    credentials: _Credentials = _Credentials(),
+) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method)
     request.add_header("Content-Type", "application/json")
+    for name, value in credentials.headers.items():
+        request.add_header(name, value)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        with urllib.request.urlopen(
+            request, timeout=timeout_s, context=credentials.context
+        ) as answer:
             return json.loads(answer.read() or b"null")
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace").strip()
@@ -57,14 +92,17 @@ def _call(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) 
         raise OSError(f"{method} {url}: {exc.reason}") from None
 
 
-async def _one(http: str, major: bool, timeout_s: float) -> dict[str, Any]:
+async def _one(
+    http: str, major: bool, timeout_s: float, credentials: _Credentials
+) -> dict[str, Any]:
     base = http if http.startswith("http") else f"http://{http}"
-    info = await asyncio.to_thread(_call, "GET", f"{base}/api/v1/bookie/info", None, 10)
+    info_url = f"{base}/api/v1/bookie/info"
+    info = await asyncio.to_thread(_call, "GET", info_url, None, 10, credentials)
     url = f"{base}/api/v1/bookie/gc"
-    started = await asyncio.to_thread(_call, "PUT", url, {"major": major}, 10)
+    started = await asyncio.to_thread(_call, "PUT", url, {"major": major}, 10, credentials)
     deadline = time.monotonic() + timeout_s
     while True:
-        state = await asyncio.to_thread(_call, "GET", url, None, 10)
+        state = await asyncio.to_thread(_call, "GET", url, None, 10, credentials)
         last = state.get("last") or {}
         # A gc already running when asked is waited for, then reported.
         if not state.get("is_in_force_gc") and (last or not started.get("started")):
@@ -96,8 +134,10 @@ async def run_gc(bk: Any, args: argparse.Namespace) -> int:
         targets = list(published.values())
         tried = set(published)  # a failure of these is printed with its admin address
         unreached_why = "registered without an admin API (start it with --http-port)"
+    credentials = _Credentials.from_args(args)
     outcomes = await asyncio.gather(
-        *(_one(h, not args.minor, args.timeout) for h in targets), return_exceptions=True
+        *(_one(h, not args.minor, args.timeout, credentials) for h in targets),
+        return_exceptions=True,
     )
     status = 0
     reached = set()

@@ -161,6 +161,19 @@ def test_tls_and_tokens_let_in_only_clients_with_both_and_say_why_to_others(
             "read-only switch, admin": 200,
         }
 
+        # The shell's gc goes through each bookie's admin API: with an admin token and
+        # the shell's TLS settings it collects; with a client token it is refused.
+        admin_file = tmp_path / "admin.token"
+        admin_file.write_text(_token(Role.ADMIN))
+        shell_tls = [
+            "--tls-ca", str(material.ca_cert),
+            "--tls-cert", str(material.client_cert), "--tls-key", str(material.client_key),
+        ]  # fmt: skip
+        as_admin_gc = _shell(metadata_uri, [*shell_tls, "--token-file", str(admin_file), "gc"])
+        assert as_admin_gc.returncode == 0, as_admin_gc.stderr
+        as_client_gc = _shell(metadata_uri, [*shell_tls, "--token-file", str(token_file), "gc"])
+        assert as_client_gc.returncode != 0 and "HTTP 403" in as_client_gc.stderr
+
         # The database's API: HTTPS and tokens; its replica reaches the bookies with
         # mutual TLS and its own client token.
         db_statuses = _db_statuses(metadata_uri, tmp_path, material, key_file, token_file)
@@ -195,6 +208,11 @@ def test_tls_and_tokens_let_in_only_clients_with_both_and_say_why_to_others(
             interval_s=0.2,
         )
         assert isinstance(run(_ask(bookie, info, tls=mutual, token=good)), BookieInfoResponse)
+
+
+def _shell(metadata_uri: str, args: list[str]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "quorumlog", "shell", "--metadata", metadata_uri, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def _db_statuses(
