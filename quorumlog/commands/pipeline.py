@@ -3,6 +3,7 @@
     quorumlog pipeline dice-stats --metadata URI [--log dice] [--out DIR]
     quorumlog pipeline log-to-parquet --metadata URI --log NAME --out DIR [--from P] [--to P]
     quorumlog pipeline ledger-audit --metadata URI [--out DIR]
+    quorumlog pipeline db-changes --metadata URI --log db/NAME --out DIR [--from P] [--to P]
 
 Also a script for ``spark-submit`` (same arguments, without ``pipeline``)::
 
@@ -50,8 +51,9 @@ _OUT_HELP = {
     "dice-stats": "write the faces and epochs tables as Parquet under DIR (DIR/faces, DIR/epochs)",
     "log-to-parquet": "the Parquet table to write (a directory)",
     "ledger-audit": "write the report under DIR (DIR/ledgers.parquet, DIR/ledgers.json)",
+    "db-changes": "the Parquet change table to write (a directory)",
 }
-_OUT_REQUIRED = {"log-to-parquet"}
+_OUT_REQUIRED = {"log-to-parquet", "db-changes"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -172,6 +174,26 @@ def _log_to_parquet_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _db_changes_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log", required=True, metavar="NAME", help="the database's log (db/NAME)")
+    parser.add_argument(
+        "--from",
+        dest="start",
+        default=None,
+        metavar="POSITION",
+        type=position_bound("--from"),
+        help="first record read: earliest (default), latest, L:E or JSON",
+    )
+    parser.add_argument(
+        "--to",
+        dest="end",
+        default=None,
+        metavar="POSITION",
+        type=position_bound("--to"),
+        help="position where reading stops (not read): latest (default), earliest, L:E",
+    )
+
+
 def _ledger_audit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--partitions",
@@ -202,6 +224,7 @@ _PIPELINE_OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "dice-stats": _dice_stats_options,
     "log-to-parquet": _log_to_parquet_options,
     "ledger-audit": _ledger_audit_options,
+    "db-changes": _db_changes_options,
 }
 
 

@@ -6,6 +6,8 @@
 ``log-to-parquet`` copies a log, or a position range of it, into Parquet
 ``ledger-audit``   audits every ledger of the metadata store on the executors,
                    writes the report, exit status 1 if any ledger is not healthy
+``db-changes``     a quorumlog db database's log as a Parquet change table, one row
+                   per statement logged
 =================  ===============================================================
 
 Each pipeline is a module with ``HELP``, ``DESCRIPTION``, ``output_paths(args)`` and
@@ -30,6 +32,7 @@ PIPELINE_MODULES: dict[str, str] = {
     "dice-stats": "quorumlog.spark.pipelines.dice_stats",
     "log-to-parquet": "quorumlog.spark.pipelines.log_to_parquet",
     "ledger-audit": "quorumlog.spark.pipelines.ledger_audit",
+    "db-changes": "quorumlog.spark.pipelines.db_changes",
 }
 
 
