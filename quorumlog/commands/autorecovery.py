@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, security_options
@@ -29,6 +30,8 @@ from quorumlog.replication.auditor import AUDIT_INTERVAL_S_DEFAULT, BOOKIE_CHECK
 from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
 from quorumlog.replication.rereplicate import LEDGERS_IN_FLIGHT_DEFAULT
 from quorumlog.replication.worker import OPEN_LEDGER_GRACE_S_DEFAULT, RETRY_BACKOFF_S_DEFAULT
+from quorumlog.security.tls import TlsReloader
+from quorumlog.security.tokens import TokenVerifier
 
 if TYPE_CHECKING:
     from quorumlog.server.admin_http import AdminServer
@@ -72,6 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     add_options(p)
     security_options.add_client_tls_options(p)
+    security_options.add_http_security_options(p)  # its admin API (--http-port)
     p.add_argument(
         "--log-level",
         default="WARNING",
@@ -183,8 +187,12 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.log_level != "DEBUG":
         logging.getLogger("kazoo").setLevel(logging.ERROR)
+    security_options.redact_logs(args)
     try:
         config = config_from_args(args)
+        admin_security = _AdminSecurity(
+            security_options.token_verifier(args), security_options.http_tls(args)
+        )
         if args.http_port is not None and not 0 <= args.http_port <= 65535:
             raise ValueError(f"--http-port {args.http_port}: expected 0..65535")
         admin_hosts = resolve_addresses(args.bind_address, args.advertised_address)
@@ -197,7 +205,9 @@ def run(args: argparse.Namespace) -> int:
     uri = resolve_metadata_uri(args.metadata)
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(_serve(uri, config, identifier, args.http_port, admin_hosts))
+        return loop.run_until_complete(
+            _serve(uri, config, identifier, args.http_port, admin_hosts, admin_security)
+        )
     except _AdminPortError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -208,11 +218,21 @@ def run(args: argparse.Namespace) -> int:
         loop.close()
 
 
+@dataclass(frozen=True)
+class _AdminSecurity:
+    """The admin API's Bearer tokens and HTTPS (docs/SECURITY.md); None: off."""
+
+    token_verifier: TokenVerifier | None = None
+    tls: TlsReloader | None = None
+
+
 class _AdminPortError(Exception):
     """The admin API's port cannot be served (in use, not permitted)."""
 
 
-async def _start_admin(daemon: AutoRecovery, port: int, bind_host: str) -> AdminServer:
+async def _start_admin(
+    daemon: AutoRecovery, port: int, bind_host: str, security: _AdminSecurity
+) -> AdminServer:
     """The admin API without a bookie: the metadata endpoints through the daemon's
     current session, ``/metrics`` with its counts."""
     from quorumlog.replication.metrics import AutoRecoveryMetrics
@@ -225,8 +245,11 @@ async def _start_admin(daemon: AutoRecovery, port: int, bind_host: str) -> Admin
         bookie_id=daemon.identifier,
         registry=metrics.registry,
         before_scrape=metrics.refresh,
+        token_verifier=security.token_verifier,
     )
-    admin = AdminServer(build_admin_app(ctx), bind_host, port)
+    tls = security.tls
+    ssl_context = tls.server_front_context() if tls is not None else None
+    admin = AdminServer(build_admin_app(ctx), bind_host, port, ssl_context)
     try:
         await admin.start()
     except OSError as exc:
@@ -242,6 +265,7 @@ async def _serve(
     identifier: str | None = None,
     http_port: int | None = None,
     admin_hosts: tuple[str, str] = (LOCAL_HOST, LOCAL_HOST),
+    admin_security: _AdminSecurity = _AdminSecurity(),
 ) -> int:
     from quorumlog.client.bookkeeper import BookKeeper
 
@@ -250,10 +274,15 @@ async def _serve(
     await probe.close()
     daemon = AutoRecovery(uri, config, identifier=identifier)
     bind_host, advertised_host = admin_hosts
-    admin = await _start_admin(daemon, http_port, bind_host) if http_port is not None else None
+    admin = (
+        await _start_admin(daemon, http_port, bind_host, admin_security)
+        if http_port is not None
+        else None
+    )
     try:
         if admin is not None:
-            url = f"http://{advertised_host}:{admin.port}"
+            scheme = "https" if admin_security.tls is not None else "http"
+            url = f"{scheme}://{advertised_host}:{admin.port}"
             print(f"autorecovery {daemon.identifier} admin {url}", flush=True)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -45,6 +45,21 @@ def add_token_key_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_http_security_options(p: argparse.ArgumentParser) -> None:
+    """A daemon's own HTTP API (not a bookie's): HTTPS files and the token key."""
+    p.add_argument("--http-tls-cert", default=None, metavar="PEM", help="serve HTTPS")
+    p.add_argument("--http-tls-key", default=None, metavar="PEM", help="its key")
+    add_token_key_option(p)
+
+
+def http_tls(args: argparse.Namespace) -> TlsReloader | None:
+    """The HTTPS contexts of ``--http-tls-cert``/``--http-tls-key``; None: plain HTTP."""
+    cert, key = args.http_tls_cert, args.http_tls_key
+    if cert is None and key is None:
+        return None
+    return TlsReloader(TlsFiles(cert, key), server_side=True)
+
+
 def add_client_tls_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tls",

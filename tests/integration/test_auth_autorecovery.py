@@ -6,10 +6,14 @@ re-replicates a killed bookie's ledger; the ledger reads back whole with a clien
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from support import poll_until_async, run
+import aiohttp
+from support import poll_until, poll_until_async, run
 from tls_certs import HMAC_SECRET, write_hmac_key
 
 from quorumlog.aio import BookKeeper
@@ -83,3 +87,51 @@ def test_auth_autorecovery_with_a_bookie_token_re_replicates_a_killed_bookies_le
                 await bk.close()
 
         assert run(scenario(), timeout_s=150) == [b"entry-%d" % i for i in range(ENTRIES)]
+
+        # The daemon's own admin API takes the same tokens.
+        statuses = _admin_statuses(metadata_uri, tmp_path, key_file, client_token)
+        assert statuses == {"/heartbeat": 200, "/metrics no token": 401, "/metrics": 200}
+
+
+def _admin_statuses(
+    metadata_uri: str, tmp_path: Path, key_file: Path, token_file: Path
+) -> dict[str, int]:
+    out = tmp_path / "autorecovery.out"
+    command = [
+        sys.executable, "-m", "quorumlog", "autorecovery", "--metadata", metadata_uri,
+        "--http-port", "0", "--token-key-file", str(key_file),
+    ]  # fmt: skip
+    with out.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        poll_until(
+            lambda: b" admin http" in out.read_bytes() or process.poll() is not None,
+            timeout_s=60,
+            what="the autorecovery admin API serves",
+        )
+        found = re.search(rb" admin (http://\S+)", out.read_bytes())
+        assert found is not None, out.read_text()
+        url = found.group(1).decode()
+        token = token_file.read_text()
+
+        async def ask() -> dict[str, int]:
+            asks = {
+                "/heartbeat": ("/heartbeat", {}),
+                "/metrics no token": ("/metrics", {}),
+                "/metrics": ("/metrics", {"Authorization": f"Bearer {token}"}),
+            }
+            statuses = {}
+            async with aiohttp.ClientSession() as session:
+                for name, (path, headers) in asks.items():
+                    async with session.get(url + path, headers=headers) as answer:
+                        statuses[name] = answer.status
+            return statuses
+
+        return run(ask())
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
