@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.testing.netns.cluster import NetnsCluster
+from quorumlog.testing.netns.cluster import BOOKIE_PORT, NetnsCluster
 from quorumlog.testing.netns.network import netns_unavailable_reason, removal_on_signals
 from quorumlog.testing.netns.runner import RECOVERY_BOUND_S, SUITE, SUITE_SPECS, run_nemesis
 from quorumlog.testing.zookeeper import missing_zookeeper_message, zookeeper_installed
@@ -53,6 +53,27 @@ def _check_run(cluster: NetnsCluster, name: str, out: Path) -> None:
         assert result.linearizable, where
 
 
+def _check_listeners(cluster: NetnsCluster) -> None:
+    """Every server listens on its namespace's own addresses, none on 127.0.0.1 or on a
+    wildcard (run after the database's run, so that its replicas are up too)."""
+    assert cluster.db_replicas, "the database's replicas never started"
+    listening: set[str] = set()
+    for host in cluster.network.hosts.values():
+        done = host.run(["ss", "-Hltn"], timeout_s=10)
+        assert done.returncode == 0, done.stderr
+        local = [line.split()[3] for line in done.stdout.splitlines() if line.strip()]
+        for address in local:
+            ip = address.rsplit(":", 1)[0]
+            assert ip in host.addresses, f"{host.name} listens on {address}: {local}"
+        listening.update(local)
+    expected = {f"{b.bind_address}:{BOOKIE_PORT}" for b in cluster.bookies}
+    expected |= {b.address for b in cluster.bookies}  # the proxies
+    expected |= {cluster.db_address(r) for r in cluster.db_replicas}
+    if cluster.zookeeper is not None:
+        expected |= {node.address for node in cluster.zookeeper.nodes}
+    assert expected <= listening, f"not listening: {sorted(expected - listening)}"
+
+
 class TestOnSqlite:
     @pytest.fixture(scope="class")
     def cluster(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
@@ -64,6 +85,9 @@ class TestOnSqlite:
     def test_nemesis(self, cluster: NetnsCluster, name: str) -> None:
         _check_run(cluster, name, cluster.base_dir.parent / "runs")
 
+    def test_servers_listen_only_on_their_namespace_addresses(self, cluster: NetnsCluster) -> None:
+        _check_listeners(cluster)
+
 
 @pytest.mark.zookeeper
 class TestOnZooKeeper:
@@ -74,3 +98,6 @@ class TestOnZooKeeper:
     @pytest.mark.parametrize("name", [spec.name for spec in SUITE_SPECS if "zk" in spec.drivers])
     def test_nemesis(self, cluster: NetnsCluster, name: str) -> None:
         _check_run(cluster, name, cluster.base_dir.parent / "runs")
+
+    def test_servers_listen_only_on_their_namespace_addresses(self, cluster: NetnsCluster) -> None:
+        _check_listeners(cluster)
