@@ -28,7 +28,7 @@ fi
 # The spark extra brings pyspark (a ~450 MB download on a cold pip cache) and pyarrow.
 python -m pip install -q --disable-pip-version-check -e '.[test,spark]' 2>&1 | grep -v '^WARNING' || true
 # Fail early if the install did not take.
-python -c "import quorumlog, kazoo, lmdb, crc32c, uvloop, pyspark, pyarrow, pyspark_quorumlog, aiohttp, pyrqlite"
+python -c "import quorumlog, kazoo, lmdb, crc32c, uvloop, pyspark, pyarrow, pyspark_quorumlog, aiohttp, pyrqlite, sqlalchemy_rqlite"
 
 ruff check .
 ruff format --check .

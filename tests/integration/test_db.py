@@ -294,8 +294,11 @@ def test_db_bad_input_gets_rqlite_status_codes_and_stores_nothing(
             replica.stop()
 
 
-def test_db_pyrqlite_client(replicas: list[DbProcess]) -> None:
+def test_db_pyrqlite_and_sqlalchemy_clients(replicas: list[DbProcess]) -> None:
+    """rqlite's DB-API driver and its SQLAlchemy dialect (sqlalchemy-rqlite, from PyPI),
+    unchanged, against a follower: create, parameterised inserts, a transaction, selects."""
     import pyrqlite.dbapi2 as dbapi2
+    import sqlalchemy as sa
 
     leader = wait_ready(replicas)
     follower = next(r for r in replicas if r is not leader)
@@ -311,6 +314,28 @@ def test_db_pyrqlite_client(replicas: list[DbProcess]) -> None:
         assert cursor.fetchone()[0] == 2
     finally:
         connection.close()
+
+    engine = sa.create_engine(f"rqlite+pyrqlite://127.0.0.1:{follower.port}/")
+    metadata = sa.MetaData()
+    fruit = sa.Table(
+        "fruit",
+        metadata,
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("name", sa.String(20)),
+        sa.Column("price", sa.Float),
+    )
+    try:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            rows_in = [{"name": "apple", "price": 1.5}, {"name": "fig", "price": 2}]
+            conn.execute(fruit.insert(), rows_in)
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(fruit.c.name, fruit.c.price).order_by(fruit.c.id))
+            assert rows.fetchall() == [("apple", 1.5), ("fig", 2.0)]
+            above = sa.text("SELECT count(*) FROM fruit WHERE price > :p")
+            assert conn.execute(above, {"p": 1.6}).scalar() == 1
+    finally:
+        engine.dispose()
 
 
 def test_db_backup_and_restore_through_the_log(replicas: list[DbProcess], tmp_path: Path) -> None:
