@@ -96,9 +96,16 @@ def test_tls_and_tokens_let_in_only_clients_with_both_and_say_why_to_others(
     mutual = TlsFiles(str(material.client_cert), str(material.client_key), str(material.ca_cert))
     token_file = tmp_path / "client.token"
     token_file.write_text(_token(Role.CLIENT))
+    # The second bookie takes the same settings from a configuration file.
+    config_file = tmp_path / "bookie.toml"
+    config_file.write_text(
+        f'tls_cert = "{material.server_cert}"\ntls_key = "{material.server_key}"\n'
+        f'tls_ca = "{material.ca_cert}"\ntoken_key_file = "{key_file}"\nhttp_port = 0\n'
+    )
     with LocalCluster(metadata_uri, tmp_path / "cluster", 0) as cluster:
-        for _ in range(2):
-            cluster.start_new_bookie(secure)
+        cluster.start_new_bookie(secure)
+        cluster.start_new_bookie(["--config", str(config_file)])
+        assert b" admin https://" in cluster.bookies[1].stdout_path.read_bytes()
         bookie = cluster.addresses[0]
 
         # The right certificate and token: a ledger written, closed and read back.
