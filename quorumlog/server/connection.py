@@ -334,8 +334,8 @@ class BookieProtocol(asyncio.Protocol):
             self._expiry.cancel()
             self._expiry = None
         if identity.expires_at_s is not None:
-            # A token is checked when it is presented; the connection it opened ends when
-            # it expires (the client reconnects with the token it holds then).
+            # A token is checked when it is presented; the connection ends when it
+            # expires, unless another AUTH came first (clients renew before that).
             delay_s = max(0.0, identity.expires_at_s - time.time())
             self._expiry = self._loop.call_later(delay_s, self._token_expired)
 
