@@ -217,8 +217,10 @@ def _checked(key: Key, value: Any, where: str) -> Any:
     if key.convert is not None:
         try:
             value = key.convert(str(value))
-        except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+        except argparse.ArgumentTypeError as exc:  # the option's own words
             raise ConfigError(f"{where}: {exc}") from None
+        except (ValueError, TypeError):
+            raise ConfigError(f"{where}: expected {_article(key.kind)}") from None
     if key.choices is not None and value not in key.choices:
         raise ConfigError(f"{where}: expected one of {', '.join(map(str, key.choices))}")
     return value
