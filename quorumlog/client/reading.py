@@ -157,6 +157,19 @@ class ReadHandle:
 
     async def read_entries(self, first_entry_id: int, last_entry_id: int) -> list[Entry]:
         """Entries ``first..last`` inclusive, never past the LAC (or the last entry if closed)."""
+        payloads = await self.read_payloads(first_entry_id, last_entry_id)
+        return self._entries(first_entry_id, payloads)
+
+    async def read_payloads(self, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        """The data of entries ``first..last`` inclusive, in entry-id order, as
+        :meth:`read_entries` reads them (the same checks and limits), without an
+        :class:`Entry` per entry: for readers that know the ids from the range, such as
+        the Spark data source building columns.
+
+        Example::
+
+            payloads = await handle.read_payloads(0, 99)   # payloads[i] is entry i
+        """
         self._check_open()
         if first_entry_id < 0 or last_entry_id < first_entry_id:
             raise InvalidArgumentError(
@@ -170,9 +183,18 @@ class ReadHandle:
             )
         return await self._read_range(first_entry_id, last_entry_id)
 
-    async def _read_range(self, first: int, last: int) -> list[Entry]:
+    async def _read_one(self, entry_id: int) -> Entry:
+        payloads = await self._read_range(entry_id, entry_id)
+        return Entry(self.ledger_id, entry_id, payloads[0])
+
+    def _entries(self, first: int, payloads: list[bytes]) -> list[Entry]:
+        # A range is read whole and in order: payload i is entry first + i.
+        return list(map(_make_entry, zip(repeat(self.ledger_id), count(first), payloads)))
+
+    async def _read_range(self, first: int, last: int) -> list[bytes]:
+        """The payloads of ``first..last``, every one of them, in entry-id order."""
         md = self.metadata
-        factories: list[Callable[[], Awaitable[list[Entry]]]] = []
+        factories: list[Callable[[], Awaitable[list[bytes]]]] = []
         batch = self._config.read_batch_entries
         for frag_first, frag_last, ensemble in md.fragment_bounds():
             lo = max(first, frag_first)
@@ -188,7 +210,9 @@ class ReadHandle:
                 )
         limit = self._config.reads_in_flight if md.ensemble_size == md.write_quorum else 64
         chunks = await gather_in_order(factories, limit)
-        return [entry for chunk in chunks for entry in chunk]
+        if len(chunks) == 1:
+            return chunks[0]
+        return [payload for chunk in chunks for payload in chunk]
 
     def _replicas(self, entry_id: int, ensemble: Sequence[str]) -> list[str]:
         md = self.metadata
@@ -198,8 +222,8 @@ class ReadHandle:
         self._rotation += 1
         return [ensemble[i] for i in ws[k:] + ws[:k]]
 
-    async def _read_chunk(self, first: int, last: int, ensemble: Sequence[str]) -> list[Entry]:
-        out: list[Entry] = []
+    async def _read_chunk(self, first: int, last: int, ensemble: Sequence[str]) -> list[bytes]:
+        out: list[bytes] = []
         next_id = first
         replicas = self._replicas(first, ensemble)
         while next_id <= last:
@@ -208,8 +232,9 @@ class ReadHandle:
             next_id += len(got)
         return out
 
-    async def _read_with_fallback(self, first: int, last: int, replicas: list[str]) -> list[Entry]:
-        """Entries from ``first`` (at least one) from the first replica that has them."""
+    async def _read_with_fallback(self, first: int, last: int, replicas: list[str]) -> list[bytes]:
+        """Payloads of entries from ``first`` (at least one) from the first replica that
+        has them."""
         config = self._config
         request_count = last - first + 1
         in_flight: dict[asyncio.Future, str] = {}  # type: ignore[type-arg]
@@ -243,17 +268,17 @@ class ReadHandle:
             for future in [f for f in in_flight if f in done]:  # in send order
                 address = in_flight.pop(future)
                 try:
-                    entries = self._decode_read(future.result(), first, address)
+                    payloads = self._decode_read(future.result(), first, address)
                 except BKError as exc:
                     errors.append(exc)
                     continue
-                if entries:
-                    return entries
+                if payloads:
+                    return payloads
             if not in_flight and tried < len(replicas):
                 launch()
         raise self._read_failure(first, replicas, errors)
 
-    def _decode_read(self, response: object, first: int, address: str) -> list[Entry]:
+    def _decode_read(self, response: object, first: int, address: str) -> list[bytes]:
         if not isinstance(response, ReadResponse):
             # The connection checks answers (R12); a stand-in pool may not.
             raise ProtocolError(f"bookie {address}: a {type(response).__name__} answers a READ")
@@ -275,7 +300,7 @@ class ReadHandle:
         # again, from this replica or another.
         if largest_lac > self._lac:
             self._learn_lac(largest_lac)
-        return list(map(_make_entry, zip(repeat(ledger_id), count(first), payloads)))
+        return payloads
 
     def _read_failure(self, entry_id: int, replicas: list[str], errors: list[BKError]) -> BKError:
         where = f"ledger {self.ledger_id} entry {entry_id} (bookies {', '.join(replicas)})"
@@ -342,7 +367,7 @@ class ReadHandle:
         """
         self._check_open()
         if entry_id <= self._lac:
-            return self._lac, (await self._read_range(entry_id, entry_id))[0]
+            return self._lac, await self._read_one(entry_id)
         md = self.metadata
         if md.is_closed:
             return self._lac, None
@@ -390,9 +415,9 @@ class ReadHandle:
                             return self._lac, Entry(self.ledger_id, entry_id, decoded.data)
                         except DigestMismatchError:
                             pass
-                    return self._lac, (await self._read_range(entry_id, entry_id))[0]
+                    return self._lac, await self._read_one(entry_id)
         if self._lac >= entry_id:
-            return self._lac, (await self._read_range(entry_id, entry_id))[0]
+            return self._lac, await self._read_one(entry_id)
         if self._loop.time() < deadline and not pending:
             # Every bookie answered at once without news (e.g. it does not know the
             # ledger yet): wait out the rest of the poll rather than spin.

@@ -29,7 +29,6 @@ from quorumlog.client.reading import ReadHandle, gather_in_order
 from quorumlog.client.sync import LoopThread
 from quorumlog.errors import BKError, NoSuchLedgerError
 from quorumlog.log.metadata import LogMetadata, read_log
-from quorumlog.proto.entry import Entry
 from quorumlog.spark.planning import EntryRange, LedgerExtent
 
 if TYPE_CHECKING:
@@ -220,20 +219,21 @@ async def ledger_snapshot(
 # ---------------------------------------------------------------- executors: reading
 
 
-def _arrow_batch(log_name: str | None, ledger_id: int, entries: Sequence[Entry]) -> pa.RecordBatch:
+def _arrow_batch(
+    log_name: str | None, ledger_id: int, first_entry_id: int, payloads: Sequence[bytes]
+) -> pa.RecordBatch:
     # Columns built without a Python object per row where possible: repeated
     # scalars and a numpy range cost a third of building them from lists.
     import numpy as np
     import pyarrow as pa
 
-    count = len(entries)
-    first = entries[0].entry_id
+    count = len(payloads)
     return pa.RecordBatch.from_arrays(
         [
             pa.repeat(pa.scalar(log_name, pa.string()), count),
             pa.repeat(pa.scalar(ledger_id, pa.int64()), count),
-            pa.array(np.arange(first, first + count, dtype=np.int64)),
-            pa.array([entry.data for entry in entries], pa.binary()),
+            pa.array(np.arange(first_entry_id, first_entry_id + count, dtype=np.int64)),
+            pa.array(payloads, pa.binary()),
         ],
         names=["log", "ledger_id", "entry_id", "data"],
     )
@@ -244,13 +244,14 @@ async def _open(metadata_uri: str, password: bytes, ledger_id: int) -> ReadHandl
     return await bk.open_ledger_no_recovery(ledger_id, password)
 
 
-async def _read_chunk(handle: ReadHandle, first: int, last: int) -> list[Entry]:
-    entries = await handle.read_entries(first, last)
-    if len(entries) != last - first + 1 or (entries and entries[0].entry_id != first):
+async def _read_chunk(handle: ReadHandle, first: int, last: int) -> list[bytes]:
+    # Payloads only: the ids are the range's, so no Entry per row is built.
+    payloads = await handle.read_payloads(first, last)
+    if len(payloads) != last - first + 1:
         raise BKError(
-            f"ledger {handle.ledger_id}: asked entries {first}..{last}, got {len(entries)}"
+            f"ledger {handle.ledger_id}: asked entries {first}..{last}, got {len(payloads)}"
         )
-    return entries
+    return payloads
 
 
 def read_range_batches(
@@ -273,7 +274,7 @@ def read_range_batches(
     # The driver planned this range from what it saw confirmed; this handle's own LAC
     # read may have reached bookies that know a lower one (R4: confirmed stays readable).
     handle.learn_last_add_confirmed(entry_range.last_entry_id)
-    pending: list[concurrent.futures.Future[list[Entry]]] = []
+    pending: list[concurrent.futures.Future[list[bytes]]] = []
     next_index = 0
     try:
         while next_index < len(bounds) or pending:
@@ -281,8 +282,9 @@ def read_range_batches(
                 low, high = bounds[next_index]
                 pending.append(submit(_read_chunk(handle, low, high)))
                 next_index += 1
-            entries = pending.pop(0).result(CALL_TIMEOUT_S)
-            yield _arrow_batch(log_name, ledger_id, entries)
+            low = bounds[next_index - len(pending)][0]
+            payloads = pending.pop(0).result(CALL_TIMEOUT_S)
+            yield _arrow_batch(log_name, ledger_id, low, payloads)
     finally:
         for future in pending:
             future.cancel()
