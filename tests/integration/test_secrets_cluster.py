@@ -6,7 +6,8 @@ a ledger with its token; clients with a bad, an expired and a wrong-role token a
 refused; the shell runs with a bad token in QUORUMLOG_TOKEN. Then every text the system
 produced is searched for the key and for every token (whole, and its signature alone):
 the bookie's stdout and stderr, its /metrics, every node of the metadata store, the
-errors the clients got and the shell's output.
+errors the clients got and the shell's output. On ZooKeeper every process also
+authenticates with a digest password (``?digest_file=``), searched for as well.
 """
 
 from __future__ import annotations
@@ -77,7 +78,19 @@ async def _metrics(url: str, token: str) -> str:
             return await response.text()
 
 
+def _with_zookeeper_credentials(metadata_uri: str, tmp_path: Path, password: str) -> str:
+    """``metadata_uri`` with a digest file (ZooKeeper's ACLs), unchanged for SQLite."""
+    if not metadata_uri.startswith("zk://"):
+        return metadata_uri
+    digest_file = tmp_path / "zk.digest"
+    digest_file.write_text(f"quorumlog:{password}\n")
+    digest_file.chmod(0o600)
+    return f"{metadata_uri}?digest_file={digest_file}"
+
+
 def test_secrets_never_appear_in_logs_metrics_metadata_or_errors(metadata_uri: str, tmp_path: Path):
+    zk_password = "zk-pass-" + "7" * 24
+    metadata_uri = _with_zookeeper_credentials(metadata_uri, tmp_path, zk_password)
     key_file = write_hmac_key(tmp_path)
     later = time.time() + 3600
     tokens = {
@@ -124,7 +137,7 @@ def test_secrets_never_appear_in_logs_metrics_metadata_or_errors(metadata_uri: s
     assert "token signature does not verify" in bookie_logs
     assert "ledgers" in dump and "bookie_" in metrics
     assert "token expired" in errors and "signature" in shell.stderr
-    secrets = {"key": HMAC_SECRET.decode()}
+    secrets = {"key": HMAC_SECRET.decode(), "ZooKeeper password": zk_password}
     for name, token in tokens.items():
         secrets[f"{name} token"] = token
         secrets[f"{name} token's signature"] = token.rsplit(".", 1)[1]
