@@ -11,6 +11,9 @@ never a flag's value: command lines are visible to every user of the machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import urllib.parse
 from pathlib import Path
 
 from quorumlog.security.redaction import RedactingFilter, install_log_redaction
@@ -136,4 +139,11 @@ def redact_logs(args: argparse.Namespace) -> RedactingFilter:
     token = TokenFile(None)()
     if token is not None:
         secrets.append(token)
+    # The metadata store's ZooKeeper password (zk://...?digest_file=PATH: user:password).
+    metadata = getattr(args, "metadata", None) or os.environ.get("QUORUMLOG_METADATA", "")
+    for path in urllib.parse.parse_qs(metadata.partition("?")[2]).get("digest_file", []):
+        with contextlib.suppress(OSError):
+            password = Path(path).read_text(encoding="utf-8").strip().partition(":")[2]
+            if password:
+                secrets.append(password)
     return install_log_redaction(secrets)
