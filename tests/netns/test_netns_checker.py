@@ -102,6 +102,12 @@ def test_lost_duplicated_unexpected_and_divergent_are_caught() -> None:
     assert not report.valid
 
 
+def test_a_failed_append_found_in_the_log_is_caught() -> None:
+    ops = [op("a", 0, 10), op("b", 20, 30, "fail")]
+    assert check_appends(ops, ["a", "b"]).failed_present == ["b"]
+    assert check_appends(ops, ["a"]).valid
+
+
 def test_real_time_order_is_checked() -> None:
     # "a" completed before "b" was invoked, yet "b" sits first in the log.
     ops = [op("a", 0, 10), op("b", 20, 30)]

@@ -6,6 +6,7 @@ read everything back at the end; :func:`check_appends` judges that:
 - ``lost``: acknowledged (``ok``) but absent from the final read;
 - ``duplicated``: present more than once in some read;
 - ``unexpected``: read but never written (a corrupt or invented value);
+- ``failed_present``: reported failed (certainly not done) yet in the final read;
 - ``divergent``: readers that saw another order (every reader must see one order;
   a tailing reader may stop early, so it must see a prefix of the final read);
 - ``real_time``: an acknowledged value placed before one whose append completed
@@ -44,6 +45,7 @@ class AppendReport:
     divergent: list[str] = field(default_factory=list)
     real_time: list[tuple[Any, Any]] = field(default_factory=list)
     fenced_acks: list[Any] = field(default_factory=list)
+    failed_present: list[Any] = field(default_factory=list)
     unknown_kept: int = 0  # unknown outcomes found in the log (allowed either way)
 
     @property
@@ -55,12 +57,22 @@ class AppendReport:
             or self.divergent
             or self.real_time
             or self.fenced_acks
+            or self.failed_present
         )
 
     def problems(self) -> list[str]:
         """One line per broken rule, with a few examples each."""
         lines = []
-        for name in ("lost", "duplicated", "unexpected", "divergent", "real_time", "fenced_acks"):
+        names = (
+            "lost",
+            "duplicated",
+            "unexpected",
+            "divergent",
+            "real_time",
+            "fenced_acks",
+            "failed_present",
+        )
+        for name in names:
             found = getattr(self, name)
             if found:
                 lines.append(f"{name}: {len(found)} (e.g. {found[:5]})")
@@ -94,6 +106,9 @@ def check_appends(
     in_log = set(final_read)
 
     report.lost = [op.value for op in acknowledged if op.value not in in_log]
+    report.failed_present = [
+        op.value for op in appends if op.completion == "fail" and op.value in in_log
+    ]
     reads: dict[str, Sequence[Any]] = {"final": final_read, **(other_reads or {})}
     duplicated: set[Any] = set()
     unexpected: set[Any] = set()

@@ -7,9 +7,10 @@ Kinds:
 - ``ledger``: one writer appends unique values (``e0``, ``e1``, ...) to a ledger
   (E=3, Qw=3, Qa=2), a few in flight; when its ledger fails it creates another.
   Every ``create`` is recorded with the ledger id, for the final read.
-- ``log-writer``: a contender in a leader election; while it leads it opens the log's
+- ``log-writer``: a contender in a leader election; once it leads it opens the log's
   writer (R11, fencing the previous one) and appends ``<process>.<epoch>.<seq>``, one
-  at a time. Several run at once: competing writers.
+  at a time, until its writer fails, even if it lost the election meanwhile (a zombie
+  leader: only fencing keeps it out). Several run at once: competing writers.
 - ``log-tail``: a tailing reader; records the values it saw, in order, at the end.
 - ``db-client``: threads appending unique values to a few keys of a replicated
   database table and reading keys back with strong reads, through random replicas.
@@ -54,10 +55,14 @@ CLIENT_CONFIG = ClientConfig(
     metadata_session_timeout_ms=4_000,
 )
 LEDGER_SHAPE = (3, 3, 2)
-LOG_CONFIG = LogConfig(rollover_size_bytes=2048)  # rollovers happen during a run
+ROLLOVER_BYTES = 4096  # rollovers happen during a run (records are about 20 bytes)
 ELECTION_SESSION_MS = 1_000
 OPERATION_BOUND_S = 15.0  # an operation not done by then is recorded as unknown
 DB_TABLE = "items"
+
+
+def _log_config(args: argparse.Namespace) -> LogConfig:
+    return LogConfig(rollover_size_bytes=args.rollover_bytes)
 
 
 def _running(args: argparse.Namespace, deadline: float) -> bool:
@@ -195,7 +200,7 @@ async def log_writer(args: argparse.Namespace) -> None:
         session = f"{args.process}.{epoch}"
         op_id = history.invoke("open", args.log, session)
         try:
-            log = await asyncio.wait_for(bk.open_log(args.log, LOG_CONFIG), 10)
+            log = await asyncio.wait_for(bk.open_log(args.log, _log_config(args)), 10)
             writer = await asyncio.wait_for(log.open_writer(), 10)
         except Exception:
             history.complete(op_id, "info", "open", args.log)
@@ -203,14 +208,18 @@ async def log_writer(args: argparse.Namespace) -> None:
             continue
         history.complete(op_id, "ok", "open", args.log, writer.ledger_id)
         seq = 0
-        while election.is_leader and _running(args, deadline):
+        # A zombie on purpose: once it holds the writer it keeps appending whatever the
+        # election says, until the writer fails. A leader that lost its session (paused,
+        # cut off from ZooKeeper) does exactly this until it notices, so only fencing
+        # (R11) may keep its late appends out of the log.
+        while _running(args, deadline):
             value = f"{session}.{seq}"
             seq += 1
             op_id = history.invoke("append", args.log, value)
             try:
                 future = writer.append_nowait(value.encode())
-            except Exception:
-                history.complete(op_id, "info", "append", args.log)
+            except Exception:  # the writer had already stopped: nothing was sent
+                history.complete(op_id, "fail", "append", args.log)
                 break
             done, _ = await asyncio.wait({future}, timeout=OPERATION_BOUND_S)
             if done and future.exception() is None:
@@ -220,8 +229,8 @@ async def log_writer(args: argparse.Namespace) -> None:
                 # A fenced writer (LogFencedError) may or may not have stored it.
                 history.complete(op_id, "info", "append", args.log)
                 break
-        # Leadership lost or the writer failed: this writer is abandoned, never closed
-        # (the next one fences its ledger, which is what a crashed leader leaves).
+        # The writer failed: it is abandoned, never closed (the next one fences its
+        # ledger, which is what a crashed leader leaves).
     history.close()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(election.close(), 5)
@@ -232,7 +241,7 @@ async def log_writer(args: argparse.Namespace) -> None:
 async def log_tail(args: argparse.Namespace) -> None:
     history = _recorder(args)
     bk = await BookKeeper.connect(args.metadata, config=CLIENT_CONFIG)
-    log = await bk.open_log(args.log, LOG_CONFIG)
+    log = await bk.open_log(args.log, _log_config(args))
     deadline = time.monotonic() + args.duration_s
     seen: list[str] = []
     op_id = history.invoke("read", args.log, None)
@@ -264,7 +273,7 @@ async def final_log(args: argparse.Namespace) -> None:
     for reader, fence in (("final", True), ("final-2", False)):
         op_id = history.invoke("read", args.log, None)
         bk = await BookKeeper.connect(args.metadata, config=CLIENT_CONFIG)
-        log = await bk.open_log(args.log, LOG_CONFIG)
+        log = await bk.open_log(args.log, _log_config(args))
         records = await _retry(lambda lg=log, f=fence: lg.read_all(fence=f), args.retry_s)
         values = [record.data.decode() for record in records]
         history.complete(op_id, "ok", "read", args.log, {"reader": reader, "values": values})
@@ -407,6 +416,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window", type=int, default=8, help="ledger appends in flight")
     parser.add_argument("--pause-ms", type=float, default=2.0, help="between ledger appends")
     parser.add_argument("--log", default="netns-log")
+    parser.add_argument("--rollover-bytes", type=int, default=ROLLOVER_BYTES)
     parser.add_argument("--election-ms", type=int, default=ELECTION_SESSION_MS)
     parser.add_argument("--addresses", default="", help="database replicas, HOST:PORT,...")
     parser.add_argument("--keys", type=int, default=3)
