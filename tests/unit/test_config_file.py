@@ -130,3 +130,21 @@ def test_docs_configuration_lists_every_key_as_generated() -> None:
     for parser in server_parsers().values():
         for key in keys(parser):
             assert f"| `{key.name}` |" in expected and key.env in expected
+
+
+def test_the_deployment_guide_s_configuration_files_are_valid(tmp_path: Path) -> None:
+    """Every TOML example of docs/DEPLOYMENT.md is accepted by the server it is for."""
+    import re
+
+    guide = (DOC.parent / "DEPLOYMENT.md").read_text()
+    servers = {"bookie": "bookie", "autorecovery": "autorecovery", "db-": "db"}
+    checked = []
+    for match in re.finditer(r"```toml\n(.*?)```", guide, re.S):
+        named = re.findall(r"/etc/quorumlog/(bookie|autorecovery|db-)", guide[: match.start()])
+        server = servers[named[-1]]
+        config = _toml(tmp_path, match.group(1))
+        argv = ["db", "serve"] if server == "db" else [server]
+        args = _parse([*argv, "--config", str(config)])
+        assert args.metadata.startswith("zk://")
+        checked.append(server)
+    assert sorted(set(checked)) == ["autorecovery", "bookie", "db"]
