@@ -320,3 +320,24 @@ class IsolateDbLeader(Nemesis):
 
     def heal(self, context: RunContext) -> None:
         context.cluster.network.heal()
+
+
+class PauseDbLeader(Nemesis):
+    """SIGSTOP of the database's leading replica past its 1.5 s election session: another
+    replica takes the lead; SIGCONT at healing, when the old leader must acknowledge
+    nothing its successor's log does not hold."""
+
+    name = "pause-db-leader"
+    mechanism = "signal"
+
+    def start(self, context: RunContext) -> None:
+        leader = context.cluster.db_leader()
+        if leader is None:
+            raise RuntimeError("no database leader to pause")
+        context.notes["paused_replica"] = leader.name
+        context.cluster.pause(leader)
+
+    def heal(self, context: RunContext) -> None:
+        name = context.notes.get("paused_replica")
+        if isinstance(name, str):
+            context.cluster.resume(server_named(context, name))

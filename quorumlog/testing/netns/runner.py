@@ -48,6 +48,7 @@ from quorumlog.testing.netns.nemesis import (
     Nemesis,
     OneWayLoss,
     PauseBookie,
+    PauseDbLeader,
     PauseLeader,
     ProxyFaults,
     RunContext,
@@ -98,6 +99,7 @@ SUITE_SPECS: tuple[RunSpec, ...] = (
     RunSpec(PauseLeader(), "log", fault_s=2.5),  # past the 1 s election session
     RunSpec(KillLeader(), "log"),
     RunSpec(IsolateDbLeader(), "db", fault_s=3.0),
+    RunSpec(PauseDbLeader(), "db", fault_s=3.0),
     # No rollover (which needs ZooKeeper) in this run: the cut-off leader keeps appending
     # to its bookies until the new leader fences its ledger.
     RunSpec(LeaderFromZooKeeper(), "log", fault_s=3.0, workload_args=("--rollover-bytes", "0")),
@@ -178,10 +180,8 @@ def _workload(spec: RunSpec, cluster: NetnsCluster) -> _Workload:
         )
     if spec.workload == "db":
         addresses = ",".join(cluster.db_address(r) for r in cluster.db_replicas)
-        return _Workload(
-            {"dbclient": ["db-client", "--addresses", addresses]},
-            ["final-db", "--addresses", addresses],
-        )
+        tagged = ["--addresses", addresses, "--tag", spec.name]
+        return _Workload({"dbclient": ["db-client", *tagged]}, ["final-db", *tagged])
     raise ValueError(f"unknown workload {spec.workload!r}")
 
 

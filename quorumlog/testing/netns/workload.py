@@ -59,6 +59,9 @@ ROLLOVER_BYTES = 4096  # rollovers happen during a run (records are about 20 byt
 ELECTION_SESSION_MS = 1_000
 OPERATION_BOUND_S = 15.0  # an operation not done by then is recorded as unknown
 DB_TABLE = "items"
+# A replica that stopped answering (paused, cut off) holds a request this long: short,
+# so that clients move on to the other replicas within a fault.
+DB_REQUEST_TIMEOUT_S = 1.0
 
 
 def _log_config(args: argparse.Namespace) -> LogConfig:
@@ -317,10 +320,15 @@ def _strong_read(address: str, key: str, timeout_s: float) -> list[str] | None:
     return [row[0] for row in result.get("values", []) or []]
 
 
+def _db_keys(args: argparse.Namespace) -> list[str]:
+    """The run's own keys: runs on one cluster share the table, never a key or value."""
+    return [f"{args.tag}.k{i}" for i in range(args.keys)]
+
+
 def db_client(args: argparse.Namespace) -> None:
     history = _recorder(args)
     addresses = args.addresses.split(",")
-    keys = [f"k{i}" for i in range(args.keys)]
+    keys = _db_keys(args)
     create = [f"CREATE TABLE IF NOT EXISTS {DB_TABLE} (id INTEGER PRIMARY KEY, k TEXT, v TEXT)"]
     setup_deadline = time.monotonic() + 30
     while time.monotonic() < setup_deadline:
@@ -338,26 +346,27 @@ def db_client(args: argparse.Namespace) -> None:
             address = rng.choice(addresses)
             key = rng.choice(keys)
             if rng.random() < 0.6:
-                value = f"{args.process}-{index}-{seq}"
+                value = f"{args.tag}.{args.process}-{index}-{seq}"
                 seq += 1
                 op_id = history.invoke("append", key, value)
                 statement = [[f"INSERT INTO {DB_TABLE}(k, v) VALUES (?, ?)", key, value]]
                 try:
-                    status, answer = _http(address, "/db/execute", statement, 3)
+                    status, answer = _http(address, "/db/execute", statement, DB_REQUEST_TIMEOUT_S)
                 except OSError as error:
                     history.complete(op_id, "fail" if _refused(error) else "info", "append", key)
                     time.sleep(0.05)
                     continue
                 done = status == 200 and isinstance(answer, dict)
                 if done and "error" not in answer["results"][0]:
-                    history.complete(op_id, "ok", "append", key)
+                    # Which replica led when it was applied, for inspection.
+                    history.complete(op_id, "ok", "append", key, {"node": answer.get("node")})
                 else:
                     history.complete(op_id, "info", "append", key)
                     time.sleep(0.05)
             else:
                 op_id = history.invoke("read", key, None)
                 try:
-                    values = _strong_read(address, key, 3)
+                    values = _strong_read(address, key, DB_REQUEST_TIMEOUT_S)
                 except OSError as error:
                     history.complete(op_id, "fail" if _refused(error) else "info", "read", key)
                     time.sleep(0.05)
@@ -377,7 +386,7 @@ def final_db(args: argparse.Namespace) -> None:
     history = _recorder(args)
     addresses = args.addresses.split(",")
     for reader in ("final", "final-2"):
-        for key in (f"k{i}" for i in range(args.keys)):
+        for key in _db_keys(args):
             deadline = time.monotonic() + args.retry_s
             values = None
             while values is None and time.monotonic() < deadline:
@@ -420,6 +429,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--election-ms", type=int, default=ELECTION_SESSION_MS)
     parser.add_argument("--addresses", default="", help="database replicas, HOST:PORT,...")
     parser.add_argument("--keys", type=int, default=3)
+    parser.add_argument("--tag", default="run", help="prefix of the run's keys and values")
     parser.add_argument("--threads", type=int, default=3)
     args = parser.parse_args(argv)
     run = _KINDS[args.kind]
