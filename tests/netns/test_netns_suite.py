@@ -10,13 +10,15 @@ linearizable, and service back within RECOVERY_BOUND_S of healing. The nemeses t
 cut the metadata store's network run on ZooKeeper only: the SQLite store is a file
 every namespace shares, with no network to cut.
 
-Histories and summaries stay under pytest's temporary directory (the failure message
-names the run's directory); ``python -m quorumlog.testing.netns`` runs the same suite
-outside pytest and prints each run's summary.
+Histories and summaries stay under pytest's temporary directory, or under
+$QUORUMLOG_NETNS_OUT when it is set (the failure message names the run's directory);
+``python -m quorumlog.testing.netns`` runs the same suite outside pytest and prints
+each run's summary.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +28,13 @@ from quorumlog.testing.netns.cluster import BOOKIE_PORT, NetnsCluster
 from quorumlog.testing.netns.network import netns_unavailable_reason, removal_on_signals
 from quorumlog.testing.netns.runner import RECOVERY_BOUND_S, SUITE, SUITE_SPECS, run_nemesis
 from quorumlog.testing.zookeeper import missing_zookeeper_message, zookeeper_installed
+
+
+def _base_dir(driver: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    kept = os.environ.get("QUORUMLOG_NETNS_OUT")
+    if kept:
+        return Path(kept) / driver
+    return tmp_path_factory.mktemp(f"netns-{driver}")
 
 
 def _cluster(driver: str, base: Path) -> Iterator[NetnsCluster]:
@@ -77,7 +86,7 @@ def _check_listeners(cluster: NetnsCluster) -> None:
 class TestOnSqlite:
     @pytest.fixture(scope="class")
     def cluster(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-        yield from _cluster("sqlite", tmp_path_factory.mktemp("netns-sqlite"))
+        yield from _cluster("sqlite", _base_dir("sqlite", tmp_path_factory))
 
     @pytest.mark.parametrize(
         "name", [spec.name for spec in SUITE_SPECS if "sqlite" in spec.drivers]
@@ -93,7 +102,7 @@ class TestOnSqlite:
 class TestOnZooKeeper:
     @pytest.fixture(scope="class")
     def cluster(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-        yield from _cluster("zk", tmp_path_factory.mktemp("netns-zk"))
+        yield from _cluster("zk", _base_dir("zk", tmp_path_factory))
 
     @pytest.mark.parametrize("name", [spec.name for spec in SUITE_SPECS if "zk" in spec.drivers])
     def test_nemesis(self, cluster: NetnsCluster, name: str) -> None:
