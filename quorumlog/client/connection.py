@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 
 MAX_QUEUED_BYTES_DEFAULT = 64 * 1024 * 1024
 _LENGTH = struct.Struct(">I")  # a frame's length prefix (quorumlog.proto.codec)
+# Queued parts averaging this size or more leave without being joined first (_flush).
+_GATHER_MIN_PART_BYTES = 4096
 
 ResponseCallback = Callable[[Response | BKError], None]
 # Where a new connection gets its TLS context and its token (each called per connection).
@@ -350,11 +352,19 @@ class BookieConnection(asyncio.Protocol):
         self._flush_scheduled = False
         # While paused, frames stay here (resume_writing flushes): the transport would
         # buffer them all the same, and here queued_bytes counts them without a call.
-        if self._out and self._transport is not None and not self.closed and not self._paused:
-            data = b"".join(self._out)
-            self._out.clear()
+        out = self._out
+        if out and self._transport is not None and not self.closed and not self._paused:
+            if self._out_bytes >= _GATHER_MIN_PART_BYTES * len(out):
+                # Large entries: handed over as they are (uvloop writes them with one
+                # writev), not copied into one string first; each entry goes to Qw
+                # connections, so a copy here costs Qw copies of it.
+                self._out = []
+                self._transport.writelines(out)
+            else:
+                data = b"".join(out)
+                out.clear()
+                self._transport.write(data)
             self._out_bytes = 0
-            self._transport.write(data)
 
     @property
     def queued_bytes(self) -> int:
