@@ -81,7 +81,7 @@ QUORUMLOG_ROWS = (
     ("write_sync", "pipelined, sync facade add_entry_async"),
     ("write_batch", "pipelined, sync facade add_entries_async (batches)"),
     ("log_write", "pipelined, log stream append_nowait"),
-    ("write_64k", "64 KiB, 16 in flight"),
+    ("write_64k", "64 KiB appends (16 in flight)"),
     ("read", "sequential read"),
     ("tail", "tail at 1,000/s"),
 )

@@ -8,7 +8,9 @@ Writes, into ``--out`` (names prefixed with ``--prefix``, default ``compare-``):
   pipelined, side by side;
 - ``quorumlog.png``: each quorumlog row of the run (entries/s, p50 and p99), with the
   target where there is one;
-- ``latency.png``: the latency distributions (CDF) of quorumlog's rows;
+- ``latency.png``: the latency distributions (CDF) of quorumlog's rows, and of every
+  system one at a time and pipelined (from the listed percentiles where a stored run
+  has no histogram);
 - ``timeline.png``: entries/s over time of quorumlog's runs of median throughput;
 - ``scaling.png``: the cost-growth runs, when the run had ``--scaling``.
 """
@@ -40,7 +42,7 @@ QUORUMLOG_FIGURES = (
     ("write_sync", "pipelined, sync add_entry_async", None),
     ("write_batch", "pipelined, sync add_entries_async", None),
     ("log_write", "pipelined, log stream", None),
-    ("write_64k", "64 KiB, 16 in flight", None),
+    ("write_64k", "64 KiB appends", None),
     ("read", "sequential read", 400_000),
     ("tail", "tail at 1,000/s", None),
 )
@@ -143,21 +145,29 @@ def draw_quorumlog(report: dict[str, Any], path: Path) -> None:
 
 def draw_latency(report: dict[str, Any], path: Path) -> None:
     plt = pyplot()
-    figure, axes = plt.subplots(figsize=(8, 4.5))
+    figure, (ours_axes, *mode_axes) = plt.subplots(1, 3, figsize=(15, 4.5))
     for label, summary, _ in quorumlog_summaries(report):
         xs, shares = cdf_points(summary)
         if xs:
-            axes.plot(xs, shares, label=label, linewidth=1.3)
-    axes.set_xscale("log")
-    axes.set_xlabel("latency ms")
-    axes.set_ylabel("share at or below (CDF)")
-    axes.grid(alpha=0.3)
-    if axes.get_lines():
-        axes.legend(fontsize=8)
-    figure.suptitle(
-        "quorumlog latency distributions (run of median throughput)\n" + subtitle(report),
-        fontsize=10,
-    )
+            ours_axes.plot(xs, shares, label=label, linewidth=1.3)
+    ours_axes.set_title("quorumlog's rows (run of median throughput)", fontsize=9)
+    # Every system, each mode on its own panel: the same histogram code for all.
+    for axes, mode in zip(mode_axes, MODES, strict=True):
+        for name, data in report.get("systems", {}).items():
+            summary = data.get("modes", {}).get(mode)
+            if summary:
+                xs, shares = cdf_points(summary)
+                axes.plot(xs, shares, label=SYSTEM_NAMES.get(name, name), linewidth=1.3)
+        axes.set_title(f"every system, {mode}", fontsize=9)
+    for axes in (ours_axes, *mode_axes):
+        axes.set_xscale("log")
+        axes.xaxis.set_minor_formatter(plt.NullFormatter())
+        axes.set_xlabel("latency ms")
+        axes.set_ylabel("share at or below (CDF)")
+        axes.grid(alpha=0.3)
+        if axes.get_lines():
+            axes.legend(fontsize=7)
+    figure.suptitle("Latency distributions\n" + subtitle(report), fontsize=10)
     save(figure, path)
 
 

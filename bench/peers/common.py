@@ -217,9 +217,17 @@ def ensure_binary(binary: str, package: str) -> str:
 
 
 def summarize(hist: HdrHistogram, entries: int, seconds: float, **extra: Any) -> dict[str, Any]:
-    """The summary shape of ``quorumlog bench --json`` (throughput and latency in ms)."""
+    """The summary shape of ``quorumlog bench --json`` (throughput and latency in ms, the
+    latency distribution and histogram computed by the same code as quorumlog's)."""
+    from quorumlog.benchmark import DISTRIBUTION_PERCENTILES, log_buckets
+
     rate = entries / seconds if seconds > 0 else 0.0
     return {
+        "latency_distribution_ms": [
+            [percentile, hist.get_value_at_percentile(percentile) / 1000]
+            for percentile in DISTRIBUTION_PERCENTILES
+        ],
+        "latency_histogram_us": log_buckets(hist),
         "entries": entries,
         "seconds": round(seconds, 3),
         "entries_per_s": round(rate, 1),

@@ -40,7 +40,7 @@ def histogram_points(summary: dict[str, Any]) -> tuple[list[float], list[int]]:
 
 def cdf_points(summary: dict[str, Any]) -> tuple[list[float], list[float]]:
     """(latency ms, share of samples at or below it) from the histogram, or from the
-    listed percentiles when a summary has no histogram."""
+    listed percentiles when a summary has no histogram (or p50/p99/p99.9/max)."""
     bounds_ms, counts = histogram_points(summary)
     total = sum(counts)
     if total:
@@ -50,6 +50,10 @@ def cdf_points(summary: dict[str, Any]) -> tuple[list[float], list[float]]:
             shares.append(running / total)
         return bounds_ms, shares
     pairs = summary.get("latency_distribution_ms") or []
+    if not pairs:  # an older summary: the four figures it has
+        lat = summary.get("latency_ms") or {}
+        named = (("p50", 50.0), ("p99", 99.0), ("p99.9", 99.9), ("max", 100.0))
+        pairs = [[percentile, lat[key]] for key, percentile in named if key in lat]
     return [value for _, value in pairs], [percentile / 100 for percentile, _ in pairs]
 
 
