@@ -5,7 +5,8 @@
     python -m quorumlog.testing.netns --out /tmp/netns-run   # where histories are kept
 
 Prints each run's summary line, keeps each run's history under the directory it names,
-and exits 1 if a run broke a rule (or namespaces cannot be built here: 2).
+and exits 1 if a run broke a rule (2: namespaces cannot be built here, or --out holds
+an earlier run).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot build network namespaces here: {reason}", file=sys.stderr)
         return 2
     out = args.out or default_out_dir()
+    if out.exists() and any(out.iterdir()):
+        print(f"{out} holds an earlier run: give another --out", file=sys.stderr)
+        return 2
     print(f"histories under {out}", flush=True)
     results: list[RunResult] = []
     with removal_on_signals():

@@ -112,6 +112,9 @@ class NetnsCluster:
             raise ValueError(f"driver {driver!r}: expected sqlite or zk")
         self.driver = driver
         self.base_dir = Path(base_dir).absolute()
+        if self.base_dir.is_dir() and any(self.base_dir.iterdir()):
+            # Bookie data, a metadata store, histories of an earlier run: never mixed.
+            raise ClusterStartError(f"{self.base_dir} holds an earlier run: give another")
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.num_bookies = bookies
         self.zookeeper_servers = zookeeper_servers

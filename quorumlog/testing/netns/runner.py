@@ -218,7 +218,9 @@ def run_nemesis(cluster: NetnsCluster, spec: RunSpec, out_dir: Path) -> RunResul
     run_dir = Path(out_dir) / spec.name
     history_dir = run_dir / "history"
     logs = run_dir / "logs"
-    history_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.exists():  # histories append: two runs in one directory would mix
+        raise FileExistsError(f"{run_dir} holds an earlier run: give another output directory")
+    history_dir.mkdir(parents=True)
     stop_file = run_dir / "stop"
     result = RunResult(
         driver=cluster.driver,
