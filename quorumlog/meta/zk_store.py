@@ -200,6 +200,9 @@ class ZkStore(MetadataStore):
         self._own_ephemerals: set[str] = set()
         self._closed = False
         self._closing = False
+        # Set when the connection was lost (an operation's outcome may be unknown): the
+        # next read syncs first (_sync_if_connection_was_lost).
+        self._sync_before_read = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -297,6 +300,7 @@ class ZkStore(MetadataStore):
             async with asyncio.timeout(self.operation_timeout_ms / 1000):
                 return await future
         except TimeoutError:
+            self._sync_before_read = True
             raise MetadataError(
                 f"ZooKeeper {what} {path} at {self.hosts}: no answer within "
                 f"{self.operation_timeout_ms} ms (outcome unknown)"
@@ -338,6 +342,7 @@ class ZkStore(MetadataStore):
         if isinstance(exc, kz.ConnectionClosedError):
             return MetadataError(f"metadata store {self.uri} is closed ({what} {path})")
         if isinstance(exc, kz.ConnectionLoss | kz.OperationTimeoutError):
+            self._sync_before_read = True
             return MetadataError(
                 f"connection to ZooKeeper at {self.hosts} lost during {what} {path} "
                 "(outcome unknown)"
@@ -350,16 +355,27 @@ class ZkStore(MetadataStore):
         if self._state is SessionState.LOST and path in self._own_ephemerals:
             raise SessionExpiredError(f"ZooKeeper session expired: ephemeral {path} is gone")
 
+    async def _sync_if_connection_was_lost(self, path: str) -> None:
+        """After a lost connection, a read may reach a server that has not yet applied a
+        write whose reply was lost (a reconnection can land on another server, behind the
+        leader). ZooKeeper's sync() makes the server catch up first, so the re-read that
+        resolves an unknown outcome (R13) sees the write if it happened."""
+        if self._sync_before_read:
+            await self._call("sync", path, lambda: self._client.sync_async(path))
+            self._sync_before_read = False
+
     # ------------------------------------------------------------------ operations
 
     async def get(self, path: str) -> Versioned:
         check_path(path)
         self._check_alive_for(path)
+        await self._sync_if_connection_was_lost(path)
         data, stat = await self._call("get", path, lambda: self._client.get_async(path))
         return Versioned(bytes(data or b""), int(stat.version))
 
     async def exists(self, path: str) -> int | None:
         check_path(path)
+        await self._sync_if_connection_was_lost(path)
         stat = await self._call("exists", path, lambda: self._client.exists_async(path))
         return None if stat is None else int(stat.version)
 
@@ -423,6 +439,7 @@ class ZkStore(MetadataStore):
 
     async def children(self, path: str) -> list[str]:
         check_path(path)
+        await self._sync_if_connection_was_lost(path)
         names = await self._call("children", path, lambda: self._client.get_children_async(path))
         return sorted(names)
 
@@ -489,6 +506,7 @@ class ZkStore(MetadataStore):
                 watch.rearm_after_reconnect()
             new = SessionState.CONNECTED
         elif state == KazooState.SUSPENDED:
+            self._sync_before_read = True
             for watch in list(self._watches):
                 watch.disarm()
             new = SessionState.SUSPENDED
