@@ -77,7 +77,9 @@ async def _measure(
 
 
 @contextlib.contextmanager
-def _quorumlog_group(base: Path) -> Iterator[str]:
+def _quorumlog_group(base: Path) -> Iterator[tuple[str, dict[str, list[int]]]]:
+    """Three bookies and three replicas; the leader's address and the pids of each role
+    (``leader``, ``followers``, ``bookies``), whose CPU time the benchmark reads."""
     from quorumlog.server.local_cluster import LocalCluster, embedded_metadata_uri
 
     uri = embedded_metadata_uri(base)
@@ -112,7 +114,14 @@ def _quorumlog_group(base: Path) -> Iterator[str]:
                         stderr=subprocess.STDOUT,
                     )
                 )
-            yield _wait_leader(addrs)
+            leader = _wait_leader(addrs)
+            at = addrs.index(leader)
+            pids = {
+                "leader": [processes[at].pid],
+                "followers": [p.pid for n, p in enumerate(processes) if n != at],
+                "bookies": [b.pid for b in cluster.bookies if b.pid is not None],
+            }
+            yield leader, pids
         finally:
             for process in processes:
                 with contextlib.suppress(ProcessLookupError):
@@ -192,7 +201,52 @@ class _HttpClient(asyncio.Protocol):
         return await self._answer
 
 
-async def _bench_quorumlog(addr: str, count: int, batches: int) -> dict[str, Any]:
+def _cpu_s(pids: list[int]) -> float:
+    """User and system CPU seconds the processes ``pids`` used so far (/proc)."""
+    total_ticks = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total_ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return total_ticks / os.sysconf("SC_CLK_TCK")
+
+
+async def _with_cpu(
+    figures: Awaitable[dict[str, Any]], pids: dict[str, list[int]]
+) -> dict[str, Any]:
+    """``figures`` of one workload, with the CPU µs each role spent per request: where
+    the time goes when two cores are shared by every process of the run."""
+    before = {role: _cpu_s(p) for role, p in pids.items()}
+    client_before = time.process_time()
+    out = await figures
+    requests = out["requests"]
+    for role, role_pids in pids.items():
+        out[f"cpu_us_{role}"] = (_cpu_s(role_pids) - before[role]) / requests * 1e6
+    out["cpu_us_client"] = (time.process_time() - client_before) / requests * 1e6
+    return out
+
+
+def fsync_ms(directory: Path, rounds: int = 100) -> dict[str, float]:
+    """p50 and p99 of a 4 KiB write and fdatasync in ``directory``: the disk's state
+    during the run, printed beside the figures (it bounds every durable write)."""
+    path = directory / "fsync-probe"
+    latencies: list[float] = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for _ in range(rounds):
+            os.write(fd, b"\0" * 4096)
+            started = time.perf_counter()
+            os.fdatasync(fd)
+            latencies.append(time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {"p50": _percentile(latencies, 0.5) * 1000, "p99": _percentile(latencies, 0.99) * 1000}
+
+
+async def _bench_quorumlog(
+    addr: str, pids: dict[str, list[int]], count: int, batches: int
+) -> dict[str, Any]:
     host, port = addr.rsplit(":", 1)
     loop = asyncio.get_running_loop()
     clients: list[_HttpClient] = []
@@ -210,13 +264,19 @@ async def _bench_quorumlog(addr: str, count: int, batches: int) -> dict[str, Any
         await post(clients[0], ["CREATE TABLE bench (id INTEGER PRIMARY KEY, v TEXT)"])
         row = ["INSERT INTO bench(v) VALUES (?)", "x" * 32]
         await _measure(lambda i: post(clients[0], [row]), 200, 1)  # warm-up, not reported
-        serial = await _measure(lambda i: post(clients[0], [row]), count, 1)
+        serial = await _with_cpu(_measure(lambda i: post(clients[0], [row]), count, 1), pids)
         per_client = max(1, count * 4 // CONCURRENCY)
-        concurrent = await _measure(
-            lambda i: post(clients[i // per_client % CONCURRENCY], [row]), count * 4, CONCURRENCY
+        concurrent = await _with_cpu(
+            _measure(
+                lambda i: post(clients[i // per_client % CONCURRENCY], [row]),
+                count * 4,
+                CONCURRENCY,
+            ),
+            pids,
         )
-        batch = await _measure(
-            lambda i: post(clients[0], [row] * BATCH_ROWS, "?transaction"), batches, 1
+        batch = await _with_cpu(
+            _measure(lambda i: post(clients[0], [row] * BATCH_ROWS, "?transaction"), batches, 1),
+            pids,
         )
     finally:
         for client in clients:
@@ -368,13 +428,16 @@ def bench(count: int, batches: int, with_postgres: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="quorumlog-dbbench-") as tmp:
         base = Path(tmp)
         base.chmod(0o755)  # the postgres user must reach its directories below
-        with _quorumlog_group(base / "ql") as leader:
-            out["quorumlog"] = asyncio.run(_bench_quorumlog(leader, count, batches))
+        out["load_1min_before"] = os.getloadavg()[0]  # other work on the machine
+        out["fsync_ms_before"] = fsync_ms(base)
+        with _quorumlog_group(base / "ql") as (leader, pids):
+            out["quorumlog"] = asyncio.run(_bench_quorumlog(leader, pids, count, batches))
         if with_postgres:
             pg_base = base / "pg"
             pg_base.mkdir()
             with _postgres_pair(pg_base) as port:
                 out["postgresql"] = asyncio.run(_bench_postgres(port, count, batches))
+        out["fsync_ms_after"] = fsync_ms(base)
         shutil.rmtree(base, ignore_errors=True)
     return out
 
@@ -398,4 +461,24 @@ def table(figures: dict[str, Any]) -> str:
     row(f"{CONCURRENCY} clients, p50 ms", "concurrent", "p50_ms", ".2f", True)
     row(f"{BATCH_ROWS}-row batches, rows/s", "batch", "rows_per_s", ".0f", False)
     lines.append("ratio: quorumlog db relative to PostgreSQL (above 1: quorumlog db better)")
+    lines.append("")
+    lines.append(
+        f"{'quorumlog db, CPU µs per request':<34}"
+        + "".join(f"{role:>10}" for role in ("leader", "followers", "bookies", "client"))
+    )
+    for label, workload in (
+        ("1 client", "serial"),
+        (f"{CONCURRENCY} clients", "concurrent"),
+        (f"{BATCH_ROWS}-row batches", "batch"),
+    ):
+        cpu = [ql[workload].get(f"cpu_us_{r}", 0.0) for r in ("leader", "followers", "bookies")]
+        cpu.append(ql[workload].get("cpu_us_client", 0.0))
+        lines.append(f"{label:<34}" + "".join(f"{value:>10.0f}" for value in cpu))
+    before, after = figures.get("fsync_ms_before"), figures.get("fsync_ms_after")
+    if before and after:
+        lines.append(
+            f"disk: 4 KiB write + fdatasync p50 {before['p50']:.2f} ms before the run, "
+            f"{after['p50']:.2f} ms after (p99 {before['p99']:.2f} / {after['p99']:.2f}); "
+            f"load average {figures.get('load_1min_before', 0.0):.1f} before"
+        )
     return "\n".join(lines)
