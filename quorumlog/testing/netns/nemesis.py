@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,8 +293,6 @@ def registered_bookies(cluster: NetnsCluster, host: Host, timeout_s: float = 30)
 
 
 def _python(cluster: NetnsCluster) -> list[str]:
-    import sys
-
     return ["env", f"PYTHONPATH={cluster.env['PYTHONPATH']}", sys.executable, "-m",
             "quorumlog.testing.netns.workload"]  # fmt: skip
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import random
 import sys
@@ -302,11 +303,9 @@ def _http(address: str, path: str, body: object | None, timeout_s: float) -> tup
 
 
 def _refused(error: BaseException) -> bool:
-    """A connection refused or unreachable: the request never reached a server."""
-    reason = getattr(error, "reason", error)
-    return isinstance(reason, ConnectionRefusedError | OSError) and getattr(
-        reason, "errno", None
-    ) in (111, 113)
+    """A connection refused or a host unreachable: the request never reached a server."""
+    reason = getattr(error, "reason", error)  # urllib wraps socket errors in URLError
+    return isinstance(reason, OSError) and reason.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH)
 
 
 def _strong_read(address: str, key: str, timeout_s: float) -> list[str] | None:
