@@ -653,7 +653,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # A SIGTERM unwinds like Ctrl-C, so every peer's servers are stopped by pid.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from peers import disk
+    from peers import disk, quorumlog_peer
+
+    # Every peer's measuring client uses quorumlog's histogram code: its dependencies
+    # first (from a fresh clone: pip install -e of the clone).
+    quorumlog_peer.ensure_quorumlog()
 
     started = time.monotonic()
     report: dict[str, Any] = {

@@ -28,9 +28,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
+if TYPE_CHECKING:
+    from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
 HIST_MAX_US = 60_000_000  # one minute
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -216,6 +217,14 @@ def ensure_binary(binary: str, package: str) -> str:
 # ------------------------------------------------------------------ measurement
 
 
+def new_histogram() -> HdrHistogram:
+    # Imported here: on a fresh clone the comparison installs quorumlog's dependencies
+    # (hdrhistogram among them) before anything measures.
+    from hdrh.histogram import HdrHistogram
+
+    return HdrHistogram(1, HIST_MAX_US, 3)
+
+
 def summarize(hist: HdrHistogram, entries: int, seconds: float, **extra: Any) -> dict[str, Any]:
     """The summary shape of ``quorumlog bench --json`` (throughput and latency in ms, the
     latency distribution and histogram computed by the same code as quorumlog's)."""
@@ -248,7 +257,7 @@ def run_one_at_a_time(
 ) -> dict[str, Any]:
     """Call ``op(i)`` (blocking until confirmed) ``warmup + entries`` times, one after the
     other; only the last ``entries`` are measured. Stops early after ``time_limit_s``."""
-    hist = HdrHistogram(1, HIST_MAX_US, 3)
+    hist = new_histogram()
     deadline = time.monotonic() + time_limit_s
     started = time.perf_counter()
     measured = 0
@@ -280,7 +289,7 @@ def run_windowed(
     of the last one. Failed operations are counted and not measured; the summary has
     their number and the first error. Stops issuing after ``time_limit_s``.
     """
-    hist = HdrHistogram(1, HIST_MAX_US, 3)
+    hist = new_histogram()
     slots = threading.Semaphore(window)
     lock = threading.Lock()
     all_done = threading.Event()
