@@ -22,6 +22,8 @@ from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int, 
 from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
 
+_ADDR_HELP = "a replica's HOST:PORT (https://HOST:PORT if it serves HTTPS)"
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
@@ -102,11 +104,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
     for action, text in (("status", "a replica's /status"), ("nodes", "the group's /nodes")):
         p = sub.add_parser(action, help=f"print {text}")
-        p.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
+        p.add_argument("--addr", default="127.0.0.1:4001", help=_ADDR_HELP)
         p.set_defaults(func=run_get, path=f"/{action}")
 
     backup = sub.add_parser("backup", help="save the database (the leader's copy) to a file")
-    backup.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
+    backup.add_argument("--addr", default="127.0.0.1:4001", help=_ADDR_HELP)
     backup.add_argument("--fmt", choices=("binary", "sql"), default="binary")
     backup.add_argument("out", help="file to write (a SQLite file, or SQL text with --fmt sql)")
     backup.set_defaults(func=run_backup)
@@ -114,14 +116,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     restore = sub.add_parser(
         "restore", help="load a SQLite file into a database, through its leader and log"
     )
-    restore.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
+    restore.add_argument("--addr", default="127.0.0.1:4001", help=_ADDR_HELP)
     restore.add_argument("file", help="a SQLite file (as written by backup)")
     restore.set_defaults(func=run_restore)
 
     add_bench_parser(sub, "bench")
 
     shell = sub.add_parser("shell", help="run SQL against a group, one result table each")
-    shell.add_argument("--addr", default="127.0.0.1:4001", help="a replica's HOST:PORT")
+    shell.add_argument("--addr", default="127.0.0.1:4001", help=_ADDR_HELP)
     shell.add_argument("--level", default="weak", help="read consistency (none|weak|strong)")
     shell.add_argument("sql", nargs="*", help="statements to run (none: read lines from stdin)")
     shell.set_defaults(func=run_shell)
@@ -248,10 +250,25 @@ async def _serve(
     return EXIT_OK
 
 
+def _base_url(addr: str) -> str:
+    """A replica's HOST:PORT as a URL; ``https://HOST:PORT`` for one serving HTTPS (its
+    certificate checked against the system's CAs, or ``SSL_CERT_FILE``)."""
+    return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+
+
+def _auth_headers() -> dict[str, str]:
+    """The Bearer token of ``QUORUMLOG_TOKEN`` for a replica that checks tokens."""
+    from quorumlog.security.tokens import read_token
+
+    token = read_token(None)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def _http(addr: str, path: str, body: object | None = None) -> Any:
-    url = f"http://{addr}{path}"
+    url = f"{_base_url(addr)}{path}"
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **_auth_headers()}
+    request = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:
             return json.loads(answer.read())
@@ -283,7 +300,9 @@ def run_bench(args: argparse.Namespace) -> int:
 def run_backup(args: argparse.Namespace) -> int:
     query = "?fmt=sql" if args.fmt == "sql" else ""
     try:
-        with urllib.request.urlopen(f"http://{args.addr}/db/backup{query}", timeout=300) as r:
+        url = f"{_base_url(args.addr)}/db/backup{query}"
+        request = urllib.request.Request(url, headers=_auth_headers())
+        with urllib.request.urlopen(request, timeout=300) as r:
             data = r.read()
             position = r.headers.get("X-Quorumlog-Position", "")
     except (OSError, ValueError) as exc:
