@@ -156,7 +156,10 @@ def module_present(module: str) -> bool:
 def requirement_met(requirement: str) -> bool:
     """Whether the installed distribution satisfies a pip ``requirement`` (name and
     version specifiers; extras are ignored). False when it is not installed."""
-    from packaging.requirements import Requirement  # pip's own dependency
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # a bare virtualenv: the copy inside pip, which is always there
+        from pip._vendor.packaging.requirements import Requirement
 
     parsed = Requirement(requirement)
     try:
