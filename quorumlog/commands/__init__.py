@@ -31,6 +31,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "quorumlog.commands.localbookie",
     "quorumlog.commands.autorecovery",
     "quorumlog.commands.shell",
+    "quorumlog.commands.token",
     "quorumlog.commands.bench",
     "quorumlog.commands.dice",
     "quorumlog.commands.pipeline",

@@ -20,7 +20,10 @@ from pathlib import Path
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
-from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from cryptography.hazmat.primitives.serialization import (
+    load_pem_private_key,
+    load_pem_public_key,
+)
 
 from quorumlog.errors import AuthenticationError
 from quorumlog.security.roles import Role, parse_roles
@@ -151,6 +154,34 @@ def _identity(claims: Mapping[str, object]) -> Identity:
         roles=roles,
         expires_at_s=float(expires) if isinstance(expires, int | float) else None,
     )
+
+
+def signing_key_from_bytes(data: bytes, *, name: str = "key") -> tuple[object, str]:
+    """The key that signs tokens, from a key file's bytes, and its default algorithm: an
+    HMAC secret (HS256) or a PEM private key (RS256, ES256/384/512 by curve, EdDSA)."""
+    if b"-----BEGIN" not in data:
+        secret = data.strip()
+        if len(secret) < MIN_HMAC_KEY_BYTES:
+            raise ValueError(
+                f"token key file {name}: an HMAC secret of {len(secret)} bytes; at least "
+                f"{MIN_HMAC_KEY_BYTES} are needed"
+            )
+        return secret, "HS256"
+    try:
+        private_key = load_pem_private_key(data, password=None)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"token key file {name}: not an unencrypted PEM private key (tokens are "
+            "signed with the private half)"
+        ) from None
+    if isinstance(private_key, rsa.RSAPrivateKey):
+        return private_key, "RS256"
+    if isinstance(private_key, ec.EllipticCurvePrivateKey):
+        bits = private_key.curve.key_size
+        return private_key, {256: "ES256", 384: "ES384"}.get(bits, "ES512")
+    if isinstance(private_key, ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey):
+        return private_key, "EdDSA"
+    raise ValueError(f"token key file {name}: unsupported key type")
 
 
 def issue_token(
