@@ -296,7 +296,7 @@ def run_nemesis(cluster: NetnsCluster, spec: RunSpec, out_dir: Path) -> RunResul
         tail = (logs / "final.err").read_text(errors="replace")[-1500:]
         result.problems.append(f"the final read failed (status {final.returncode}): {tail}")
     operations = _operations(history_dir)
-    _judge(spec, operations, result)
+    judge_history(spec.workload, operations, result)
     appends = [op for op in operations if op.f == "append"]
     recovery_ns = recovery_time_ns(appends, healed_ns)
     result.recovery_s = None if recovery_ns is None else recovery_ns / 1e9
@@ -341,8 +341,10 @@ def _final_reads(operations: Sequence[Operation], f: str) -> dict[str, Any]:
     return reads
 
 
-def _judge(spec: RunSpec, operations: list[Operation], result: RunResult) -> None:
-    if spec.workload == "db":
+def judge_history(workload: str, operations: list[Operation], result: RunResult) -> None:
+    """Check a run's operations (the clients' and the final readers') for ``workload``
+    (``ledger``, ``log`` or ``db``), adding the counts and any problem to ``result``."""
+    if workload == "db":
         _judge_db(operations, result)
         return
     reads = _final_reads(operations, "read")
@@ -352,13 +354,13 @@ def _judge(spec: RunSpec, operations: list[Operation], result: RunResult) -> Non
     final = reads.pop("final")
     session_of = None
     tails: list[str] = []
-    if spec.workload == "ledger":
+    if workload == "ledger":
         # Evidence that the faults bit: ledgers opened and fragments (ensembles) in them.
         result.notes["ledgers"] = sum(1 for op in operations if op.f == "create" and op.ok)
         for op in operations:
             if op.f == "read" and op.ok and isinstance(op.result, dict):
                 result.notes["fragments"] = op.result.get("fragments", 0)
-    if spec.workload == "log":
+    if workload == "log":
         session_of = {value: value.rsplit(".", 1)[0] for value in final}
         result.notes["writer_sessions"] = len(set(session_of.values()))
         tails = [name for name in reads if name != "final-2"]
