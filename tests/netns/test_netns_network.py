@@ -149,3 +149,17 @@ def test_removal_leaves_no_namespace_and_the_machine_untouched() -> None:
         == before_links
     )
     assert subprocess.run(["ip", "route"], capture_output=True, text=True).stdout == before_routes
+
+
+def test_a_machine_without_namespaces_gets_a_reason_not_a_skip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The suite's fixtures fail with this reason (pytest.fail), never skip."""
+    import os
+    import shutil
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "need root" in (netns_unavailable_reason() or "")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert "iproute2" in (netns_unavailable_reason() or "")
