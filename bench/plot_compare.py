@@ -199,11 +199,13 @@ def draw_scaling(report: dict[str, Any], path: Path) -> None:
     for axes, (varied, members) in zip(
         all_axes if len(groups) > 1 else [all_axes], groups.items(), strict=True
     ):
-        labels = [m["setting"].replace(", ", "\n") for m in members]
+        labels = [
+            m["setting"].replace(", ", "\n").replace(" outstanding", " in flight") for m in members
+        ]
         rates = [m["result"]["entries_per_s"] for m in members]
         bars = axes.bar(range(len(members)), rates)
         axes.bar_label(bars, labels=[f"{r:,.0f}" for r in rates], fontsize=7)
-        axes.set_xticks(range(len(members)), labels, fontsize=7)
+        axes.set_xticks(range(len(members)), labels, fontsize=6, rotation=15)
         axes.set_title(varied)
         axes.set_ylabel("entries/s")
     figure.suptitle(
