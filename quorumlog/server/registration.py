@@ -74,6 +74,9 @@ class Registration:
         self._owned = False
         self._changed = asyncio.Event()
         self._applied = asyncio.Event()
+        # Set when the store's session is lost: nothing can be registered on it any more,
+        # so whoever waits for the registration must hear of it now, not at its timeout.
+        self._session_lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._abandoned = False  # the session is gone: the task must end, whatever it does
@@ -135,13 +138,26 @@ class Registration:
             log.warning("bookie %s: old registration: %s", self.address, task.exception())
 
     async def _wait_applied(self, timeout_s: float) -> None:
+        applied = asyncio.ensure_future(self._applied.wait())
+        lost = asyncio.ensure_future(self._session_lost.wait())
         try:
-            await asyncio.wait_for(self._applied.wait(), timeout_s)
-        except TimeoutError:
+            await asyncio.wait(
+                {applied, lost}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            applied.cancel()
+            lost.cancel()
+        if self._applied.is_set():
+            return
+        if self._session_lost.is_set():
             raise BKError(
-                f"bookie {self.address}: could not update its registration in the metadata "
-                f"store {self._store.uri} within {timeout_s:.0f} s"
-            ) from None
+                f"bookie {self.address}: the metadata session of {self._store.uri} was lost "
+                "before its registration was confirmed"
+            )
+        raise BKError(
+            f"bookie {self.address}: could not update its registration in the metadata "
+            f"store {self._store.uri} within {timeout_s:.0f} s"
+        )
 
     # ------------------------------------------------------------ session
 
@@ -150,6 +166,7 @@ class Registration:
             # The ephemeral node went with the session.
             self._current = None
             self._owned = False
+            self._session_lost.set()
             if not self._stopping:
                 log.info("bookie %s: registration gone with the metadata session", self.address)
         if state is SessionState.CONNECTED and self._wanted is not None:

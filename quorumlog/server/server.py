@@ -262,13 +262,22 @@ class BookieServer:
         cookie, or anything unexpected, fails the server (see ``failed``) rather than
         leaving a bookie that serves but is never listed."""
         try:
-            await self._register_on_new_session()
+            while not self._stopping:
+                await self._register_on_new_session()
+                store = self.store
+                if store is None or store.session_state is not SessionState.LOST:
+                    break
+                # The new session was lost too (a second partition) while this task ran,
+                # so its listener's call was not acted on: start over.
+                log.warning("bookie %s: the new metadata session was lost too", self.address)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             log.error("bookie %s: cannot register again: %s", self.address, exc)
             self.failure = exc
             self.failed.set()
+        finally:
+            self._session_task = None
 
     async def _register_on_new_session(self) -> None:
         from quorumlog.meta.bookies import BookieRegistry
@@ -300,14 +309,13 @@ class BookieServer:
         self.store = store
         try:
             await self._register(store)
+            log.warning("bookie %s: registered again on a new metadata session", self.address)
         except BKError as exc:
             log.warning("bookie %s: %s (still trying)", self.address, exc)
         finally:
-            self._session_task = None
             if old_store is not None:
                 with contextlib.suppress(TimeoutError, BKError, OSError):
                     await asyncio.wait_for(old_store.close(), 5.0)
-        log.warning("bookie %s: registered again on a new metadata session", self.address)
 
     async def _bind(self, port: int, *, from_cookie: bool) -> asyncio.Server:
         loop = self._loop

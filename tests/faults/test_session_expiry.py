@@ -144,6 +144,43 @@ async def _writable(uri: str) -> list[str]:
         await store.close()
 
 
+def test_a_bookie_comes_back_after_partition_after_partition(
+    zookeeper_server: ZooKeeperServer, link: CuttableLink, tmp_path: Path
+) -> None:
+    """Each cut starts as soon as the bookie is listed again, so that it often falls
+    while the bookie is still confirming its new registration: the new session is then
+    lost too, and the bookie must start over rather than wait on the dead one."""
+    chroot = _chroot()
+    direct_uri = zookeeper_server.uri(chroot)
+    cut_uri = f"zk://127.0.0.1:{link.port}{chroot}"
+    run(_writable(direct_uri))
+    args = ["--metadata-session-timeout-ms", str(SESSION_TIMEOUT_MS)]
+    with LocalCluster(cut_uri, tmp_path / "c", 1, extra_args=args, journal_sync=False) as c:
+        address = c.addresses[0]
+        for round_number in range(4):
+            poll_until(
+                lambda: run(_writable(direct_uri)) == [address],
+                timeout_s=30,
+                interval_s=0.02,
+                what=f"listed before cut {round_number}",
+            )
+            link.cut()
+            poll_until(
+                lambda: run(_writable(direct_uri)) == [],
+                timeout_s=30,
+                interval_s=0.1,
+                what=f"session expired in cut {round_number}",
+            )
+            link.heal()
+        poll_until(
+            lambda: run(_writable(direct_uri)) == [address],
+            timeout_s=30,
+            interval_s=0.1,
+            what="listed after the last cut",
+        )
+        assert c.bookies[0].alive()
+
+
 async def _delete_cookie(uri: str, address: str) -> None:
     store = await open_store(uri, create=True)
     try:

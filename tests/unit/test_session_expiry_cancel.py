@@ -94,3 +94,29 @@ def test_an_autorecovery_loop_cancelled_as_its_call_fails_stops() -> None:
         assert runs == 1
 
     asyncio.run(scenario())
+
+
+def test_registering_on_a_session_lost_meanwhile_gives_up_at_once() -> None:
+    """A bookie registering again on a new session that is itself lost before the
+    registration is confirmed (a second partition) must hear of it at once: waiting out
+    the registration timeout hid the second loss, and the bookie never came back."""
+    from support import run_virtual
+
+    from quorumlog.errors import BKError
+    from quorumlog.meta.bookies import BookieRegistry
+    from quorumlog.server.registration import Registration
+    from quorumlog.testing.memory_store import MemoryStore, MetadataFaults
+
+    async def scenario(loop: asyncio.AbstractEventLoop) -> float:
+        import random
+
+        store = MemoryStore(faults=MetadataFaults(random.Random(1), partitioned=True))
+        registration = Registration(BookieRegistry(store), store, "10.0.0.1:3181")
+        started_at = loop.time()
+        loop.call_later(1.0, store.expire)  # cut off, then expired
+        with pytest.raises(BKError, match="session"):
+            await registration.start(read_only=False, timeout_s=30)
+        await registration.abandon()
+        return loop.time() - started_at
+
+    assert run_virtual(scenario) < 2.0
