@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from quorumlog.testing.netns.nemesis import netem_arguments
 from quorumlog.testing.netns.network import (
     Host,
     Network,
+    netem_available,
     netns_unavailable_reason,
     socket_in_namespace,
 )
@@ -163,3 +165,17 @@ def test_a_machine_without_namespaces_gets_a_reason_not_a_skip(
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert "iproute2" in (netns_unavailable_reason() or "")
+
+
+def test_netem_is_probed_without_touching_the_machine_and_its_arguments_match() -> None:
+    """Delay, jitter and loss go to netem where the kernel has it (not here: the probe
+    says so, and leaves no namespace behind); the arguments mirror the proxy's faults."""
+    namespaces_before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    assert isinstance(netem_available(), bool)
+    namespaces_after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    assert "qlnetem" not in namespaces_after.stdout
+    assert namespaces_after.stdout.count("qlnetem") == namespaces_before.stdout.count("qlnetem")
+    assert netem_arguments(LinkFaults()) == ["netem"]
+    assert netem_arguments(LinkFaults(delay_ms=30, jitter_ms=10, loss_rate=0.2)) == [
+        "netem", "delay", "35ms", "5ms", "loss", "20%",
+    ]  # fmt: skip

@@ -1,12 +1,15 @@
 """Nemeses: faults started, held for a bounded time, and undone.
 
-Each nemesis names the mechanism it uses, because the kernel here has no ``netem``:
+Each nemesis names the mechanism it uses (the kernel of the project's machines has no
+``netem``):
 
 - ``neighbour``: a permanent neighbour entry to a MAC nobody owns, in the sender's
   namespace: its frames to that address vanish (silence, as a pulled cable; one
   direction per entry, a partition sets both);
 - ``proxy``: the bookie's TCP proxy holds chunks: delay, jitter (reordering across
-  connections), loss as TCP retransmission stalls;
+  connections), loss as TCP retransmission stalls; ``netem`` instead where the kernel
+  has it (:func:`~quorumlog.testing.netns.network.netem_available`): the same faults
+  at the packet level on the bookie's links;
 - ``signal``: SIGSTOP/SIGCONT or SIGKILL by pid (and a restart on the same data).
 
 ``start(context)`` applies it, ``heal(context)`` undoes it; :class:`RunContext` gives
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from quorumlog.testing.netns.cluster import BookieNode, NetnsCluster, ServerProcess
 from quorumlog.testing.netns.history import read_events
-from quorumlog.testing.netns.network import Host
+from quorumlog.testing.netns.network import Host, netem_available
 from quorumlog.testing.netns.proxy import LinkFaults
 
 
@@ -126,15 +129,34 @@ class OneWayLoss(Nemesis):
         context.cluster.network.heal()
 
 
-class ProxyFaults(Nemesis):
-    """The bookies' proxies apply ``faults`` (to the first ``count`` bookies, or all)."""
+def netem_arguments(faults: LinkFaults) -> list[str]:
+    """The ``tc qdisc ... netem`` arguments for the same faults at the packet level:
+    delay with uniform jitter (netem's default distribution; packets overtake each
+    other), and loss of packets, which TCP retransmits."""
+    arguments = ["netem"]
+    if faults.delay_ms or faults.jitter_ms:
+        # The proxy holds delay + U(0, jitter); netem holds delay' +- jitter'.
+        centre_ms = faults.delay_ms + faults.jitter_ms / 2
+        arguments += ["delay", f"{centre_ms:g}ms", f"{faults.jitter_ms / 2:g}ms"]
+    if faults.loss_rate:
+        arguments += ["loss", f"{faults.loss_rate * 100:g}%"]
+    return arguments
 
-    mechanism = "proxy"
+
+class ProxyFaults(Nemesis):
+    """Delay, loss or reordering on the first ``count`` bookies (of the writer's
+    ensemble), or all: with netem on the bookie's links where the kernel has it (its
+    eth0 for what it sends, its switch port for what it receives), else through the
+    bookies' proxies."""
 
     def __init__(self, name: str, faults: LinkFaults, count: int | None = None) -> None:
         self.name = name
         self.faults = faults
         self.count = count
+
+    @property
+    def mechanism(self) -> str:  # type: ignore[override]
+        return "netem" if netem_available() else "proxy"
 
     def describe(self) -> str:
         return f"{self.name} {self.faults.to_json()}"
@@ -144,12 +166,37 @@ class ProxyFaults(Nemesis):
             return context.cluster.bookies
         return [_bookie(context, i) for i in range(self.count)]
 
+    def _links(self, context: RunContext, bookie: BookieNode) -> list[tuple[str, str]]:
+        """(namespace, device) of the bookie's links the faults' direction covers."""
+        host = bookie.server.host
+        links = []
+        if self.faults.applies(to_target=False):
+            links.append((host.namespace, "eth0"))
+        if self.faults.applies(to_target=True):
+            links.append((context.cluster.network.switch, host.switch_port))
+        return links
+
     def start(self, context: RunContext) -> None:
         for bookie in self._targets(context):
-            context.cluster.set_link_faults(bookie, self.faults)
+            if self.mechanism == "netem":
+                for namespace, device in self._links(context, bookie):
+                    subprocess.run(
+                        ["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev",
+                         device, "root", *netem_arguments(self.faults)],
+                        check=True, capture_output=True,
+                    )  # fmt: skip
+            else:
+                context.cluster.set_link_faults(bookie, self.faults)
 
     def heal(self, context: RunContext) -> None:
         for bookie in context.cluster.bookies:
+            if self.mechanism == "netem":
+                for namespace, device in self._links(context, bookie):
+                    subprocess.run(
+                        ["ip", "netns", "exec", namespace, "tc", "qdisc", "del", "dev",
+                         device, "root"],
+                        capture_output=True,
+                    )  # fmt: skip
             context.cluster.set_link_faults(bookie, LinkFaults())
 
 

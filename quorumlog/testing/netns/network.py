@@ -88,6 +88,8 @@ class Host:
     network: Network | None = field(default=None, repr=False)
     # More addresses of the same interface (a bookie's proxy listens on one).
     extra_addresses: list[str] = field(default_factory=list)
+    # The veth end in the switch namespace: what leaves it enters this host.
+    switch_port: str = ""
 
     @property
     def addresses(self) -> list[str]:
@@ -233,7 +235,7 @@ class Network:
         _ip("addr", "add", f"{address}/{SUBNET.prefixlen}", "dev", "eth0", namespace=namespace)
         _ip("link", "set", "eth0", "up", namespace=namespace)
         mac = _ip("-brief", "link", "show", "eth0", namespace=namespace).split()[2]
-        host = Host(name, namespace, address, mac, self)
+        host = Host(name, namespace, address, mac, self, switch_port=port)
         with self._lock:
             self.hosts[name] = host
         return host
@@ -359,3 +361,29 @@ def removal_on_signals() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+_netem: list[bool] = []
+
+
+def netem_available() -> bool:
+    """Whether this kernel has the netem qdisc (tried once, on the loopback of a
+    namespace made for the probe and deleted after it)."""
+    if not _netem:
+        probe = f"qlnetem{secrets.token_hex(3)}"
+        if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
+            _netem.append(False)
+            return False
+        try:
+            added = subprocess.run(
+                ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root",
+                 "netem", "delay", "1ms"],
+                capture_output=True,
+                timeout=_IP_TIMEOUT_S,
+            )  # fmt: skip
+            _netem.append(added.returncode == 0)
+        except (OSError, subprocess.TimeoutExpired):  # no tc at all
+            _netem.append(False)
+        finally:
+            subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return _netem[0]
