@@ -1,15 +1,19 @@
 """``quorumlog db bench``: durable replicated INSERTs through the HTTP API, beside PostgreSQL.
 
-Three workloads, each run on both systems in the same run:
+Three workloads, each run on both systems in the same run, both systems up at once
+and taking turns for ``--rounds`` rounds (which one goes first alternates), so that
+both meet the disk and the machine's load of the same minutes; each figure is the
+median over the rounds:
 
 - ``serial``: one client, one single-row INSERT at a time (latency p50/p99, writes/s);
 - ``concurrent``: 16 clients, single-row INSERTs (writes/s);
 - ``batch``: one client, 100-row batches, each one transaction (rows/s).
 
 quorumlog: a local cluster of three bookies (journal sync on) and three
-``quorumlog db serve`` replicas; requests go to the leader over HTTP (aiohttp), and an
-answer means the record is confirmed by the log's ack quorum and applied. PostgreSQL
-15 (Debian's package): a primary and one synchronous streaming standby on loopback
+``quorumlog db serve`` replicas; requests go to the leader over HTTP (a minimal
+keep-alive client, one connection per client: :class:`_HttpClient`), and an answer
+means the record is confirmed by the log's ack quorum and applied. PostgreSQL 15
+(Debian's package): a primary and one synchronous streaming standby on loopback
 (``synchronous_commit = on``, ``synchronous_standby_names = '*'``), driven with
 psycopg's asyncio API, one connection per client, autocommit for single rows. Every
 process is started here and stopped by pid; the directories are removed.
@@ -25,18 +29,22 @@ import pwd
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 CONCURRENCY = 16
 BATCH_ROWS = 100
+WORKLOADS = ("serial", "concurrent", "batch")
+# One measurement of one workload: its figures (requests, per_s, p50_ms, p99_ms, ...).
+Workload = Callable[[], Awaitable[dict[str, Any]]]
 
 
 def _free_port() -> int:
@@ -244,15 +252,15 @@ def fsync_ms(directory: Path, rounds: int = 100) -> dict[str, float]:
     return {"p50": _percentile(latencies, 0.5) * 1000, "p99": _percentile(latencies, 0.99) * 1000}
 
 
-async def _bench_quorumlog(
+@contextlib.asynccontextmanager
+async def _quorumlog_workloads(
     addr: str, pids: dict[str, list[int]], count: int, batches: int
-) -> dict[str, Any]:
+) -> AsyncIterator[dict[str, Workload]]:
+    """The three workloads against the leader at ``addr``, its table created and the
+    connections warmed up."""
     host, port = addr.rsplit(":", 1)
     loop = asyncio.get_running_loop()
     clients: list[_HttpClient] = []
-    for _ in range(CONCURRENCY):
-        _, client = await loop.create_connection(lambda: _HttpClient(addr), host, int(port))
-        clients.append(client)
 
     async def post(client: _HttpClient, body: list[Any], query: str = "") -> None:
         status, text = await client.post("/db/execute" + query, json.dumps(body).encode())
@@ -261,29 +269,44 @@ async def _bench_quorumlog(
             raise RuntimeError(f"write failed: {result}")
 
     try:
+        for _ in range(CONCURRENCY):
+            _, client = await loop.create_connection(lambda: _HttpClient(addr), host, int(port))
+            clients.append(client)
         await post(clients[0], ["CREATE TABLE bench (id INTEGER PRIMARY KEY, v TEXT)"])
         row = ["INSERT INTO bench(v) VALUES (?)", "x" * 32]
         await _measure(lambda i: post(clients[0], [row]), 200, 1)  # warm-up, not reported
-        serial = await _with_cpu(_measure(lambda i: post(clients[0], [row]), count, 1), pids)
         per_client = max(1, count * 4 // CONCURRENCY)
-        concurrent = await _with_cpu(
-            _measure(
-                lambda i: post(clients[i // per_client % CONCURRENCY], [row]),
-                count * 4,
-                CONCURRENCY,
+        yield {
+            "serial": lambda: _with_cpu(
+                _measure(lambda i: post(clients[0], [row]), count, 1), pids
             ),
-            pids,
-        )
-        batch = await _with_cpu(
-            _measure(lambda i: post(clients[0], [row] * BATCH_ROWS, "?transaction"), batches, 1),
-            pids,
-        )
+            "concurrent": lambda: _with_cpu(
+                _measure(
+                    lambda i: post(clients[i // per_client % CONCURRENCY], [row]),
+                    count * 4,
+                    CONCURRENCY,
+                ),
+                pids,
+            ),
+            "batch": lambda: _with_cpu(
+                _rows(
+                    _measure(
+                        lambda i: post(clients[0], [row] * BATCH_ROWS, "?transaction"), batches, 1
+                    )
+                ),
+                pids,
+            ),
+        }
     finally:
         for client in clients:
             if client._transport is not None:
                 client._transport.close()
-    batch["rows_per_s"] = batch["per_s"] * BATCH_ROWS
-    return {"serial": serial, "concurrent": concurrent, "batch": batch}
+
+
+async def _rows(figures: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    out = await figures
+    out["rows_per_s"] = out["per_s"] * BATCH_ROWS
+    return out
 
 
 # ---------------------------------------------------------------- PostgreSQL
@@ -383,26 +406,23 @@ def _wait_sync(port: int) -> None:
     raise RuntimeError("the standby never became synchronous")
 
 
-async def _bench_postgres(port: int, count: int, batches: int) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def _postgres_workloads(
+    port: int, count: int, batches: int
+) -> AsyncIterator[dict[str, Workload]]:
+    """The same three workloads against the primary on ``port``."""
     import psycopg
 
     dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
-    conns = [
-        await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(CONCURRENCY)
-    ]
+    conns: list[Any] = []
     try:
+        for _ in range(CONCURRENCY):
+            conns.append(await psycopg.AsyncConnection.connect(dsn, autocommit=True))
         await conns[0].execute("CREATE TABLE bench (id SERIAL PRIMARY KEY, v TEXT)")
         value = "x" * 32
 
         async def insert(i: int, conn: Any = None) -> None:
             await (conn or conns[0]).execute("INSERT INTO bench(v) VALUES (%s)", (value,))
-
-        await _measure(lambda i: insert(i), 200, 1)
-        serial = await _measure(lambda i: insert(i), count, 1)
-        per_client = max(1, count * 4 // CONCURRENCY)
-        concurrent = await _measure(
-            lambda i: insert(i, conns[i // per_client % CONCURRENCY]), count * 4, CONCURRENCY
-        )
 
         async def batch(i: int) -> None:
             conn = conns[0]
@@ -411,32 +431,74 @@ async def _bench_postgres(port: int, count: int, batches: int) -> dict[str, Any]
                     "INSERT INTO bench(v) VALUES (%s)", [(value,)] * BATCH_ROWS
                 )
 
-        batched = await _measure(batch, batches, 1)
-        batched["rows_per_s"] = batched["per_s"] * BATCH_ROWS
-        return {"serial": serial, "concurrent": concurrent, "batch": batched}
+        await _measure(lambda i: insert(i), 200, 1)  # warm-up, not reported
+        per_client = max(1, count * 4 // CONCURRENCY)
+        yield {
+            "serial": lambda: _measure(lambda i: insert(i), count, 1),
+            "concurrent": lambda: _measure(
+                lambda i: insert(i, conns[i // per_client % CONCURRENCY]), count * 4, CONCURRENCY
+            ),
+            "batch": lambda: _rows(_measure(batch, batches, 1)),
+        }
     finally:
         for conn in conns:
             await conn.close()
 
 
+async def _alternate(
+    systems: dict[str, contextlib.AbstractAsyncContextManager[dict[str, Workload]]], rounds: int
+) -> dict[str, dict[str, Any]]:
+    """Every workload ``rounds`` times on each system, the systems taking turns (which
+    one goes first alternates), so that both see the disk and the machine's load of
+    the same minutes; each figure is the median over the rounds."""
+    async with contextlib.AsyncExitStack() as stack:
+        ready = {name: await stack.enter_async_context(cm) for name, cm in systems.items()}
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+            name: {w: [] for w in WORKLOADS} for name in ready
+        }
+        for turn in range(rounds):
+            for workload in WORKLOADS:
+                order = list(ready) if turn % 2 == 0 else list(reversed(ready))
+                for name in order:
+                    runs[name][workload].append(await ready[name][workload]())
+    return {
+        name: {w: _median(figures) for w, figures in by_workload.items()}
+        for name, by_workload in runs.items()
+    }
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    out["rounds"] = len(runs)
+    out["per_s_each_round"] = [r["per_s"] for r in runs]
+    return out
+
+
 # ---------------------------------------------------------------- the command
 
 
-def bench(count: int, batches: int, with_postgres: bool) -> dict[str, Any]:
-    """Run both; the figures as a dict."""
+def bench(count: int, batches: int, with_postgres: bool, rounds: int = 3) -> dict[str, Any]:
+    """Run both, taking turns ``rounds`` times; the figures as a dict."""
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="quorumlog-dbbench-") as tmp:
         base = Path(tmp)
         base.chmod(0o755)  # the postgres user must reach its directories below
         out["load_1min_before"] = os.getloadavg()[0]  # other work on the machine
         out["fsync_ms_before"] = fsync_ms(base)
-        with _quorumlog_group(base / "ql") as (leader, pids):
-            out["quorumlog"] = asyncio.run(_bench_quorumlog(leader, pids, count, batches))
-        if with_postgres:
-            pg_base = base / "pg"
-            pg_base.mkdir()
-            with _postgres_pair(pg_base) as port:
-                out["postgresql"] = asyncio.run(_bench_postgres(port, count, batches))
+        pg_base = base / "pg"
+        pg_base.mkdir()
+        with contextlib.ExitStack() as stack:
+            leader, pids = stack.enter_context(_quorumlog_group(base / "ql"))
+            port = stack.enter_context(_postgres_pair(pg_base)) if with_postgres else None
+
+            async def run_all() -> dict[str, dict[str, Any]]:
+                systems: dict[str, contextlib.AbstractAsyncContextManager[dict[str, Workload]]]
+                systems = {"quorumlog": _quorumlog_workloads(leader, pids, count, batches)}
+                if port is not None:
+                    systems["postgresql"] = _postgres_workloads(port, count, batches)
+                return await _alternate(systems, rounds)
+
+            out.update(asyncio.run(run_all()))
         out["fsync_ms_after"] = fsync_ms(base)
         shutil.rmtree(base, ignore_errors=True)
     return out
