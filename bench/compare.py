@@ -38,6 +38,7 @@ import os
 import platform
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -607,6 +608,14 @@ def format_quorumlog_rows(report: dict[str, Any]) -> str:
             f"| one client reading the same log | {spark['client_rows_per_s']:,} | "
             f"{spark['client_rows_per_s'] * spark['entry_size'] / 1e6:.2f} | | | |"
         )
+        cpu = spark.get("spark_cpu_us_per_row") or []
+        if cpu:
+            roles = {role: statistics.median(job[role] for job in cpu) for role in cpu[0]}
+            lines.append(
+                "| Spark read, CPU µs per row (median job): "
+                + ", ".join(f"{role} {us:.2f}" for role, us in roles.items())
+                + f"; total {sum(roles.values()):.2f} | | | | | |"
+            )
     elif "spark" in errors:
         lines.append(f"| Spark local[2] | {errors['spark'][:70]} | | | | |")
     return "\n".join(lines)

@@ -88,8 +88,58 @@ async def client_read(uri: str, expected: int) -> tuple[int, int, float]:
     return count, size, seconds
 
 
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, str, float] | None:
+    """(parent pid, command name, CPU seconds of the process and its reaped children)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name = text[text.index("(") + 1 : text.rindex(")")]
+    fields = text.rsplit(")", 1)[1].split()
+    # utime, stime, cutime, cstime: fields 14-17 of stat, 11-14 after the name.
+    ticks = sum(int(x) for x in fields[11:15])
+    return int(fields[1]), name, ticks / CLOCK_TICKS_PER_S
+
+
+def cpu_by_role(bookie_pids: set[int]) -> dict[str, float]:
+    """CPU seconds so far of this process's tree, by role: the bookies, the JVM (driver
+    and executor threads of local mode), the Python workers it started, this driver."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            found = _stat(int(entry.name))
+            if found is not None:
+                stats[int(entry.name)] = found
+    roles = {"bookies": 0.0, "jvm": 0.0, "python_workers": 0.0, "driver": 0.0}
+    me = os.getpid()
+    for pid, (_, name, cpu_s) in stats.items():
+        chain, cursor = [], pid
+        while cursor in stats and cursor not in (me, 1) and len(chain) < 32:
+            chain.append(cursor)
+            cursor = stats[cursor][0]
+        if pid == me:
+            roles["driver"] += cpu_s
+        elif cursor != me:
+            continue  # not ours
+        elif pid in bookie_pids:
+            roles["bookies"] += cpu_s
+        elif name == "java":
+            roles["jvm"] += cpu_s
+        elif any(stats[c][1] == "java" for c in chain[1:]):
+            roles["python_workers"] += cpu_s
+    return roles
+
+
 def spark_read(
-    uri: str, expected: int, master: str, jobs: int = 3, copy: bool = True
+    uri: str,
+    expected: int,
+    master: str,
+    jobs: int = 3,
+    copy: bool = True,
+    bookie_pids: set[int] | None = None,
 ) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
@@ -100,12 +150,18 @@ def spark_read(
     session_s = time.perf_counter() - started
     try:
         times = []
+        cpu_us_per_row: list[dict[str, float]] = []
         for _ in range(1 + jobs):
+            cpu0 = cpu_by_role(bookie_pids or set())
             t0 = time.perf_counter()
             df = spark.read.format("quorumlog").option("metadata", uri).option("log", LOG_NAME)
             row = df.load().agg(F.count("*").alias("n"), F.sum(F.length("data")).alias("b"))
             result = row.collect()[0]
             times.append(time.perf_counter() - t0)
+            cpu1 = cpu_by_role(bookie_pids or set())
+            cpu_us_per_row.append(
+                {role: round((cpu1[role] - cpu0[role]) / expected * 1e6, 2) for role in cpu1}
+            )
             if result["n"] != expected:
                 raise RuntimeError(f"Spark read {result['n']} records, expected {expected}")
         partitions = df.load().rdd.getNumPartitions()
@@ -126,6 +182,8 @@ def spark_read(
         "seconds": statistics.median(times[1:]),
         "partitions": partitions,
         "copy_s": write_s,
+        # CPU per row of each timed job by role: what the cores spent on the read.
+        "cpu_us_per_row": cpu_us_per_row[1:],
     }
 
 
@@ -160,7 +218,10 @@ def main(argv: list[str] | None = None) -> int:
             print("reading with the client ...", file=sys.stderr)
             count, _, client_s = asyncio.run(client_read(uri, args.entries))
             print(f"reading with Spark {args.master} ...", file=sys.stderr)
-            spark = spark_read(uri, args.entries, args.master, args.jobs, not args.no_copy)
+            bookie_pids = set() if cluster is None else {b.pid for b in cluster.bookies if b.pid}
+            spark = spark_read(
+                uri, args.entries, args.master, args.jobs, not args.no_copy, bookie_pids
+            )
         finally:
             if cluster is not None:
                 cluster.stop_all()
@@ -178,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "spark_read_s": round(spark["seconds"], 2),
         "spark_rows_per_s": round(args.entries / spark["seconds"]),
         "spark_job_rows_per_s": [round(args.entries / s) for s in spark["job_s"]],
+        "spark_cpu_us_per_row": spark["cpu_us_per_row"],
         "spark_copy_s": None if spark["copy_s"] is None else round(spark["copy_s"], 2),
         "spark_copy_rows_per_s": (
             None if spark["copy_s"] is None else round(args.entries / spark["copy_s"])
@@ -195,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{spark['first_job_s']:.2f} s, session start {spark['session_start_s']:.1f} s; "
             f"median of {args.jobs} jobs)"
         )
+        for job, roles in enumerate(spark["cpu_us_per_row"], 1):
+            print(
+                f"  job {job + 1} CPU per row: "
+                + ", ".join(f"{role} {us:.2f} µs" for role, us in roles.items())
+            )
         if spark["copy_s"] is not None:
             print(
                 f"  Spark read + sink into a new log: {result['spark_copy_rows_per_s']:>10,} "
