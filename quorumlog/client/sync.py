@@ -273,12 +273,14 @@ class LedgerSubmitter:
 
     def submit(self, data: bytes) -> concurrent.futures.Future[int]:
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        if type(data) is not bytes:
+            data = bytes(data)  # a copy now: the caller may reuse its buffer at once
         self._handoff.put((data, future))
         return future
 
     def submit_many(self, entries: Sequence[bytes]) -> concurrent.futures.Future[list[int]]:
         future: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
-        batch = list(entries)
+        batch = [data if type(data) is bytes else bytes(data) for data in entries]
         limit = self._handoff.limit
         if len(batch) > limit:
             future.set_exception(

@@ -23,10 +23,15 @@ def test_r3_add_entries_on_both_facades_gives_consecutive_ids_and_readable_entri
         assert [i for f in pending for i in f.result(timeout=60)] == list(range(100, 500))
         assert [f.result(timeout=60) for f in singles] == list(range(500, 600))
         assert lh.add_entries([]) == []
+        # A buffer the caller reuses at once: the entry is what it held when added.
+        buffer = bytearray(b"reused-0")
+        last = lh.add_entry_async(buffer)
+        buffer[:] = b"changed!"
+        assert last.result(timeout=60) == 600
         lh.close()
-        entries = bk.open_ledger(lh.ledger_id, b"pw").read_entries(0, 599)
-        assert [e.data for e in entries] == payloads
-        assert bk.ledger_metadata(lh.ledger_id).length == sum(map(len, payloads))
+        entries = bk.open_ledger(lh.ledger_id, b"pw").read_entries(0, 600)
+        assert [e.data for e in entries] == [*payloads, b"reused-0"]
+        assert bk.ledger_metadata(lh.ledger_id).length == sum(map(len, payloads)) + 8
 
     async def aio() -> None:
         async with await AsyncBookKeeper.connect(cluster3.metadata_uri) as abk:
