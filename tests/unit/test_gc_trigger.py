@@ -41,7 +41,7 @@ def run_gc(
     asked: list[str] = []
     by_url = {info["http"]: bookie for bookie, info in published.items() if "http" in info}
 
-    async def one(url: str, major: bool, timeout_s: float) -> dict[str, Any]:
+    async def one(url: str, major: bool, timeout_s: float, credentials: object) -> dict[str, Any]:
         asked.append(url)
         return {"bookie": by_url[url], "http": url, "major": major, "result": {}}
 

@@ -58,7 +58,7 @@ def test_read_options_take_the_log_from_the_load_path():
         ({"metadata": URI, "log": "x", "ledgers": "1"}, "got both"),
         ({"metadata": URI, "ledgers": "1,x"}, "'x' is not a ledger id"),
         ({"metadata": URI, "ledgers": "1,1"}, "twice"),
-        ({"metadata": URI, "log": "bad/name"}, "bad log name"),
+        ({"metadata": URI, "log": "bad//name"}, "bad log name"),
         ({"metadata": "http://x", "log": "x"}, "option metadata"),
         ({"metadata": URI, "log": "x", "entriesperpartition": "0"}, "entriesPerPartition"),
         ({"metadata": URI, "log": "x", "maxrecordspertrigger": "5"}, "only streaming"),
