@@ -574,8 +574,9 @@ def format_quorumlog_rows(report: dict[str, Any]) -> str:
     extra = report.get("quorumlog_extra", {})
     errors = extra.get("errors", {})
     lines = [
-        "| quorumlog, same run (medians) | entries/s | MB/s | p50 ms | p99 ms | p99.9 ms |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| quorumlog, same run (medians) | entries/s | MB/s | p50 ms | p99 ms | p99.9 ms "
+        "| CPU µs/entry, client / bookies |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     modes = report.get("systems", {}).get("quorumlog", {}).get("modes", {})
     rows = [
@@ -587,14 +588,17 @@ def format_quorumlog_rows(report: dict[str, Any]) -> str:
     for label, figures in rows:
         if not figures:
             why = errors.get(keys.get(label, ""), "not run")
-            lines.append(f"| {label} | {str(why)[:70]} | | | | |")
+            lines.append(f"| {label} | {str(why)[:70]} | | | | | |")
             continue
         lat = figures["latency_ms"]
         mb = figures.get("mb_per_s")
+        cpu = figures.get("cpu_us_per_entry")
         lines.append(
             f"| {label} | {figures['entries_per_s']:,.0f} | "
             + (f"{mb:.2f}" if mb is not None else "-")
-            + f" | {lat['p50']:.3f} | {lat['p99']:.3f} | {lat['p99.9']:.3f} |"
+            + f" | {lat['p50']:.3f} | {lat['p99']:.3f} | {lat['p99.9']:.3f} | "
+            + (f"{cpu['client']:.2f} / {cpu['local_bookies']:.2f}" if cpu else "-")
+            + " |"
         )
     spark = extra.get("spark")
     if spark:
@@ -602,11 +606,11 @@ def format_quorumlog_rows(report: dict[str, Any]) -> str:
         lines.append(
             f"| Spark local[2], {spark['entries']:,} entries ({spark['spark_partitions']} "
             f"partitions; jobs {jobs}) | {spark['spark_rows_per_s']:,} | "
-            f"{spark['spark_rows_per_s'] * spark['entry_size'] / 1e6:.2f} | | | |"
+            f"{spark['spark_rows_per_s'] * spark['entry_size'] / 1e6:.2f} | | | | |"
         )
         lines.append(
             f"| one client reading the same log | {spark['client_rows_per_s']:,} | "
-            f"{spark['client_rows_per_s'] * spark['entry_size'] / 1e6:.2f} | | | |"
+            f"{spark['client_rows_per_s'] * spark['entry_size'] / 1e6:.2f} | | | | |"
         )
         cpu = spark.get("spark_cpu_us_per_row") or []
         if cpu:
@@ -614,10 +618,10 @@ def format_quorumlog_rows(report: dict[str, Any]) -> str:
             lines.append(
                 "| Spark read, CPU µs per row (median job): "
                 + ", ".join(f"{role} {us:.2f}" for role, us in roles.items())
-                + f"; total {sum(roles.values()):.2f} | | | | | |"
+                + f"; total {sum(roles.values()):.2f} | | | | | | |"
             )
     elif "spark" in errors:
-        lines.append(f"| Spark local[2] | {errors['spark'][:70]} | | | | |")
+        lines.append(f"| Spark local[2] | {errors['spark'][:70]} | | | | | |")
     return "\n".join(lines)
 
 

@@ -105,6 +105,45 @@ def log_buckets(
     return [[round(10 ** (b / per_decade), 1), counts[b]] for b in sorted(counts)]
 
 
+class CpuMeter:
+    """CPU seconds spent by this process and by its child processes (the local bookies
+    ``quorumlog bench`` starts), from ``/proc``: what a phase cost per entry, which on a
+    shared machine says more than its wall-clock rate."""
+
+    def __init__(self) -> None:
+        self._start = self._now()
+
+    @staticmethod
+    def _children_s() -> float:
+        me = os.getpid()
+        total = 0.0
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            return 0.0
+        for name in entries:
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:  # utime and stime: fields 14 and 15 of stat
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+    def _now(self) -> tuple[float, float]:
+        return time.process_time(), self._children_s()
+
+    def per_entry_us(self, entries: int) -> dict[str, float]:
+        own, children = self._now()
+        return {
+            "client": round((own - self._start[0]) / max(1, entries) * 1e6, 2),
+            "local_bookies": round((children - self._start[1]) / max(1, entries) * 1e6, 2),
+        }
+
+
 class Timeline:
     """Completions counted per ``interval_s`` from ``start()``: throughput over time.
 
@@ -279,11 +318,13 @@ def _write_sync_thread(
 
         handle = bk.create_ledger(settings.ensemble, settings.write_quorum, settings.ack_quorum)
         started = time.perf_counter()
+        cpu = CpuMeter()
         for index in range(total):
             slots.acquire()
             if index == settings.warmup:
                 started = time.perf_counter()
                 result.timeline.start()
+                cpu = CpuMeter()
             future = handle.add_entry_async(payload)
             future.add_done_callback(
                 functools.partial(on_done, time.perf_counter_ns(), index >= settings.warmup)
@@ -294,6 +335,7 @@ def _write_sync_thread(
             slots.acquire()
         result.seconds = last_done_s[0] - started
         result.entries = settings.entries
+        result.settings["cpu_us_per_entry"] = cpu.per_entry_us(result.entries)
         handle.close()
         bk.delete_ledger(handle.ledger_id)
     finally:
@@ -343,11 +385,13 @@ def _write_batch_thread(
             slots.release()
 
         started = time.perf_counter()
+        cpu = CpuMeter()
         for index in range(warmup_batches + batches):
             slots.acquire()
             if index == warmup_batches:
                 started = time.perf_counter()
                 result.timeline.start()
+                cpu = CpuMeter()
             future = add_entries_async(batch)
             future.add_done_callback(
                 functools.partial(on_done, time.perf_counter_ns(), index >= warmup_batches)
@@ -357,6 +401,7 @@ def _write_batch_thread(
             slots.acquire()
         result.seconds = last_done_s[0] - started
         result.entries = batches * BATCH_ENTRIES
+        result.settings["cpu_us_per_entry"] = cpu.per_entry_us(result.entries)
         handle.close()
         bk.delete_ledger(handle.ledger_id)
     finally:
@@ -413,6 +458,7 @@ async def _append_pipelined(
             if index == settings.warmup:
                 measured_start = time.perf_counter()
                 result.timeline.start()
+                meters.append(CpuMeter())
             future = append(payload)
             future.add_done_callback(
                 functools.partial(on_done, time.perf_counter_ns(), index >= settings.warmup)
@@ -423,12 +469,17 @@ async def _append_pipelined(
                 await asyncio.sleep(0)
         await asyncio.gather(*in_flight)
 
+    # The first ledger to pass its warm-up starts the meter (several ledgers: the first).
+    meters: list[CpuMeter] = []
     if settings.warmup == 0:
         measured_start = time.perf_counter()
         result.timeline.start()
+        meters.append(CpuMeter())
     await asyncio.gather(*(drive(a) for a in appenders))
     result.seconds = time.perf_counter() - measured_start
     result.entries = max(0, counters["sent"] - settings.warmup)
+    if meters:
+        result.settings["cpu_us_per_entry"] = meters[0].per_entry_us(result.entries)
     return result
 
 
@@ -453,6 +504,7 @@ async def _read(settings: BenchSettings, metadata_uri: str, report: ProgressCall
             (first, min(settings.entries - 1, first + step - 1))
             for first in range(0, settings.entries, step)
         ]
+        cpu = CpuMeter()
         started = time.perf_counter()
         result.timeline.start()
         count = 0
@@ -476,6 +528,7 @@ async def _read(settings: BenchSettings, metadata_uri: str, report: ProgressCall
             report(count)
         result.seconds = time.perf_counter() - started
         result.entries = count
+        result.settings["cpu_us_per_entry"] = cpu.per_entry_us(count)
         result.settings["latency_note"] = "per-entry share of each batch read"
         await bk.delete_ledger(writer.ledger_id)
     finally:
@@ -536,11 +589,14 @@ async def _tail(settings: BenchSettings, metadata_uri: str, report: ProgressCall
                 next_id = delivered[-1].entry_id + 1
                 report(next_id)
 
+        cpu = CpuMeter()
         started = time.perf_counter()
         result.timeline.start()
         await asyncio.gather(write(), tail())
         result.seconds = time.perf_counter() - started
         result.entries = total
+        # The writer's and the reader's together: both run in this process.
+        result.settings["cpu_us_per_entry"] = cpu.per_entry_us(total)
         result.settings["latency_note"] = "writer confirmation to reader delivery"
         await writer.close()
         await bk.delete_ledger(writer.ledger_id)

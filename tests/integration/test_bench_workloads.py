@@ -51,6 +51,8 @@ def assert_consistent(summary: dict[str, Any], measured: int) -> None:
     assert sum(timeline["entries_per_s"]) * timeline["interval_s"] == pytest.approx(measured)
     percentiles = [value for _, value in summary["latency_distribution_ms"]]
     assert percentiles == sorted(percentiles)
+    # The client's CPU is measured (the bookies are not this process's children here).
+    assert summary["cpu_us_per_entry"]["client"] > 0
 
 
 @pytest.mark.parametrize("workload", ["write", "write-sync", "write-batch", "log-write"])

@@ -151,11 +151,12 @@ def test_the_quorumlog_rows_name_what_failed_or_did_not_run(compare: ModuleType)
         "systems": systems(),
     }
     run["quorumlog_extra"]["read"]["latency_ms"]["p99.9"] = 0.02
+    run["quorumlog_extra"]["read"]["cpu_us_per_entry"] = {"client": 1.2, "local_bookies": 2.25}
     for mode in run["systems"]["quorumlog"]["modes"].values():
         mode["latency_ms"]["p99.9"] = 30.0
     table = compare.format_quorumlog_rows(run)
-    assert "| sequential read | 450,000 | 45.00 | 0.004 | 0.010 | 0.020 |" in table
-    assert "| pipelined, asyncio append | 60,000 | - | 15.000 | 20.000 | 30.000 |" in table
+    assert "| sequential read | 450,000 | 45.00 | 0.004 | 0.010 | 0.020 | 1.20 / 2.25 |" in table
+    assert "| pipelined, asyncio append | 60,000 | - | 15.000 | 20.000 | 30.000 | - |" in table
     assert "| pipelined, sync facade add_entries_async (batches) | RuntimeError(" in table
     assert "| tail at 1,000/s | not run |" in table
 
