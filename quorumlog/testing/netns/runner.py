@@ -185,7 +185,8 @@ def _workload(spec: RunSpec, cluster: NetnsCluster) -> _Workload:
     raise ValueError(f"unknown workload {spec.workload!r}")
 
 
-def _ensure_db(cluster: NetnsCluster) -> None:
+def ensure_db(cluster: NetnsCluster) -> None:
+    """The database's replicas, started on first use, with a leader."""
     if not cluster.db_replicas:
         cluster.start_db(DB_NAME)
     _poll(lambda: cluster.db_leader() is not None, SERVICE_BOUND_S, "a database leader")
@@ -231,7 +232,7 @@ def run_nemesis(cluster: NetnsCluster, spec: RunSpec, out_dir: Path) -> RunResul
         directory=str(run_dir),
     )
     if spec.workload == "db":
-        _ensure_db(cluster)
+        ensure_db(cluster)
     workload = _workload(spec, cluster)
     common = ["--history", str(history_dir), "--stop-file", str(stop_file), *spec.workload_args]
     clients = {name: cluster.client(name) for name in workload.clients}
