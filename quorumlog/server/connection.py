@@ -3,7 +3,7 @@
 Hot path: bytes arrive, the :class:`~quorumlog.proto.codec.FrameDecoder` turns
 them into requests, each goes to :meth:`Bookie.submit` with this connection's
 ``respond`` as callback. Answers are encoded into a list and written with one
-``writelines`` per event-loop turn (the flush is scheduled once per turn), so
+write per event-loop turn (the flush is scheduled once per turn), so
 a pipelined client costs one send system call per turn, not one per entry.
 
 Memory stays bounded in bytes (R12, R16): the decoder holds at most one maximum-size
@@ -67,6 +67,8 @@ from quorumlog.server.config import ServerConfig
 log = logging.getLogger(__name__)
 
 _CLOSE_GRACE_S = 5.0
+# Queued answer parts averaging this size or more leave as they are (_flush).
+_GATHER_MIN_PART_BYTES = 4096
 
 _RESPONSE_TYPES = (
     AddResponse,
@@ -428,8 +430,14 @@ class BookieProtocol(asyncio.Protocol):
         if self._out:
             out = self._out
             self._out = []
+            if self._out_bytes >= _GATHER_MIN_PART_BYTES * len(out):
+                transport.writelines(out)  # large entries: gathered by the kernel, no copy
+            else:
+                # Small parts (a read answer is two per entry): one copy costs less than
+                # a gathered write of thousands of buffers (about half, for 1,000
+                # entries of 140 B).
+                transport.writelines([b"".join(out)])
             self._out_bytes = 0
-            transport.writelines(out)
         if self._draining and self.in_flight == 0:
             if transport.can_write_eof():
                 transport.write_eof()
