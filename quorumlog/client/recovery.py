@@ -3,7 +3,8 @@
 Every decision is made by the pure state machine
 :class:`~quorumlog.core.recovery.LedgerRecoveryMachine`: mark IN_RECOVERY, fence
 the last fragment until enough bookies answered, read forward with fencing reads,
-write each entry found back until Qa bookies have it, decide where the ledger
+write each entry found back until Qa bookies have it (replacing a bookie that keeps
+failing those recovery adds with an ensemble change), decide where the ledger
 ends, close (and how to resolve metadata outcomes that are unknown, R13). This
 class carries out its effects: it sends the requests, runs the metadata updates
 and reads, and hands every answer back. Concurrent recoveries converge: the
@@ -50,7 +51,8 @@ from quorumlog.core.recovery import (
     SendRecoveryRead,
     SendRewrite,
 )
-from quorumlog.errors import BKError, Status
+from quorumlog.core.writer import BookiesChosen, ChooseBookies, NoBookies
+from quorumlog.errors import BKError, NotEnoughBookiesError, Status
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.codec import (
     AddFlag,
@@ -166,12 +168,14 @@ class LedgerRecovery:
                     add = AddRequest(
                         0, self.ledger_id, self._master_key, [effect.blob], AddFlag.RECOVERY
                     )
-                    self._send(
-                        slot,
+                    address = self._machine.write_ensemble[slot]
+                    self._pool.get(address).send(
                         add,
-                        partial(self._on_rewritten, entry_id, slot),
+                        partial(self._on_rewritten, entry_id, slot, address),
                         self._config.add_timeout_ms,
                     )
+            elif isinstance(effect, ChooseBookies):
+                self._spawn(self._choose_bookies(effect))
             elif isinstance(effect, UpdateMetadata):
                 self._spawn(self._update_metadata(effect.decide))
             elif isinstance(effect, ReadMetadata):
@@ -224,12 +228,44 @@ class LedgerRecovery:
             return
         self._step(EntryRead(entry_id, slot, Status.OK, blob, decoded.length))
 
-    def _on_rewritten(self, entry_id: int, slot: int, answer: Response | BKError) -> None:
+    def _on_rewritten(
+        self, entry_id: int, slot: int, address: str, answer: Response | BKError
+    ) -> None:
         if isinstance(answer, AddResponse):
-            self._step(EntryRewritten(entry_id, slot, answer.status, f"status {answer.status}"))
+            status, message = answer.status, f"status {answer.status}"
         else:
             status, message = _failure(answer)[::2]
-            self._step(EntryRewritten(entry_id, slot, status, message))
+        self._step(EntryRewritten(entry_id, slot, status, message, bookie=address))
+
+    async def _choose_bookies(self, effect: ChooseBookies) -> None:
+        """Replacements for bookies that keep failing recovery adds, from the writable
+        bookies the registry lists (the placement policy's choice, as for a writer)."""
+        client = self._client
+        failed = ", ".join(self._machine.write_ensemble[i] for i in effect.slots)
+        event: RecoveryEvent
+        try:
+            writable = await client.registry.writable_bookies()
+            chosen = client.placement.replacements(
+                writable, set(effect.excluded), len(effect.slots)
+            )
+        except NotEnoughBookiesError as exc:
+            event = NoBookies(
+                NotEnoughBookiesError(
+                    f"ledger {self.ledger_id}: recovery cannot replace bookie(s) {failed}: "
+                    f"{exc.message}"
+                )
+            )
+        except Exception as exc:  # the registry could not be read: nothing was written
+            event = NoBookies(as_metadata_error(exc))
+        else:
+            log.warning(
+                "ledger %d: recovery replaces bookie(s) %s with %s",
+                self.ledger_id,
+                failed,
+                ", ".join(chosen),
+            )
+            event = BookiesChosen(effect.slots, tuple(chosen))
+        self._step(event)
 
     # ------------------------------------------------------------ metadata and length
 

@@ -19,18 +19,22 @@ from quorumlog.core.metadata import (
     IN_RECOVERY,
     CloseAt,
     Decision,
+    Ensembles,
     LedgerView,
     MarkInRecovery,
     MetadataEvent,
     MetadataRead,
     MetadataStored,
+    NewFragment,
     PendingUpdate,
     ReadMetadata,
+    Refused,
     Retry,
     Settled,
     UpdateMetadata,
 )
 from quorumlog.core.quorum import can_still_cover, covered_threshold, is_covered
+from quorumlog.core.writer import BookiesChosen, ChooseBookies, NoBookies
 from quorumlog.errors import BKError, LedgerRecoveryError, Status, UnauthorizedError
 
 
@@ -157,12 +161,15 @@ class EntryRead:
 
 @dataclass(frozen=True, slots=True)
 class EntryRewritten:
-    """A bookie's answer to the recovery add of ``entry_id`` (``Status.OK``: stored)."""
+    """A bookie's answer to the recovery add of ``entry_id`` (``Status.OK``: stored).
+    ``bookie``, when given, is who answered: an answer from a bookie the slot no longer
+    names (replaced by an ensemble change) is ignored."""
 
     entry_id: int
     slot: int
     status: int
     message: str = ""
+    bookie: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +180,15 @@ class LengthRead:
     length_bytes: int | None
 
 
-RecoveryEvent = FenceAnswered | EntryRead | EntryRewritten | LengthRead | MetadataEvent
+RecoveryEvent = (
+    FenceAnswered
+    | EntryRead
+    | EntryRewritten
+    | LengthRead
+    | BookiesChosen
+    | NoBookies
+    | MetadataEvent
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +208,8 @@ class SendRecoveryRead:
 
 @dataclass(frozen=True, slots=True)
 class SendRewrite:
-    """Send ``blob`` as a recovery add to each of these slots."""
+    """Send ``blob`` as a recovery add to each of these slots of the ensemble rewrites
+    go to (``LedgerRecoveryMachine.write_ensemble``)."""
 
     entry_id: int
     blob: bytes
@@ -228,6 +244,7 @@ class RecoveryFailed:
 RecoveryEffect = (
     UpdateMetadata
     | ReadMetadata
+    | ChooseBookies
     | SendFence
     | SendRecoveryRead
     | SendRewrite
@@ -244,12 +261,52 @@ def decide_mark_in_recovery(current: LedgerView) -> Decision:
     return MarkInRecovery()
 
 
-def decide_recovery_close(last_entry_id: int, length_bytes: int, current: LedgerView) -> Decision:
+def decide_recovery_close(
+    ledger_id: int, last_entry_id: int, length_bytes: int, ensembles: Ensembles, current: LedgerView
+) -> Decision:
     """R8's last step: close at the last entry recovered, unless another recovery closed
-    it first (concurrent recoveries converge: all adopt the first close)."""
+    it first (concurrent recoveries converge: all adopt the first close). The fragments
+    must be those this recovery rewrote to: another recovery's ensemble change means
+    its replacements, not this recovery's bookies, are recorded to hold the tail."""
     if current.state == CLOSED:
         return Settled()
+    if current.ensembles != ensembles:
+        return Refused(_ensemble_moved(ledger_id))
     return CloseAt(last_entry_id, length_bytes)
+
+
+def decide_recovery_fragment(
+    ledger_id: int,
+    first_entry_id: int,
+    bookies: tuple[str, ...],
+    ensembles: Ensembles,
+    current: LedgerView,
+) -> Decision:
+    """A recovery's ensemble change (R5 during recovery, as BookKeeper's recovery adds
+    replace a failed bookie): the new fragment on the fragments this recovery knows.
+    Already there: an earlier attempt was applied. Closed meanwhile: nothing to write
+    (the recovery adopts the close). Other fragments: another recovery moved on."""
+    if current.state == CLOSED:
+        return Settled()
+    if current.ensembles == with_fragment(ensembles, first_entry_id, bookies):
+        return Settled()
+    if current.ensembles != ensembles:
+        return Refused(_ensemble_moved(ledger_id))
+    return NewFragment(first_entry_id, bookies)
+
+
+def with_fragment(ensembles: Ensembles, first_entry_id: int, bookies: tuple[str, ...]) -> Ensembles:
+    """``ensembles`` after a new fragment from ``first_entry_id`` (one that starts there
+    or later is replaced: it is the recovery's to rewrite)."""
+    kept = tuple((first, ensemble) for first, ensemble in ensembles if first < first_entry_id)
+    return (*kept, (first_entry_id, bookies))
+
+
+def _ensemble_moved(ledger_id: int) -> LedgerRecoveryError:
+    return LedgerRecoveryError(
+        f"ledger {ledger_id}: another recovery changed the ensemble meanwhile; "
+        "the ledger stays open for a later recovery"
+    )
 
 
 class _Rewrite:
@@ -261,8 +318,17 @@ class _Rewrite:
         self.blob = blob
         self.sent = set(slots)  # this round
         self.answered: set[int] = set()  # this round
-        self.acked: set[int] = set()  # over every round
+        self.acked: set[int] = set()  # over every round, by the bookies the slots name now
         self.rounds = 1
+
+    def restart(self, slots: tuple[int, ...], replaced: tuple[int, ...]) -> tuple[int, ...]:
+        """After an ensemble change: the replaced slots' acks stop counting (their new
+        bookies hold nothing yet); a new round goes to every slot not acked. Returns
+        the slots to send to."""
+        self.acked -= set(replaced)
+        retry = tuple(slot for slot in slots if slot not in self.acked)
+        self.sent, self.answered, self.rounds = set(retry), set(), 1
+        return retry
 
 
 class LedgerRecoveryMachine:
@@ -278,9 +344,17 @@ class LedgerRecoveryMachine:
        bookies have it (up to ``rewrite_attempts`` rounds for the others). The first
        entry that enough bookies declare missing ends the ledger; an entry neither
        found nor known missing stops recovery unclosed (:class:`EntryRecoveryRead`).
-    4. Once every rewrite reached Qa bookies, close at the last entry found, with the
+    4. A bookie that still fails rewrites after ``rewrite_attempts`` rounds is
+       replaced, as BookKeeper's recovery adds do (with Qa = Qw, one bookie gone for
+       good would otherwise keep the ledger open forever): once the end is found,
+       choose a bookie, send it every entry from the first stuck one whose write set
+       it is in and that lacks Qa acks without the bookie it replaces, and only when
+       all of them are on Qa bookies write the fragment (from that entry, replacing a
+       fragment that starts there). At most ``ensemble_changes`` changes (default E).
+    5. Once every rewrite reached Qa bookies, close at the last entry found, with the
        ledger length its header records (or, if none was found, the length recorded
-       by the entry before, read from its own fragment).
+       by the entry before, read from its own fragment), provided the fragments are
+       still the ones this recovery knows (another recovery's change means it failed).
 
     Metadata updates follow the one policy of ``core/metadata.py`` (R13).
     """
@@ -296,6 +370,7 @@ class LedgerRecoveryMachine:
         reads_in_flight: int = 16,
         rewrite_attempts: int = 3,
         metadata_attempts: int = 20,
+        ensemble_changes: int | None = None,
     ) -> None:
         self.ledger_id = ledger_id
         self.ensemble_size = ensemble_size
@@ -306,7 +381,15 @@ class LedgerRecoveryMachine:
         self.rewrite_attempts = max(1, rewrite_attempts)
         self.metadata_attempts = metadata_attempts
         self.phase = "new"  # new, marking, fencing, reading, closing, done
-        self.ensemble: tuple[str, ...] = view.last_ensemble
+        self.ensemble: tuple[str, ...] = view.last_ensemble  # fenced and read
+        self.write_ensemble: tuple[str, ...] = view.last_ensemble  # rewritten to
+        self.ensemble_changes = ensemble_size if ensemble_changes is None else ensemble_changes
+        self._changes_made = 0
+        self._known_ensembles: Ensembles = view.ensembles  # as recorded
+        self._stuck: set[int] = set()  # rewrites out of rounds: their bookies get replaced
+        self._choosing: tuple[int, ...] | None = None  # slots whose replacement is chosen
+        self._fragment_first: int | None = None  # a change's fragment, not recorded yet
+        self._replaced_bookies: set[str] = set()
         self._update: PendingUpdate | None = None
         self._fence = FenceProgress(ensemble_size, write_quorum, ack_quorum)
         self._fence_errors: list[str] = []
@@ -316,7 +399,8 @@ class LedgerRecoveryMachine:
         self._next_read = 0
         self._reads: dict[int, EntryRecoveryRead] = {}
         self._lengths: dict[int, int] = {}  # the length each found entry records
-        self._rewrites: dict[int, _Rewrite] = {}
+        self._rewrites: dict[int, _Rewrite] = {}  # on their way to Qa bookies
+        self._rewritten: dict[int, _Rewrite] = {}  # on Qa bookies (kept for a change)
         self._end_found = False  # an entry was declared missing: reading is over
         self._length_asked = False
 
@@ -344,6 +428,10 @@ class LedgerRecoveryMachine:
             return self._on_rewritten(event)
         if isinstance(event, LengthRead):
             return self._on_length(event)
+        if isinstance(event, BookiesChosen):
+            return self._on_bookies_chosen(event)
+        if isinstance(event, NoBookies):
+            return self._on_no_bookies(event)
         return self._on_metadata(event)
 
     # -------------------------------------------------------------- metadata
@@ -368,6 +456,11 @@ class LedgerRecoveryMachine:
                 self.phase = "done"
                 return [Recovered(view, ran_to_close=False)]
             return self._start_fencing(view)
+        if self.phase == "reading":  # the ensemble change's fragment
+            if view.state == CLOSED:  # another recovery closed it meanwhile
+                self.phase = "done"
+                return [Recovered(view, ran_to_close=False)]
+            return self._fragment_recorded()
         self.phase = "done"
         return [Recovered(view, ran_to_close=True)]
 
@@ -379,7 +472,8 @@ class LedgerRecoveryMachine:
 
     def _start_fencing(self, view: LedgerView) -> list[RecoveryEffect]:
         self.phase = "fencing"
-        self.ensemble = view.last_ensemble
+        self.ensemble = self.write_ensemble = view.last_ensemble
+        self._known_ensembles = view.ensembles
         return [SendFence(tuple(range(len(self.ensemble))))]
 
     def _on_fence(self, event: FenceAnswered) -> list[RecoveryEffect]:
@@ -487,26 +581,108 @@ class LedgerRecoveryMachine:
         rewrite = self._rewrites.get(event.entry_id)
         if rewrite is None or event.slot not in rewrite.sent or event.slot in rewrite.answered:
             return []
+        if event.bookie and event.bookie != self.write_ensemble[event.slot]:
+            return []  # from the bookie the slot named before an ensemble change
         rewrite.answered.add(event.slot)
         if event.status == Status.OK:
             rewrite.acked.add(event.slot)
         if len(rewrite.acked) >= self.ack_quorum:
-            del self._rewrites[event.entry_id]
+            self._rewritten[event.entry_id] = self._rewrites.pop(event.entry_id)
             return self._maybe_close()
         if rewrite.answered != rewrite.sent:
             return []
-        # The round is over without Qa acks: ask the bookies that failed again.
-        if rewrite.rounds >= self.rewrite_attempts:
+        failed = tuple(sorted(rewrite.sent - rewrite.acked))
+        if rewrite.rounds < self.rewrite_attempts:
+            # The round is over without Qa acks: ask the bookies that failed again.
+            rewrite.rounds += 1
+            rewrite.sent, rewrite.answered = set(failed), set()
+            return [SendRewrite(event.entry_id, rewrite.blob, failed)]
+        if self._changes_made >= self.ensemble_changes:
             return self._failed(
                 LedgerRecoveryError(
                     f"ledger {self.ledger_id}: could not re-replicate entry {event.entry_id} "
                     f"to {self.ack_quorum} bookies ({event.message or event.status})"
                 )
             )
-        rewrite.rounds += 1
-        retry = tuple(sorted(rewrite.sent - rewrite.acked))
-        rewrite.sent, rewrite.answered = set(retry), set()
-        return [SendRewrite(event.entry_id, rewrite.blob, retry)]
+        self._stuck.add(event.entry_id)
+        return self._maybe_replace()
+
+    # -------------------------------------------------------------- ensemble change
+    #
+    # The replacement first gets every entry it is to hold, and only then is the fragment
+    # recorded, once the end is known: a recovery that stops before the record leaves the
+    # metadata as it was, and one that stops after it leaves every entry of the new
+    # fragment on Qa of its bookies, even those a later recovery takes as confirmed
+    # because a LAC reached the bookies after this one fenced.
+
+    def _maybe_replace(self) -> list[RecoveryEffect]:
+        """Once the end is found and every rewrite left is out of rounds, choose bookies
+        for the slots that failed them."""
+        if not self._end_found or self._choosing is not None or not self._stuck:
+            return []
+        if set(self._rewrites) != self._stuck:
+            return []  # rounds still under way: they may succeed
+        slots: set[int] = set()
+        for entry_id in self._stuck:
+            rewrite = self._rewrites[entry_id]
+            slots |= rewrite.sent - rewrite.acked
+        self._changes_made += 1
+        self._choosing = tuple(sorted(slots))
+        excluded = frozenset(self.write_ensemble) | self._replaced_bookies
+        return [ChooseBookies(self._choosing, excluded)]
+
+    def _on_bookies_chosen(self, event: BookiesChosen) -> list[RecoveryEffect]:
+        """The replacements take their slots for the rewrites (not yet in the metadata):
+        every entry from the first stuck one on that lost Qa acks with the replaced
+        bookies goes again to the slots of its write set that have not acked."""
+        replaced = self._choosing
+        if replaced is None or event.slots != replaced or self.phase != "reading":
+            return []
+        self._choosing = None
+        first = min(self._stuck)
+        self._stuck.clear()
+        if self._fragment_first is None or first < self._fragment_first:
+            self._fragment_first = first
+        bookies = list(self.write_ensemble)
+        for slot, bookie in zip(event.slots, event.bookies, strict=True):
+            self._replaced_bookies.add(bookies[slot])
+            bookies[slot] = bookie
+        self.write_ensemble = tuple(bookies)
+        gone = set(replaced)
+        for entry_id in [e for e in self._rewritten if e >= first]:
+            if len(self._rewritten[entry_id].acked - gone) < self.ack_quorum:
+                self._rewrites[entry_id] = self._rewritten.pop(entry_id)
+            else:
+                self._rewritten[entry_id].acked -= gone
+        effects: list[RecoveryEffect] = []
+        for entry_id in sorted(self._rewrites):
+            rewrite = self._rewrites[entry_id]
+            slots = rewrite.restart(self._write_set(entry_id), replaced)
+            effects.append(SendRewrite(entry_id, rewrite.blob, slots))
+        return effects + self._maybe_close()
+
+    def _on_no_bookies(self, event: NoBookies) -> list[RecoveryEffect]:
+        if self._choosing is None or self.phase != "reading":
+            return []
+        return self._failed(event.error)
+
+    def _record_fragment(self) -> list[RecoveryEffect]:
+        assert self._fragment_first is not None
+        decide = partial(
+            decide_recovery_fragment,
+            self.ledger_id,
+            self._fragment_first,
+            self.write_ensemble,
+            self._known_ensembles,
+        )
+        self._update = PendingUpdate(decide, self.metadata_attempts)
+        return [self._update.start()]
+
+    def _fragment_recorded(self) -> list[RecoveryEffect]:
+        assert self._fragment_first is not None
+        first, self._fragment_first = self._fragment_first, None
+        self._known_ensembles = with_fragment(self._known_ensembles, first, self.write_ensemble)
+        return self._maybe_close()
 
     # -------------------------------------------------------------- closing
 
@@ -526,8 +702,14 @@ class LedgerRecoveryMachine:
     def _maybe_close(self) -> list[RecoveryEffect]:
         """Close once the end is found, every rewrite reached Qa bookies and the length
         is known."""
-        if self.phase != "reading" or not self._end_found or self._rewrites:
+        if self.phase != "reading" or not self._end_found:
             return []
+        if self._rewrites:
+            return self._maybe_replace()
+        if self._update is not None:
+            return []  # the fragment is being recorded
+        if self._fragment_first is not None:
+            return self._record_fragment()
         if self._length_bytes is None:
             if self.last_entry_id < 0:
                 self._length_bytes = 0
@@ -542,6 +724,12 @@ class LedgerRecoveryMachine:
                 bookies = tuple(ensemble[i] for i in self._write_set(entry_id))
                 return [ReadLength(entry_id, bookies)]
         self.phase = "closing"
-        decide = partial(decide_recovery_close, self.last_entry_id, self._length_bytes)
+        decide = partial(
+            decide_recovery_close,
+            self.ledger_id,
+            self.last_entry_id,
+            self._length_bytes,
+            self._known_ensembles,
+        )
         self._update = PendingUpdate(decide, self.metadata_attempts)
         return [self._update.start()]

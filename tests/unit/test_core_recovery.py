@@ -35,6 +35,7 @@ from quorumlog.core.metadata import (
     MetadataRefused,
     MetadataStored,
     MetadataUnknown,
+    NewFragment,
     ReadMetadata,
     Refused,
     Settled,
@@ -54,6 +55,7 @@ from quorumlog.core.recovery import (
     SendRecoveryRead,
     SendRewrite,
 )
+from quorumlog.core.writer import BookiesChosen, ChooseBookies, NoBookies
 from quorumlog.errors import LedgerRecoveryError, MetadataError, Status
 
 LEDGER = 1
@@ -154,6 +156,75 @@ def test_r13_an_unknown_close_is_read_back_and_another_recoverys_close_is_adopte
     assert m.step(MetadataRead(theirs)) == [Recovered(theirs, ran_to_close=True)]
 
 
+def test_r8_a_dead_bookie_is_replaced_for_the_recovery_adds_when_qa_equals_qw():
+    """E = Qw = Qa = 2 and bookie B gone for good: every rewrite needs B, so without an
+    ensemble change the ledger could never be closed. As BookKeeper's recovery adds do,
+    the recovery replaces B and closes; the replacement gets the entries first, and the
+    fragment naming it is written only then."""
+    view = LedgerView(IN_RECOVERY, -1, ((0, ("A", "B")), (3, ("A", "B"))))
+    m = LedgerRecoveryMachine(LEDGER, 2, 2, 2, view, reads_in_flight=2, rewrite_attempts=2)
+    m.start()
+    m.step(MetadataStored(view))
+    m.step(FenceAnswered(1, Status.IO_ERROR))
+    effects = m.step(FenceAnswered(0, Status.OK, lac=3))  # one bookie a write set: fenced
+    assert effects == [SendRecoveryRead(4, (0, 1)), SendRecoveryRead(5, (1, 0))]
+    effects = m.step(EntryRead(4, 0, Status.OK, blob(4), length(4)))
+    assert effects == [SendRewrite(4, blob(4), (0, 1)), SendRecoveryRead(6, (0, 1))]
+    assert m.step(EntryRewritten(4, 0, Status.OK, bookie="A")) == []
+    assert m.step(EntryRewritten(4, 1, Status.IO_ERROR, bookie="B")) == [
+        SendRewrite(4, blob(4), (1,))
+    ]
+    # Out of rounds, but the end is not known yet: nothing is replaced before it is.
+    assert m.step(EntryRewritten(4, 1, Status.IO_ERROR, bookie="B")) == []
+    [choose] = m.step(EntryRead(5, 0, Status.NO_SUCH_ENTRY))  # the end: one "no" suffices
+    assert choose == ChooseBookies((1,), frozenset({"A", "B"}))  # never B or A again
+    # C gets entry 4 first; A's ack still counts (A holds it under the new fragment too).
+    assert m.step(BookiesChosen((1,), ("C",))) == [SendRewrite(4, blob(4), (1,))]
+    assert m.write_ensemble == ("A", "C")
+    assert m.step(EntryRewritten(4, 1, Status.OK, bookie="B")) == []  # B's late answer
+    [update] = m.step(EntryRewritten(4, 1, Status.OK, bookie="C"))
+    assert isinstance(update, UpdateMetadata)
+    # The fragment starts at the first entry being rewritten, after the fenced LAC.
+    assert update.decide(view) == NewFragment(4, ("A", "C"))
+    changed = replace(view, ensembles=(*view.ensembles, (4, ("A", "C"))))
+    assert update.decide(changed) == Settled()  # an earlier attempt was applied
+    theirs = replace(view, ensembles=(*view.ensembles, (4, ("A", "D"))))
+    assert isinstance(update.decide(theirs), Refused)  # another recovery moved on
+    [close] = m.step(MetadataStored(changed))
+    assert isinstance(close, UpdateMetadata) and close.decide(changed) == CloseAt(4, length(4))
+    # Had another recovery changed the ensemble meanwhile, this one must not close.
+    assert isinstance(close.decide(theirs), Refused)
+    closed = replace(changed, state=CLOSED, last_entry_id=4)
+    assert m.step(MetadataStored(closed)) == [Recovered(closed, ran_to_close=True)]
+
+
+def test_r8_the_replacement_gets_the_entries_rewritten_before_the_change():
+    """E = 3, Qw = Qa = 2: entry 4 reached Qa on B and C before C failed entry 5; once C
+    is replaced from entry 5, entry 4 stays with C in the old fragment, entry 5 goes to
+    D."""
+    view = LedgerView(IN_RECOVERY, -1, ((0, ("A", "B", "C")),))
+    m = LedgerRecoveryMachine(LEDGER, 3, 2, 2, view, reads_in_flight=3, rewrite_attempts=1)
+    m.start()
+    m.step(MetadataStored(view))
+    m.step(FenceAnswered(0, Status.OK, lac=3))
+    m.step(FenceAnswered(1, Status.OK, lac=3))
+    m.step(FenceAnswered(2, Status.IO_ERROR))
+    m.step(EntryRead(4, 1, Status.OK, blob(4), length(4)))  # write set (1, 2)
+    m.step(EntryRead(5, 2, Status.OK, blob(5), length(5)))  # write set (2, 0)
+    m.step(EntryRewritten(4, 1, Status.OK))
+    m.step(EntryRewritten(4, 2, Status.OK))  # 4 is on Qa bookies: B and C
+    m.step(EntryRewritten(5, 0, Status.OK))
+    assert m.step(EntryRewritten(5, 2, Status.IO_ERROR)) == []  # the end is not known yet
+    [choose] = m.step(EntryRead(6, 0, Status.NO_SUCH_ENTRY))
+    assert choose == ChooseBookies((2,), frozenset({"A", "B", "C"}))
+    assert m.step(BookiesChosen((2,), ("D",))) == [SendRewrite(5, blob(5), (2,))]
+    [update] = m.step(EntryRewritten(5, 2, Status.OK))
+    assert update.decide(view) == NewFragment(5, ("A", "B", "D"))  # 4 stays with C
+    changed = replace(view, ensembles=(*view.ensembles, (5, ("A", "B", "D"))))
+    [close] = m.step(MetadataStored(changed))
+    assert close.decide(changed) == CloseAt(5, length(5))
+
+
 # ------------------------------------------------------------------ random schedules
 
 
@@ -166,10 +237,12 @@ class World:
     first: int  # first entry of the last fragment
     holders: dict[int, set[str]]  # entry -> bookies holding it (last fragment)
     lac_of: dict[int, int]  # entry -> the LAC it carries
+    dead: str | None = None  # a bookie gone for good: it fails every request
     store: LedgerView = field(init=False)
     m: LedgerRecoveryMachine = field(init=False)
     requests: list[tuple] = field(default_factory=list)  # bookie requests not answered
-    metadata: UpdateMetadata | ReadMetadata | ReadLength | None = None
+    metadata: UpdateMetadata | ReadMetadata | ReadLength | ChooseBookies | None = None
+    replacements: int = 0
     outcome: RecoveryEffect | None = None
     errors_injected: bool = False
     confirmable_end: int = field(init=False)  # the reference: last entry maybe confirmed
@@ -200,8 +273,9 @@ class World:
                 self.requests += [("read", effect.entry_id, s) for s in effect.slots]
             elif isinstance(effect, SendRewrite):
                 assert effect.blob == blob(effect.entry_id)
-                self.requests += [("rewrite", effect.entry_id, s) for s in effect.slots]
-            elif isinstance(effect, UpdateMetadata | ReadMetadata | ReadLength):
+                to = self.m.write_ensemble
+                self.requests += [("rewrite", effect.entry_id, to[s], s) for s in effect.slots]
+            elif isinstance(effect, UpdateMetadata | ReadMetadata | ReadLength | ChooseBookies):
                 assert self.metadata is None, (self.metadata, effect)
                 self.metadata = effect
             else:
@@ -218,9 +292,12 @@ class World:
         if not self.requests:
             return
         request = self.requests.pop(index % len(self.requests))
-        if not honest:
-            self.errors_injected = True
         kind, slot = request[0], request[-1]
+        target = request[2] if kind == "rewrite" else self.ensemble[slot]
+        if target == self.dead:
+            honest = False  # not an injected error: the recovery must live with it
+        elif not honest:
+            self.errors_injected = True
         if kind == "fence":
             status = Status.OK if honest else Status.IO_ERROR
             event = FenceAnswered(slot, status, self.bookie_lac(slot) if honest else -1)
@@ -233,15 +310,26 @@ class World:
             else:
                 event = EntryRead(entry_id, slot, Status.NO_SUCH_ENTRY)
         else:
-            entry_id = request[1]
+            entry_id, bookie = request[1], request[2]
             if honest:
-                self.holders.setdefault(entry_id, set()).add(self.ensemble[slot])
-            event = EntryRewritten(entry_id, slot, Status.OK if honest else Status.IO_ERROR)
+                self.holders.setdefault(entry_id, set()).add(bookie)
+            status = Status.OK if honest else Status.IO_ERROR
+            event = EntryRewritten(entry_id, slot, status, bookie=bookie)
         self.carry_out(self.m.step(event))
 
     def answer_metadata(self, outcome: str) -> None:
         effect, self.metadata = self.metadata, None
         if effect is None:
+            return
+        if isinstance(effect, ChooseBookies):
+            # Never a bookie of the ensemble, nor one replaced before.
+            assert set(self.m.write_ensemble) <= effect.excluded
+            if outcome == "fail":
+                self.carry_out(self.m.step(NoBookies(MetadataError("no bookies"))))
+                return
+            chosen = tuple(f"new{self.replacements + i}" for i in range(len(effect.slots)))
+            self.replacements += len(effect.slots)
+            self.carry_out(self.m.step(BookiesChosen(effect.slots, chosen)))
             return
         if isinstance(effect, ReadLength):
             known = outcome != "fail"
@@ -266,6 +354,11 @@ class World:
         else:
             if isinstance(decision, MarkInRecovery):
                 self.store = replace(self.store, state=IN_RECOVERY)
+            elif isinstance(decision, NewFragment):
+                first, bookies = decision.first_entry_id, decision.bookies
+                assert first >= self.first  # R8: never reaches into an earlier fragment
+                kept = tuple(f for f in self.store.ensembles if f[0] < first)
+                self.store = replace(self.store, ensembles=(*kept, (first, bookies)))
             else:
                 assert isinstance(decision, CloseAt)
                 self.store = replace(self.store, state=CLOSED, last_entry_id=decision.last_entry_id)
@@ -283,9 +376,11 @@ class World:
         # ... nothing is invented past an entry that could not have been confirmed ...
         assert last == self.first - 1 or self.original.get(last), (last, self.original)
         assert not ref_held_by_qa(last + 1, self.original, self.ensemble, wq, aq)
-        # ... and every entry up to the end is on Qa bookies of its write set, readable.
+        # ... and every entry up to the end is on Qa bookies of its write set as the
+        # metadata records it (after the recovery's ensemble changes), readable.
         for entry_id in range(self.first, last + 1):
-            assert ref_held_by_qa(entry_id, self.holders, self.ensemble, wq, aq), entry_id
+            ensemble = view.ensemble_for(entry_id)
+            assert ref_held_by_qa(entry_id, self.holders, ensemble, wq, aq), (entry_id, view)
 
     def settle(self) -> None:
         """Answer everything honestly: a recovery that saw no error must finish."""
@@ -296,7 +391,11 @@ class World:
                 self.answer(0, honest=True)
             else:
                 break
-        if not self.errors_injected:
+        # With a bookie gone for good, recovery still ends when one explicit answer
+        # less than Qw suffices to fence and to find the end (Qa >= 2); with Qa = Qw it
+        # replaces the dead bookie for its rewrites.
+        _, _, aq = self.shape
+        if not self.errors_injected and (self.dead is None or aq >= 2):
             assert isinstance(self.outcome, Recovered), self.outcome
 
 
@@ -320,7 +419,8 @@ def histories(draw):
         lac_of[entry_id] = draw(st.integers(first - 1, max(first - 1, confirmed)))
         if confirmed == entry_id - 1 and len(on) >= aq:
             confirmed = entry_id
-    return (e, wq, aq), first, holders, lac_of
+    dead = draw(st.sampled_from([None, None, "b0"]))
+    return (e, wq, aq), first, holders, lac_of, dead
 
 
 class RandomRecoveries(RuleBasedStateMachine):
@@ -330,8 +430,8 @@ class RandomRecoveries(RuleBasedStateMachine):
 
     @initialize(history=histories())
     def start(self, history) -> None:
-        shape, first, holders, lac_of = history
-        self.world = World(shape, first, holders, lac_of)
+        shape, first, holders, lac_of, dead = history
+        self.world = World(shape, first, holders, lac_of, dead)
 
     @property
     def w(self) -> World:

@@ -160,6 +160,7 @@ class BookieNode:
         self.crashes = 0
         self.restarts = 0
         self.powered_off = False  # down by a power loss: the machine does not answer at all
+        self.lost_for_good = False  # never restarted (its disk stays for the checker)
 
     @property
     def up(self) -> bool:

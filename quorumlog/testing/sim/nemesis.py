@@ -12,6 +12,8 @@ of virtual time and undoes it later:
   metadata store, a bookie (its garbage collection) and the store;
 - disk faults: a sync that fails (its pages lost), a full disk (ENOSPC), a bit
   flipped in a stored journal or entry-log record;
+- a bookie lost for good (its machine gone: killed and never restarted), which a
+  recovery with Qa = Qw can only get past by replacing it;
 - the metadata store: writes applied with their reply lost (R13), failed calls,
   slow replies, expired sessions.
 
@@ -19,10 +21,13 @@ Faults that destroy synced bytes (bit flips: a flipped journal record stops that
 bookie for good) are kept to the bookies :attr:`NemesisPlan.damageable` names: at
 most Qa - 1 of them, so that every confirmed entry keeps a sound copy, and at most
 Qw - Qa, so that a recovery can still write each entry to Qa bookies of its write
-set (recovery does not replace bookies). Beyond that, losing a confirmed entry or
-never closing the ledger is what the fault model allows, not a defect. :meth:`Nemesis.heal` ends
-every fault and restarts every bookie that is down, paused or refusing adds, so
-that the checker's own recovery at the end can run.
+set without replacing a bookie. A bookie lost for good is the one bookie a run may
+damage instead (Qa >= 2, so a sound copy and enough answers to fence and to find the
+end are left; E <= 3, so that two of the five bookies can replace it). Beyond that,
+losing a confirmed entry or never closing the ledger is what the fault model allows,
+not a defect. :meth:`Nemesis.heal` ends every fault and restarts every bookie that
+is down, paused or refusing adds, except one lost for good, so that the checker's
+own recovery at the end can run.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class NemesisPlan:
     metadata_fail: float = 0.0
     metadata_slow: float = 0.0
     damageable: list[str] = field(default_factory=list)  # may lose synced bytes
+    lose_for_good: str | None = None  # a bookie that dies and never comes back
     interval_ms: tuple[float, float] = (1.0, 20.0)
 
     @classmethod
@@ -89,6 +95,11 @@ class NemesisPlan:
         )
         if plan.bit_flip:
             plan.damageable = rng.sample(addresses, min(damageable, len(addresses)))
+        # Drawn last, so that the draws above stay as they were before this fault.
+        ensemble_size = shape[0]
+        if not plan.bit_flip and ack_quorum >= 2 and ensemble_size <= 3 and rng.random() < 0.2:
+            plan.lose_for_good = rng.choice(addresses)
+            plan.damageable = [plan.lose_for_good]
         return plan
 
     def metadata_faults(self, rng: random.Random) -> MetadataFaults:
@@ -115,6 +126,7 @@ class NemesisPlan:
             "disk_full",
             "bit_flip",
             "session_expiry",
+            "lose_for_good",
         ]
         return [n for n in names if getattr(self, n)]
 
@@ -148,16 +160,20 @@ class Nemesis:
         self._undo.append(self.loop.call_later(delay_s, callback, *args))
 
     def _node_went_down(self, node: BookieNode, power_loss: bool) -> None:
-        # Every crash is followed by a restart on the same disk (unless healing does it).
-        if not self._healing:
+        # Every crash is followed by a restart on the same disk (unless healing does it),
+        # but for the bookie lost for good.
+        if not self._healing and not node.lost_for_good:
             self._later(1, 60, self._restart, node)
 
     def _restart(self, node: BookieNode) -> None:
-        if node.state == "down" and not self._healing:
+        if node.state == "down" and not self._healing and not node.lost_for_good:
             self._spawn(self._restart_now(node))
 
     async def _restart_now(self, node: BookieNode) -> None:
-        if not await node.restart() and node.state == "down" and not self._healing:
+        restarted = await node.restart()
+        if node.lost_for_good:  # lost while it was starting
+            node.power_loss()
+        elif not restarted and node.state == "down" and not self._healing:
             self._later(10, 100, self._restart, node)  # it refused: try again later
 
     async def run(self, duration_s: float) -> None:
@@ -292,6 +308,18 @@ class Nemesis:
             self.flipped.add(node.address)
             self.trace(node.address, "BIT FLIPPED in %s at byte %d", path, offset)
 
+    def _lose_for_good(self) -> None:
+        address = self.plan.lose_for_good
+        if address is None:
+            return
+        node = self.cluster.node(address)
+        if node.lost_for_good:
+            return
+        node.lost_for_good = True
+        self.counts["lose_for_good"] += 1
+        self.trace(node.address, "LOST FOR GOOD (never restarted)")
+        node.power_loss()  # its machine is gone: no reset, no answer
+
     def _session_expiry(self) -> None:
         candidates = [n for n in self.clients if n in self.cluster.stores]
         stores = [self.cluster.stores[n] for n in candidates]
@@ -330,6 +358,8 @@ class Nemesis:
         for task in list(self._tasks):
             await asyncio.gather(task, return_exceptions=True)
         for node in cluster.nodes:
+            if node.lost_for_good:
+                continue
             if node.state == "paused":
                 node.resume()
             bookie = node.bookie

@@ -695,5 +695,6 @@ def _counts(run: _Run) -> dict[str, int]:
         "power_losses": sum(n.disk.power_losses for n in nodes),
         "syncs_failed": sum(n.disk.syncs_failed for n in nodes),
         "bits_flipped": sum(n.disk.bits_flipped for n in nodes),
+        "bookies_lost_for_good": sum(n.lost_for_good for n in nodes),
         "requests": run.cluster.network.requests_delivered,
     }
