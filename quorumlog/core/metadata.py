@@ -208,9 +208,7 @@ class PendingUpdate:
     def start(self) -> UpdateMetadata:
         return UpdateMetadata(self.decide)
 
-    def on_event(
-        self, event: MetadataEvent
-    ) -> MetadataStored | Refused | ReadMetadata | Retry | Unresolved:
+    def on_event(self, event: MetadataEvent) -> UpdateOutcome:
         if isinstance(event, MetadataStored):
             self.last_error = None
             return event
@@ -239,3 +237,32 @@ class PendingUpdate:
         if self._unknown >= self.attempts:
             return Unresolved(self.last_error or MetadataError("metadata outcome unknown"))
         return Retry(UpdateMetadata(self.decide))  # it did not: try again on this version
+
+
+UpdateOutcome = MetadataStored | Refused | ReadMetadata | Retry | Unresolved
+
+
+class MetadataUpdater:
+    """What every state machine that writes ledger metadata shares (the writer and
+    recovery): the metadata as last stored or read (``view``), at most one update under
+    way, and the policy above for its events. The owner sets ``view``,
+    ``metadata_attempts`` and ``_update = None`` and decides what each outcome means."""
+
+    view: LedgerView
+    metadata_attempts: int
+    _update: PendingUpdate | None
+
+    def _start_update(self, decide: Callable[[LedgerView], Decision]) -> UpdateMetadata:
+        """Begin an update: the effect that runs its first compare-and-set."""
+        self._update = PendingUpdate(decide, self.metadata_attempts)
+        return self._update.start()
+
+    def _update_outcome(self, event: MetadataEvent) -> UpdateOutcome | None:
+        """What ``event`` means for the update under way (None: there is none). The
+        metadata it carries becomes ``view``."""
+        update = self._update
+        if update is None:
+            return None
+        if isinstance(event, MetadataStored | MetadataRead):
+            self.view = event.view
+        return update.on_event(event)

@@ -23,8 +23,8 @@ from quorumlog.core.metadata import (
     LedgerView,
     MarkInRecovery,
     MetadataEvent,
-    MetadataRead,
     MetadataStored,
+    MetadataUpdater,
     NewFragment,
     PendingUpdate,
     ReadMetadata,
@@ -331,7 +331,7 @@ class _Rewrite:
         return retry
 
 
-class LedgerRecoveryMachine:
+class LedgerRecoveryMachine(MetadataUpdater):
     """Recovery of one ledger (R7, R8) as a pure state machine.
 
     1. Mark the ledger IN_RECOVERY with a compare-and-set (a writer's ensemble change
@@ -413,8 +413,7 @@ class LedgerRecoveryMachine:
             self.phase = "done"
             return [Recovered(self.view, ran_to_close=False)]
         self.phase = "marking"
-        self._update = PendingUpdate(decide_mark_in_recovery, self.metadata_attempts)
-        return [self._update.start()]
+        return [self._start_update(decide_mark_in_recovery)]
 
     def step(self, event: RecoveryEvent) -> list[RecoveryEffect]:
         """Feed one event; returns the effects to carry out, in order."""
@@ -437,12 +436,9 @@ class LedgerRecoveryMachine:
     # -------------------------------------------------------------- metadata
 
     def _on_metadata(self, event: MetadataEvent) -> list[RecoveryEffect]:
-        update = self._update
-        if update is None:
+        outcome = self._update_outcome(event)
+        if outcome is None:
             return []
-        if isinstance(event, MetadataStored | MetadataRead):
-            self.view = event.view
-        outcome = update.on_event(event)
         if isinstance(outcome, ReadMetadata):
             return [outcome]
         if isinstance(outcome, Retry):
@@ -675,8 +671,7 @@ class LedgerRecoveryMachine:
             self.write_ensemble,
             self._known_ensembles,
         )
-        self._update = PendingUpdate(decide, self.metadata_attempts)
-        return [self._update.start()]
+        return [self._start_update(decide)]
 
     def _fragment_recorded(self) -> list[RecoveryEffect]:
         assert self._fragment_first is not None
@@ -731,5 +726,4 @@ class LedgerRecoveryMachine:
             self._length_bytes,
             self._known_ensembles,
         )
-        self._update = PendingUpdate(decide, self.metadata_attempts)
-        return [self._update.start()]
+        return [self._start_update(decide)]

@@ -64,6 +64,7 @@ from quorumlog.core.metadata import (
     MetadataRefused,
     MetadataStored,
     MetadataUnknown,
+    MetadataUpdater,
     NewFragment,
     PendingUpdate,
     ReadMetadata,
@@ -242,7 +243,7 @@ def decide_close(
     )
 
 
-class LedgerWriter:
+class LedgerWriter(MetadataUpdater):
     """The decisions of one ledger's writer. See the module docstring for the rules."""
 
     def __init__(
@@ -274,7 +275,7 @@ class LedgerWriter:
         self._updating_close = False
         self._settled = False  # outstanding adds were confirmed or failed after a failure
         self._holding = False  # failed slots, a change or a failure: confirm nothing now
-        self._metadata_attempts = metadata_attempts
+        self.metadata_attempts = metadata_attempts
 
     # -------------------------------------------------------------- hot path
 
@@ -414,8 +415,7 @@ class LedgerWriter:
             bookies[slot] = bookie
         change.bookies = tuple(bookies)
         decide = partial(decide_fragment, self.ledger_id, change.first_entry_id, change.bookies)
-        self._update = PendingUpdate(decide, self._metadata_attempts)
-        return [self._update.start()]
+        return [self._start_update(decide)]
 
     def _on_no_bookies(self, error: BKError) -> list[WriterEffect]:
         if self._change is None or self._update is not None:
@@ -457,12 +457,9 @@ class LedgerWriter:
     def _on_metadata(self, event: MetadataEvent) -> list[WriterEffect]:
         """The one policy (core/metadata.py) decides what the event means for the update
         under way; this decides what that means for the writer."""
-        update = self._update
-        if update is None:
+        outcome = self._update_outcome(event)
+        if outcome is None:
             return []
-        if isinstance(event, MetadataStored | MetadataRead):
-            self.view = event.view
-        outcome = update.on_event(event)
         if isinstance(outcome, ReadMetadata):
             return [outcome]
         closing = self._updating_close
@@ -551,9 +548,8 @@ class LedgerWriter:
         decide = partial(
             decide_close, self.ledger_id, self.tracker.lac, self.confirmed_length_bytes
         )
-        self._update = PendingUpdate(decide, self._metadata_attempts)
         self._updating_close = True
-        return [self._update.start()]
+        return [self._start_update(decide)]
 
     def _closed(self, view: LedgerView) -> list[WriterEffect]:
         self.closed = True
