@@ -77,12 +77,17 @@ from quorumlog.proto.codec import (
     AddResponse,
     Response,
     WriteLacRequest,
+    encode_entries,
 )
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
 
 log = logging.getLogger(__name__)
+
+# Entries averaging less are joined once per frame for all its bookies; larger ones are
+# never copied on their way out (the connection hands them to the kernel as they are).
+_JOIN_MAX_AVERAGE_BYTES = 4096
 
 # A confirmation or failure raced by the owner cancelling its future: nothing to deliver.
 _ALREADY_SETTLED = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
@@ -356,13 +361,29 @@ class LedgerHandle(ReadHandle):
         self._flush_scheduled = False
         max_entries = self._config.add_batch_max_entries
         max_bytes = self._max_batch_bytes
+        # Bookies of one write set usually get the same entries (always when E = Qw):
+        # the frame's entries are then encoded once, and their ids listed once, for all.
+        shared: tuple[list[PendingAdd], list[bytes], list[int], bytes | None] | None = None
         for index, generation, queue in self._writer.take_sends():
             if len(queue) <= max_entries:
                 # The common case, one frame for the whole queue: sized without a Python
                 # step per entry.
+                if shared is not None and queue == shared[0]:
+                    self._send_frame(index, generation, *shared[1:])
+                    continue
                 blobs = [p.blob for p in queue]
-                if sum(map(len, blobs)) + ADD_ENTRY_OVERHEAD_BYTES * len(blobs) < max_bytes:
-                    self._send_batch(index, generation, queue, blobs)
+                total_bytes = sum(map(len, blobs))
+                if total_bytes + ADD_ENTRY_OVERHEAD_BYTES * len(blobs) < max_bytes:
+                    # Small entries are joined once here; large ones are not copied at
+                    # all (the connection hands them to the kernel as they are).
+                    small = total_bytes < _JOIN_MAX_AVERAGE_BYTES * len(blobs)
+                    shared = (
+                        queue,
+                        blobs,
+                        [p.entry_id for p in queue],
+                        encode_entries(blobs) if small else None,
+                    )
+                    self._send_frame(index, generation, *shared[1:])
                     continue
             batch: list[PendingAdd] = []
             size = 0
@@ -380,21 +401,25 @@ class LedgerHandle(ReadHandle):
             if batch:
                 self._send_batch(index, generation, batch)
 
-    def _send_batch(
+    def _send_batch(self, index: int, generation: int, batch: list[PendingAdd]) -> None:
+        self._send_frame(
+            index, generation, [p.blob for p in batch], [p.entry_id for p in batch], None
+        )
+
+    def _send_frame(
         self,
         index: int,
         generation: int,
-        batch: list[PendingAdd],
-        blobs: list[bytes] | None = None,
+        blobs: list[bytes],
+        entry_ids: list[int],
+        encoded: bytes | None,
     ) -> None:
-        if blobs is None:
-            blobs = [p.blob for p in batch]
-        request = AddRequest(0, self.ledger_id, self._master_key, blobs)
+        request = AddRequest(0, self.ledger_id, self._master_key, blobs, encoded_entries=encoded)
         callback: Callable[[Any], None] = partial(
-            self._on_add_response, index, generation, [p.entry_id for p in batch]
+            self._on_add_response, index, generation, entry_ids
         )
         if self._client.metrics is not None:
-            callback = self._client.metrics.timed_add(callback, len(batch))
+            callback = self._client.metrics.timed_add(callback, len(blobs))
         self._pool.get(self._writer.ensemble[index]).send(
             request, callback, self._config.add_timeout_ms
         )

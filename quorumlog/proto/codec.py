@@ -85,6 +85,9 @@ class AddRequest:
     master_key: bytes
     entries: list[bytes]
     flags: AddFlag = AddFlag.NONE
+    # The entries as they go on the wire (encode_entries(entries)), when the sender made
+    # them once for several bookies; never decoded, not part of the message's value.
+    encoded_entries: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -293,6 +296,12 @@ def _entries_bytes(entries: list[bytes]) -> list[bytes]:
     return parts
 
 
+def encode_entries(entries: list[bytes]) -> bytes:
+    """The entries of an ADD request as they go on the wire (each with its length): made
+    once, they can go to every bookie of a write set (``AddRequest.encoded_entries``)."""
+    return b"".join(_entries_bytes(entries))
+
+
 def _check_key(key: bytes) -> None:
     if len(key) != MASTER_KEY_SIZE:
         raise LocalProtocolError(f"master key must be {MASTER_KEY_SIZE} bytes, got {len(key)}")
@@ -314,7 +323,11 @@ def encode_parts(message: Message) -> list[bytes]:
 def _encode_parts(m: Message) -> list[bytes]:
     if isinstance(m, AddRequest):
         _check_key(m.master_key)
-        body = [_ADD_REQ.pack(m.ledger_id, int(m.flags), m.master_key, len(m.entries))]
+        fixed = _ADD_REQ.pack(m.ledger_id, int(m.flags), m.master_key, len(m.entries))
+        encoded = m.encoded_entries
+        if encoded is not None:
+            return [_header(Op.ADD, m.request_id, len(fixed) + len(encoded)), fixed, encoded]
+        body = [fixed]
         body += _entries_bytes(m.entries)
         size = sum(map(len, body))
         return [_header(Op.ADD, m.request_id, size), *body]

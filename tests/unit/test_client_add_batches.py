@@ -21,6 +21,7 @@ from quorumlog.errors import (
     Status,
     TooManyRequestsError,
 )
+from quorumlog.proto.codec import AddRequest, encode
 
 
 def test_r3_a_batch_is_one_future_of_consecutive_ids_confirmed_with_its_last_entry() -> None:
@@ -45,6 +46,33 @@ def test_r3_a_batch_is_one_future_of_consecutive_ids_confirmed_with_its_last_ent
         assert await lh.append_entries([]) == []
         await lh.close()
         assert lh.metadata.length == len(b"alone" + b"abc" + b"token")
+
+    run_client(main, ClientConfig())
+
+
+def test_the_bookies_of_a_write_set_get_one_encoding_of_the_same_entries() -> None:
+    async def main(bk: BookKeeper, pool: HeldPool) -> None:
+        lh = await bk.create_ledger(3, 3, 2, ensemble_bookies=BOOKIES)
+        small = lh.append_entries([b"entry-%d" % i for i in range(50)])
+        await turns()
+        requests = [r for _, r, _ in pool.held if isinstance(r, AddRequest)]
+        assert len(requests) == 3 and requests[0].encoded_entries is not None
+        assert all(r.encoded_entries is requests[0].encoded_entries for r in requests)
+        for request in requests:  # the same bytes as encoding the entries one by one
+            plain = AddRequest(
+                request.request_id,
+                request.ledger_id,
+                request.master_key,
+                list(request.entries),
+                request.flags,
+            )
+            assert plain.encoded_entries is None and encode(request) == encode(plain)
+        pool.held.clear()
+        large = lh.append_entries([bytes(8192)] * 3)  # large entries are never joined
+        await turns()
+        assert [r.encoded_entries for _, r, _ in pool.held] == [None, None, None]
+        small.cancel()
+        large.cancel()
 
     run_client(main, ClientConfig())
 
