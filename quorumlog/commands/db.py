@@ -29,13 +29,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser = subparsers.add_parser(
         "db",
         help="a replicated SQL database (rqlite's HTTP API) on a log stream",
-        description="Run or talk to the replicas of a database kept in the log db.NAME.",
+        description="Run or talk to the replicas of a database kept in the log db/NAME.",
     )
     sub = parser.add_subparsers(dest="db_command", metavar="ACTION", required=True)
 
     serve = sub.add_parser("serve", help="run one replica of a database")
     serve.add_argument("--metadata", default=None, help="metadata store URI")
-    serve.add_argument("--name", required=True, help="database name (its log is db.NAME)")
+    serve.add_argument("--name", required=True, help="database name (its log is db/NAME)")
     serve.add_argument("--data-dir", required=True, help="where this replica's SQLite file lives")
     serve.add_argument(
         "--http-addr",
