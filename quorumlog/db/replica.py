@@ -198,6 +198,7 @@ class Replica:
         self._writer: LogWriter | None = None
         self._pending: deque[_Pending] = deque()
         self._pending_added = asyncio.Event()
+        self._last_read_records = 0
         self._taking_writes = False
 
     # ------------------------------------------------------------ public
@@ -471,6 +472,7 @@ class Replica:
         """Apply ``first`` and the records already read after it, before ``end`` (None:
         all of them), in one transaction; whether a record at or after ``end`` came."""
         batch = [first, *await reader.read_available(_MAX_GROUP_RECORDS - 1)]
+        self._last_read_records = len(batch)
         reached_end = False
         records: list[tuple[Position, DbRecord]] = []
         for read in batch:
@@ -597,9 +599,12 @@ class Replica:
     async def _between_follower_reads(self) -> None:
         """Let records gather before the next read (``follower_read_interval_ms``): each
         read wakes a bookie while the leader's next add is in it; reading the records
-        of 10 ms at once took a single writer's p50 from 3.6-5.7 ms to 1.1-2.6 ms."""
+        of 10 ms at once took a single writer's p50 from 2.8-5.7 ms to 1.1-2.6 ms."""
         interval_ms = self.config.follower_read_interval_ms
-        if interval_ms > 0:
+        # A whole read batch came at once: the follower is behind (a restart, a
+        # snapshot restored); it catches up without waiting.
+        behind = self._last_read_records >= self.config.log_config.read_batch_entries
+        if interval_ms > 0 and not behind:
             await asyncio.sleep(interval_ms / 1000)
 
     async def _pause(self) -> None:
