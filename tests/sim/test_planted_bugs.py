@@ -21,6 +21,7 @@ import pytest
 from quorumlog.bookie import journal as journal_mod
 from quorumlog.bookie import ledger_changes, ledger_state
 from quorumlog.client import recovery as client_recovery
+from quorumlog.core import metadata as core_metadata
 from quorumlog.core import recovery as core_recovery
 from quorumlog.core.adds import AddTracker
 from quorumlog.log import writer as log_writer
@@ -81,6 +82,22 @@ def _log_writer_skips_fencing(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(log_writer, "fence_previous_ledgers", fence_nothing)
 
 
+def _unknown_metadata_outcome_taken_as_refused(mp: pytest.MonkeyPatch) -> None:
+    """C1: a compare-and-set whose reply was lost counts as not written, so a writer whose
+    fragment was in fact recorded confirms entries from the old write set, counting the
+    replaced bookie's acks (R13)."""
+    on_event = core_metadata.PendingUpdate.on_event
+
+    def unknown_is_refused(
+        self: core_metadata.PendingUpdate, event: core_metadata.MetadataEvent
+    ) -> object:
+        if isinstance(event, core_metadata.MetadataUnknown):
+            return core_metadata.Refused(event.error)
+        return on_event(self, event)
+
+    mp.setattr(core_metadata.PendingUpdate, "on_event", unknown_is_refused)
+
+
 DURABILITY = frozenset({"R3-replicas", "R7-fencing", "R8-durability", "R8-final", "R8-agreement"})
 
 PLANTED = {
@@ -97,6 +114,9 @@ PLANTED = {
     ),
     "recovery counting errors as missing (R8, R9)": Planted(
         _recovery_counts_errors_as_missing, DURABILITY
+    ),
+    "an unknown metadata outcome taken as refused (C1, R13)": Planted(
+        _unknown_metadata_outcome_taken_as_refused, DURABILITY
     ),
     "a log writer skipping R11's fencing": Planted(
         _log_writer_skips_fencing, frozenset({"R11-log"})

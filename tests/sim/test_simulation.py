@@ -22,7 +22,7 @@ from quorumlog.testing.checkers import Violation, check_run
 from quorumlog.testing.sim.runner import run_seeds
 from quorumlog.testing.sim.workloads import run_seed
 
-SEEDS = int(os.environ.get("QUORUMLOG_SIM_SEEDS", "3000"))
+SEEDS = int(os.environ.get("QUORUMLOG_SIM_SEEDS", "10000"))
 FIRST_SEED = int(os.environ.get("QUORUMLOG_SIM_FIRST_SEED", "0"))
 
 # Defects the simulator found whose fix lies outside the simulator, by their signature:
@@ -62,6 +62,7 @@ def test_r3_r4_r7_r8_r11_hold_over_many_seeded_fault_schedules() -> None:
             "syncs_failed",
             "bits_flipped",
             "restarts",
+            "bookies_lost_for_good",
         ):
             assert stats[what] > 0, f"no run had {what}: {dict(stats)}"
         assert stats["confirmed entries"] > SEEDS * 10

@@ -32,7 +32,7 @@ import contextlib
 import itertools
 import logging
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any
 
 from quorumlog.client.bookkeeper import BookKeeper
@@ -351,6 +351,8 @@ async def _ledger_round(
 
     tailer = asyncio.ensure_future(tail())
     await write(race.first_burst)
+    if not race.racing:
+        await _lose_a_change_reply(run, writer_name, handle, tag, write)
     if race.quiet:  # nothing in flight: it hears of the recovery only when it adds again
         await _settled(handle)
     if race.close_first:
@@ -363,6 +365,49 @@ async def _ledger_round(
     await asyncio.gather(recovering, zombie_writes(recovering))
     await tailer
     return lh
+
+
+async def _lose_a_change_reply(
+    run: _Run,
+    writer_name: str,
+    handle: Any,
+    tag: str,
+    write: Callable[[int], Coroutine[Any, Any, None]],
+) -> None:
+    """C1's schedule, in some rounds: a bookie B of the ensemble acks a few entries and
+    dies before the writer's slower links to the others bring their acks, which arrive
+    while the writer changes the ensemble; the compare-and-set of its new fragment is
+    applied, slowly, with its reply lost (R13). A writer that took that for "not
+    written" would confirm those entries from the old write set, counting B's acks,
+    though the metadata names B's replacement, which holds none of them. Drawn from a
+    generator of its own, so that the seed's other draws stay as they were."""
+    rng = random.Random(f"{run.seed}:{tag}:lost change reply")
+    store = run.cluster.stores.get(writer_name)
+    if rng.random() >= 0.5 or store is None or store.faults is None:
+        return
+    node = run.cluster.node(rng.choice(list(handle.ensemble)))
+    if node.state != "up":
+        return
+    net = run.cluster.network
+    others = [b for b in handle.ensemble if b != node.address]
+    links = {b: net.link(writer_name, b).delay_ms for b in others}
+    slow_ms = rng.uniform(1, 8)
+    for address in others:
+        net.set_link(writer_name, address, delay_ms=(slow_ms, slow_ms * 1.2))
+    faults = store.faults
+    usual = faults.unknown_probability, faults.slow_probability, faults.slow_ms_max
+    lost_before = len(faults.unknown)
+    faults.unknown_probability, faults.slow_probability, faults.slow_ms_max = 1.0, 1.0, 20.0
+    run.trace(writer_name, "slow to all but %s; its next metadata reply will be lost", node.address)
+    await write(rng.randint(1, 4))
+    await asyncio.sleep(rng.uniform(0.3, 1.5) / 1000)  # B has acked, the others not yet
+    node.kill()
+    deadline = run.loop.time() + 1.0
+    while len(faults.unknown) == lost_before and run.loop.time() < deadline:
+        await asyncio.sleep(0.001)
+    faults.unknown_probability, faults.slow_probability, faults.slow_ms_max = usual
+    for address, delay_ms in links.items():
+        net.set_link(writer_name, address, delay_ms=delay_ms)
 
 
 def _replicas(run: _Run, metadata: Any, wanted: dict[int, bytes]) -> dict[int, int]:
