@@ -47,12 +47,6 @@ _FILE_HEADER = struct.Struct(">8sQ")
 LOG_HEADER_SIZE = _FILE_HEADER.size
 RECORD_HEADER = struct.Struct(">II")  # blob size, CRC32C of the blob
 RECORD_HEADER_SIZE = RECORD_HEADER.size
-# crc32c's gil_release_mode: 0 keeps the GIL. By default it lets the GIL go for data of
-# GIL_RELEASE_MIN_BYTES or more; on the bookie's loop that hands the GIL to the journal
-# or checkpoint thread for a computation of microseconds (30 GB/s here), and the loop
-# then waits to get it back, each time.
-KEEP_GIL = 0
-GIL_RELEASE_MIN_BYTES = 32 * 1024
 _NAME = re.compile(r"^([0-9a-f]{8})\.log$")
 
 
@@ -74,11 +68,7 @@ def format_records(entries: list[bytes], sizes: list[int]) -> bytes:
 
     The same bytes go into the journal's add record, so they are built once.
     """
-    if max(sizes, default=0) < GIL_RELEASE_MIN_BYTES:
-        crcs = map(crc32c, entries)
-    else:
-        crcs = map(crc32c, entries, repeat(0), repeat(KEEP_GIL))  # see KEEP_GIL
-    heads = list(map(RECORD_HEADER.pack, sizes, crcs))
+    heads = list(map(RECORD_HEADER.pack, sizes, map(crc32c, entries)))
     parts: list[bytes] = [b""] * (2 * len(entries))
     parts[::2] = heads
     parts[1::2] = entries

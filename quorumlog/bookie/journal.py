@@ -55,7 +55,6 @@ from typing import Any
 
 from crc32c import crc32c
 
-from quorumlog.bookie.entry_log import KEEP_GIL
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.bookie.metrics import BookieCounters
 from quorumlog.errors import BookieIOError
@@ -110,7 +109,7 @@ Record = tuple[list[bytes], int]  # byte strings to write in order, their total 
 def add_record(ledger_id: int, data: bytes) -> Record:
     """One add request: ledger id and its entries as entry-log records (``format_records``)."""
     head = _HEAD_LEDGER.pack(1 + 8 + len(data), RECORD_ADD, ledger_id)
-    crc = crc32c(data, crc32c(head), KEEP_GIL)  # on the loop: see entry_log.KEEP_GIL
+    crc = crc32c(data, crc32c(head))
     return [head, data, _CRC.pack(crc)], len(head) + len(data) + 4
 
 
