@@ -21,6 +21,7 @@ from pathlib import Path
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import (
+    load_der_public_key,
     load_pem_private_key,
     load_pem_public_key,
 )
@@ -35,7 +36,9 @@ MAX_TOKEN_BYTES = 16 * 1024
 
 _HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
 _RSA_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
-_EC_ALGORITHMS = ("ES256", "ES384", "ES512")
+# An EC key signs with one algorithm, named by its curve: allowing the others only lets
+# a token of another curve reach PyJWT, which then raises InvalidKeyError.
+_EC_ALGORITHM_BY_CURVE_BITS = {256: "ES256", 384: "ES384", 521: "ES512"}
 _EDDSA_ALGORITHMS = ("EdDSA",)
 
 
@@ -88,7 +91,10 @@ class TokenVerifier:
             if isinstance(public_key, rsa.RSAPublicKey):
                 return cls(public_key, _RSA_ALGORITHMS, leeway_s=leeway_s)
             if isinstance(public_key, ec.EllipticCurvePublicKey):
-                return cls(public_key, _EC_ALGORITHMS, leeway_s=leeway_s)
+                algorithm = _EC_ALGORITHM_BY_CURVE_BITS.get(public_key.curve.key_size)
+                if algorithm is None:
+                    raise ValueError(f"token key file {name}: unsupported curve")
+                return cls(public_key, (algorithm,), leeway_s=leeway_s)
             if isinstance(public_key, ed25519.Ed25519PublicKey | ed448.Ed448PublicKey):
                 return cls(public_key, _EDDSA_ALGORITHMS, leeway_s=leeway_s)
             raise ValueError(f"token key file {name}: unsupported key type")
@@ -98,6 +104,7 @@ class TokenVerifier:
                 f"token key file {name}: an HMAC secret of {len(secret)} bytes; at least "
                 f"{MIN_HMAC_KEY_BYTES} are needed"
             )
+        _refuse_asymmetric_secret(secret, name)
         return cls(secret, _HMAC_ALGORITHMS, leeway_s=leeway_s)
 
     def verify(self, token: str | bytes) -> Identity:
@@ -136,10 +143,40 @@ class TokenVerifier:
             raise AuthenticationError(
                 "token signature does not verify with the configured key"
             ) from None
-        except jwt.InvalidTokenError as exc:
-            # PyJWT's messages name the defect (bad padding, bad header), never the token.
+        except jwt.InvalidKeyError:
+            # A token whose algorithm the key allows but whose parameters it does not fit.
+            raise AuthenticationError(
+                "token signed with an algorithm this key does not allow "
+                f"({', '.join(self.algorithms)})"
+            ) from None
+        except jwt.PyJWTError as exc:
+            # PyJWT's messages name the defect (bad padding, bad header), never the token;
+            # only the exception's name is kept all the same.
             raise AuthenticationError(f"invalid token: {type(exc).__name__}") from None
         return _identity(claims)
+
+
+def _refuse_asymmetric_secret(secret: bytes, name: str) -> None:
+    """A public key in a format other than PEM (OpenSSH, DER) is no HMAC secret: its bytes
+    are public (anyone could sign), and PyJWT refuses such keys at every token anyway."""
+    if not _is_asymmetric_key(secret):
+        return
+    raise ValueError(
+        f"token key file {name}: an asymmetric key that is not PEM (give the public key "
+        "as PEM, e.g. openssl pkey -pubin -in KEY -out token.pub; or an HMAC secret)"
+    )
+
+
+def _is_asymmetric_key(data: bytes) -> bool:
+    try:
+        jwt.algorithms.HMACAlgorithm(jwt.algorithms.HMACAlgorithm.SHA256).prepare_key(data)
+    except jwt.InvalidKeyError:
+        return True  # PEM, OpenSSH or certificate text
+    try:
+        load_der_public_key(data)
+    except ValueError:
+        return False
+    return True
 
 
 def _identity(claims: Mapping[str, object]) -> Identity:
@@ -152,7 +189,8 @@ def _identity(claims: Mapping[str, object]) -> Identity:
     return Identity(
         subject=subject if isinstance(subject, str) else "",
         roles=roles,
-        expires_at_s=float(expires) if isinstance(expires, int | float) else None,
+        # PyJWT checks an exp of digits in a string as a number: so must the expiry.
+        expires_at_s=float(expires) if isinstance(expires, int | float | str) else None,
     )
 
 

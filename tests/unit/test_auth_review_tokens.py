@@ -1,0 +1,89 @@
+"""Tokens and key files an attacker or a careless operator may bring (quorumlog.security):
+no sockets. Every refusal is an AuthenticationError or a ValueError naming the defect,
+never a library exception escaping, and never quoting the token or the key."""
+
+from __future__ import annotations
+
+import time
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from tls_certs import HMAC_SECRET
+
+from quorumlog.errors import AuthenticationError
+from quorumlog.security import TokenVerifier
+
+
+def _public_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+@pytest.mark.parametrize(
+    ("curve", "algorithm"),
+    [(ec.SECP384R1(), "ES256"), (ec.SECP256R1(), "ES512"), (ec.SECP521R1(), "ES384")],
+    ids=["p384-key-es256-token", "p256-key-es512-token", "p521-key-es384-token"],
+)
+def test_auth_review_an_ec_token_of_another_curve_is_refused_not_a_crash(
+    curve: ec.EllipticCurve, algorithm: str
+):
+    """A bookie with a P-384 key: anyone may send an ES256 token. PyJWT then raises
+    InvalidKeyError, which is no InvalidTokenError: it must still be a refusal."""
+    bookie_key = ec.generate_private_key(curve)
+    attacker_key = ec.generate_private_key(
+        {"ES256": ec.SECP256R1(), "ES384": ec.SECP384R1(), "ES512": ec.SECP521R1()}[algorithm]
+    )
+    verifier = TokenVerifier.from_key_bytes(_public_pem(bookie_key))
+    token = jwt.encode({"role": "admin"}, attacker_key, algorithm=algorithm)
+    with pytest.raises(AuthenticationError) as refused:
+        verifier.verify(token)
+    assert "algorithm" in refused.value.message
+    assert token not in refused.value.message
+
+
+def test_auth_review_an_ec_key_allows_only_its_own_curves_algorithm():
+    for curve, algorithm in [
+        (ec.SECP256R1(), "ES256"),
+        (ec.SECP384R1(), "ES384"),
+        (ec.SECP521R1(), "ES512"),
+    ]:
+        key = ec.generate_private_key(curve)
+        verifier = TokenVerifier.from_key_bytes(_public_pem(key))
+        assert verifier.algorithms == (algorithm,)
+        assert verifier.verify(jwt.encode({"role": "client"}, key, algorithm=algorithm)).roles
+
+
+def test_auth_review_a_string_exp_still_ends_the_connection():
+    """PyJWT accepts an ``exp`` written as a string of digits (and checks it): the
+    identity must carry that expiry too, or the bookie never ends the connection."""
+    expires_at_s = int(time.time()) + 60
+    token = jwt.encode({"role": "client", "exp": str(expires_at_s)}, HMAC_SECRET, "HS256")
+    identity = TokenVerifier.from_key_bytes(HMAC_SECRET).verify(token)
+    assert identity.expires_at_s == expires_at_s
+
+
+def _ssh_public_key() -> bytes:
+    key = rsa.generate_private_key(65537, 2048)
+    return key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+
+
+def _der_public_key() -> bytes:
+    key = ec.generate_private_key(ec.SECP256R1())
+    return key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+@pytest.mark.parametrize("key_bytes", [_ssh_public_key(), _der_public_key()], ids=["ssh", "der"])
+def test_auth_review_a_public_key_not_in_pem_is_refused_at_load(key_bytes: bytes):
+    """A public key in another format must not become an HMAC secret (public bytes as a
+    secret would let anyone sign): the key file is refused when the bookie starts."""
+    with pytest.raises(ValueError, match="PEM") as refused:
+        TokenVerifier.from_key_bytes(key_bytes, name="token.pub")
+    assert "token.pub" in str(refused.value)
+    assert key_bytes.decode("latin-1")[:60] not in str(refused.value)
