@@ -116,6 +116,9 @@ class TlsReloader:
         self._stamps = self._mtimes()
         self._context = self._build(files)
         self._checked_at = clock()
+        # The files' times when they last failed to load: a file left half-written is
+        # logged once, not at every check (once a second while connections come).
+        self._failed_stamps: tuple[int, ...] | None = None
         self.reloads = 0  # contexts built after the first (tests, metrics)
 
     def _mtimes(self) -> tuple[int, ...]:
@@ -144,9 +147,17 @@ class TlsReloader:
             context = self._build(self.files)
         except ValueError as exc:
             # Likely caught between the writes of a certificate and its key: keep serving
-            # with the previous context; the next check tries again.
-            log.warning("TLS files changed but do not load (keeping the previous ones): %s", exc)
+            # with the previous context; the next check tries again (a file system with
+            # coarse times may finish the write without moving them), quietly.
+            if stamps != self._failed_stamps:
+                self._failed_stamps = stamps
+                log.warning(
+                    "TLS files changed but do not load (keeping the previous ones; logged "
+                    "again when they change): %s",
+                    exc,
+                )
             return False
+        self._failed_stamps = None
         self._stamps = stamps
         self._context = context
         self.reloads += 1
