@@ -103,6 +103,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="connections held at once; one more is closed at once (default: %(default)s)",
     )
     p.add_argument(
+        "--auth-timeout-ms",
+        type=int,
+        default=_SERVER_DEFAULTS.auth_timeout_ms,
+        help="with --token-key-file: a connection that presents no valid token within "
+        "this time is closed (default: %(default)s)",
+    )
+    p.add_argument(
         "--max-in-flight-bytes",
         type=int,
         default=_SERVER_DEFAULTS.max_in_flight_bytes,
@@ -194,6 +201,8 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         raise ValueError("--metadata-session-timeout-ms must be positive")
     if args.max_connections <= 0:
         raise ValueError("--max-connections must be positive")
+    if args.auth_timeout_ms <= 0:
+        raise ValueError("--auth-timeout-ms must be positive")
     if args.max_in_flight_bytes <= 0:
         raise ValueError("--max-in-flight-bytes must be positive")
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
@@ -225,6 +234,7 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         gc_interval_ms=args.gc_interval_ms,
         metadata_session_timeout_ms=args.metadata_session_timeout_ms,
         max_connections=args.max_connections,
+        auth_timeout_ms=args.auth_timeout_ms,
         max_in_flight_bytes=args.max_in_flight_bytes,
         http_port=args.http_port,
         tls=security_options.server_tls(args),

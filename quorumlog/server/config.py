@@ -57,3 +57,7 @@ class ServerConfig:
     # cluster's zero set-up); with one, only connections that present a valid token.
     tls: TlsReloader | None = None
     token_verifier: TokenVerifier | None = None
+    # With a token verifier: a connection that has presented no valid token this long
+    # after it was made is closed, so that peers without one cannot hold the
+    # max_connections slots (and the memory of a frame each) against the clients.
+    auth_timeout_ms: int = 10_000

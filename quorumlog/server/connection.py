@@ -207,6 +207,11 @@ class BookieProtocol(asyncio.Protocol):
         )
         self._joined = True
         self._budget.join()
+        if self._verifier is not None:
+            # Until a token verifies, the connection's deadline is the AUTH deadline.
+            self._expiry = self._loop.call_later(
+                self._config.auth_timeout_ms / 1000, self._auth_timed_out
+            )
         if self._draining:
             self._update_reading()
 
@@ -345,6 +350,12 @@ class BookieProtocol(asyncio.Protocol):
         self._expiry = None
         if not self.closed:
             self._refuse(AuthResponse(0, Status.UNAUTHORIZED, 0, "token expired"))
+
+    def _auth_timed_out(self) -> None:
+        self._expiry = None
+        if not self.closed and self.identity is None:
+            reason = f"no token presented within {self._config.auth_timeout_ms} ms"
+            self._refuse(AuthResponse(0, Status.UNAUTHORIZED, 0, reason))
 
     def _authorized(self, request: Request) -> bool:
         """Whether ``request`` may be served; if not, it is answered (and, before any
