@@ -56,14 +56,14 @@ def bearer_middleware(verifier: TokenVerifier, roles_for: RolesFor) -> Middlewar
         try:
             identity = verifier.verify(token.strip())
         except AuthenticationError as exc:
-            log.warning("HTTP %s %s refused: %s", request.method, request.path, exc.message)
+            log.warning("HTTP %s %s refused: %s", request.method, _loggable(request), exc.message)
             return _refusal(401, exc.message)
         if needed.isdisjoint(identity.roles):
             wanted = " or ".join(sorted(needed))
             log.warning(
                 "HTTP %s %s refused to %s: needs %s",
                 request.method,
-                request.path,
+                _loggable(request),
                 identity.describe(),
                 wanted,
             )
@@ -71,6 +71,12 @@ def bearer_middleware(verifier: TokenVerifier, roles_for: RolesFor) -> Middlewar
         return await handler(request)
 
     return check
+
+
+def _loggable(request: web.Request) -> str:
+    """The path as it came (percent-encoded): its decoded form may hold a line break by
+    which a peer without a token would write log lines of its own."""
+    return request.raw_path
 
 
 def db_api_roles(request: web.Request) -> frozenset[Role] | None:

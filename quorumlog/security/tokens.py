@@ -33,6 +33,7 @@ TOKEN_ENV_VAR = "QUORUMLOG_TOKEN"
 MIN_HMAC_KEY_BYTES = 32  # HS256's own size: a shorter secret is guessable
 # A token is a few hundred bytes; a larger one is refused before it is parsed.
 MAX_TOKEN_BYTES = 16 * 1024
+MAX_LOGGED_SUBJECT_CHARS = 100
 
 _HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
 _RSA_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
@@ -54,7 +55,10 @@ class Identity:
     def describe(self) -> str:
         """For logs: the subject and roles, never the token."""
         roles = ",".join(sorted(self.roles))
-        return f"{self.subject or '(no subject)'} [{roles}]"
+        # The subject is the token issuer's text: escaped (no line breaks of its own in
+        # the log) and cut short.
+        subject = self.subject[:MAX_LOGGED_SUBJECT_CHARS].encode("unicode_escape").decode("ascii")
+        return f"{subject or '(no subject)'} [{roles}]"
 
 
 class TokenVerifier:

@@ -87,3 +87,10 @@ def test_auth_review_a_public_key_not_in_pem_is_refused_at_load(key_bytes: bytes
         TokenVerifier.from_key_bytes(key_bytes, name="token.pub")
     assert "token.pub" in str(refused.value)
     assert key_bytes.decode("latin-1")[:60] not in str(refused.value)
+
+
+def test_auth_review_a_subject_is_logged_on_one_line_and_cut_short():
+    token = jwt.encode({"role": "client", "sub": "app\nFORGED line" + "x" * 500}, HMAC_SECRET)
+    described = TokenVerifier.from_key_bytes(HMAC_SECRET).verify(token).describe()
+    assert "\n" not in described and described.startswith("app\\nFORGED line")
+    assert len(described) < 150

@@ -1,0 +1,127 @@
+"""Bearer tokens on every route of the bookie's admin API and of the database's API
+(quorumlog.security.http), served on 127.0.0.1 by aiohttp's test server: each route,
+read from the application's own router, refuses a missing, malformed, forged or expired
+token with 401 and a role it does not take with 403, as JSON."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import jwt
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from support import run
+from tls_certs import HMAC_SECRET
+
+from quorumlog.db.http import DbHttpApi
+from quorumlog.security import Role, TokenVerifier, issue_token
+from quorumlog.server.admin_http import AdminContext, build_admin_app
+
+OPEN_PATHS = {"/heartbeat", "/readyz"}
+
+
+def _token(*roles: Role, expires_in_s: float = 600, key: bytes = HMAC_SECRET) -> str:
+    return issue_token(key, roles, subject="review", expires_at_s=time.time() + expires_in_s)
+
+
+def _routes(app: web.Application) -> list[tuple[str, str]]:
+    """Every (method, path) the application serves, but the open ones ("*": as POST)."""
+    routes = set()
+    for route in app.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        if path in OPEN_PATHS or route.method == "HEAD":  # HEAD: GET's, with no body to read
+            continue
+        method = "POST" if route.method == "*" else route.method
+        routes.add((method, path))
+    return sorted(routes)
+
+
+BAD_CREDENTIALS: list[tuple[str, dict[str, str]]] = [
+    ("missing", {}),
+    ("not bearer", {"Authorization": "Basic dXNlcjpwYXNz"}),
+    ("empty bearer", {"Authorization": "Bearer "}),
+    ("garbage", {"Authorization": "Bearer not-a-token"}),
+    ("another key", {"Authorization": "Bearer " + _token(Role.ADMIN, key=b"o" * 40)}),
+    ("expired", {"Authorization": "Bearer " + _token(Role.ADMIN, expires_in_s=-10)}),
+    (
+        "alg none",
+        {"Authorization": "Bearer " + jwt.encode({"role": "admin"}, None, algorithm="none")},
+    ),
+]
+
+
+async def _refusals(
+    app: web.Application, admin_only: set[tuple[str, str]]
+) -> list[tuple[str, str, str, int, Any]]:
+    """(method, path, credentials, status, body) of every answer that is not as it should."""
+    wrong = []
+    client_token = {"Authorization": "Bearer " + _token(Role.CLIENT)}
+    async with TestClient(TestServer(app)) as http:
+        for method, path in _routes(app):
+            for name, headers in BAD_CREDENTIALS:
+                async with http.request(method, path, headers=headers) as answer:
+                    body = await answer.json()
+                    challenge = answer.headers.get("WWW-Authenticate", "")
+                    if answer.status != 401 or "error" not in body or "Bearer" not in challenge:
+                        wrong.append((method, path, name, answer.status, body))
+                    credential = headers.get("Authorization", "")[7:]
+                    if len(credential) > 8 and credential in str(body):
+                        wrong.append((method, path, name + " quoted", answer.status, body))
+            if (method, path) in admin_only:
+                async with http.request(method, path, headers=client_token) as answer:
+                    body = await answer.json()
+                    if answer.status != 403 or "admin" not in body.get("error", ""):
+                        wrong.append((method, path, "client role", answer.status, body))
+    return wrong
+
+
+def test_auth_review_every_admin_api_route_refuses_bad_tokens_and_roles():
+    verifier = TokenVerifier.from_key_bytes(HMAC_SECRET)
+    app = build_admin_app(AdminContext(store=lambda: None, token_verifier=verifier))
+    changes = {(m, p) for m, p in _routes(app) if m not in ("GET", "HEAD")}
+    assert changes  # the read-only switch and GC
+    assert run(_refusals(app, changes)) == []
+
+
+def test_auth_review_every_db_api_route_refuses_bad_tokens_and_roles():
+    verifier = TokenVerifier.from_key_bytes(HMAC_SECRET)
+    # Refusals come before any handler: the replica is never reached.
+    server = DbHttpApi(object(), token_verifier=verifier)  # type: ignore[arg-type]
+    backup = {(m, p) for m, p in _routes(server.app) if p == "/db/backup"}
+    assert backup
+    assert run(_refusals(server.app, backup)) == []
+
+
+def test_auth_review_a_token_the_key_cannot_check_is_a_401_and_paths_are_logged_escaped(
+    caplog: pytest.LogCaptureFixture,
+):
+    """An ES256 token at a P-384 key (PyJWT's InvalidKeyError) is a refusal, not a 500;
+    the refused path is logged escaped, so that a peer without a token cannot write
+    lines of its own into the log."""
+    bookie_key = ec.generate_private_key(ec.SECP384R1())
+    public_pem = bookie_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    verifier = TokenVerifier.from_key_bytes(public_pem)
+    app = build_admin_app(AdminContext(store=lambda: None, token_verifier=verifier))
+    forged = jwt.encode({"role": "admin"}, ec.generate_private_key(ec.SECP256R1()), "ES256")
+
+    async def scenario() -> tuple[int, int]:
+        async with TestClient(TestServer(app)) as http:
+            headers = {"Authorization": f"Bearer {forged}"}
+            async with http.put("/api/v1/bookie/gc", headers=headers) as answer:
+                curve_status = answer.status
+            path = "/metrics%0A2026-11-24 00:00:00 INFO forged line"
+            async with http.get(path, headers=headers) as answer:
+                return curve_status, answer.status
+
+    with caplog.at_level(logging.WARNING, logger="quorumlog.security.http"):
+        assert run(scenario()) == (401, 401)
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2
+    assert all("\n" not in message for message in messages), messages
