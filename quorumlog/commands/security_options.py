@@ -143,7 +143,10 @@ def redact_logs(args: argparse.Namespace) -> RedactingFilter:
     metadata = getattr(args, "metadata", None) or os.environ.get("QUORUMLOG_METADATA", "")
     for path in urllib.parse.parse_qs(metadata.partition("?")[2]).get("digest_file", []):
         with contextlib.suppress(OSError):
-            password = Path(path).read_text(encoding="utf-8").strip().partition(":")[2]
+            credential = Path(path).read_text(encoding="utf-8").strip()
+            password = credential.partition(":")[2]
             if password:
-                secrets.append(password)
+                # The ZooKeeper client prints user:password (its AUTH request, at DEBUG):
+                # the whole line is redacted too, as a short password alone is not.
+                secrets += [credential, password]
     return install_log_redaction(secrets)
