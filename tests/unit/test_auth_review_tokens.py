@@ -5,6 +5,7 @@ never a library exception escaping, and never quoting the token or the key."""
 from __future__ import annotations
 
 import time
+import typing
 
 import jwt
 import pytest
@@ -13,7 +14,20 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from tls_certs import HMAC_SECRET
 
 from quorumlog.errors import AuthenticationError
-from quorumlog.security import TokenVerifier
+from quorumlog.proto.codec import (
+    AddFlag,
+    AddRequest,
+    AuthRequest,
+    BookieInfoRequest,
+    DeleteLedgerRequest,
+    FenceRequest,
+    ReadFlag,
+    ReadLacRequest,
+    ReadRequest,
+    Request,
+    WriteLacRequest,
+)
+from quorumlog.security import Role, TokenVerifier, required_roles
 
 
 def _public_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -94,3 +108,25 @@ def test_auth_review_a_subject_is_logged_on_one_line_and_cut_short():
     described = TokenVerifier.from_key_bytes(HMAC_SECRET).verify(token).describe()
     assert "\n" not in described and described.startswith("app\\nFORGED line")
     assert len(described) < 150
+
+
+def test_auth_review_the_role_table_is_the_documented_one_and_fails_closed():
+    """docs/SECURITY.md's table, request kind by request kind; a kind the table does not
+    name (one added to the protocol later) is left to admin, not opened to every role."""
+    key = bytes(20)
+    every, ledger_users = set(Role), {Role.CLIENT, Role.ADMIN}
+    table = {
+        AddRequest: (AddRequest(1, 1, key, [b"e"]), ledger_users),
+        ReadRequest: (ReadRequest(1, 1, 0, flags=ReadFlag.FENCE, master_key=key), every),
+        ReadLacRequest: (ReadLacRequest(1, 1), every),
+        FenceRequest: (FenceRequest(1, 1, key), every),
+        WriteLacRequest: (WriteLacRequest(1, 1, key, 0), ledger_users),
+        DeleteLedgerRequest: (DeleteLedgerRequest(1, 1, key), {Role.ADMIN}),
+        BookieInfoRequest: (BookieInfoRequest(1), every),
+    }
+    # Every request kind of the protocol but AUTH (answered before any role) is listed.
+    assert set(typing.get_args(Request)) - {AuthRequest} == set(table)
+    for request, roles in table.values():
+        assert required_roles(request) == roles, request
+    assert required_roles(AddRequest(1, 1, key, [b"e"], flags=AddFlag.RECOVERY)) == every
+    assert required_roles(object()) == {Role.ADMIN}  # type: ignore[arg-type]
