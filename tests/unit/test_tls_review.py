@@ -136,3 +136,44 @@ def test_tls_review_a_file_left_half_written_is_logged_once_and_the_old_context_
     clock.now_s += 1.0
     assert reloader.current() is not before
     assert reloader.reloads == 1
+
+
+def test_tls_review_a_replaced_ca_file_decides_who_comes_in_after_the_reload(
+    material: TlsMaterial, tmp_path: Path
+):
+    """An operator who replaces the CA (one that leaked) expects clients of the old CA
+    to be refused from the next connection on, though the listener's front context
+    was built with the old CA."""
+    other = make_tls_material(tmp_path / "other")
+    clock = _Clock()
+    ca_file = tmp_path / "clients-ca.pem"
+    ca_file.write_bytes(material.ca_cert.read_bytes())
+    reloader = TlsReloader(
+        TlsFiles(str(material.server_cert), str(material.server_key), str(ca_file)),
+        server_side=True,
+        clock=clock,
+    )
+    trusting_bookie = [str(material.ca_cert)]
+    old_client = client_context(
+        TlsFiles(str(material.client_cert), str(material.client_key), *trusting_bookie)
+    )
+    new_client = client_context(
+        TlsFiles(str(other.client_cert), str(other.client_key), *trusting_bookie)
+    )
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(
+            _echo, "127.0.0.1", 0, ssl=reloader.server_front_context()
+        )
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            assert await _echo_over(port, old_client, "127.0.0.1") == b"ping"
+            ca_file.write_bytes(other.ca_cert.read_bytes())
+            _bump_mtime(ca_file)
+            clock.now_s += 2.0
+            assert await _echo_over(port, new_client, "127.0.0.1") == b"ping"
+            assert reloader.reloads == 1
+            with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+                await _echo_over(port, old_client, "127.0.0.1")
+
+    run(scenario())
