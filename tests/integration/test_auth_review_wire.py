@@ -105,6 +105,11 @@ async def _scenario(address: str) -> None:
         ("BookieInfoResponse", 2, Status.OK),
     ]
 
+    # A connection whose token expires while the steps below run (exp counts in seconds).
+    short = await RawConnection.open(address)
+    await short.send(_auth(1, _token(Role.CLIENT, expires_in_s=2)))
+    assert _statuses(await short.answers_until(1)) == [("AuthResponse", 1, Status.OK)]
+
     # 1. Requests pipelined before the AUTH, in the same segment: none is served, the
     # first gets its refusal (and the reason on request id 0), the connection closes.
     for before, answer_name in [
@@ -208,6 +213,12 @@ async def _scenario(address: str) -> None:
     await good.send(encode(BookieInfoRequest(3)))
     assert _statuses(await good.answers_until(1)) == [("BookieInfoResponse", 3, Status.OK)]
     good.close()
+
+    # The expired token's connection is told so (request id 0) and closed.
+    assert await short.closed_by_bookie()
+    assert _statuses(short.answers) == [("AuthResponse", 0, unauthorized)]
+    assert short.answers[0].reason == "token expired"  # type: ignore[union-attr]
+    short.close()
 
 
 def test_auth_review_every_request_before_auth_is_refused_and_roles_hold_on_the_wire(
