@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any
 
+import aiohttp
 import jwt
 import pytest
 from aiohttp import web
@@ -20,6 +21,7 @@ from tls_certs import HMAC_SECRET
 
 from quorumlog.db.http import DbHttpApi
 from quorumlog.security import Role, TokenVerifier, issue_token
+from quorumlog.security.http import bearer_middleware, db_api_roles
 from quorumlog.server.admin_http import AdminContext, build_admin_app
 
 OPEN_PATHS = {"/heartbeat", "/readyz"}
@@ -125,3 +127,55 @@ def test_auth_review_a_token_the_key_cannot_check_is_a_401_and_paths_are_logged_
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == 2
     assert all("\n" not in message for message in messages), messages
+
+
+class _Follower:
+    """What the database's API reads of a replica that does not lead."""
+
+    is_leader = False
+
+
+def test_auth_review_a_follower_forwards_the_callers_token_and_no_other():
+    """A write sent to a follower reaches the leader with the caller's own token (the
+    leader checks it again): forwarding neither upgrades nor drops the caller's roles."""
+    verifier = TokenVerifier.from_key_bytes(HMAC_SECRET)
+    seen: list[str | None] = []
+
+    async def leader_execute(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"results": []})
+
+    leader_app = web.Application(middlewares=[bearer_middleware(verifier, db_api_roles)])
+    leader_app.router.add_post("/db/execute", leader_execute)
+    leader_app.router.add_get("/db/backup", leader_execute)
+    follower = DbHttpApi(_Follower(), token_verifier=verifier)  # type: ignore[arg-type]
+    client = "Bearer " + _token(Role.CLIENT)
+
+    async def scenario() -> list[int]:
+        statuses = []
+        async with TestServer(leader_app) as leader:
+            leader_url = str(leader.make_url("")).rstrip("/")
+
+            async def leader_api() -> str:
+                return leader_url
+
+            follower._leader_api = leader_api  # type: ignore[method-assign]
+            port = await follower.start("127.0.0.1", 0)
+            try:
+                async with aiohttp.ClientSession() as http:
+                    url = f"http://127.0.0.1:{port}"
+                    for path, method, headers in [
+                        ("/db/execute", "POST", {"Authorization": client}),
+                        ("/db/backup", "GET", {"Authorization": client}),  # needs admin
+                        ("/db/execute", "POST", {}),
+                    ]:
+                        async with http.request(
+                            method, url + path, headers=headers, json=["INSERT INTO t VALUES (1)"]
+                        ) as answer:
+                            statuses.append(answer.status)
+            finally:
+                await follower.close()
+        return statuses
+
+    assert run(scenario()) == [200, 403, 401]
+    assert seen == [client]  # the caller's token, as it came; the refused ones never left
