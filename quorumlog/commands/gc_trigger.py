@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class _Credentials:
     """What the admin API asks of a caller on secured bookies: a token, a TLS context."""
 
-    headers: dict[str, str] = field(default_factory=dict)
+    # The Authorization header holds the token: never in a repr (an error, a log line).
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
     context: ssl.SSLContext | None = None
 
     @classmethod

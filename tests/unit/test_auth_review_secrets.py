@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from quorumlog.commands.gc_trigger import _Credentials
 from quorumlog.commands.security_options import redact_logs
 
 
@@ -41,3 +42,13 @@ def test_auth_review_a_zookeeper_digest_credential_is_redacted_as_printed(
             handler.removeFilter(redacting)
     assert "Sending request" in out.getvalue()
     assert password not in out.getvalue()
+
+
+def test_auth_review_the_shells_admin_api_credentials_do_not_print_the_token(
+    tmp_path: Path,
+):
+    token_file = tmp_path / "admin.token"
+    token_file.write_text("eyJhbGciOiJIUzI1NiJ9.eyJyb2xlIjoiYWRtaW4ifQ.c2lnbmF0dXJl\n")
+    credentials = _Credentials.from_args(argparse.Namespace(token_file=str(token_file)))
+    assert credentials.headers["Authorization"].startswith("Bearer eyJ")
+    assert "eyJ" not in repr(credentials) and "eyJ" not in str(credentials)
