@@ -110,6 +110,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "this time is closed (default: %(default)s)",
     )
     p.add_argument(
+        "--tls-handshake-timeout-ms",
+        type=int,
+        default=_SERVER_DEFAULTS.tls_handshake_timeout_ms,
+        help="with --tls-cert: a TLS handshake not done within this time is given up and "
+        "its connection closed (default: %(default)s)",
+    )
+    p.add_argument(
         "--max-in-flight-bytes",
         type=int,
         default=_SERVER_DEFAULTS.max_in_flight_bytes,
@@ -203,6 +210,8 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         raise ValueError("--max-connections must be positive")
     if args.auth_timeout_ms <= 0:
         raise ValueError("--auth-timeout-ms must be positive")
+    if args.tls_handshake_timeout_ms <= 0:
+        raise ValueError("--tls-handshake-timeout-ms must be positive")
     if args.max_in_flight_bytes <= 0:
         raise ValueError("--max-in-flight-bytes must be positive")
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
@@ -235,6 +244,7 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         metadata_session_timeout_ms=args.metadata_session_timeout_ms,
         max_connections=args.max_connections,
         auth_timeout_ms=args.auth_timeout_ms,
+        tls_handshake_timeout_ms=args.tls_handshake_timeout_ms,
         max_in_flight_bytes=args.max_in_flight_bytes,
         http_port=args.http_port,
         tls=security_options.server_tls(args),

@@ -61,3 +61,7 @@ class ServerConfig:
     # after it was made is closed, so that peers without one cannot hold the
     # max_connections slots (and the memory of a frame each) against the clients.
     auth_timeout_ms: int = 10_000
+    # With TLS: a TLS handshake not done this long after the connection was accepted is
+    # given up, and its connection slot given back (asyncio tells the connection nothing
+    # of a handshake that fails or times out, so the server counts the time itself).
+    tls_handshake_timeout_ms: int = 10_000

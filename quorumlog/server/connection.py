@@ -185,6 +185,7 @@ class BookieProtocol(asyncio.Protocol):
         self._reading_paused = False
         self._draining = False  # server stopping: read nothing more
         self.closed = False
+        self.made = False  # connection_made came (after the TLS handshake, with TLS)
         self.peer = "?"
         self.requests_total = 0
         # Authentication (docs/SECURITY.md): with a verifier, nothing but AUTH is served
@@ -199,6 +200,7 @@ class BookieProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
         self._transport = transport = cast(asyncio.Transport, transport)
+        self.made = True
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"

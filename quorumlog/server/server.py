@@ -331,6 +331,9 @@ class BookieServer:
                 start_serving=False,
                 # TLS (docs/SECURITY.md): each handshake takes the current certificates.
                 ssl=tls.server_front_context() if (tls := self.server_config.tls) else None,
+                ssl_handshake_timeout=(
+                    self.server_config.tls_handshake_timeout_ms / 1000 if tls else None
+                ),
             )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
@@ -360,9 +363,20 @@ class BookieServer:
             self.bookie.halt,
         )
         self._connections.add(protocol)
+        if self.server_config.tls is not None:
+            # A handshake that fails or times out never reaches the protocol (neither
+            # connection_made nor connection_lost): without this, each would hold one of
+            # max_connections for good. asyncio gives up the handshake at the deadline;
+            # a second after it, a protocol never made is forgotten.
+            handshake_s = self.server_config.tls_handshake_timeout_ms / 1000
+            self._loop.call_later(handshake_s + 1.0, self._forget_if_never_made, protocol)
         if self._stopping:
             protocol.drain()
         return protocol
+
+    def _forget_if_never_made(self, protocol: BookieProtocol) -> None:
+        if not protocol.made:
+            self._connections.discard(protocol)
 
     def _refuse(self) -> None:
         # One warning per interval, not one per connection: a flood must not flood the log.
