@@ -43,6 +43,7 @@ from quorumlog.errors import AuthenticationError, LocalProtocolError, ProtocolEr
 from quorumlog.proto.codec import (
     AUTH_ROLE_BITS,
     AUTH_VERSION,
+    MAX_AUTH_CREDENTIAL_BYTES,
     AddResponse,
     AuthMechanism,
     AuthRequest,
@@ -84,6 +85,8 @@ _TLS_HANDSHAKE_PREFIX = b"\x16\x03"
 # A TLS fatal alert "protocol_version" in a plain record: the client's TLS library then
 # reports a refused handshake instead of a bare reset.
 _TLS_PROTOCOL_VERSION_ALERT = bytes.fromhex("15030300020246")
+# The largest AUTH frame: length prefix, header, AUTH's fixed body, the credential.
+_MAX_AUTH_FRAME_BYTES = 4 + 10 + 4 + MAX_AUTH_CREDENTIAL_BYTES
 _AUTH_REQUIRED = (
     "authentication required: this bookie accepts only connections that present a token "
     "(set the client's token file or QUORUMLOG_TOKEN)"
@@ -275,6 +278,18 @@ class BookieProtocol(asyncio.Protocol):
                 # is a state that cannot be.
                 self._broken(f"submitting {type(message).__name__}", exc)
                 return
+        if (
+            self.identity is None
+            and self._verifier is not None
+            and self._decoder.buffered_bytes > _MAX_AUTH_FRAME_BYTES
+        ):
+            # A first frame larger than any AUTH: a peer without a token must not make
+            # the bookie hold up to a maximum frame (for every connection) until it ends.
+            reason = (
+                f"a frame of over {_MAX_AUTH_FRAME_BYTES} bytes before a token; {_AUTH_REQUIRED}"
+            )
+            self._refuse(AuthResponse(0, Status.UNAUTHORIZED, 0, reason))
+            return
         if (
             self.held_bytes >= self._budget.share_bytes
             or self.in_flight - self.polls >= config.max_in_flight_requests

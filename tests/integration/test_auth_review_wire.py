@@ -209,6 +209,16 @@ async def _scenario(address: str) -> None:
     assert raw.answers == []
     raw.close()
 
+    # 7. A first frame larger than any AUTH (an 8 MiB ADD) is not buffered up to its
+    # length before a token: the bookie closes as soon as it holds more than an AUTH.
+    raw = await RawConnection.open(address)
+    big_add = struct.pack(">I", 8 * 1024 * 1024 - 4) + encode(BookieInfoRequest(1))[4:]
+    await raw.send(big_add + b"x" * (256 * 1024))
+    assert await raw.closed_by_bookie()
+    assert _statuses(raw.answers) == [("AuthResponse", 0, unauthorized)]
+    assert "before a token" in raw.answers[0].reason  # type: ignore[union-attr]
+    raw.close()
+
     # The good connection is still served.
     await good.send(encode(BookieInfoRequest(3)))
     assert _statuses(await good.answers_until(1)) == [("BookieInfoResponse", 3, Status.OK)]
