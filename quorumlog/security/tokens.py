@@ -193,9 +193,21 @@ def _identity(claims: Mapping[str, object]) -> Identity:
     return Identity(
         subject=subject if isinstance(subject, str) else "",
         roles=roles,
-        # PyJWT checks an exp of digits in a string as a number: so must the expiry.
-        expires_at_s=float(expires) if isinstance(expires, int | float | str) else None,
+        expires_at_s=_expiry_s(expires),
     )
+
+
+def _expiry_s(claim: object) -> float | None:
+    """An ``exp`` claim as seconds since the epoch, read as PyJWT checks it: a number, or
+    a string of digits (int()); None when absent or unreadable."""
+    if isinstance(claim, int | float):
+        return float(claim)
+    if isinstance(claim, str):
+        try:
+            return float(int(claim))
+        except ValueError:
+            return None
+    return None
 
 
 def signing_key_from_bytes(data: bytes, *, name: str = "key") -> tuple[object, str]:
@@ -257,8 +269,7 @@ def unverified_expiry_s(token: str) -> float | None:
         claims = jwt.decode(token, options={"verify_signature": False})
     except jwt.InvalidTokenError:
         return None
-    expires = claims.get("exp")
-    return float(expires) if isinstance(expires, int | float) else None
+    return _expiry_s(claims.get("exp"))
 
 
 def renewal_delay_s(expires_at_s: float, now_s: float) -> float:

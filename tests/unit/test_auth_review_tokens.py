@@ -28,6 +28,7 @@ from quorumlog.proto.codec import (
     WriteLacRequest,
 )
 from quorumlog.security import Role, TokenVerifier, required_roles
+from quorumlog.security.tokens import unverified_expiry_s
 
 
 def _public_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -130,3 +131,12 @@ def test_auth_review_the_role_table_is_the_documented_one_and_fails_closed():
         assert required_roles(request) == roles, request
     assert required_roles(AddRequest(1, 1, key, [b"e"], flags=AddFlag.RECOVERY)) == every
     assert required_roles(object()) == {Role.ADMIN}  # type: ignore[arg-type]
+
+
+def test_auth_review_a_client_renews_a_token_whose_exp_is_a_string():
+    """The bookie ends the connection at such a token's exp: the client must know it too,
+    to present a renewed token before then."""
+    expires_at_s = int(time.time()) + 60
+    token = jwt.encode({"role": "client", "exp": str(expires_at_s)}, HMAC_SECRET, "HS256")
+    assert unverified_expiry_s(token) == expires_at_s
+    assert unverified_expiry_s(jwt.encode({"role": "client", "exp": "soon"}, HMAC_SECRET)) is None
