@@ -141,6 +141,29 @@ def position_bound(label: str) -> Callable[[str], str]:
     return check
 
 
+def _position_range_options(
+    parser: argparse.ArgumentParser, *, start_help: str, end_help: str
+) -> None:
+    """``--from`` and ``--to``: the range of a log a pipeline reads, as ``args.start`` and
+    ``args.end`` (None: the source's defaults, earliest and latest)."""
+    parser.add_argument(
+        "--from",
+        dest="start",
+        default=None,
+        metavar="POSITION",
+        type=position_bound("--from"),
+        help=start_help,
+    )
+    parser.add_argument(
+        "--to",
+        dest="end",
+        default=None,
+        metavar="POSITION",
+        type=position_bound("--to"),
+        help=end_help,
+    )
+
+
 def _dice_stats_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log", default="dice", metavar="NAME", help="the dice log's name (default: dice)"
@@ -149,21 +172,10 @@ def _dice_stats_options(parser: argparse.ArgumentParser) -> None:
 
 def _log_to_parquet_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log", required=True, metavar="NAME", help="the log's name")
-    parser.add_argument(
-        "--from",
-        dest="start",
-        default=None,
-        metavar="POSITION",
-        type=position_bound("--from"),
-        help="first position copied: earliest (default), latest, L:E or JSON",
-    )
-    parser.add_argument(
-        "--to",
-        dest="end",
-        default=None,
-        metavar="POSITION",
-        type=position_bound("--to"),
-        help="position where copying stops (not copied): latest (default), earliest, L:E",
+    _position_range_options(
+        parser,
+        start_help="first position copied: earliest (default), latest, L:E or JSON",
+        end_help="position where copying stops (not copied): latest (default), earliest, L:E",
     )
     parser.add_argument(
         "--entries-per-partition",
@@ -176,21 +188,10 @@ def _log_to_parquet_options(parser: argparse.ArgumentParser) -> None:
 
 def _db_changes_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log", required=True, metavar="NAME", help="the database's log (db/NAME)")
-    parser.add_argument(
-        "--from",
-        dest="start",
-        default=None,
-        metavar="POSITION",
-        type=position_bound("--from"),
-        help="first record read: earliest (default), latest, L:E or JSON",
-    )
-    parser.add_argument(
-        "--to",
-        dest="end",
-        default=None,
-        metavar="POSITION",
-        type=position_bound("--to"),
-        help="position where reading stops (not read): latest (default), earliest, L:E",
+    _position_range_options(
+        parser,
+        start_help="first record read: earliest (default), latest, L:E or JSON",
+        end_help="position where reading stops (not read): latest (default), earliest, L:E",
     )
 
 
