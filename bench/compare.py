@@ -63,11 +63,12 @@ MODES = ("one-at-a-time", "pipelined")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 # The performance targets (figures from quorumlog bench, medians of 3 runs).
-PIPELINED_MIN_ENTRIES_PER_S = 50_000
-PIPELINED_MIN_RATIO_TO_ZOOKEEPER = 10.0
-SYNC_MAX_P50_MS = 1.0
-SYNC_MAX_P99_MS = 5.0
-LARGE_MIN_SHARE_OF_DISK = 0.6  # of the disk's bandwidth divided by the 3 replicas
+PIPELINED_MIN_ENTRIES_PER_S = 150_000  # asyncio append, 3/3/2, 100 B
+SYNC_FACADE_MIN_ENTRIES_PER_S = 100_000  # the synchronous facade's add_entry_async
+ONE_AT_A_TIME_MAX_P50_MS = 0.45
+ONE_AT_A_TIME_MAX_P99_MS = 0.9
+LARGE_MIN_SHARE_OF_DISK = 0.6  # of one dd stream's bandwidth divided by the 3 replicas
+LARGE_MAX_P99_MS = 10.0  # 64 KiB appends, LARGE_IN_FLIGHT in flight
 READ_MIN_ENTRIES_PER_S = 400_000
 TAIL_MAX_P99_MS = 2.0
 # "Log-stream appends at the ledger's rate": within the run-to-run spread (10%) of
@@ -163,9 +164,9 @@ def evaluate_targets(
     """Each target of the issue: what it asks, what was measured, and whether it is met
     (None where the figure is missing)."""
     ours = systems.get("quorumlog", {}).get("modes", {})
-    zk = systems.get("zookeeper", {}).get("modes", {})
     pipelined = ours.get("pipelined")
-    sync = ours.get("one-at-a-time")
+    one_at_a_time = ours.get("one-at-a-time")
+    write_sync = extra.get("write_sync")
     large = extra.get("write_64k")
     read = extra.get("read")
     tail = extra.get("tail")
@@ -177,78 +178,59 @@ def evaluate_targets(
     ) -> dict[str, Any]:
         return {"target": name, "wanted": wanted, "measured": measured, "unit": unit, "met": met}
 
-    pipe_rate = pipelined["entries_per_s"] if pipelined else None
-    zk_rate = zk["pipelined"]["entries_per_s"] if zk.get("pipelined") else None
-    ratio = _ratio(pipe_rate, zk_rate)
+    def at_least(name: str, measured: float | None, floor: float, unit: str = "") -> dict:
+        wanted = f">= {floor:.0%}" if unit == "%" else f">= {floor:,}"
+        return target(name, wanted, measured, None if measured is None else measured >= floor, unit)
+
+    def at_most(name: str, measured: float | None, ceiling: float) -> dict:
+        met = None if measured is None else measured <= ceiling
+        return target(name, f"<= {ceiling:g}", measured, met)
+
+    def rate(summary: dict[str, Any] | None) -> float | None:
+        return summary["entries_per_s"] if summary else None
+
+    def percentile(summary: dict[str, Any] | None, key: str) -> float | None:
+        return summary["latency_ms"][key] if summary else None
+
+    pipe_rate = rate(pipelined)
     share = None
     if large and disk_mb_per_s:
         share = round(large["mb_per_s"] / (disk_mb_per_s / 3), 3)
-    results = [
-        target(
-            "pipelined 3/3/2 100 B, entries/s",
-            f">= {PIPELINED_MIN_ENTRIES_PER_S:,}",
-            pipe_rate,
-            None if pipe_rate is None else pipe_rate >= PIPELINED_MIN_ENTRIES_PER_S,
-        ),
-        target(
-            "pipelined, times ZooKeeper pipelined",
-            f">= {PIPELINED_MIN_RATIO_TO_ZOOKEEPER:g}x",
-            ratio,
-            None if ratio is None else ratio >= PIPELINED_MIN_RATIO_TO_ZOOKEEPER,
-            "x",
-        ),
-    ]
-    for key, limit in (("p50", SYNC_MAX_P50_MS), ("p99", SYNC_MAX_P99_MS)):
-        value = sync["latency_ms"][key] if sync else None
-        results.append(
-            target(
-                f"one at a time, {key} ms",
-                f"<= {limit:g}",
-                value,
-                None if value is None else value <= limit,
-            )
-        )
-    results += [
-        target(
-            "64 KiB pipelined, share of disk bandwidth / 3",
-            f">= {LARGE_MIN_SHARE_OF_DISK:.0%}",
-            share,
-            None if share is None else share >= LARGE_MIN_SHARE_OF_DISK,
-            "%",
-        ),
-        target(
-            "sequential read, entries/s",
-            f">= {READ_MIN_ENTRIES_PER_S:,}",
-            read["entries_per_s"] if read else None,
-            None if not read else read["entries_per_s"] >= READ_MIN_ENTRIES_PER_S,
-        ),
-        target(
-            "tail at 1,000/s, p99 ms",
-            f"<= {TAIL_MAX_P99_MS:g}",
-            tail["latency_ms"]["p99"] if tail else None,
-            None if not tail else tail["latency_ms"]["p99"] <= TAIL_MAX_P99_MS,
-        ),
-    ]
-    log_share = _ratio(log_write["entries_per_s"] if log_write else None, pipe_rate)
-    results.append(
-        target(
-            "log-stream appends, share of pipelined ledger appends",
-            f">= {LOG_MIN_SHARE_OF_LEDGER:.0%}",
-            log_share,
-            None if log_share is None else log_share >= LOG_MIN_SHARE_OF_LEDGER,
-            "%",
-        )
-    )
+    log_share = _ratio(rate(log_write), pipe_rate)
     spark_rate = spark.get("spark_rows_per_s") if spark else None
-    results.append(
-        target(
-            "Spark local[2] batch read of 1M entries, rows/s",
-            f">= {SPARK_MIN_ROWS_PER_S:,}",
-            spark_rate,
-            None if spark_rate is None else spark_rate >= SPARK_MIN_ROWS_PER_S,
-        )
-    )
-    return results
+    return [
+        at_least(
+            "pipelined 3/3/2 100 B, asyncio API, entries/s", pipe_rate, PIPELINED_MIN_ENTRIES_PER_S
+        ),
+        at_least(
+            "pipelined, sync facade add_entry_async, entries/s",
+            rate(write_sync),
+            SYNC_FACADE_MIN_ENTRIES_PER_S,
+        ),
+        at_most(
+            "one at a time, p50 ms", percentile(one_at_a_time, "p50"), ONE_AT_A_TIME_MAX_P50_MS
+        ),
+        at_most(
+            "one at a time, p99 ms", percentile(one_at_a_time, "p99"), ONE_AT_A_TIME_MAX_P99_MS
+        ),
+        at_least("64 KiB, share of one dd stream / 3", share, LARGE_MIN_SHARE_OF_DISK, "%"),
+        at_most(
+            f"64 KiB, p99 ms with {LARGE_IN_FLIGHT} in flight",
+            percentile(large, "p99"),
+            LARGE_MAX_P99_MS,
+        ),
+        at_least("sequential read, entries/s", rate(read), READ_MIN_ENTRIES_PER_S),
+        at_most("tail at 1,000/s, p99 ms", percentile(tail, "p99"), TAIL_MAX_P99_MS),
+        at_least(
+            "log-stream appends, share of pipelined ledger appends",
+            log_share,
+            LOG_MIN_SHARE_OF_LEDGER,
+            "%",
+        ),
+        at_least(
+            "Spark local[2] batch read of 1M entries, rows/s", spark_rate, SPARK_MIN_ROWS_PER_S
+        ),
+    ]
 
 
 def format_targets(targets: list[dict[str, Any]]) -> str:
@@ -662,7 +644,14 @@ def print_report(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.show:
-        print_report(json.loads(args.show.read_text()))
+        stored = json.loads(args.show.read_text())
+        # A stored run is judged against the targets of this script, not its own.
+        stored["targets"] = evaluate_targets(
+            stored.get("systems", {}),
+            stored.get("quorumlog_extra", {}),
+            stored.get("disk", {}).get("mb_per_s"),
+        )
+        print_report(stored)
         return 0
     # A SIGTERM unwinds like Ctrl-C, so every peer's servers are stopped by pid.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

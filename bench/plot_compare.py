@@ -7,7 +7,7 @@ Writes, into ``--out`` (names prefixed with ``--prefix``, default ``compare-``):
 - ``appends.png``: appends/s (log scale) and p50/p99 of every system, one at a time and
   pipelined, side by side;
 - ``quorumlog.png``: each quorumlog row of the run (entries/s, p50 and p99), with the
-  target where there is one;
+  target where there is one (``bench/compare.py``'s);
 - ``latency.png``: the latency distributions (CDF) of quorumlog's rows, and of every
   system one at a time and pipelined (from the listed percentiles where a stored run
   has no histogram);
@@ -24,6 +24,18 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ``quorumlog`` from a clone
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # ``compare``: the targets
+
+from compare import (
+    LARGE_MAX_P99_MS,
+    ONE_AT_A_TIME_MAX_P50_MS,
+    ONE_AT_A_TIME_MAX_P99_MS,
+    PIPELINED_MIN_ENTRIES_PER_S,
+    READ_MIN_ENTRIES_PER_S,
+    SPARK_MIN_ROWS_PER_S,
+    SYNC_FACADE_MIN_ENTRIES_PER_S,
+    TAIL_MAX_P99_MS,
+)
 
 from quorumlog.commands.bench_plot import cdf_points, pyplot, timeline_points
 
@@ -35,17 +47,24 @@ SYSTEM_NAMES = {
 }
 MODES = ("one-at-a-time", "pipelined")
 
-# (key in quorumlog_extra or a mode of the quorumlog peer, label, target entries/s)
+# (key in quorumlog_extra or a mode of the quorumlog peer, label, target entries/s), the
+# targets being bench/compare.py's, so the figures judge by what the run's table does.
 QUORUMLOG_FIGURES = (
-    ("pipelined", "pipelined, asyncio", 50_000),
+    ("pipelined", "pipelined, asyncio", PIPELINED_MIN_ENTRIES_PER_S),
     ("one-at-a-time", "one at a time", None),
-    ("write_sync", "pipelined, sync add_entry_async", None),
+    ("write_sync", "pipelined, sync add_entry_async", SYNC_FACADE_MIN_ENTRIES_PER_S),
     ("write_batch", "pipelined, sync add_entries_async", None),
     ("log_write", "pipelined, log stream", None),
     ("write_64k", "64 KiB appends", None),
-    ("read", "sequential read", 400_000),
+    ("read", "sequential read", READ_MIN_ENTRIES_PER_S),
     ("tail", "tail at 1,000/s", None),
 )
+# Latency targets by row key: (p50 ms or None, p99 ms).
+LATENCY_TARGETS_MS = {
+    "one-at-a-time": (ONE_AT_A_TIME_MAX_P50_MS, ONE_AT_A_TIME_MAX_P99_MS),
+    "write_64k": (None, LARGE_MAX_P99_MS),
+    "tail": (None, TAIL_MAX_P99_MS),
+}
 
 
 def quorumlog_summaries(report: dict[str, Any]) -> list[tuple[str, dict[str, Any], int | None]]:
@@ -121,7 +140,7 @@ def draw_quorumlog(report: dict[str, Any], path: Path) -> None:
     if spark:
         labels.append("Spark local[2] read, 1M")
         rates.append(spark["spark_rows_per_s"])
-        targets.append(500_000)
+        targets.append(SPARK_MIN_ROWS_PER_S)
     figure, (rate_axes, latency_axes) = plt.subplots(1, 2, figsize=(12, 0.45 * len(labels) + 1.6))
     ys = list(range(len(labels)))[::-1]
     bars = rate_axes.barh(ys, rates)
@@ -135,9 +154,17 @@ def draw_quorumlog(report: dict[str, Any], path: Path) -> None:
     lat_ys = ys[: len(rows)]
     latency_axes.barh(lat_ys, [s["latency_ms"]["p99"] for _, s, _ in rows], alpha=0.35, label="p99")
     latency_axes.barh(lat_ys, [s["latency_ms"]["p50"] for _, s, _ in rows], label="p50")
+    keys = {label: key for key, label, _ in QUORUMLOG_FIGURES}
+    for y, (label, _, _) in zip(lat_ys, rows, strict=True):
+        p50_ms, p99_ms = LATENCY_TARGETS_MS.get(keys[label], (None, None))
+        for limit, style in ((p50_ms, ":"), (p99_ms, "-")):
+            if limit:
+                latency_axes.plot(
+                    [limit, limit], [y - 0.4, y + 0.4], color="red", linestyle=style, linewidth=2
+                )
     latency_axes.set_yticks(lat_ys, [label for label, _, _ in rows], fontsize=8)
     latency_axes.set_xscale("log")
-    latency_axes.set_xlabel("latency ms (read: per-entry share of a step)")
+    latency_axes.set_xlabel("latency ms (read: a step's share; red: p99 target, dotted: p50)")
     latency_axes.legend(fontsize=8)
     figure.suptitle("quorumlog, medians of 3 runs\n" + subtitle(report), fontsize=10)
     save(figure, path)
