@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TextIO
@@ -49,8 +49,7 @@ def require_log(metadata_uri: str, name: str) -> None:
         raise NoSuchLogError(f"log {name} does not exist (metadata {metadata_uri})")
 
 
-def read_log(
-    spark: SparkSession,
+def log_source_options(
     metadata_uri: str,
     name: str,
     *,
@@ -58,19 +57,26 @@ def read_log(
     start: str | None = None,
     end: str | None = None,
     entries_per_partition: int | None = None,
-) -> DataFrame:
-    """The records of log ``name`` through the ``quorumlog`` source (a batch read):
-    columns log, ledger_id, entry_id, data."""
-    reader = spark.read.format(SOURCE_NAME).option("metadata", metadata_uri).option("log", name)
+) -> dict[str, str]:
+    """The ``quorumlog`` source's options for a batch read of log ``name``; those not
+    given are left out, so that the source's defaults apply (checked on the driver by
+    :meth:`quorumlog.spark.options.ReadOptions.parse`)."""
+    options = {"metadata": metadata_uri, "log": name}
     if password:
-        reader = reader.option("password", password)
+        options["password"] = password
     if start is not None:
-        reader = reader.option("startingPosition", start)
+        options["startingPosition"] = start
     if end is not None:
-        reader = reader.option("endingPosition", end)
+        options["endingPosition"] = end
     if entries_per_partition is not None:
-        reader = reader.option("entriesPerPartition", str(entries_per_partition))
-    return reader.load()
+        options["entriesPerPartition"] = str(entries_per_partition)
+    return options
+
+
+def read_log(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
+    """The records of a log through the ``quorumlog`` source (a batch read with
+    ``options``, see :func:`log_source_options`): columns log, ledger_id, entry_id, data."""
+    return spark.read.format(SOURCE_NAME).options(**options).load()
 
 
 # ---------------------------------------------------------------- output paths

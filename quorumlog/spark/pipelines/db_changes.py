@@ -32,17 +32,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from quorumlog.meta.factory import resolve_metadata_uri
-from quorumlog.spark.options import ReadOptions
-from quorumlog.spark.pipelines.common import (
-    Progress,
-    check_outputs_free,
-    describe_bound,
-    output_path,
-    read_log,
-    require_log,
-    write_mode,
-)
+from quorumlog.spark.pipelines.common import output_path
+from quorumlog.spark.pipelines.log_table import write_log_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -95,33 +86,11 @@ def change_rows(records: DataFrame) -> DataFrame:
 
 def run(spark: SparkSession, args: argparse.Namespace) -> int:
     """Run db-changes; returns the exit status (0)."""
-    metadata_uri = resolve_metadata_uri(args.metadata)
-    options = {"metadata": metadata_uri, "log": args.log}
-    if args.password:
-        options["password"] = args.password
-    if args.start is not None:
-        options["startingPosition"] = args.start
-    if args.end is not None:
-        options["endingPosition"] = args.end
-    ReadOptions.parse(options)
-    (path,) = output_paths(args)
-    check_outputs_free([path], args.overwrite)
-    span = f"{describe_bound(args.start, 'earliest')}..{describe_bound(args.end, 'latest')}"
-    progress = Progress(NAME, 3)
-
-    with progress.stage(f"planning the read of log {args.log} ({span})") as stage:
-        require_log(metadata_uri, args.log)
-        records = read_log(
-            spark, metadata_uri, args.log, password=args.password, start=args.start, end=args.end
-        )
-        stage.text = f"{records.rdd.getNumPartitions()} partitions"
-
-    with progress.stage(f"writing the change table to {path}"):
-        change_rows(records).write.mode(write_mode(args.overwrite)).parquet(path)
-
-    with progress.stage("counting rows written") as stage:
-        rows = spark.read.parquet(path).count()
-        stage.text = f"{rows} statements"
-
-    progress.print(f"{rows} statements of log {args.log} ({span}) in {path}")
-    return 0
+    return write_log_table(
+        spark,
+        args,
+        pipeline=NAME,
+        table_name="the change table",
+        row_noun="statements",
+        table_rows=change_rows,
+    )

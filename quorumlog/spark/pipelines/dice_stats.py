@@ -26,6 +26,7 @@ from quorumlog.spark.pipelines.common import (
     Progress,
     check_outputs_free,
     format_table,
+    log_source_options,
     output_path,
     read_log,
     require_log,
@@ -121,7 +122,9 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
 
     with progress.stage(f"reading log {args.log}") as stage:
         require_log(metadata_uri, args.log)
-        records = read_log(spark, metadata_uri, args.log, password=args.password)
+        records = read_log(
+            spark, log_source_options(metadata_uri, args.log, password=args.password)
+        )
         rolls = records.select(
             F.col("ledger_id").alias("epoch"), value_column(F.col("data")).alias("value")
         ).cache()
