@@ -14,17 +14,27 @@ quorumlog:
   lost bookie's data spreads over the survivors.
 
 The policy is the same in all three: every writable bookie is a candidate unless
-excluded, and chance decides among equals. It reads nothing itself: callers pass the
-writable bookies they read from the registry. Every random draw comes from the
-client's random source, which the simulator seeds so that its runs replay.
+excluded, and chance decides among equals. The policy reads nothing itself: callers
+pass the writable bookies they read from the registry (:func:`choose_replacements` does
+that read for a writer's and a recovery's ensemble changes). Every random draw comes
+from the client's random source, which the simulator seeds so that its runs replay.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Collection, Iterable, Mapping
+from typing import Protocol
 
+from quorumlog.client.metadata_updates import as_metadata_error
+from quorumlog.core.writer import BookiesChosen, ChooseBookies, NoBookies
 from quorumlog.errors import NotEnoughBookiesError
+
+
+class WritableBookies(Protocol):
+    """The registry's one question placement asks (``BookieRegistry``)."""
+
+    async def writable_bookies(self) -> Collection[str]: ...
 
 
 class BookiePlacement:
@@ -66,3 +76,22 @@ class BookiePlacement:
             return None
         rng = self.rng
         return min(candidates, key=lambda b: (load.get(b, 0), rng.random()))
+
+
+async def choose_replacements(
+    registry: WritableBookies,
+    placement: BookiePlacement,
+    effect: ChooseBookies,
+    refusal: str,
+) -> BookiesChosen | NoBookies:
+    """The core's answer to ``effect`` (an ensemble change of a writer or a recovery):
+    replacements for its slots from the writable bookies, or NoBookies when there are
+    too few (its message starts with ``refusal``) or the registry cannot be read."""
+    try:
+        writable = await registry.writable_bookies()
+        chosen = placement.replacements(writable, set(effect.excluded), len(effect.slots))
+    except NotEnoughBookiesError as exc:
+        return NoBookies(NotEnoughBookiesError(f"{refusal}: {exc.message}"))
+    except Exception as exc:  # the registry could not be read: nothing was written
+        return NoBookies(as_metadata_error(exc))
+    return BookiesChosen(effect.slots, tuple(chosen))

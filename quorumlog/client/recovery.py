@@ -25,6 +25,7 @@ from quorumlog.client.metadata_updates import (
     metadata_decider,
     outcome_is_known,
 )
+from quorumlog.client.placement import choose_replacements
 from quorumlog.core.metadata import (
     Decision,
     LedgerView,
@@ -51,8 +52,8 @@ from quorumlog.core.recovery import (
     SendRecoveryRead,
     SendRewrite,
 )
-from quorumlog.core.writer import BookiesChosen, ChooseBookies, NoBookies
-from quorumlog.errors import BKError, NotEnoughBookiesError, Status
+from quorumlog.core.writer import BookiesChosen, ChooseBookies
+from quorumlog.errors import BKError, Status
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.codec import (
     AddFlag,
@@ -242,29 +243,15 @@ class LedgerRecovery:
         bookies the registry lists (the placement policy's choice, as for a writer)."""
         client = self._client
         failed = ", ".join(self._machine.write_ensemble[i] for i in effect.slots)
-        event: RecoveryEvent
-        try:
-            writable = await client.registry.writable_bookies()
-            chosen = client.placement.replacements(
-                writable, set(effect.excluded), len(effect.slots)
-            )
-        except NotEnoughBookiesError as exc:
-            event = NoBookies(
-                NotEnoughBookiesError(
-                    f"ledger {self.ledger_id}: recovery cannot replace bookie(s) {failed}: "
-                    f"{exc.message}"
-                )
-            )
-        except Exception as exc:  # the registry could not be read: nothing was written
-            event = NoBookies(as_metadata_error(exc))
-        else:
+        refusal = f"ledger {self.ledger_id}: recovery cannot replace bookie(s) {failed}"
+        event = await choose_replacements(client.registry, client.placement, effect, refusal)
+        if isinstance(event, BookiesChosen):
             log.warning(
                 "ledger %d: recovery replaces bookie(s) %s with %s",
                 self.ledger_id,
                 failed,
-                ", ".join(chosen),
+                ", ".join(event.bookies),
             )
-            event = BookiesChosen(effect.slots, tuple(chosen))
         self._step(event)
 
     # ------------------------------------------------------------ metadata and length

@@ -32,6 +32,7 @@ from quorumlog.client.metadata_updates import (
     metadata_decider,
     outcome_is_known,
 )
+from quorumlog.client.placement import choose_replacements
 from quorumlog.client.reading import ReadHandle
 from quorumlog.core.adds import PendingAdd
 from quorumlog.core.metadata import (
@@ -47,7 +48,6 @@ from quorumlog.core.metadata import (
 )
 from quorumlog.core.writer import (
     AddFailed,
-    BookiesChosen,
     ChooseBookies,
     Closed,
     CloseFailed,
@@ -56,7 +56,6 @@ from quorumlog.core.writer import (
     FailAdds,
     HandleFailed,
     LedgerWriter,
-    NoBookies,
     SendQueued,
     WriterEffect,
     WriterEvent,
@@ -65,7 +64,6 @@ from quorumlog.errors import (
     BKError,
     InvalidArgumentError,
     LedgerClosedError,
-    NotEnoughBookiesError,
     Status,
     TooManyRequestsError,
 )
@@ -544,25 +542,10 @@ class LedgerHandle(ReadHandle):
             self._lac_timer = None
 
     async def _choose_bookies(self, effect: ChooseBookies) -> None:
+        failed = ", ".join(self._writer.ensemble[i] for i in effect.slots)
+        refusal = f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}"
         client = self._client
-        event: WriterEvent
-        try:
-            writable = await client.registry.writable_bookies()
-            chosen = client.placement.replacements(
-                writable, set(effect.excluded), len(effect.slots)
-            )
-        except NotEnoughBookiesError as exc:
-            failed = ", ".join(self._writer.ensemble[i] for i in effect.slots)
-            event = NoBookies(
-                NotEnoughBookiesError(
-                    f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}: {exc.message}"
-                )
-            )
-        except Exception as exc:  # the registry could not be read: nothing was written
-            event = NoBookies(as_metadata_error(exc))
-        else:
-            event = BookiesChosen(effect.slots, tuple(chosen))
-        self._step(event)
+        self._step(await choose_replacements(client.registry, client.placement, effect, refusal))
 
     async def _update_metadata(self, decide: Callable[[LedgerView], Decision]) -> None:
         """One read-decide-compare-and-set with the core's decision (R5, R6, R13)."""
