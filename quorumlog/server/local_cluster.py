@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quorumlog.server.child_process import RestartedChildProcess
+
 READY_LINE = re.compile(rb"^bookie (\S+) ready", re.MULTILINE)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -69,7 +71,7 @@ class ClusterError(RuntimeError):
 
 
 @dataclass
-class BookieProcess:
+class BookieProcess(RestartedChildProcess):
     """One bookie of a :class:`LocalCluster` (its process may be stopped or restarted)."""
 
     index: int
@@ -82,39 +84,6 @@ class BookieProcess:
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
     paused: bool = False
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    @property
-    def stdout_path(self) -> Path:
-        return self.home / f"stdout-{self.starts}.log"
-
-    @property
-    def stderr_path(self) -> Path:
-        return self.home / f"stderr-{self.starts}.log"
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.poll() if self.process is not None else None
-
-    def stdout_text(self) -> str:
-        return _read_text(self.stdout_path)
-
-    def stderr_text(self) -> str:
-        """What the current (or last) run printed on stderr."""
-        return _read_text(self.stderr_path)
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
 
 
 class LocalCluster:

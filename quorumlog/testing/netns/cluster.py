@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quorumlog.server.child_process import RestartedChildProcess, kill_now
 from quorumlog.testing.netns.network import Host, Network
 from quorumlog.testing.netns.proxy import LinkFaults
 from quorumlog.testing.netns.zookeeper import ZooKeeperEnsemble
@@ -42,7 +43,7 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 @dataclass
-class ServerProcess:
+class ServerProcess(RestartedChildProcess):
     """A process of the cluster in its namespace, restartable with the same arguments."""
 
     name: str
@@ -52,21 +53,6 @@ class ServerProcess:
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
     paused: bool = False
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    @property
-    def stdout_path(self) -> Path:
-        return self.home / f"stdout-{self.starts}.log"
-
-    @property
-    def stderr_path(self) -> Path:
-        return self.home / f"stderr-{self.starts}.log"
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
     def stderr_tail(self, lines: int = 20) -> str:
         with contextlib.suppress(OSError):
@@ -216,7 +202,7 @@ class NetnsCluster:
             time.sleep(0.05)
         raise ClusterStartError(
             f"bookie {bookie.address} did not become ready (exit status "
-            f"{server.process.poll() if server.process else None}):\n{server.stderr_tail()}"
+            f"{server.returncode}):\n{server.stderr_tail()}"
         )
 
     def client(self, name: str) -> Host:
@@ -285,11 +271,8 @@ class NetnsCluster:
 
     def kill(self, server: ServerProcess) -> None:
         """kill -9 by pid (resumed first if paused, so it dies at once)."""
-        if server.process is not None and server.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(server.process.pid, signal.SIGCONT)
-                os.kill(server.process.pid, signal.SIGKILL)
-            server.process.wait(timeout=10)
+        if server.process is not None:
+            kill_now(server.process)
         server.paused = False
 
     def restart(self, server: ServerProcess) -> None:

@@ -16,14 +16,13 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quorumlog.server.child_process import ChildProcess, kill_now
 from quorumlog.testing.netns.network import Host, Network
 from quorumlog.testing.zookeeper import (
     ZooKeeperUnavailableError,
@@ -48,7 +47,7 @@ _JVM_FLAGS = (
 
 
 @dataclass
-class ZooKeeperNode:
+class ZooKeeperNode(ChildProcess):
     """One server of the ensemble: its id (``myid``), host and process."""
 
     server_id: int
@@ -59,15 +58,8 @@ class ZooKeeperNode:
     log_paths: list[Path] = field(default_factory=list)
 
     @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    @property
     def address(self) -> str:
         return f"{self.host.address}:{CLIENT_PORT}"
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
 
 class ZooKeeperEnsemble:
@@ -193,11 +185,8 @@ class ZooKeeperEnsemble:
 
     def kill(self, node: ZooKeeperNode) -> None:
         """kill -9 by pid."""
-        if node.process is not None and node.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(node.process.pid, signal.SIGCONT)
-                os.kill(node.process.pid, signal.SIGKILL)
-            node.process.wait(timeout=10)
+        if node.process is not None:
+            kill_now(node.process)
 
     def stop(self) -> None:
         for node in self.nodes:
