@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from quorumlog.db.machine import StatementResult
@@ -169,11 +170,16 @@ class DbHttpApi:
             return self._error(request, 405, f"method {request.method} not allowed here")
 
     def _reply(self, request: web.Request, body: object, status: int = 200) -> web.Response:
-        indent = 4 if _flag(request, "pretty") else None
+        if _flag(request, "pretty"):
+            data = json.dumps(body, indent=4).encode()
+        else:
+            try:
+                # orjson: a 100-row answer cost json.dumps about 60 µs on the leader.
+                data = orjson.dumps(body)
+            except TypeError:  # a string orjson refuses (a lone surrogate): json escapes it
+                data = json.dumps(body).encode()
         return web.Response(
-            text=json.dumps(body, indent=indent),
-            status=status,
-            content_type="application/json",
+            body=data, status=status, content_type="application/json", charset="utf-8"
         )
 
     def _error(self, request: web.Request, status: int, message: str) -> web.Response:
@@ -192,9 +198,15 @@ class DbHttpApi:
         if len(raw) > self.max_body_bytes:
             raise web.HTTPRequestEntityTooLarge(max_size=self.max_body_bytes, actual_size=len(raw))
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequestError(f"malformed JSON body: {exc}") from None
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            # What orjson refuses and json reads (NaN, integers past 64 bits: refused
+            # below with a clearer message, escaped lone surrogates) or the error json
+            # gives for a malformed body.
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise BadRequestError(f"malformed JSON body: {exc}") from None
         return parse_statements(body)
 
     def _answer(

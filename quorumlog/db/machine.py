@@ -16,13 +16,23 @@ as a statement error: it raises :class:`ReplicaStorageError` and the replica sto
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from quorumlog.db.sql import APPLIED_TABLE, BadRequestError, Statement, inserts_rows
+import orjson
+
+from quorumlog.db.sql import (
+    APPLIED_TABLE,
+    BadRequestError,
+    Params,
+    Statement,
+    batchable,
+    inserts_rows,
+)
 from quorumlog.errors import BKError
 from quorumlog.log.position import Position
 
@@ -62,18 +72,29 @@ class DbRecord:
     transaction: bool = False
 
     def encode(self) -> bytes:
+        """The record as JSON (the change stream's format, read by Spark as it is)."""
         body: dict[str, object] = {"v": RECORD_FORMAT, "kind": self.kind}
         if self.kind == EXECUTE:
             body["tx"] = self.transaction
-            body["stmts"] = [s.to_json() for s in self.statements]
-        return json.dumps(body, separators=(",", ":")).encode()
+            body["stmts"] = [[s.sql, s.params] for s in self.statements]
+            if not all(_orjson_keeps(s.params) for s in self.statements):
+                return json.dumps(body, separators=(",", ":")).encode()
+        try:
+            return orjson.dumps(body)
+        except TypeError:  # a string orjson refuses (a lone surrogate): json escapes it
+            return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> DbRecord:
         try:
-            raw = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequestError(f"not a database record: {exc}") from None
+            raw = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            # What json wrote and orjson does not read (NaN, Infinity, an escaped lone
+            # surrogate): records logged before orjson, or by the fallback in encode.
+            try:
+                raw = json.loads(data)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise BadRequestError(f"not a database record: {exc}") from None
         if not isinstance(raw, dict) or raw.get("v") != RECORD_FORMAT:
             raise BadRequestError("not a database record of a known format")
         kind = raw.get("kind")
@@ -83,6 +104,13 @@ class DbRecord:
             raise BadRequestError(f"unknown record kind {kind!r}")
         stmts = tuple(Statement.from_json(s) for s in raw.get("stmts", []))
         return cls(EXECUTE, stmts, bool(raw.get("tx", False)))
+
+
+def _orjson_keeps(params: Params) -> bool:
+    """Whether orjson writes these parameters as json does: it writes a float that is
+    not finite as null, json as NaN/Infinity (which SQLite binds as a value, not NULL)."""
+    values: Iterable[object] = params.values() if isinstance(params, dict) else params
+    return not any(type(v) is float and not math.isfinite(v) for v in values)
 
 
 @dataclass(slots=True)
@@ -96,7 +124,6 @@ class StatementResult:
     rows_affected: int | None = None
     error: str | None = None
     time_s: float = 0.0
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 def _type_of(value: object) -> str:
@@ -162,13 +189,15 @@ class StateMachine:
 
     # ------------------------------------------------------------ writes
 
-    def apply(self, position: Position, record: DbRecord) -> list[StatementResult] | None:
+    def apply(
+        self, position: Position, record: DbRecord, *, results_wanted: bool = True
+    ) -> list[StatementResult] | None:
         """Apply ``record`` found at ``position``; its results, or None when the position
         was applied already (a record is never applied twice)."""
-        return self.apply_group([(position, record)])[0]
+        return self.apply_group([(position, record)], results_wanted=results_wanted)[0]
 
     def apply_group(
-        self, records: Sequence[tuple[Position, DbRecord]]
+        self, records: Sequence[tuple[Position, DbRecord]], *, results_wanted: bool = True
     ) -> list[list[StatementResult] | None]:
         """Apply consecutive records (in log order) in one SQLite transaction that ends
         by storing the last one's position: group commit. A replica killed meanwhile has
@@ -177,8 +206,15 @@ class StateMachine:
 
         Each record keeps its own savepoints, so its statements fail and roll back
         exactly as when applied alone. The results, one list per record (None for a
-        position applied already), are what applying each alone would give.
+        position applied already), are what applying each alone would give; with
+        ``results_wanted`` False (a follower: nobody reads them) they are empty lists,
+        and runs of one INSERT/UPDATE/DELETE text go to SQLite's ``executemany``.
         """
+        return self._apply_group(records, quick=not results_wanted)
+
+    def _apply_group(
+        self, records: Sequence[tuple[Position, DbRecord]], *, quick: bool
+    ) -> list[list[StatementResult] | None]:
         applied = self._applied
         fresh = [(p, r) for p, r in records if applied is None or p > applied]
         out: list[list[StatementResult] | None] = [None] * (len(records) - len(fresh))
@@ -186,13 +222,17 @@ class StateMachine:
             return out
         conn = self._conn
         results: list[list[StatementResult] | None] = []
+        grouped = len(fresh) > 1
         try:
             conn.execute("BEGIN IMMEDIATE")
             for _position, record in fresh:
-                if record.kind == EXECUTE:
-                    results.append(self._run_writes(record, grouped=len(fresh) > 1))
-                else:
+                if record.kind != EXECUTE:
                     results.append([])
+                elif quick:
+                    self._run_quietly(record, grouped=grouped)
+                    results.append([])
+                else:
+                    results.append(self._run_writes(record, grouped=grouped))
             last = fresh[-1][0]
             conn.execute(
                 f"INSERT OR REPLACE INTO {APPLIED_TABLE} (id, ledger_id, entry_id) "
@@ -203,9 +243,11 @@ class StateMachine:
         except _TransactionEnded:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            # The earlier records of the group were undone with it: apply each record
-            # in a transaction of its own instead, as the record itself asks.
-            return out + [self.apply(p, r) for p, r in fresh]
+            # The earlier records of the group (or of the record) were undone with it:
+            # apply each record in a transaction of its own instead, statement by
+            # statement, as the record itself asks.
+            alone = [self._apply_group([(p, r)], quick=False)[0] for p, r in fresh]
+            return out + ([[] for _ in alone] if quick else alone)
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -215,6 +257,41 @@ class StateMachine:
             ) from exc
         self._applied = last
         return out + results
+
+    def _run_quietly(self, record: DbRecord, *, grouped: bool) -> None:
+        """Apply ``record`` without results: runs of one batchable statement text (an
+        INSERT of many rows) in one ``executemany``, the whole record in one savepoint.
+        If every statement succeeds, the file is what running them one by one gives;
+        if any fails, the savepoint is rolled back and the record run statement by
+        statement instead (:meth:`_run_writes`), so failures behave exactly as alone."""
+        conn = self._conn
+        statements = record.statements
+        conn.execute("SAVEPOINT quick")
+        try:
+            start = 0
+            while start < len(statements):
+                sql = statements[start].sql
+                end = start + 1
+                if batchable(sql):
+                    while end < len(statements) and statements[end].sql == sql:
+                        end += 1
+                if end - start > 1:
+                    conn.executemany(sql, [s.params for s in statements[start:end]])
+                else:
+                    self._run_one(conn, statements[start])
+                start = end
+        except (sqlite3.Error, OverflowError, ValueError) as exc:
+            if isinstance(exc, sqlite3.Error) and _is_environment_error(exc):
+                raise
+            if not conn.in_transaction:
+                # A conflict clause ended the transaction (and this savepoint): the
+                # group is applied again record by record, each statement by statement.
+                raise _TransactionEnded from exc
+            conn.execute("ROLLBACK TO quick")
+            conn.execute("RELEASE quick")
+            self._run_writes(record, grouped=grouped)
+            return
+        conn.execute("RELEASE quick")
 
     def _run_writes(self, record: DbRecord, *, grouped: bool) -> list[StatementResult]:
         conn = self._conn

@@ -374,9 +374,9 @@ class Replica:
             pending.appended.add_done_callback(_observe)
 
     def _apply_group(
-        self, records: list[tuple[Position, DbRecord]]
+        self, records: list[tuple[Position, DbRecord]], *, results_wanted: bool = True
     ) -> list[list[StatementResult] | None]:
-        results = self.machine.apply_group(records)
+        results = self.machine.apply_group(records, results_wanted=results_wanted)
         self._applied_event.set()
         self.records_since_snapshot += len(records)
         return results
@@ -489,7 +489,8 @@ class Replica:
             self.bytes_since_snapshot += len(read.data)
             records.append((read.position, record))
         if records:
-            self._apply_group(records)
+            # Records read from the log answer nobody here: no results to build.
+            self._apply_group(records, results_wanted=False)
         return reached_end
 
     async def _follow(self, the_log: Log, election: LeaderElection) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "BadRequestError",
     "Param",
     "Statement",
+    "batchable",
     "inserts_rows",
     "is_read_only",
     "parse_statements",
@@ -222,6 +223,22 @@ def inserts_rows(sql: str) -> bool:
     the connection, so for any other statement it would be the history of whichever
     statement inserted last, not something of this one."""
     return _inserts(sql) if len(sql) > _CACHED_SQL_CHARS else _inserts_cached(sql)
+
+
+def _batchable(sql: str) -> bool:
+    words = [t.text.upper() for t in _tokens(sql) if t.kind == "word"]
+    return bool(words) and words[0] in _BATCHABLE_FIRST_WORDS and "RETURNING" not in words
+
+
+_BATCHABLE_FIRST_WORDS = frozenset({"INSERT", "REPLACE", "UPDATE", "DELETE"})
+_batchable_cached = functools.lru_cache(maxsize=_CACHED_STATEMENTS)(_batchable)
+
+
+def batchable(sql: str) -> bool:
+    """Whether runs of this statement with different parameters may go to SQLite's
+    ``executemany`` where nobody reads their results: one INSERT, REPLACE, UPDATE or
+    DELETE (no RETURNING, whose rows executemany would not read)."""
+    return _batchable(sql) if len(sql) > _CACHED_SQL_CHARS else _batchable_cached(sql)
 
 
 # ---------------------------------------------------------------- the rewrite

@@ -184,6 +184,87 @@ def test_records_applied_in_groups_give_what_applying_each_alone_gives(
     ]
 
 
+ROW = "INSERT INTO t(v) VALUES (?)"
+
+
+@pytest.mark.parametrize("group_size", [1, 4])
+def test_records_applied_without_results_leave_the_file_applying_them_with_results_leaves(
+    tmp_path: Path, group_size: int
+) -> None:
+    """A follower applies without results: runs of one INSERT text go to executemany.
+    A failing statement in a run (a duplicate, a conflict clause ending the whole
+    transaction, a wrong parameter count) rolls the run back and the record runs
+    statement by statement: the file is the one the leader's way gives."""
+    many = tuple(Statement(ROW, [f"r{n}"]) for n in range(50))
+    records = [
+        DbRecord(EXECUTE, (Statement("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT UNIQUE)"),)),
+        DbRecord(EXECUTE, many, True),
+        DbRecord(EXECUTE, (*many[:3], Statement(ROW, ["x"]), Statement(ROW, ["r1"]))),
+        DbRecord(
+            EXECUTE, (Statement(ROW, ["y"]), Statement(ROW, ["r2"]), Statement(ROW, ["z"])), True
+        ),
+        DbRecord(EXECUTE, (Statement(ROW, ["w"]), Statement(ROW, [1, 2]), Statement(ROW, ["v"]))),
+        DbRecord(BARRIER),
+        DbRecord(
+            EXECUTE,
+            (Statement(ROW, ["u"]), Statement("INSERT OR ROLLBACK INTO t(v) VALUES ('r3')")),
+        ),
+        DbRecord(
+            EXECUTE,
+            (
+                Statement(ROW, ["s"]),
+                Statement("INSERT OR ROLLBACK INTO t(v) VALUES (?)", ["x"]),
+                Statement("INSERT OR ROLLBACK INTO t(v) VALUES (?)", ["x2"]),
+            ),
+        ),
+        DbRecord(
+            EXECUTE,
+            (
+                Statement("UPDATE t SET v = ? WHERE id = ?", ["q", 1]),
+                Statement("UPDATE t SET v = ? WHERE id = ?", ["q2", 2]),
+            ),
+        ),
+        DbRecord(EXECUTE, tuple(Statement(ROW, [f"tail{n}"]) for n in range(5))),
+    ]
+    positioned = [(Position(5, n), r) for n, r in enumerate(records)]
+    leader = StateMachine(tmp_path / "leader.sqlite")
+    follower = StateMachine(tmp_path / "follower.sqlite")
+    for first in range(0, len(positioned), group_size):
+        group = positioned[first : first + group_size]
+        leader.apply_group(group)
+        quiet = follower.apply_group(group, results_wanted=False)
+        assert quiet == [[] for _ in group]
+    assert follower.dump() == leader.dump()
+    assert follower.applied == leader.applied == Position(5, len(records) - 1)
+    count = follower.query([Statement("SELECT count(*) FROM t")])[0].values
+    assert count is not None and count[0][0] > 50
+
+
+def test_records_logged_by_the_json_encoder_replay_and_non_finite_floats_survive() -> None:
+    """Records are JSON (the change stream's format). Those written before orjson (by
+    json.dumps, which writes NaN/Infinity and escapes lone surrogates) decode as they
+    did; a non-finite float parameter is still logged as itself, not as null."""
+    old = (
+        b'{"v":1,"kind":"execute","tx":true,"stmts":[["INSERT INTO t VALUES (?, ?, ?)",'
+        b'[Infinity, "\\ud800", 1]],["INSERT INTO t VALUES (:a)",{"a":-Infinity}]]}'
+    )
+    decoded = DbRecord.decode(old)
+    assert decoded.transaction and decoded.kind == EXECUTE
+    assert decoded.statements[0].params == [float("inf"), "\ud800", 1]
+    assert decoded.statements[1].params == {"a": float("-inf")}
+    assert DbRecord.decode(DbRecord.encode(decoded)) == decoded
+    assert b"Infinity" in decoded.encode()
+    plain = DbRecord(EXECUTE, (Statement("INSERT INTO t VALUES (?)", ["é", 1.5, None]),))
+    assert plain.encode() == (
+        b'{"v":1,"kind":"execute","tx":false,'
+        b'"stmts":[["INSERT INTO t VALUES (?)",["\xc3\xa9",1.5,null]]]}'
+    )
+    assert DbRecord.decode(plain.encode()) == plain
+    assert DbRecord.decode(b'{"v":1,"kind":"barrier"}') == DbRecord(BARRIER)
+    with pytest.raises(BadRequestError):
+        DbRecord.decode(b"\x00not json")
+
+
 def test_snapshot_due_on_whichever_trigger_comes_first() -> None:
     config = ReplicaConfig(
         "t", ".", snapshot_every_records=100, snapshot_every_bytes=1000, snapshot_every_s=60
