@@ -184,6 +184,14 @@ class Result:
     timeline: Timeline = field(default_factory=Timeline, repr=False)
     settings: dict[str, Any] = field(default_factory=dict)
 
+    def record_measured(self, seconds: float, entries: int, cpu: CpuMeter | None) -> None:
+        """The measured phase's length, its entries and, when ``cpu`` metered it (from
+        its start to now), their CPU per entry."""
+        self.seconds = seconds
+        self.entries = entries
+        if cpu is not None:
+            self.settings["cpu_us_per_entry"] = cpu.per_entry_us(entries)
+
     def summary(self) -> dict[str, Any]:
         """Throughput and latency percentiles (ms) with the run's settings, as
         ``quorumlog bench --json`` prints them."""
@@ -333,9 +341,7 @@ def _write_sync_thread(
                 report(index)
         for _ in range(window):  # every slot back: every add confirmed
             slots.acquire()
-        result.seconds = last_done_s[0] - started
-        result.entries = settings.entries
-        result.settings["cpu_us_per_entry"] = cpu.per_entry_us(result.entries)
+        result.record_measured(last_done_s[0] - started, settings.entries, cpu)
         handle.close()
         bk.delete_ledger(handle.ledger_id)
     finally:
@@ -399,9 +405,7 @@ def _write_batch_thread(
             report(index * BATCH_ENTRIES)
         for _ in range(window):  # every slot back: every batch confirmed
             slots.acquire()
-        result.seconds = last_done_s[0] - started
-        result.entries = batches * BATCH_ENTRIES
-        result.settings["cpu_us_per_entry"] = cpu.per_entry_us(result.entries)
+        result.record_measured(last_done_s[0] - started, batches * BATCH_ENTRIES, cpu)
         handle.close()
         bk.delete_ledger(handle.ledger_id)
     finally:
@@ -476,10 +480,11 @@ async def _append_pipelined(
         result.timeline.start()
         meters.append(CpuMeter())
     await asyncio.gather(*(drive(a) for a in appenders))
-    result.seconds = time.perf_counter() - measured_start
-    result.entries = max(0, counters["sent"] - settings.warmup)
-    if meters:
-        result.settings["cpu_us_per_entry"] = meters[0].per_entry_us(result.entries)
+    result.record_measured(
+        time.perf_counter() - measured_start,
+        max(0, counters["sent"] - settings.warmup),
+        meters[0] if meters else None,
+    )
     return result
 
 
@@ -526,9 +531,7 @@ async def _read(settings: BenchSettings, metadata_uri: str, report: ProgressCall
                 raise RuntimeError(f"ledger {writer.ledger_id}: read back different data")
             count += len(entries)
             report(count)
-        result.seconds = time.perf_counter() - started
-        result.entries = count
-        result.settings["cpu_us_per_entry"] = cpu.per_entry_us(count)
+        result.record_measured(time.perf_counter() - started, count, cpu)
         result.settings["latency_note"] = "per-entry share of each batch read"
         await bk.delete_ledger(writer.ledger_id)
     finally:
@@ -593,10 +596,8 @@ async def _tail(settings: BenchSettings, metadata_uri: str, report: ProgressCall
         started = time.perf_counter()
         result.timeline.start()
         await asyncio.gather(write(), tail())
-        result.seconds = time.perf_counter() - started
-        result.entries = total
-        # The writer's and the reader's together: both run in this process.
-        result.settings["cpu_us_per_entry"] = cpu.per_entry_us(total)
+        # The writer's and the reader's CPU together: both run in this process.
+        result.record_measured(time.perf_counter() - started, total, cpu)
         result.settings["latency_note"] = "writer confirmation to reader delivery"
         await writer.close()
         await bk.delete_ledger(writer.ledger_id)
