@@ -83,25 +83,45 @@ def _bookie(context: RunContext, index: int) -> BookieNode:
     return ordered[index]
 
 
-class IsolateBookie(Nemesis):
-    """A bookie cut off from everyone (both directions)."""
+class _NetworkCut(Nemesis):
+    """A fault of neighbour entries (the links cut in ``start``): healing removes every
+    entry the network holds."""
 
-    name = "partition-bookie"
     mechanism = "neighbour"
-
-    def start(self, context: RunContext) -> None:
-        context.cluster.network.isolate(_bookie(context, 0).server.host)
 
     def heal(self, context: RunContext) -> None:
         context.cluster.network.heal()
 
 
-class WriterFromBookies(Nemesis):
+def _zookeeper_hosts(context: RunContext) -> list[Host]:
+    """The namespaces of the ZooKeeper ensemble (the nemeses that cut them need ``zk``)."""
+    zookeeper = context.cluster.zookeeper
+    assert zookeeper is not None
+    return [node.host for node in zookeeper.nodes]
+
+
+def _db_leader(context: RunContext, action: str) -> ServerProcess:
+    """The database's leading replica, which the nemesis is to ``action``."""
+    leader = context.cluster.db_leader()
+    if leader is None:
+        raise RuntimeError(f"no database leader to {action}")
+    return leader
+
+
+class IsolateBookie(_NetworkCut):
+    """A bookie cut off from everyone (both directions)."""
+
+    name = "partition-bookie"
+
+    def start(self, context: RunContext) -> None:
+        context.cluster.network.isolate(_bookie(context, 0).server.host)
+
+
+class WriterFromBookies(_NetworkCut):
     """The writer cut off from some bookies (both directions), not from the others
     nor from the metadata store."""
 
     name = "partition-writer-from-bookies"
-    mechanism = "neighbour"
 
     def __init__(self, count: int = 1) -> None:
         self.count = count
@@ -110,23 +130,16 @@ class WriterFromBookies(Nemesis):
         bookies = [_bookie(context, i).server.host for i in range(self.count)]
         context.cluster.network.partition([context.clients["writer"]], bookies)
 
-    def heal(self, context: RunContext) -> None:
-        context.cluster.network.heal()
 
-
-class OneWayLoss(Nemesis):
+class OneWayLoss(_NetworkCut):
     """Everything one bookie sends to the writer is lost; the writer's requests still
     arrive (entries stored, acknowledgements lost)."""
 
     name = "one-way-loss"
-    mechanism = "neighbour"
 
     def start(self, context: RunContext) -> None:
         bookie = _bookie(context, 0).server.host
         context.cluster.network.cut(bookie, context.clients["writer"])
-
-    def heal(self, context: RunContext) -> None:
-        context.cluster.network.heal()
 
 
 def netem_arguments(faults: LinkFaults) -> list[str]:
@@ -272,30 +285,23 @@ class KillLeader(_LeaderFault):
         pass  # a dead writer stays dead: the other one writes from now on
 
 
-class LeaderFromZooKeeper(_LeaderFault):
+class LeaderFromZooKeeper(_NetworkCut, _LeaderFault):
     """The leading writer cut off from ZooKeeper but not from the bookies: its election
     session is suspended, then expires; its writes must be fenced."""
 
     name = "partition-writer-from-zookeeper"
-    mechanism = "neighbour"
     drivers = ("zk",)
 
     def start(self, context: RunContext) -> None:
-        zookeeper = context.cluster.zookeeper
-        assert zookeeper is not None
         writer = context.clients[self.target(context)]
-        context.cluster.network.partition([writer], [n.host for n in zookeeper.nodes])
-
-    def heal(self, context: RunContext) -> None:
-        context.cluster.network.heal()
+        context.cluster.network.partition([writer], _zookeeper_hosts(context))
 
 
-class ZooKeeperMinority(Nemesis):
+class ZooKeeperMinority(_NetworkCut):
     """The ZooKeeper leader cut off from everyone: a minority of one; the other two
     elect a leader and serve."""
 
     name = "partition-zookeeper-minority"
-    mechanism = "neighbour"
     drivers = ("zk",)
 
     def start(self, context: RunContext) -> None:
@@ -305,27 +311,18 @@ class ZooKeeperMinority(Nemesis):
         context.notes["isolated_zookeeper"] = leader.server_id
         context.cluster.network.isolate(leader.host)
 
-    def heal(self, context: RunContext) -> None:
-        context.cluster.network.heal()
 
-
-class BookieFromZooKeeper(Nemesis):
+class BookieFromZooKeeper(_NetworkCut):
     """A bookie cut off from ZooKeeper (not from clients) past its session timeout:
     its registration expires; after healing it must register again."""
 
     name = "partition-bookie-from-zookeeper"
-    mechanism = "neighbour"
     drivers = ("zk",)
 
     def start(self, context: RunContext) -> None:
-        zookeeper = context.cluster.zookeeper
-        assert zookeeper is not None
         bookie = _bookie(context, 0)
         context.notes["bookie"] = bookie.address
-        context.cluster.network.partition([bookie.server.host], [n.host for n in zookeeper.nodes])
-
-    def heal(self, context: RunContext) -> None:
-        context.cluster.network.heal()
+        context.cluster.network.partition([bookie.server.host], _zookeeper_hosts(context))
 
 
 def registered_bookies(cluster: NetnsCluster, host: Host, timeout_s: float = 30) -> list[str]:
@@ -351,21 +348,15 @@ def server_named(context: RunContext, name: str) -> ServerProcess:
     raise KeyError(name)
 
 
-class IsolateDbLeader(Nemesis):
+class IsolateDbLeader(_NetworkCut):
     """The database's leading replica cut off from everyone."""
 
     name = "partition-db-leader"
-    mechanism = "neighbour"
 
     def start(self, context: RunContext) -> None:
-        leader = context.cluster.db_leader()
-        if leader is None:
-            raise RuntimeError("no database leader to cut off")
+        leader = _db_leader(context, "cut off")
         context.notes["isolated_replica"] = leader.name
         context.cluster.network.isolate(leader.host)
-
-    def heal(self, context: RunContext) -> None:
-        context.cluster.network.heal()
 
 
 class PauseDbLeader(Nemesis):
@@ -377,9 +368,7 @@ class PauseDbLeader(Nemesis):
     mechanism = "signal"
 
     def start(self, context: RunContext) -> None:
-        leader = context.cluster.db_leader()
-        if leader is None:
-            raise RuntimeError("no database leader to pause")
+        leader = _db_leader(context, "pause")
         context.notes["paused_replica"] = leader.name
         context.cluster.pause(leader)
 
