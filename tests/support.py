@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 from quorumlog.core.quorum import write_set
@@ -108,6 +110,33 @@ async def holds_for_async(
         if loop.time() >= deadline:
             return
         await asyncio.sleep(interval_s)
+
+
+# The environment of a ``quorumlog`` child process: it imports this checkout wherever it
+# runs, and takes its metadata URI from its flags, never from the caller's environment.
+QUORUMLOG_ENV = {k: v for k, v in os.environ.items() if k != "QUORUMLOG_METADATA"}
+QUORUMLOG_ENV["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+
+
+def start_quorumlog(log_dir: Path, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
+    """``python -m quorumlog ARGS`` as a child process (a server: a database replica, an
+    autorecovery daemon), its output in ``log_dir/NAME.out`` and ``log_dir/NAME.err``;
+    stop it with :func:`stop_process`."""
+    with open(log_dir / f"{name}.out", "wb") as out, open(log_dir / f"{name}.err", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "quorumlog", *args], stdout=out, stderr=err, env=QUORUMLOG_ENV
+        )
+
+
+def stop_process(process: subprocess.Popen[bytes], term_wait_s: float = 15) -> None:
+    """SIGTERM by pid, SIGKILL if it has not exited within ``term_wait_s``; reaped."""
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(term_wait_s)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(10)
 
 
 def shell(

@@ -14,16 +14,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import holds_for, poll_until, run
+from support import holds_for, poll_until, run, start_quorumlog, stop_process
 
 from quorumlog.errors import NoNodeError
 from quorumlog.meta.bookies import BookieRegistry
@@ -37,9 +34,6 @@ pytestmark = pytest.mark.zookeeper
 # Short sessions (the test ZooKeeper's tickTime is 100 ms): expiry takes about a second.
 SESSION_TIMEOUT_MS = 1000
 _chroots = itertools.count(1)
-# Child processes import this checkout and take the metadata URI from their flags.
-_ENV = {k: v for k, v in os.environ.items() if k != "QUORUMLOG_METADATA"}
-_ENV["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
 
 
 class CuttableLink:
@@ -235,23 +229,6 @@ async def _election_identifiers(uri: str, group: str) -> list[str]:
         await store.close()
 
 
-def _spawn(tmp_path: Path, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-    with open(tmp_path / f"{name}.out", "wb") as out, open(tmp_path / f"{name}.err", "wb") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "quorumlog", *args], stdout=out, stderr=err, env=_ENV
-        )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(10)
-
-
 def test_every_ephemeral_comes_back_after_its_session_expired_behind_a_partition(
     zookeeper_server: ZooKeeperServer, link: CuttableLink, tmp_path: Path
 ) -> None:
@@ -267,7 +244,7 @@ def test_every_ephemeral_comes_back_after_its_session_expired_behind_a_partition
     args = ["--metadata-session-timeout-ms", session]
     with LocalCluster(cut_uri, tmp_path / "c", 1, extra_args=args, journal_sync=False) as c:
         address = c.addresses[0]
-        daemon = _spawn(
+        daemon = start_quorumlog(
             tmp_path,
             "ar",
             ["autorecovery", "--metadata", cut_uri, "--autorecovery-session-timeout-ms", session],
@@ -275,7 +252,9 @@ def test_every_ephemeral_comes_back_after_its_session_expired_behind_a_partition
         db_args = ["db", "serve", "--metadata", cut_uri, "--name", "expiry", "--data-dir"]
         db_args += [str(tmp_path / "db"), "--http-addr", f"127.0.0.1:{free_port()}"]
         db_args += ["--session-timeout-ms", session, "--ensemble", "1", "--write-quorum", "1"]
-        db = _spawn(tmp_path, "db", [*db_args, "--ack-quorum", "1", "--node-id", "replica"])
+        db = start_quorumlog(
+            tmp_path, "db", [*db_args, "--ack-quorum", "1", "--node-id", "replica"]
+        )
         try:
 
             def everyone_there() -> bool:
@@ -302,8 +281,8 @@ def test_every_ephemeral_comes_back_after_its_session_expired_behind_a_partition
             poll_until(everyone_there, timeout_s=30, interval_s=0.2, what="all back")
             assert c.bookies[0].alive() and daemon.poll() is None and db.poll() is None
         finally:
-            _stop(daemon)
-            _stop(db)
+            stop_process(daemon)
+            stop_process(db)
 
         async def add() -> int:
             client = await RawClient.connect(address)

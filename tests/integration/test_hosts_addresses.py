@@ -9,8 +9,6 @@ machine: a bookie bound to it is not reachable at 127.0.0.1.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import poll_until, run, shell
+from support import QUORUMLOG_ENV, poll_until, run, shell, start_quorumlog, stop_process
 
 from quorumlog.aio import BookKeeper
 from quorumlog.bookie.cookie import COOKIE_FILE_NAME
@@ -27,10 +25,6 @@ from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.factory import open_store
 from quorumlog.server.local_cluster import LocalCluster, embedded_metadata_uri
 from quorumlog.testing.zookeeper import free_port
-
-# Child processes import this checkout, wherever they run.
-_ENV = {k: v for k, v in os.environ.items() if k != "QUORUMLOG_METADATA"}
-_ENV["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
 
 
 async def _registered(uri: str) -> list[str]:
@@ -124,7 +118,7 @@ def test_bookie_address_flags_refuse_what_no_client_could_reach(
         text=True,
         timeout=60,
         check=False,
-        env=_ENV,
+        env=QUORUMLOG_ENV,
     )
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
@@ -149,7 +143,7 @@ def test_db_and_autorecovery_address_flags_refuse_unreachable_addresses(
         timeout=60,
         check=False,
         cwd=tmp_path,
-        env=_ENV,
+        env=QUORUMLOG_ENV,
     )
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
@@ -160,23 +154,6 @@ def three_bookies(tmp_path: Path) -> Iterator[LocalCluster]:
     uri = embedded_metadata_uri(tmp_path)
     with LocalCluster(uri, tmp_path / "c", 3, journal_sync=False) as cluster:
         yield cluster
-
-
-def _spawn(tmp_path: Path, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-    with open(tmp_path / f"{name}.out", "wb") as out, open(tmp_path / f"{name}.err", "wb") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "quorumlog", *args], stdout=out, stderr=err, env=_ENV
-        )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(10)
 
 
 def _nodes(addr: str) -> dict[str, dict[str, object]]:
@@ -198,10 +175,10 @@ def test_db_replica_and_autorecovery_publish_their_advertised_addresses(
     port = free_port()
     db_args = ["db", "serve", "--metadata", uri, "--name", "hosts", "--data-dir"]
     db_args += [str(tmp_path / "db"), "--http-addr", f"0.0.0.0:{port}"]
-    db = _spawn(tmp_path, "db", [*db_args, "--http-adv-addr", "localhost"])
+    db = start_quorumlog(tmp_path, "db", [*db_args, "--http-adv-addr", "localhost"])
     ar_args = ["autorecovery", "--metadata", uri, "--http-port", "0"]
     ar_args += ["--bind-address", "0.0.0.0", "--advertised-address", "localhost"]
-    daemon = _spawn(tmp_path, "ar", ar_args)
+    daemon = start_quorumlog(tmp_path, "ar", ar_args)
     try:
         me = f"localhost:{port}"
         poll_until(lambda: me in _nodes(me), timeout_s=60, interval_s=0.2, what="replica listed")
@@ -219,5 +196,5 @@ def test_db_replica_and_autorecovery_publish_their_advertised_addresses(
         with urllib.request.urlopen(f"{admin_url}/heartbeat", timeout=10) as answer:
             assert json.loads(answer.read()) == {"status": "OK"}
     finally:
-        _stop(db)
-        _stop(daemon)
+        stop_process(db)
+        stop_process(daemon)
