@@ -37,7 +37,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -159,7 +159,11 @@ class Timeline:
         self.counts.clear()
 
     def record(self, entries: int = 1) -> None:
-        index = int((time.perf_counter() - self._start_s) / self.interval_s)
+        self.record_at(time.perf_counter(), entries)
+
+    def record_at(self, when_s: float, entries: int = 1) -> None:
+        """``entries`` completed at ``when_s`` (``time.perf_counter()``'s clock)."""
+        index = int((when_s - self._start_s) / self.interval_s)
         counts = self.counts
         if index >= len(counts):
             counts.extend([0] * (index + 1 - len(counts)))
@@ -191,6 +195,21 @@ class Result:
         self.entries = entries
         if cpu is not None:
             self.settings["cpu_us_per_entry"] = cpu.per_entry_us(entries)
+
+    def record_completions(
+        self, completions: Iterable[tuple[int, int]], measured_from_ns: int
+    ) -> None:
+        """Each ``(issued, confirmed)`` pair (``time.perf_counter_ns()``) of an entry issued
+        at or after ``measured_from_ns``: its latency into the histogram, its confirmation
+        into the timeline. Workloads keep the pairs while they run (one list append per
+        entry) and record them afterwards, so that the CPU measured per entry is the
+        client's, not the pure-Python histogram's (a microsecond per entry)."""
+        record_value = self.latency_us.record_value
+        record_at = self.timeline.record_at
+        for issued_ns, confirmed_ns in completions:
+            if issued_ns >= measured_from_ns:
+                record_value(max(1, (confirmed_ns - issued_ns) // 1000))
+                record_at(confirmed_ns / 1e9)
 
     def summary(self) -> dict[str, Any]:
         """Throughput and latency percentiles (ms) with the run's settings, as
@@ -299,49 +318,60 @@ def _write_sync_thread(
     settings: BenchSettings, metadata_uri: str, report: ProgressCallback
 ) -> Result:
     """Pipelined appends from this thread through ``add_entry_async`` of the
-    synchronous client, at most ``max_outstanding`` unconfirmed (one ledger)."""
+    synchronous client, at most ``max_outstanding`` unconfirmed (one ledger).
+
+    The bound is the client's own (``max_outstanding_adds``): ``add_entry_async`` blocks
+    while it is full, as a program adding in a loop sees it. A semaphore of the
+    benchmark's own, released by each confirmation, would wake this thread once per
+    entry (a thread switch each) and measure that instead of the client."""
+    from quorumlog.client.config import ClientConfig
     from quorumlog.client.sync import BookKeeper
 
     result = Result(
         "write-sync", entry_size=settings.entry_size, settings=settings.summary_settings()
     )
     payload = os.urandom(settings.entry_size)
-    hist = result.latency_us
-    record_completion = result.timeline.record
     total = settings.entries + settings.warmup
-    last_done_s = [0.0]
+    # (issued, confirmed) of every add; whether each succeeded is checked once at the end.
+    completions: list[tuple[int, int]] = []
+    keep = completions.append
+    now_ns = time.perf_counter_ns
 
-    bk = BookKeeper(metadata_uri)
+    window = max(1, min(settings.max_outstanding, ClientConfig().max_outstanding_adds))
+    bk = BookKeeper(metadata_uri, config=ClientConfig(max_outstanding_adds=window))
     try:
-        window = max(1, min(settings.max_outstanding, bk.aio.config.max_outstanding_adds))
-        slots = threading.Semaphore(window)
+        # Runs on the client's loop thread.
+        def on_done(sent_ns: int, _: concurrent.futures.Future[int]) -> None:
+            keep((sent_ns, now_ns()))
 
-        # Runs on the client's loop thread, the only one that records.
-        def on_done(sent_ns: int, measured: bool, future: concurrent.futures.Future[int]) -> None:
-            if measured and future.exception() is None:
-                hist.record_value(max(1, (time.perf_counter_ns() - sent_ns) // 1000))
-                record_completion()
-            last_done_s[0] = time.perf_counter()
-            slots.release()
-
+        # Adds complete in entry-id order: the last one's callback comes after all others.
+        all_done = threading.Event()
         handle = bk.create_ledger(settings.ensemble, settings.write_quorum, settings.ack_quorum)
         started = time.perf_counter()
+        started_ns = now_ns()
         cpu = CpuMeter()
+        future = None
         for index in range(total):
-            slots.acquire()
             if index == settings.warmup:
                 started = time.perf_counter()
+                started_ns = now_ns()
                 result.timeline.start()
                 cpu = CpuMeter()
             future = handle.add_entry_async(payload)
-            future.add_done_callback(
-                functools.partial(on_done, time.perf_counter_ns(), index >= settings.warmup)
-            )
+            future.add_done_callback(functools.partial(on_done, now_ns()))
             if index % 1000 == 0:
                 report(index)
-        for _ in range(window):  # every slot back: every add confirmed
-            slots.acquire()
-        result.record_measured(last_done_s[0] - started, settings.entries, cpu)
+        if future is not None:
+            future.add_done_callback(lambda _: all_done.set())
+            all_done.wait()
+        result.record_measured(completions[-1][1] / 1e9 - started, settings.entries, cpu)
+        # A confirmed entry means every earlier one is (R3): the last confirmed, all were.
+        if handle.last_add_confirmed != total - 1:
+            raise RuntimeError(
+                f"ledger {handle.ledger_id}: {total} adds, confirmed up to "
+                f"{handle.last_add_confirmed}: {future.exception() if future else ''}"
+            )
+        result.record_completions(completions, started_ns)
         handle.close()
         bk.delete_ledger(handle.ledger_id)
     finally:
@@ -424,25 +454,25 @@ async def _append_pipelined(
     ``max_outstanding`` unconfirmed per appender."""
     result = Result(workload, entry_size=settings.entry_size, settings=settings.summary_settings())
     payload = os.urandom(settings.entry_size)
-    hist = result.latency_us
     loop = asyncio.get_running_loop()
     total = settings.entries + settings.warmup
     # append() refuses past the client's bound rather than queue (R16).
     per_ledger_limit = max(1, min(settings.max_outstanding, max_outstanding_adds))
     deadline = time.perf_counter() + settings.duration_s if settings.duration_s else None
-    counters = {"sent": 0, "done": 0}
+    counters = {"sent": 0}
     measured_start = 0.0
+    measured_start_ns = 0
+    # (issued, confirmed) of every confirmed append, recorded after the run.
+    completions: list[tuple[int, int]] = []
+    keep = completions.append
+    now_ns = time.perf_counter_ns
 
-    record_completion = result.timeline.record
-
-    def on_done(sent_ns: int, measured: bool, future: asyncio.Future[Any]) -> None:
-        counters["done"] += 1
-        if measured and not future.exception():
-            hist.record_value(max(1, (time.perf_counter_ns() - sent_ns) // 1000))
-            record_completion()
+    def on_done(sent_ns: int, future: asyncio.Future[Any]) -> None:
+        if not future.exception():
+            keep((sent_ns, now_ns()))
 
     async def drive(append: Append) -> None:
-        nonlocal measured_start
+        nonlocal measured_start, measured_start_ns
         in_flight: list[asyncio.Future[Any]] = []
         interval = settings.ledgers / settings.rate if settings.rate else 0.0
         next_send = loop.time()
@@ -461,15 +491,14 @@ async def _append_pipelined(
             counters["sent"] += 1
             if index == settings.warmup:
                 measured_start = time.perf_counter()
+                measured_start_ns = now_ns()
                 result.timeline.start()
                 meters.append(CpuMeter())
             future = append(payload)
-            future.add_done_callback(
-                functools.partial(on_done, time.perf_counter_ns(), index >= settings.warmup)
-            )
+            future.add_done_callback(functools.partial(on_done, now_ns()))
             in_flight.append(future)
             if index % 1000 == 0:
-                report(counters["done"])
+                report(len(completions))
                 await asyncio.sleep(0)
         await asyncio.gather(*in_flight)
 
@@ -477,6 +506,7 @@ async def _append_pipelined(
     meters: list[CpuMeter] = []
     if settings.warmup == 0:
         measured_start = time.perf_counter()
+        measured_start_ns = now_ns()
         result.timeline.start()
         meters.append(CpuMeter())
     await asyncio.gather(*(drive(a) for a in appenders))
@@ -485,6 +515,7 @@ async def _append_pipelined(
         max(0, counters["sent"] - settings.warmup),
         meters[0] if meters else None,
     )
+    result.record_completions(completions, measured_start_ns)
     return result
 
 
