@@ -258,6 +258,59 @@ class StateMachine:
         self._applied = last
         return out + results
 
+    # The leader runs its records while their appends are in flight (execute_ahead),
+    # so applying them no longer waits for the log's round trip; the transaction is
+    # committed with its position once every one of them is confirmed (commit_ahead),
+    # or rolled back (abandon_ahead) if any is not.
+
+    def execute_ahead(self, records: Sequence[DbRecord]) -> list[list[StatementResult]] | None:
+        """Run ``records`` (the next ones in log order, positions not known yet) in a
+        SQLite transaction left open: each one's results, or None when a statement's
+        conflict clause ended the transaction (nothing of them is left: apply them with
+        :meth:`apply_group` once their positions are known). Nothing is committed
+        until :meth:`commit_ahead`; readers see none of it before."""
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return [
+                self._run_writes(record, grouped=True) if record.kind == EXECUTE else []
+                for record in records
+            ]
+        except _TransactionEnded:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return None
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise ReplicaStorageError(f"database {self.path}: cannot apply: {exc}") from exc
+
+    def commit_ahead(self, last: Position) -> None:
+        """Commit what :meth:`execute_ahead` ran, its last record at ``last``."""
+        if self._applied is not None and last <= self._applied:
+            self.abandon_ahead()
+            raise ReplicaStorageError(f"database {self.path}: {last} is applied already")
+        conn = self._conn
+        try:
+            conn.execute(
+                f"INSERT OR REPLACE INTO {APPLIED_TABLE} (id, ledger_id, entry_id) "
+                "VALUES (1, ?, ?)",
+                last,
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise ReplicaStorageError(
+                f"database {self.path}: cannot commit the records up to {last}: {exc}"
+            ) from exc
+        self._applied = last
+
+    def abandon_ahead(self) -> None:
+        """Roll back what :meth:`execute_ahead` ran (some append was not confirmed)."""
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
     def _run_quietly(self, record: DbRecord, *, grouped: bool) -> None:
         """Apply ``record`` without results: runs of one batchable statement text (an
         INSERT of many rows) in one ``executemany``, the whole record in one savepoint.

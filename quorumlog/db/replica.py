@@ -197,6 +197,8 @@ class Replica:
         self._task: asyncio.Task[None] | None = None
         self._writer: LogWriter | None = None
         self._pending: deque[_Pending] = deque()
+        # The leader's group being run ahead and waited for (taken off ``_pending``).
+        self._in_flight: list[_Pending] = []
         self._pending_added = asyncio.Event()
         self._last_read_records = 0
         self._taking_writes = False
@@ -316,49 +318,88 @@ class Replica:
         return await pending.answer
 
     async def _apply_pending(self) -> None:
-        """Apply the leader's records in append order as they are confirmed (R3: they are
-        confirmed in that order too): every record confirmed by the time the first one
-        is goes into the same SQLite transaction (group commit), and each request is
-        answered with its own record's results. A failed append fails it and every
-        later one."""
-        for _ in range(1 << 62):  # bounded by the leader's term; exits by cancellation
-            if not self._pending:
-                self._pending_added.clear()
-                await self._pending_added.wait()
-                continue
-            try:
-                # Shielded: cancelling this task must not cancel the log's own future.
-                await asyncio.shield(self._pending[0].appended)
-            except BKError as exc:
-                self._fail_pending(exc)
-                self._taking_writes = False
-                return
-            group = self._confirmed_prefix()
-            try:
-                results = self._apply_group([(p.appended.result(), p.record) for p in group])
-            except ReplicaStorageError as exc:
-                self.failure = str(exc)
-                for pending in group:
-                    if not pending.answer.done():
-                        pending.answer.set_exception(exc)
-                self._fail_pending(exc)
-                self._taking_writes = False
-                raise
-            for pending, result in zip(group, results, strict=True):
-                if not pending.answer.done():
-                    pending.answer.set_result(WriteAnswer(pending.appended.result(), result or []))
+        """Apply the leader's records in append order (R3: they are confirmed in that
+        order too), a group at a time: every record queued when the group starts (up to
+        ``_MAX_GROUP_RECORDS``) is run at once in one SQLite transaction while its
+        appends are in flight, and committed when all of them are confirmed (group
+        commit); each request is answered with its own record's results. A failed
+        append fails it and every later one."""
+        try:
+            for _ in range(1 << 62):  # bounded by the leader's term; exits by cancellation
+                if not self._pending:
+                    self._pending_added.clear()
+                    await self._pending_added.wait()
+                    continue
+                pending = self._pending
+                group = [pending.popleft() for _ in range(min(len(pending), _MAX_GROUP_RECORDS))]
+                self._in_flight = group
+                if not await self._apply_ahead(group):
+                    return
+                self._in_flight = []
+        finally:
+            # Cancelled (leadership ended) or failed: nothing run ahead stays open, and
+            # no request of the group is left without an answer.
+            self.machine.abandon_ahead()
+            self._fail_answers(self._in_flight, NotLeaderError("leadership ended"))
+            self._in_flight = []
 
-    def _confirmed_prefix(self) -> list[_Pending]:
-        """Take the queued records whose appends are confirmed, from the oldest on (at
-        most ``_MAX_GROUP_RECORDS``; a failed append ends the group, it is handled next)."""
-        group: list[_Pending] = []
-        pending = self._pending
-        while pending and len(group) < _MAX_GROUP_RECORDS:
-            appended = pending[0].appended
-            if not appended.done() or appended.cancelled() or appended.exception() is not None:
-                break
-            group.append(pending.popleft())
-        return group
+    async def _apply_ahead(self, group: list[_Pending]) -> bool:
+        """Run ``group`` ahead, wait for its appends, commit and answer; False when an
+        append failed (the leader stops taking writes)."""
+        records = [p.record for p in group]
+        answers: list[list[StatementResult] | None]
+        try:
+            # Run while the appends are in flight: the log's round trip hides it.
+            results = self.machine.execute_ahead(records)
+            positions: list[Position] = []
+            for pending in group:
+                try:
+                    # Shielded: cancelling this task must not cancel the log's own future.
+                    positions.append(await asyncio.shield(pending.appended))
+                except BKError as exc:
+                    # The records before it are in the log: roll back, apply those alone.
+                    self.machine.abandon_ahead()
+                    confirmed = list(zip(positions, records, strict=False))
+                    if confirmed:
+                        self._answer_group(group, self._apply_group(confirmed))
+                    self._fail_answers(group, exc)
+                    self._fail_pending(exc)
+                    self._taking_writes = False
+                    return False
+            if results is None:  # a conflict clause ended the transaction: as before
+                answers = self._apply_group(list(zip(positions, records, strict=True)))
+            else:
+                self.machine.commit_ahead(positions[-1])
+                self._applied_event.set()
+                self.records_since_snapshot += len(group)
+                answers = list(results)
+        except ReplicaStorageError as exc:
+            self.failure = str(exc)
+            self._fail_answers(group, exc)
+            self._fail_pending(exc)
+            self._taking_writes = False
+            raise
+        self._answer_group(group, answers)
+        return True
+
+    @staticmethod
+    def _answer_group(group: list[_Pending], results: list[list[StatementResult] | None]) -> None:
+        for pending, result in zip(group, results, strict=False):
+            if not pending.answer.done():
+                pending.answer.set_result(WriteAnswer(pending.appended.result(), result or []))
+
+    def _fail_answers(self, group: list[_Pending], cause: BaseException) -> None:
+        for pending in group:
+            if not pending.answer.done():
+                pending.answer.set_exception(
+                    cause
+                    if isinstance(cause, ReplicaStorageError)
+                    else NotLeaderError(
+                        f"database {self.config.name}: the write was not confirmed "
+                        f"({cause}); it may or may not be in the log"
+                    )
+                )
+            pending.appended.add_done_callback(_observe)
 
     def _fail_pending(self, cause: BaseException) -> None:
         while self._pending:
@@ -573,7 +614,7 @@ class Replica:
 
     async def _drain(self, applier: asyncio.Task[None]) -> None:
         for _ in range(100_000):
-            if not self._pending or applier.done():
+            if (not self._pending and not self._in_flight) or applier.done():
                 return
             await asyncio.sleep(0.005)
 

@@ -240,6 +240,44 @@ def test_records_applied_without_results_leave_the_file_applying_them_with_resul
     assert count is not None and count[0][0] > 50
 
 
+def test_records_run_ahead_commit_as_applied_and_leave_nothing_when_abandoned(
+    tmp_path: Path,
+) -> None:
+    """The leader runs its records while their appends are in flight: committed, the
+    file and the results are those of applying them; abandoned (an append failed),
+    nothing of them stays and readers never saw any; a conflict clause that ends the
+    transaction gives None and leaves nothing, to be applied the ordinary way."""
+    create = DbRecord(
+        EXECUTE, (Statement("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT UNIQUE)"),)
+    )
+    rows = DbRecord(EXECUTE, (Statement(ROW, ["a"]), Statement(ROW, ["a"]), Statement(ROW, ["b"])))
+    records = [create, rows, DbRecord(BARRIER), DbRecord(EXECUTE, (Statement(ROW, ["c"]),), True)]
+    positioned = [(Position(2, n), r) for n, r in enumerate(records)]
+    applied = StateMachine(tmp_path / "applied.sqlite")
+    expected = [_summary(r) for r in applied.apply_group(positioned)]
+    ahead = StateMachine(tmp_path / "ahead.sqlite")
+    results = ahead.execute_ahead(records)
+    assert results is not None and [_summary(r) for r in results] == expected
+    assert ahead.applied is None
+    assert (
+        ahead.query([Statement("SELECT name FROM sqlite_master WHERE name = 't'")])[0].values == []
+    )
+    ahead.commit_ahead(Position(2, 3))
+    assert ahead.applied == Position(2, 3) and ahead.dump() == applied.dump()
+    more = DbRecord(EXECUTE, (Statement(ROW, ["d"]),))
+    assert ahead.execute_ahead([more]) is not None
+    ahead.abandon_ahead()
+    assert ahead.dump() == applied.dump() and ahead.applied == Position(2, 3)
+    ending = DbRecord(EXECUTE, (Statement("INSERT OR ROLLBACK INTO t(v) VALUES ('a')"),))
+    assert ahead.execute_ahead([more, ending]) is None
+    assert ahead.dump() == applied.dump()
+    for_both = [(Position(2, 4), more), (Position(2, 5), ending)]
+    assert [_summary(r) for r in ahead.apply_group(for_both)] == [
+        _summary(r) for r in applied.apply_group(for_both)
+    ]
+    assert ahead.dump() == applied.dump() and ahead.applied == Position(2, 5)
+
+
 def test_records_logged_by_the_json_encoder_replay_and_non_finite_floats_survive() -> None:
     """Records are JSON (the change stream's format). Those written before orjson (by
     json.dumps, which writes NaN/Infinity and escapes lone surrogates) decode as they
