@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -22,6 +21,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from metadata_model import compare_and_set, random_schedule_settings, read_reply, ref_write_set
 
 from quorumlog.core.metadata import (
     CLOSED,
@@ -31,8 +31,6 @@ from quorumlog.core.metadata import (
     LedgerView,
     MarkInRecovery,
     MetadataRead,
-    MetadataReadFailed,
-    MetadataRefused,
     MetadataStored,
     MetadataUnknown,
     NewFragment,
@@ -70,10 +68,6 @@ def length(entry_id: int) -> int:
 
 
 # ------------------------------------------------------------------ the reference
-
-
-def ref_write_set(entry_id: int, ensemble: tuple[str, ...], write_quorum: int) -> list[str]:
-    return [ensemble[(entry_id + i) % len(ensemble)] for i in range(write_quorum)]
 
 
 def ref_held_by_qa(
@@ -336,35 +330,17 @@ class World:
             self.carry_out(self.m.step(LengthRead(length(effect.entry_id) if known else None)))
             return
         if isinstance(effect, ReadMetadata):
-            if outcome == "fail":
-                event = MetadataReadFailed(MetadataError("down"))
-            else:
-                event = MetadataRead(self.store)
-            self.carry_out(self.m.step(event))
+            self.carry_out(self.m.step(read_reply(self.store, outcome)))
             return
         if outcome == "other-closes":  # a concurrent recovery closes at the true end
             self.store = replace(self.store, state=CLOSED, last_entry_id=self.confirmable_end)
-        decision = effect.decide(self.store)
-        if isinstance(decision, Settled):
-            event = MetadataStored(self.store)
-        elif isinstance(decision, Refused):
-            event = MetadataRefused(decision.error)
-        elif outcome == "not-applied-lost":
-            event = MetadataUnknown(MetadataError("lost"))
-        else:
-            if isinstance(decision, MarkInRecovery):
-                self.store = replace(self.store, state=IN_RECOVERY)
-            elif isinstance(decision, NewFragment):
-                first, bookies = decision.first_entry_id, decision.bookies
-                assert first >= self.first  # R8: never reaches into an earlier fragment
-                kept = tuple(f for f in self.store.ensembles if f[0] < first)
-                self.store = replace(self.store, ensembles=(*kept, (first, bookies)))
-            else:
-                assert isinstance(decision, CloseAt)
-                self.store = replace(self.store, state=CLOSED, last_entry_id=decision.last_entry_id)
-            lost = outcome == "applied-lost"
-            event = MetadataUnknown(MetadataError("lost")) if lost else MetadataStored(self.store)
+        self.store, event = compare_and_set(self.store, effect, outcome, self.check_write)
         self.carry_out(self.m.step(event))
+
+    def check_write(self, store: LedgerView, decision: object) -> None:
+        if isinstance(decision, NewFragment):
+            # R8: never reaches into an earlier fragment.
+            assert decision.first_entry_id >= self.first
 
     def check_close(self, view: LedgerView) -> None:
         _, wq, aq = self.shape
@@ -468,10 +444,5 @@ class RandomRecoveries(RuleBasedStateMachine):
             self.world.settle()
 
 
-RandomRecoveries.TestCase.settings = settings(
-    max_examples=500,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+RandomRecoveries.TestCase.settings = random_schedule_settings(max_examples=500)
 test_r7_r8_r13_random_recoveries_keep_every_entry_qa_bookies_held = RandomRecoveries.TestCase

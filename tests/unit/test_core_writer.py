@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -22,6 +21,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from metadata_model import compare_and_set, random_schedule_settings, read_reply, ref_write_set
 
 from quorumlog.core.metadata import (
     CLOSED,
@@ -76,11 +76,6 @@ def blob(entry_id: int) -> bytes:
 
 
 # ------------------------------------------------------------------ the reference
-
-
-def ref_write_set(entry_id: int, ensemble: tuple[str, ...], write_quorum: int) -> list[str]:
-    """R1, written out: Qw consecutive bookies of the ensemble from entry mod E."""
-    return [ensemble[(entry_id + i) % len(ensemble)] for i in range(write_quorum)]
 
 
 def ref_fragment(entry_id: int, view: LedgerView) -> tuple[str, ...]:
@@ -397,10 +392,7 @@ class Model:
         if effect is None:
             return
         if isinstance(effect, ReadMetadata):
-            if outcome == "fail":
-                self.carry_out(self.writer.step(MetadataReadFailed(MetadataError("down"))))
-            else:
-                self.carry_out(self.writer.step(MetadataRead(self.store)))
+            self.carry_out(self.writer.step(read_reply(self.store, outcome)))
         else:
             self.update(effect, outcome)
 
@@ -408,37 +400,20 @@ class Model:
         """LedgerManager.update on the model store: decide, write, maybe lose the reply."""
         if outcome == "race":  # a recovery's compare-and-set wins first: decide again
             self.recovery_starts()
-        decision = effect.decide(self.store)
-        if isinstance(decision, Settled):
-            event = MetadataStored(self.store)
-        elif isinstance(decision, Refused):
-            event = MetadataRefused(decision.error)
-        elif outcome == "conflicts":
-            event = MetadataRefused(MetadataError("too many conflicting updates"))
-        elif outcome == "not-applied-lost":
-            event = MetadataUnknown(MetadataError("connection lost"))
-        else:
-            assert self.store.state == OPEN, "C3: a write to a ledger that is not OPEN"
-            self.apply(decision)
-            lost = outcome == "applied-lost"
-            event = MetadataUnknown(MetadataError("lost")) if lost else MetadataStored(self.store)
-        self.reply = event
+        self.store, self.reply = compare_and_set(self.store, effect, outcome, self.check_write)
 
     def deliver_reply(self) -> None:
         event, self.reply = self.reply, None
         if event is not None:
             self.carry_out(self.writer.step(event))
 
-    def apply(self, decision) -> None:
+    def check_write(self, store: LedgerView, decision: object) -> None:
+        assert store.state == OPEN, "C3: a write to a ledger that is not OPEN"
         if isinstance(decision, NewFragment):
             # R5: a new fragment starts past every entry confirmed so far.
             assert decision.first_entry_id > (self.confirmed[-1] if self.confirmed else -1)
-            kept = tuple(f for f in self.store.ensembles if f[0] < decision.first_entry_id)
-            fragment = (decision.first_entry_id, decision.bookies)
-            self.store = replace(self.store, ensembles=(*kept, fragment))
         else:
-            assert isinstance(decision, CloseAt)
-            self.store = replace(self.store, state=CLOSED, last_entry_id=decision.last_entry_id)
+            assert isinstance(decision, CloseAt)  # the writer never marks a recovery
 
     def close(self, request: bool) -> None:
         self.writer.begin_close()
@@ -565,12 +540,7 @@ class RandomSchedules(RuleBasedStateMachine):
             self.model.settle()
 
 
-RandomSchedules.TestCase.settings = settings(
-    max_examples=600,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+RandomSchedules.TestCase.settings = random_schedule_settings(max_examples=600)
 test_c1_r3_r5_r13_random_schedules_never_confirm_what_the_recorded_write_sets_lack = (
     RandomSchedules.TestCase
 )
