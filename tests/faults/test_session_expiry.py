@@ -126,8 +126,19 @@ def link(zookeeper_server: ZooKeeperServer) -> Iterator[CuttableLink]:
         forwarder.close()
 
 
-def _chroot() -> str:
-    return f"/expiry-{os.getpid()}-{next(_chroots)}"
+def _store_behind(zookeeper_server: ZooKeeperServer, link: CuttableLink) -> tuple[str, str]:
+    """A new chroot, created: its URI as the test reaches it (never cut) and as the
+    processes under test reach it (through ``link``)."""
+    chroot = f"/expiry-{os.getpid()}-{next(_chroots)}"
+    direct_uri = zookeeper_server.uri(chroot)
+    run(_writable(direct_uri))
+    return direct_uri, f"zk://127.0.0.1:{link.port}{chroot}"
+
+
+def _one_bookie(cut_uri: str, tmp_path: Path) -> LocalCluster:
+    """One bookie whose metadata session expires after SESSION_TIMEOUT_MS cut off."""
+    args = ["--metadata-session-timeout-ms", str(SESSION_TIMEOUT_MS)]
+    return LocalCluster(cut_uri, tmp_path / "c", 1, extra_args=args, journal_sync=False)
 
 
 async def _writable(uri: str) -> list[str]:
@@ -144,12 +155,8 @@ def test_a_bookie_comes_back_after_partition_after_partition(
     """Each cut starts as soon as the bookie is listed again, so that it often falls
     while the bookie is still confirming its new registration: the new session is then
     lost too, and the bookie must start over rather than wait on the dead one."""
-    chroot = _chroot()
-    direct_uri = zookeeper_server.uri(chroot)
-    cut_uri = f"zk://127.0.0.1:{link.port}{chroot}"
-    run(_writable(direct_uri))
-    args = ["--metadata-session-timeout-ms", str(SESSION_TIMEOUT_MS)]
-    with LocalCluster(cut_uri, tmp_path / "c", 1, extra_args=args, journal_sync=False) as c:
+    direct_uri, cut_uri = _store_behind(zookeeper_server, link)
+    with _one_bookie(cut_uri, tmp_path) as c:
         address = c.addresses[0]
         for round_number in range(4):
             poll_until(
@@ -189,12 +196,8 @@ def test_a_bookie_whose_cookie_went_while_it_was_cut_off_exits_instead_of_regist
     """Re-registering checks the cookie on the new session: the store no longer knowing
     this bookie (its record removed, or the wrong store) stops it with status 2, so its
     supervisor's restart reports the refusal, instead of it joining again unchecked."""
-    chroot = _chroot()
-    direct_uri = zookeeper_server.uri(chroot)
-    cut_uri = f"zk://127.0.0.1:{link.port}{chroot}"
-    run(_writable(direct_uri))
-    args = ["--metadata-session-timeout-ms", str(SESSION_TIMEOUT_MS)]
-    with LocalCluster(cut_uri, tmp_path / "c", 1, extra_args=args, journal_sync=False) as c:
+    direct_uri, cut_uri = _store_behind(zookeeper_server, link)
+    with _one_bookie(cut_uri, tmp_path) as c:
         address = c.addresses[0]
         link.cut()
         poll_until(
@@ -236,13 +239,9 @@ def test_every_ephemeral_comes_back_after_its_session_expired_behind_a_partition
     through one link, cut for longer than their sessions and than the bookie's
     registration check (10 s), so that calls are in flight when kazoo reports the
     sessions lost: once healed, each is back on a new session."""
-    chroot = _chroot()
-    direct_uri = zookeeper_server.uri(chroot)  # the test's own view, never cut
-    cut_uri = f"zk://127.0.0.1:{link.port}{chroot}"
-    run(_writable(direct_uri))  # creates the chroot
+    direct_uri, cut_uri = _store_behind(zookeeper_server, link)
     session = str(SESSION_TIMEOUT_MS)
-    args = ["--metadata-session-timeout-ms", session]
-    with LocalCluster(cut_uri, tmp_path / "c", 1, extra_args=args, journal_sync=False) as c:
+    with _one_bookie(cut_uri, tmp_path) as c:
         address = c.addresses[0]
         daemon = start_quorumlog(
             tmp_path,
