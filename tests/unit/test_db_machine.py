@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, cast
 import pytest
 
 from quorumlog.db.machine import BARRIER, EXECUTE, DbRecord, StateMachine, StatementResult
-from quorumlog.db.replica import ReplicaConfig, resolve_log_name, snapshot_due
+from quorumlog.db.replica import (
+    NotLeaderError,
+    Replica,
+    ReplicaConfig,
+    _Pending,
+    resolve_log_name,
+    snapshot_due,
+)
 from quorumlog.db.sql import (
     BadRequestError,
     Choices,
@@ -21,6 +28,7 @@ from quorumlog.db.sql import (
     parse_statements,
     rewrite_for_replay,
 )
+from quorumlog.log.errors import LogFencedError
 from quorumlog.log.metadata import create_log_if_absent
 from quorumlog.log.position import Position
 from quorumlog.testing.memory_store import MemoryStore
@@ -237,7 +245,7 @@ def test_records_applied_without_results_leave_the_file_applying_them_with_resul
     assert follower.dump() == leader.dump()
     assert follower.applied == leader.applied == Position(5, len(records) - 1)
     count = follower.query([Statement("SELECT count(*) FROM t")])[0].values
-    assert count is not None and count[0][0] > 50
+    assert count is not None and cast(int, count[0][0]) > 50
 
 
 def test_records_run_ahead_commit_as_applied_and_leave_nothing_when_abandoned(
@@ -276,6 +284,58 @@ def test_records_run_ahead_commit_as_applied_and_leave_nothing_when_abandoned(
         _summary(r) for r in applied.apply_group(for_both)
     ]
     assert ahead.dump() == applied.dump() and ahead.applied == Position(2, 5)
+
+
+def test_a_leader_whose_append_fails_mid_group_answers_the_confirmed_ones_and_keeps_only_them(
+    tmp_path: Path,
+) -> None:
+    """The leader runs a group ahead of its appends. When one append is fenced, the
+    records confirmed before it are applied and answered, it and every later one fail
+    (not confirmed: maybe in the log), and nothing of them is left in the file; a group
+    still waiting when the leader stops is rolled back and its requests fail."""
+    replica = Replica(cast("BookKeeper", None), ReplicaConfig(name="t", data_dir=tmp_path))
+    create = DbRecord(EXECUTE, (Statement("CREATE TABLE t (v TEXT)"),))
+
+    def insert(value: str) -> DbRecord:
+        return DbRecord(EXECUTE, (Statement("INSERT INTO t VALUES (?)", [value]),))
+
+    async def run() -> tuple[list[object], list[object]]:
+        loop = asyncio.get_running_loop()
+        appended = [loop.create_future() for _ in range(4)]
+        group = [
+            _Pending(r, a, loop.create_future())
+            for r, a in zip([create, insert("a"), insert("b"), insert("c")], appended, strict=True)
+        ]
+        replica._taking_writes = True
+        replica._pending.extend(group)
+        replica._pending_added.set()
+        applier = asyncio.create_task(replica._apply_pending())
+        await asyncio.sleep(0)  # the group runs ahead, its appends still in flight
+        appended[0].set_result(Position(1, 0))
+        appended[1].set_result(Position(1, 1))
+        appended[2].set_exception(LogFencedError("fenced"))
+        await applier
+        first = await asyncio.gather(*(p.answer for p in group), return_exceptions=True)
+        assert not replica.is_leader  # a fenced append ends taking writes
+        # A group still in flight when leadership ends (the applier is cancelled).
+        late = _Pending(insert("d"), loop.create_future(), loop.create_future())
+        replica._taking_writes = True
+        replica._pending.append(late)
+        applier = asyncio.create_task(replica._apply_pending())
+        await asyncio.sleep(0)
+        applier.cancel()
+        await asyncio.gather(applier, return_exceptions=True)
+        second = await asyncio.gather(late.answer, return_exceptions=True)
+        late.appended.cancel()
+        return list(first), list(second)
+
+    first, second = asyncio.run(run())
+    assert [a.position for a in first[:2]] == [Position(1, 0), Position(1, 1)]  # type: ignore[attr-defined]
+    assert [type(a) for a in first[2:] + second] == [NotLeaderError] * 3
+    assert replica.applied == Position(1, 1)
+    assert not replica.machine._conn.in_transaction
+    assert replica.query([Statement("SELECT v FROM t")])[0].values == [["a"]]
+    replica.machine.close()
 
 
 def test_records_logged_by_the_json_encoder_replay_and_non_finite_floats_survive() -> None:
