@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from quorumlog.db.machine import StatementResult
+from quorumlog.db.machine import StatementResult, loads_json
 from quorumlog.db.replica import NotLeaderError, Replica
 from quorumlog.db.snapshot import copy_file, dump_sql
 from quorumlog.db.sql import BadRequestError, Statement, is_read_only, parse_statements
@@ -198,15 +198,11 @@ class DbHttpApi:
         if len(raw) > self.max_body_bytes:
             raise web.HTTPRequestEntityTooLarge(max_size=self.max_body_bytes, actual_size=len(raw))
         try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            # What orjson refuses and json reads (NaN, integers past 64 bits: refused
-            # below with a clearer message, escaped lone surrogates) or the error json
-            # gives for a malformed body.
-            try:
-                body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise BadRequestError(f"malformed JSON body: {exc}") from None
+            # NaN and integers past 64 bits are read, then refused below with a clearer
+            # message; a malformed body gets json's error.
+            body = loads_json(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequestError(f"malformed JSON body: {exc}") from None
         return parse_statements(body)
 
     def _answer(

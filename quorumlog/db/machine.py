@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -87,14 +88,10 @@ class DbRecord:
     @classmethod
     def decode(cls, data: bytes) -> DbRecord:
         try:
-            raw = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            # What json wrote and orjson does not read (NaN, Infinity, an escaped lone
-            # surrogate): records logged before orjson, or by the fallback in encode.
-            try:
-                raw = json.loads(data)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise BadRequestError(f"not a database record: {exc}") from None
+            # json's reach: records logged before orjson, or by the fallback in encode.
+            raw = loads_json(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequestError(f"not a database record: {exc}") from None
         if not isinstance(raw, dict) or raw.get("v") != RECORD_FORMAT:
             raise BadRequestError("not a database record of a known format")
         kind = raw.get("kind")
@@ -117,6 +114,16 @@ class DbRecord:
         except (ValueError, IndexError, TypeError):
             stmts = tuple(Statement.from_json(s) for s in raw_statements)
         return cls(EXECUTE, stmts, bool(raw.get("tx", False)))
+
+
+def loads_json(data: bytes) -> Any:
+    """JSON text as Python values: by orjson, and by json what orjson does not read
+    (NaN, Infinity, integers past 64 bits, an escaped lone surrogate), so that anything
+    json reads is read. ValueError or UnicodeDecodeError (json's) if neither reads it."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def _orjson_keeps(params: Params) -> bool:
