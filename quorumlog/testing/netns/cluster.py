@@ -248,12 +248,8 @@ class NetnsCluster:
     def db_status(self, replica: ServerProcess) -> dict[str, object] | None:
         """The replica's ``/status`` (asked from inside its namespace), or None."""
         with contextlib.suppress(OSError, ValueError):
-            sock = replica.host.connect(replica.host.address, DB_HTTP_PORT, timeout_s=1.0)
-            with sock:
-                sock.sendall(b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n")
-                answer = b""
-                while chunk := sock.recv(65536):
-                    answer += chunk
+            request = b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n"
+            answer = replica.host.exchange(replica.host.address, DB_HTTP_PORT, request, 1.0)
             body = answer.split(b"\r\n\r\n", 1)[1]
             status = json.loads(body)
             return status if isinstance(status, dict) else None

@@ -120,6 +120,17 @@ class Host:
             raise
         return sock
 
+    def exchange(self, address: str, port: int, request: bytes, timeout_s: float) -> bytes:
+        """Send ``request`` from inside this namespace and read the answer until the
+        peer closes (HTTP/1.0, ZooKeeper's four-letter words); OSError if it does not
+        answer within ``timeout_s`` a read."""
+        with self.connect(address, port, timeout_s=timeout_s) as sock:
+            sock.sendall(request)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        return answer
+
 
 def socket_in_namespace(namespace: str, kind: int = socket.SOCK_STREAM) -> socket.socket:
     """A TCP socket (UDP with ``kind=socket.SOCK_DGRAM``) that belongs to ``namespace``:

@@ -152,12 +152,7 @@ class ZooKeeperEnsemble:
         """``leader``, ``follower`` or ``standalone`` from ``srvr``; None if it does not
         answer (not serving, cut off, paused)."""
         with contextlib.suppress(OSError):
-            sock = node.host.connect(node.host.address, CLIENT_PORT, timeout_s=0.5)
-            with sock:
-                sock.sendall(b"srvr")
-                answer = b""
-                while chunk := sock.recv(4096):
-                    answer += chunk
+            answer = node.host.exchange(node.host.address, CLIENT_PORT, b"srvr", 0.5)
             for line in answer.decode("utf-8", "replace").splitlines():
                 if line.startswith("Mode:"):
                     return line.split(":", 1)[1].strip()
