@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures._base import FINISHED, PENDING
 from functools import partial
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
@@ -204,6 +205,43 @@ class Handoff:
             self._run(items)
 
 
+class AddFuture(concurrent.futures.Future[T]):
+    """A ``concurrent.futures.Future`` that shares one condition with the other adds of
+    its handle instead of building its own.
+
+    ``Future()`` builds a ``threading.Condition`` and an ``RLock`` per future, about
+    1.2 µs of Python: for a thread adding in a loop, a fifth of what an add costs it.
+    The futures of one handle share a condition (over an ``RLock``, so
+    ``concurrent.futures.wait`` and ``as_completed``, which take each future's condition
+    in turn, still work); a thread waiting for one of them may then be woken by another's
+    completion, so :meth:`result` and :meth:`exception` wait until this one is settled.
+    Everything else is ``concurrent.futures.Future``'s own code.
+    """
+
+    def __init__(self, condition: threading.Condition) -> None:
+        # The attributes Future.__init__ sets, but the condition: it is given.
+        self._condition = condition
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+
+    def _wait_settled(self, timeout: float | None) -> None:
+        if self._state == FINISHED:
+            return
+        with self._condition:
+            self._condition.wait_for(self.done, timeout)
+
+    def result(self, timeout: float | None = None) -> T:
+        self._wait_settled(timeout)
+        return super().result(0)  # settled: returns or raises now; else TimeoutError
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait_settled(timeout)
+        return super().exception(0)
+
+
 class ThreadedSubmitter(Generic[T]):
     """Hands payloads from any thread to a loop-side ``send(data) -> asyncio.Future``.
 
@@ -270,9 +308,10 @@ class LedgerSubmitter:
         self._handle = handle
         self._handoff = handoff = Handoff(loop, self._send_all, handle._config.max_outstanding_adds)
         handle.on_settled(handoff.give)
+        self._futures_condition = threading.Condition()  # shared by this handle's adds
 
     def submit(self, data: bytes) -> concurrent.futures.Future[int]:
-        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        future: AddFuture[int] = AddFuture(self._futures_condition)
         if type(data) is not bytes:
             data = bytes(data)  # a copy now: the caller may reuse its buffer at once
         self._handoff.put((data, future))

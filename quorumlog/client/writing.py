@@ -447,13 +447,15 @@ class LedgerHandle(ReadHandle):
         result_of = self._result_of
         for pending in confirmed:
             token = pending.token
-            if token is None or token.done():
-                continue  # within a batch (BatchToken), or given up by its owner
+            if token is None:
+                continue  # within a batch (BatchToken)
             entry_id = pending.entry_id
+            # No done() first: a concurrent future's takes its lock, as set_result does
+            # again; one given up by its owner (cancelled) refuses the result instead.
             try:  # noqa: SIM105 - a try costs nothing here, contextlib.suppress a call
                 token.set_result(entry_id if result_of is None else result_of(entry_id))
             except _ALREADY_SETTLED:
-                pass  # cancelled by another thread after done() was checked
+                pass  # cancelled by its owner
         self._lac = confirmed[-1].entry_id
         if self._on_settled is not None:
             self._on_settled(len(confirmed))
