@@ -49,13 +49,15 @@ def test_r16_parked_long_polls_never_stall_the_same_connections_adds(
             ]
             for entry_id in range(20):
                 blob = make_entry(written, entry_id, b"w%d" % entry_id, lac=entry_id - 1)
-                answer = await client.add(written, KEY, [blob], timeout_s=5)
+                # Bounds well under the polls' 60 s: an add stuck behind them would
+                # wait that long; a loaded machine's fdatasync can take seconds.
+                answer = await client.add(written, KEY, [blob], timeout_s=20)
                 assert answer.status == Status.OK
             assert not any(poll.done() for poll in polls), "a poll was answered early"
             first = make_entry(polled, 0, b"p0")
             second = make_entry(polled, 1, b"p1", lac=0)  # carries LAC 0: wakes the polls
             assert (await client.add(polled, KEY, [first, second])).status == Status.OK
-            answers = await asyncio.wait_for(asyncio.gather(*polls), 10)
+            answers = await asyncio.wait_for(asyncio.gather(*polls), 30)
             for answer in answers:
                 assert isinstance(answer, ReadResponse)
                 assert (answer.status, answer.lac, answer.entries) == (Status.OK, 0, [first])

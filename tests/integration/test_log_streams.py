@@ -23,6 +23,10 @@ from quorumlog.log.checker import check_observations
 from quorumlog.server.local_cluster import LocalCluster
 
 SMALL_LEDGERS = LogConfig(rollover_size_bytes=1_000)
+# How long a reader may take to return a record that is already confirmed: a bound for it
+# to arrive at all, not a latency target. Generous because the first read of a reader
+# opens the ledger through the metadata store (a loaded ZooKeeper can take seconds).
+READ_BOUND_MS = 30_000
 
 
 def test_r11_append_read_rollover_truncate_round_trip(cluster3: LocalCluster) -> None:
@@ -54,9 +58,9 @@ def test_r11_append_read_rollover_truncate_round_trip(cluster3: LocalCluster) ->
         with pytest.raises(LogTruncatedError):
             log.open_reader(positions[0])
         with log.open_reader() as reader:
-            first = reader.read_next(timeout_ms=5_000)
+            first = reader.read_next(timeout_ms=READ_BOUND_MS)
             assert first == Record(cut, payloads[30])
-            rest = [reader.read_next(timeout_ms=5_000) for _ in range(19)]
+            rest = [reader.read_next(timeout_ms=READ_BOUND_MS) for _ in range(19)]
             assert [r.data for r in rest if r] == payloads[31:]
             assert reader.read_next(timeout_ms=100) is None
         assert bk.delete_log("orders") == [x for x in ledgers if x >= cut.ledger_id]
@@ -82,7 +86,7 @@ def test_r11_reader_follows_rollovers_and_a_new_writer(cluster3: LocalCluster) -
             with pytest.raises(LogFencedError):
                 await writer.append(b"stale")
             written += [await successor.append(b"b" * 10) for _ in range(3)]
-            read = [await reader.read_next(timeout_ms=5_000) for _ in range(9)]
+            read = [await reader.read_next(timeout_ms=READ_BOUND_MS) for _ in range(9)]
             assert [r.position for r in read if r] == written
             await reader.close()
 
@@ -137,12 +141,12 @@ def test_reader_sees_each_record_of_an_idle_writer_without_a_next_append(
             writer = await (await bk_w.open_log("latency")).open_writer()
             reader = await (await bk_r.open_log("latency")).open_reader()
             await writer.append(b"warm-up")
-            assert await reader.read_next(timeout_ms=5_000) is not None
+            assert await reader.read_next(timeout_ms=READ_BOUND_MS) is not None
             latencies_ms: list[float] = []
             for i in range(20):
                 # Nothing else is appended until this read returns: without the explicit
                 # LAC it would end empty at its timeout.
-                pending = asyncio.ensure_future(reader.read_next(timeout_ms=30_000))
+                pending = asyncio.ensure_future(reader.read_next(timeout_ms=READ_BOUND_MS))
                 await asyncio.sleep(0.05)  # the reader is parked in a long poll
                 position = await writer.append(b"record-%d" % i)
                 confirmed = time.perf_counter()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from support import run
+from support import poll_until_async, run
 from test_admin_http import admin_ports
 
 from quorumlog.client.bookkeeper import BookKeeper
@@ -92,10 +92,20 @@ def test_bookie_metrics_count_what_was_done(metadata_uri: str, tmp_path: Path) -
                         timeout_ms=20_000,
                     )
                 )
-                await asyncio.sleep(0.3)
-                _, samples = await asyncio.to_thread(scrape, port)
+                # Scraped until the bookie holds it: the request may take a while to
+                # arrive on a loaded machine, and nothing else changes the counts.
+                scraped: list[dict[str, float]] = []
+
+                async def parked() -> bool:
+                    _, samples = await asyncio.to_thread(scrape, port)
+                    scraped.append(samples)
+                    return samples.get("quorumlog_bookie_parked_long_polls") == 1
+
+                await poll_until_async(
+                    parked, timeout_s=30, interval_s=0.05, what="the long poll is parked"
+                )
                 poll.cancel()
-                return samples
+                return scraped[-1]
             finally:
                 await client.close()
 

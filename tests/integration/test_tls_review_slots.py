@@ -55,8 +55,11 @@ async def _served(address: str, tls: TlsFiles) -> bool:
 
 
 async def _served_again(address: str, tls: TlsFiles, what: str) -> None:
-    """Served within a few handshake deadlines (500 ms each)."""
-    await poll_until_async(lambda: _served(address, tls), timeout_s=5, what=what, interval_s=0.1)
+    """Served again once the bookie gave the slots back (a handshake deadline of 500 ms,
+    then a second before a connection never made is forgotten). The bound is generous for
+    a loaded machine, yet well under asyncio's own 60 s handshake timeout, which would
+    free the slots without the deadline."""
+    await poll_until_async(lambda: _served(address, tls), timeout_s=20, what=what, interval_s=0.1)
 
 
 async def _scenario(address: str, tls: TlsFiles) -> None:
