@@ -334,8 +334,11 @@ class StateMachine:
 
     def abandon_ahead(self) -> None:
         """Roll back what :meth:`execute_ahead` ran (some append was not confirmed)."""
-        if self._conn.in_transaction:
-            self._conn.execute("ROLLBACK")
+        try:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            raise ReplicaStorageError(f"database {self.path}: cannot roll back: {exc}") from exc
 
     def _run_quietly(self, record: DbRecord, *, grouped: bool) -> None:
         """Apply ``record`` without results: runs of one batchable statement text (an

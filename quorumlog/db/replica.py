@@ -339,7 +339,10 @@ class Replica:
         finally:
             # Cancelled (leadership ended) or failed: nothing run ahead stays open, and
             # no request of the group is left without an answer.
-            self.machine.abandon_ahead()
+            try:
+                self.machine.abandon_ahead()
+            except ReplicaStorageError as exc:
+                self.failure = str(exc)  # the file is broken: the replica stops (_lead)
             self._fail_answers(self._in_flight, NotLeaderError("leadership ended"))
             self._in_flight = []
 
