@@ -236,58 +236,77 @@ def run_nemesis(cluster: NetnsCluster, spec: RunSpec, out_dir: Path) -> RunResul
     workload = _workload(spec, cluster)
     common = ["--history", str(history_dir), "--stop-file", str(stop_file), *spec.workload_args]
     clients = {name: cluster.client(name) for name in workload.clients}
-    processes: dict[str, subprocess.Popen[bytes]] = {}
-    context = RunContext(cluster, history_dir, clients, processes)
-    healed_ns = fault_ns = 0
+    context = RunContext(cluster, history_dir, clients, processes={})
     try:
         for name, args in workload.clients.items():
-            processes[name] = cluster.run_python(
+            context.processes[name] = cluster.run_python(
                 clients[name], WORKLOAD_MODULE, [*args, *common, "--process", name],
                 log_dir=logs, name=name,
             )  # fmt: skip
-        _poll(
-            lambda: _acknowledged_after(history_dir, 0),
-            SERVICE_BOUND_S,
-            "the workload's first acknowledged append",
-        )
-        time.sleep(spec.warmup_s)  # load before the fault: a window, not an assertion
-        fault_ns = time.monotonic_ns()
-        try:
-            spec.nemesis.start(context)
-            time.sleep(spec.fault_s)  # the fault holds: a window, not an assertion
-        finally:
-            spec.nemesis.heal(context)
-            healed_ns = time.monotonic_ns()
-        result.fault_s = (healed_ns - fault_ns) / 1e9
-        try:
-            _poll(
-                lambda: _acknowledged_after(history_dir, healed_ns),
-                RECOVERY_BOUND_S,
-                "an append acknowledged after healing",
-            )
-        except TimeoutError as error:
-            result.problems.append(str(error))
-        time.sleep(AFTER_RECOVERY_S)
-        if isinstance(spec.nemesis, BookieFromZooKeeper):
-            _check_reregistered(cluster, context, result)
+        fault_ns, healed_ns = _fault_window(spec, context, result)
     finally:
         stop_file.touch()
-        for name, process in processes.items():
-            try:
-                process.wait(timeout=CLIENT_EXIT_BOUND_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
-                result.problems.append(f"client {name} did not stop within the bound")
-            killed = name == context.notes.get("target") and spec.nemesis.name == "kill-leader"
-            if process.returncode != 0 and not killed:
-                tail = (logs / f"{name}.err").read_text(errors="replace")[-1500:]
-                result.problems.append(f"client {name} exited with {process.returncode}: {tail}")
-    checker = cluster.client("checker")
+        _stop_clients(spec, context, logs, result)
+    _final_read(cluster, [*workload.final, *common, "--process", "final"], logs, result)
+    _judge_run(spec, context, fault_ns, healed_ns, result)
+    result.run_s = time.monotonic() - started
+    _keep(run_dir, history_dir, result)
+    return result
+
+
+def _fault_window(spec: RunSpec, context: RunContext, result: RunResult) -> tuple[int, int]:
+    """Wait for service, hold the fault, heal it (also when starting it fails), wait for
+    service to come back; the monotonic times (ns) the fault started and was healed."""
+    history_dir = context.history_dir
+    _poll(
+        lambda: _acknowledged_after(history_dir, 0),
+        SERVICE_BOUND_S,
+        "the workload's first acknowledged append",
+    )
+    time.sleep(spec.warmup_s)  # load before the fault: a window, not an assertion
+    fault_ns = time.monotonic_ns()
+    try:
+        spec.nemesis.start(context)
+        time.sleep(spec.fault_s)  # the fault holds: a window, not an assertion
+    finally:
+        spec.nemesis.heal(context)
+        healed_ns = time.monotonic_ns()
+    result.fault_s = (healed_ns - fault_ns) / 1e9
+    try:
+        _poll(
+            lambda: _acknowledged_after(history_dir, healed_ns),
+            RECOVERY_BOUND_S,
+            "an append acknowledged after healing",
+        )
+    except TimeoutError as error:
+        result.problems.append(str(error))
+    time.sleep(AFTER_RECOVERY_S)
+    if isinstance(spec.nemesis, BookieFromZooKeeper):
+        _check_reregistered(context.cluster, context, result)
+    return fault_ns, healed_ns
+
+
+def _stop_clients(spec: RunSpec, context: RunContext, logs: Path, result: RunResult) -> None:
+    """Wait for every client, told to stop, within the bound (killed past it); a client
+    that did not exit cleanly is a problem, unless it is the leader kill-leader killed."""
+    for name, process in context.processes.items():
+        try:
+            process.wait(timeout=CLIENT_EXIT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+            result.problems.append(f"client {name} did not stop within the bound")
+        killed = name == context.notes.get("target") and spec.nemesis.name == "kill-leader"
+        if process.returncode != 0 and not killed:
+            tail = (logs / f"{name}.err").read_text(errors="replace")[-1500:]
+            result.problems.append(f"client {name} exited with {process.returncode}: {tail}")
+
+
+def _final_read(cluster: NetnsCluster, args: list[str], logs: Path, result: RunResult) -> None:
+    """The final reader, from a namespace of its own, within its bound."""
     final = cluster.run_python(
-        checker, WORKLOAD_MODULE, [*workload.final, *common, "--process", "final"],
-        log_dir=logs, name="final",
-    )  # fmt: skip
+        cluster.client("checker"), WORKLOAD_MODULE, args, log_dir=logs, name="final"
+    )
     try:
         final.wait(timeout=FINAL_READ_BOUND_S)
     except subprocess.TimeoutExpired:
@@ -296,18 +315,20 @@ def run_nemesis(cluster: NetnsCluster, spec: RunSpec, out_dir: Path) -> RunResul
     if final.returncode != 0:
         tail = (logs / "final.err").read_text(errors="replace")[-1500:]
         result.problems.append(f"the final read failed (status {final.returncode}): {tail}")
-    operations = _operations(history_dir)
+
+
+def _judge_run(
+    spec: RunSpec, context: RunContext, fault_ns: int, healed_ns: int, result: RunResult
+) -> None:
+    """The history checked, and the recovery time and longest stall around the fault."""
+    operations = _operations(context.history_dir)
     judge_history(spec.workload, operations, result)
     appends = [op for op in operations if op.f == "append"]
     recovery_ns = recovery_time_ns(appends, healed_ns)
     result.recovery_s = None if recovery_ns is None else recovery_ns / 1e9
-    if fault_ns:
-        window_end_ns = healed_ns + (recovery_ns or 0)
-        result.stall_s = longest_stall_ns(appends, fault_ns, window_end_ns) / 1e9
+    window_end_ns = healed_ns + (recovery_ns or 0)
+    result.stall_s = longest_stall_ns(appends, fault_ns, window_end_ns) / 1e9
     result.notes.update({k: v for k, v in context.notes.items() if k != "ensemble"})
-    result.run_s = time.monotonic() - started
-    _keep(run_dir, history_dir, result)
-    return result
 
 
 def _check_reregistered(cluster: NetnsCluster, context: RunContext, result: RunResult) -> None:
