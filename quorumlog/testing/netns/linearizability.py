@@ -126,49 +126,7 @@ def check_linearizable(
     ops = [op for op in operations if op.completion != "fail"]
     if not ops:
         return LinearizabilityResult(True, 0)
-    events: list[tuple[int, int, int]] = []  # (time, 0 for call / 1 for return, index)
-    for index, op in enumerate(ops):
-        end = op.end_ns if op.completion == "ok" and op.end_ns is not None else _NEVER_NS
-        events.append((op.start_ns, 0, index))
-        events.append((end, 1, index))
-    # Returns before calls at equal times would order more than the history shows:
-    # calls first, so simultaneous operations count as concurrent.
-    events.sort(key=lambda item: (item[0], item[1]))
-    head = _Entry(-1, False, -1)
-    calls: dict[int, _Entry] = {}
-    tail: _Entry = head
-    for time_ns, kind, index in events:
-        made = _Entry(index, kind == 0, time_ns)
-        if kind == 0:
-            calls[index] = made
-        else:
-            made.match = calls[index]
-            calls[index].match = made
-        tail.next = made
-        made.prev = tail
-        tail = made
-
-    def lift(call: _Entry) -> None:
-        assert call.match is not None and call.prev is not None
-        call.prev.next = call.next
-        if call.next is not None:
-            call.next.prev = call.prev
-        ret = call.match
-        assert ret.prev is not None
-        ret.prev.next = ret.next
-        if ret.next is not None:
-            ret.next.prev = ret.prev
-
-    def unlift(call: _Entry) -> None:
-        ret = call.match
-        assert ret is not None and ret.prev is not None and call.prev is not None
-        ret.prev.next = ret
-        if ret.next is not None:
-            ret.next.prev = ret
-        call.prev.next = call
-        if call.next is not None:
-            call.next.prev = call
-
+    head = _entry_list(ops)
     state: Hashable = model.initial()
     linearized = 0  # a bitset of op indexes
     cache: set[tuple[int, Hashable]] = {(linearized, state)}
@@ -199,7 +157,7 @@ def check_linearizable(
                     deepest = max(deepest, len(stack))
                     state = new_state
                     linearized |= 1 << cursor.op_index
-                    lift(cursor)
+                    _lift(cursor)
                     cursor = head.next
                     continue
             cursor = cursor.next
@@ -215,8 +173,60 @@ def check_linearizable(
                 )
             call, state = stack.pop()
             linearized &= ~(1 << call.op_index)
-            unlift(call)
+            _unlift(call)
             cursor = call.next
+
+
+def _entry_list(ops: Sequence[Operation]) -> _Entry:
+    """The head of a doubly linked list of every call and return of ``ops`` in time order,
+    each call linked to its return (an operation of unknown outcome returns never)."""
+    events: list[tuple[int, int, int]] = []  # (time, 0 for call / 1 for return, index)
+    for index, op in enumerate(ops):
+        end = op.end_ns if op.completion == "ok" and op.end_ns is not None else _NEVER_NS
+        events.append((op.start_ns, 0, index))
+        events.append((end, 1, index))
+    # Returns before calls at equal times would order more than the history shows:
+    # calls first, so simultaneous operations count as concurrent.
+    events.sort(key=lambda item: (item[0], item[1]))
+    head = _Entry(-1, False, -1)
+    calls: dict[int, _Entry] = {}
+    tail: _Entry = head
+    for time_ns, kind, index in events:
+        made = _Entry(index, kind == 0, time_ns)
+        if kind == 0:
+            calls[index] = made
+        else:
+            made.match = calls[index]
+            calls[index].match = made
+        tail.next = made
+        made.prev = tail
+        tail = made
+    return head
+
+
+def _lift(call: _Entry) -> None:
+    """Take a call placed in the order, and its return, out of the list."""
+    assert call.match is not None and call.prev is not None
+    call.prev.next = call.next
+    if call.next is not None:
+        call.next.prev = call.prev
+    ret = call.match
+    assert ret.prev is not None
+    ret.prev.next = ret.next
+    if ret.next is not None:
+        ret.next.prev = ret.prev
+
+
+def _unlift(call: _Entry) -> None:
+    """Put a lifted call and its return back where they were (backtracking)."""
+    ret = call.match
+    assert ret is not None and ret.prev is not None and call.prev is not None
+    ret.prev.next = ret
+    if ret.next is not None:
+        ret.next.prev = ret
+    call.prev.next = call
+    if call.next is not None:
+        call.next.prev = call
 
 
 def _describe(op: Operation) -> str:
