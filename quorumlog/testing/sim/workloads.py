@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import random
@@ -199,8 +200,6 @@ async def _ledger_round(
     run: _Run, nemesis: Nemesis, shape: tuple[int, int, int], tag: str, race: Race
 ) -> LedgerHistory | None:
     """One ledger: a writer, a tailing reader, concurrent recoveries, a zombie writer."""
-    rng = run.rng
-    loop = run.loop
     ensemble, write_quorum, ack_quorum = shape
     writer_name = f"writer{tag}"
     writer_bk = run.client(writer_name, nemesis, BookKeeper)
@@ -219,38 +218,84 @@ async def _ledger_round(
     lh = LedgerHistory(handle.ledger_id, shape)
     run.history.ledgers.append(lh)
     run.trace(writer_name, "created ledger %d with E=%d Qw=%d Qa=%d", lh.ledger_id, *shape)
-    next_id = 0
+    await _LedgerRound(run, nemesis, tag, race, writer_name, handle, lh).play()
+    return lh
 
-    def confirmed(expected: int, future: asyncio.Future[int]) -> None:
+
+class _LedgerRound:
+    """The clients of one ledger round, each a method, and the order ``race`` plays
+    them in: the writer (later a zombie), a tailing reader, the recoveries."""
+
+    def __init__(
+        self,
+        run: _Run,
+        nemesis: Nemesis,
+        tag: str,
+        race: Race,
+        writer_name: str,
+        handle: Any,
+        lh: LedgerHistory,
+    ) -> None:
+        self.run = run
+        self.nemesis = nemesis
+        self.tag = tag
+        self.race = race
+        self.writer_name = writer_name
+        self.handle = handle
+        self.lh = lh
+        self.next_id = 0
+        self.recoverers = [f"recoverer{tag}-{i}" for i in range(race.recoverers)]
+
+    async def play(self) -> None:
+        run, race, rng = self.run, self.race, self.run.rng
+        tailer = asyncio.ensure_future(self.tail())
+        await self.write(race.first_burst)
+        if not race.racing:
+            await _lose_a_change_reply(run, self.writer_name, self.handle, self.tag, self.write)
+        if race.quiet:  # nothing in flight: it hears of the recovery only when it adds again
+            await _settled(self.handle)
+        if race.close_first:
+            await self.close_writer()
+        if race.racing:
+            self.arm_message_faults()
+            await self.write(1)  # the racing entry
+            await asyncio.sleep(rng.uniform(0.3, 3) / 1000)
+        recovering = asyncio.ensure_future(self.recoveries())
+        await asyncio.gather(recovering, self.zombie_writes(recovering))
+        await tailer
+
+    def confirmed(self, expected: int, future: asyncio.Future[int]) -> None:
         if future.cancelled() or future.exception() is not None:
             return
         entry_id = future.result()
-        lh.confirmed.append((entry_id, loop.time(), next(run.order)))
+        lh = self.lh
+        lh.confirmed.append((entry_id, self.run.loop.time(), next(self.run.order)))
         if entry_id != expected:
-            run.history.system_errors.append(
+            self.run.history.system_errors.append(
                 f"ledger {lh.ledger_id}: the {expected}th append was confirmed as entry {entry_id}"
             )
 
-    async def write(count: int) -> None:
-        nonlocal next_id
+    async def write(self, count: int) -> None:
+        run, race, handle = self.run, self.race, self.handle
         for _ in range(count):
-            payload = _payload(run.seed, writer_name, next_id)
+            payload = _payload(run.seed, self.writer_name, self.next_id)
             try:
                 future = handle.append(payload)
             except BKError as exc:
-                run.trace(writer_name, "append refused: %s", exc)
+                run.trace(self.writer_name, "append refused: %s", exc)
                 return
-            lh.written[next_id] = payload
-            future.add_done_callback(lambda f, n=next_id: confirmed(n, f))
-            next_id += 1
+            self.lh.written[self.next_id] = payload
+            future.add_done_callback(functools.partial(self.confirmed, self.next_id))
+            self.next_id += 1
             if race.pace_ms:
-                await asyncio.sleep(rng.uniform(0, race.pace_ms) / 1000)
-            elif handle.outstanding_adds >= 50 or rng.random() < 0.3:
-                await asyncio.sleep(rng.uniform(0, 0.004))
+                await asyncio.sleep(run.rng.uniform(0, race.pace_ms) / 1000)
+            elif handle.outstanding_adds >= 50 or run.rng.random() < 0.3:
+                await asyncio.sleep(run.rng.uniform(0, 0.004))
 
-    async def tail() -> None:
-        name = f"tailer{tag}"
-        reader_bk = run.client(name, nemesis, BookKeeper)
+    async def tail(self) -> None:
+        run, lh = self.run, self.lh
+        name = f"tailer{self.tag}"
+        reader_bk = run.client(name, self.nemesis, BookKeeper)
         reader = None
         for _ in range(20):
             try:
@@ -262,7 +307,7 @@ async def _ledger_round(
             return
         next_entry = 0
         for _ in range(40):
-            await asyncio.sleep(rng.uniform(0.001, 0.01))
+            await asyncio.sleep(run.rng.uniform(0.001, 0.01))
             try:
                 lac = await reader.read_last_add_confirmed()
                 if lac >= next_entry:
@@ -272,8 +317,9 @@ async def _ledger_round(
             except BKError:
                 continue
 
-    async def recover(name: str) -> None:
-        bk = run.client(name, nemesis, BookKeeper)
+    async def recover(self, name: str) -> None:
+        run, lh = self.run, self.lh
+        bk = run.client(name, self.nemesis, BookKeeper)
         for _ in range(20):
             try:
                 rh = await bk.open_ledger(lh.ledger_id, PASSWORD)
@@ -282,7 +328,7 @@ async def _ledger_round(
                 await asyncio.sleep(0.05)
                 continue
             last = rh.metadata.last_entry_id
-            lh.closes.append((name, last, loop.time(), next(run.order)))
+            lh.closes.append((name, last, run.loop.time(), next(run.order)))
             run.trace(name, "recovered: ledger %d closed at %d", lh.ledger_id, last)
             if last >= 0:
                 with contextlib.suppress(BKError):
@@ -290,21 +336,21 @@ async def _ledger_round(
                         lh.reads.append((name, entry.entry_id, entry.data, None))
             return
 
-    async def close_writer() -> None:
+    async def close_writer(self) -> None:
+        run, handle = self.run, self.handle
         try:
             await asyncio.wait_for(handle.close(), 30)
         except (BKError, TimeoutError) as exc:
-            run.trace(writer_name, "close failed: %s", exc)
+            run.trace(self.writer_name, "close failed: %s", exc)
             return
         last = handle.metadata.last_entry_id
-        lh.closes.append((writer_name, last, loop.time(), next(run.order)))
-        run.trace(writer_name, "closed ledger %d at %d", lh.ledger_id, last)
+        self.lh.closes.append((self.writer_name, last, run.loop.time(), next(run.order)))
+        run.trace(self.writer_name, "closed ledger %d at %d", self.lh.ledger_id, last)
 
-    names = [f"recoverer{tag}-{i}" for i in range(race.recoverers)]
-
-    def arm_message_faults() -> None:
-        net = run.cluster.network
-        bookies = list(handle.ensemble)
+    def arm_message_faults(self) -> None:
+        race, rng = self.race, self.run.rng
+        net = self.run.cluster.network
+        bookies = list(self.handle.ensemble)
         rng.shuffle(bookies)
         pattern = race.pattern and len(bookies) >= 3
         # In the pattern the writer's path to Y is slower than the recovery's fencing.
@@ -313,11 +359,12 @@ async def _ledger_round(
         slow = race.slow_recovery_ms if not pattern else rng.uniform(5, 25)
         recovery_slow = (slow, slow * 1.1)
         if pattern or race.lose_add:
-            net.drop_next(writer_name, bookies[0] if pattern else rng.choice(bookies), AddRequest)
+            target = bookies[0] if pattern else rng.choice(bookies)
+            net.drop_next(self.writer_name, target, AddRequest)
         if pattern or race.slow_writer_ms:
             target = bookies[1] if pattern else rng.choice(bookies)
-            net.set_link(writer_name, target, delay_ms=writer_slow)
-        for name in names:
+            net.set_link(self.writer_name, target, delay_ms=writer_slow)
+        for name in self.recoverers:
             if pattern or race.lose_fence:
                 target = bookies[1] if pattern else rng.choice(bookies)
                 net.drop_next(name, target, FenceRequest)
@@ -325,46 +372,30 @@ async def _ledger_round(
                 target = bookies[2] if pattern else rng.choice(bookies)
                 net.set_link(name, target, delay_ms=recovery_slow)
 
-    async def recoveries() -> None:
-        await asyncio.sleep(race.recovery_delay_ms / 1000)
-        await asyncio.gather(*(recover(name) for name in names))
+    async def recoveries(self) -> None:
+        await asyncio.sleep(self.race.recovery_delay_ms / 1000)
+        await asyncio.gather(*(self.recover(name) for name in self.recoverers))
 
-    async def zombie_writes(recovering: asyncio.Future[None]) -> None:
+    async def zombie_writes(self, recovering: asyncio.Future[None]) -> None:
         # The writer keeps adding while others recover; a stalled writer (a long pause)
         # sends them late, after the recoveries, as BookKeeper's zombie writers do.
-        pool = run.cluster.network.pools[writer_name]
+        run, race = self.run, self.race
+        pool = run.cluster.network.pools[self.writer_name]
         if race.stalled:
             pool.pause()
         if race.quiet:
             await asyncio.wait([recovering], timeout=5)
             if race.restart_fenced:
-                await _restart_nodes(run, handle.ensemble, race.power_loss)
+                await _restart_nodes(run, self.handle.ensemble, race.power_loss)
         if race.idle_ms:
             await asyncio.sleep(race.idle_ms / 1000)  # the racing entry is alone in flight
-        await write(race.zombie_adds)
+        await self.write(race.zombie_adds)
         if race.stalled:
-            await asyncio.wait([recovering], timeout=rng.uniform(0.05, 0.3))
+            await asyncio.wait([recovering], timeout=run.rng.uniform(0.05, 0.3))
             if race.restart_fenced:
-                await _restart_nodes(run, handle.ensemble, race.power_loss)
-            await asyncio.sleep(rng.uniform(0, 0.02))
+                await _restart_nodes(run, self.handle.ensemble, race.power_loss)
+            await asyncio.sleep(run.rng.uniform(0, 0.02))
             pool.resume()
-
-    tailer = asyncio.ensure_future(tail())
-    await write(race.first_burst)
-    if not race.racing:
-        await _lose_a_change_reply(run, writer_name, handle, tag, write)
-    if race.quiet:  # nothing in flight: it hears of the recovery only when it adds again
-        await _settled(handle)
-    if race.close_first:
-        await close_writer()
-    if race.racing:
-        arm_message_faults()
-        await write(1)  # the racing entry
-        await asyncio.sleep(rng.uniform(0.3, 3) / 1000)
-    recovering = asyncio.ensure_future(recoveries())
-    await asyncio.gather(recovering, zombie_writes(recovering))
-    await tailer
-    return lh
 
 
 async def _lose_a_change_reply(
