@@ -305,11 +305,11 @@ class DbHttpApi:
                     return await self._forward(request, body)
                 timeout_s = _timeout_s(request)
                 try:
-                    # asyncio.timeout, not wait_for: no task of its own per request.
-                    async with asyncio.timeout(timeout_s):
-                        answer = await replica.execute(
-                            statements, transaction=_flag(request, "transaction")
-                        )
+                    # The replica's own timer: no task (wait_for) nor Timeout object
+                    # (asyncio.timeout) per request.
+                    answer = await replica.execute(
+                        statements, transaction=_flag(request, "transaction"), timeout_s=timeout_s
+                    )
                 except TimeoutError:
                     # The record stays queued (shielded): it may still commit and be
                     # applied, but this client is told only that the outcome is unknown.

@@ -196,6 +196,7 @@ class Replica:
         self._log: Log | None = None
         self._task: asyncio.Task[None] | None = None
         self._writer: LogWriter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: deque[_Pending] = deque()
         # The leader's group being run ahead and waited for (taken off ``_pending``).
         self._in_flight: list[_Pending] = []
@@ -219,6 +220,7 @@ class Replica:
         return json.dumps({"id": self.config.node_id, "api": self.config.http_addr})
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self.log_name = await resolve_log_name(self.bk, self.config.name)
         self._log = await open_log(self.bk, self.log_name, self.config.log_config)
         self._election = LeaderElection(
@@ -259,15 +261,21 @@ class Replica:
         return out
 
     async def execute(
-        self, statements: list[Statement], *, transaction: bool = False
+        self,
+        statements: list[Statement],
+        *,
+        transaction: bool = False,
+        timeout_s: float | None = None,
     ) -> WriteAnswer:
         """Log and apply one write request; its results once the record is confirmed.
 
         Raises :class:`BadRequestError` (nothing logged) for statements that cannot be
-        replicated, :class:`NotLeaderError` when this replica does not take writes.
+        replicated, :class:`NotLeaderError` when this replica does not take writes,
+        ``TimeoutError`` when no answer came within ``timeout_s`` (the record stays
+        queued: it may still be confirmed and applied, unknown to this caller).
         """
         rewritten = rewrite_all_for_replay(statements)
-        return await self._submit(DbRecord(EXECUTE, rewritten, transaction))
+        return await self._submit(DbRecord(EXECUTE, rewritten, transaction), timeout_s)
 
     async def barrier(self) -> Position:
         """Append an empty record and wait until it is applied here: proves this replica
@@ -299,23 +307,32 @@ class Replica:
 
     # ------------------------------------------------------------ writes
 
-    async def _submit(self, record: DbRecord) -> WriteAnswer:
+    async def _submit(self, record: DbRecord, timeout_s: float | None = None) -> WriteAnswer:
         writer = self._writer
         if not self._taking_writes or writer is None:
             raise NotLeaderError(f"database {self.config.name}: this replica is not the leader")
         if len(self._pending) >= self.config.max_pending_writes:
-            await writer.wait_for_capacity()
+            async with asyncio.timeout(timeout_s):
+                await writer.wait_for_capacity()
         if not self._taking_writes or self._writer is not writer:
             raise NotLeaderError(f"database {self.config.name}: leadership lost")
-        loop = asyncio.get_running_loop()
+        # The loop of start(): on Python 3.11 each get_running_loop() is a getpid()
+        # system call, and asyncio.timeout() makes three of them per request.
+        loop = self._loop or asyncio.get_running_loop()
         data = record.encode()
         pending = _Pending(record, writer.append_nowait(data), loop.create_future())
         self.bytes_since_snapshot += len(data)
         self._pending.append(pending)
         self._pending_added.set()
-        # Not shielded: a caller that stops waiting (its timeout) cancels only its answer;
-        # the record stays queued and is applied in its turn all the same.
-        return await pending.answer
+        # Not shielded: a caller that stops waiting (cancelled, or its timeout, which
+        # fails only its answer) leaves the record queued, applied in its turn all the same.
+        if timeout_s is None:
+            return await pending.answer
+        expiry = loop.call_later(timeout_s, _expire, pending.answer, timeout_s)
+        try:
+            return await pending.answer
+        finally:
+            expiry.cancel()
 
     async def _apply_pending(self) -> None:
         """Apply the leader's records in append order (R3: they are confirmed in that
@@ -655,6 +672,11 @@ class Replica:
     async def _pause(self) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), self.config.check_interval_ms / 1000 * 2)
+
+
+def _expire(answer: asyncio.Future[WriteAnswer], timeout_s: float) -> None:
+    if not answer.done():
+        answer.set_exception(TimeoutError(f"no answer within {timeout_s} s"))
 
 
 def _observe(future: asyncio.Future[Position]) -> None:

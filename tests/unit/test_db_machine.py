@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, cast
 
 import pytest
+from support import poll_until_async
 
 from quorumlog.db.machine import BARRIER, EXECUTE, DbRecord, StateMachine, StatementResult
 from quorumlog.db.replica import (
@@ -35,6 +36,7 @@ from quorumlog.testing.memory_store import MemoryStore
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
+    from quorumlog.log.writer import LogWriter
 
 FIXED = Choices(
     now=datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
@@ -334,6 +336,51 @@ def test_a_leader_whose_append_fails_mid_group_answers_the_confirmed_ones_and_ke
     assert [type(a) for a in first[2:] + second] == [NotLeaderError] * 3
     assert replica.applied == Position(1, 1)
     assert not replica.machine._conn.in_transaction
+    assert replica.query([Statement("SELECT v FROM t")])[0].values == [["a"]]
+    replica.machine.close()
+
+
+class _UnconfirmedWriter:
+    """A log writer whose appends are confirmed only when the test says so."""
+
+    def __init__(self) -> None:
+        self.appends: list[asyncio.Future[Position]] = []
+
+    def append_nowait(self, data: bytes) -> asyncio.Future[Position]:
+        self.appends.append(asyncio.get_running_loop().create_future())
+        return self.appends[-1]
+
+
+def test_a_write_past_its_timeout_fails_its_caller_and_is_still_applied_in_its_turn(
+    tmp_path: Path,
+) -> None:
+    """rqlite's ``timeout``: the caller gets TimeoutError (HTTP 503, outcome unknown);
+    the record stays queued, and once confirmed it is applied like any other."""
+    replica = Replica(cast("BookKeeper", None), ReplicaConfig(name="t", data_dir=tmp_path))
+    writer = _UnconfirmedWriter()
+
+    async def run() -> object:
+        replica._writer = cast("LogWriter", writer)
+        replica._taking_writes = True
+        applier = asyncio.create_task(replica._apply_pending())
+        create = [Statement("CREATE TABLE t (v TEXT)")]
+        with pytest.raises(TimeoutError):
+            await replica.execute(create, timeout_s=0.05)
+        writer.appends[0].set_result(Position(1, 0))
+        insert = asyncio.create_task(
+            replica.execute([Statement("INSERT INTO t VALUES ('a')")], timeout_s=30)
+        )
+        await poll_until_async(
+            lambda: len(writer.appends) == 2, timeout_s=10, what="the insert appended"
+        )
+        writer.appends[1].set_result(Position(1, 1))
+        answer = await insert
+        applier.cancel()
+        await asyncio.gather(applier, return_exceptions=True)
+        return answer.position
+
+    assert asyncio.run(run()) == Position(1, 1)
+    assert replica.applied == Position(1, 1)
     assert replica.query([Statement("SELECT v FROM t")])[0].values == [["a"]]
     replica.machine.close()
 
