@@ -8,9 +8,12 @@ module imports by its bare name from every test directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -137,6 +140,28 @@ def stop_process(process: subprocess.Popen[bytes], term_wait_s: float = 15) -> N
         except subprocess.TimeoutExpired:
             os.kill(process.pid, signal.SIGKILL)
             process.wait(10)
+
+
+def port_for_a_child() -> int:
+    """A TCP port of 127.0.0.1, free now, for a child process to listen on later.
+
+    Drawn below the kernel's ephemeral range: the ports the kernel hands out itself
+    (outgoing connections, binds to port 0) come from that range, so none of them can
+    take this one before the child binds it; a port from ``bind(0)`` can be, on a machine
+    where other tests open connections all the time."""
+    low_ephemeral = 32_768
+    with contextlib.suppress(OSError, ValueError):
+        low_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.SystemRandom()
+    for _ in range(200):  # bounded: nearly every port of the range is free
+        port = rng.randrange(10_000, max(low_ephemeral, 10_001))
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port between 10000 and {low_ephemeral}")
 
 
 def shell(
