@@ -277,43 +277,8 @@ def scan(
         buf = ops.read_file(path)
         end = len(buf)
         view = memoryview(buf)
-        if end >= FILE_HEADER_SIZE and buf[:8] == _OLD_MAGIC:
-            raise JournalCorruptionError(
-                f"journal {path}: written in an older journal format (no batch markers); "
-                f"start the version that wrote it once to replay it",
-                path,
-                0,
-            )
-        magic, header_id, salt = (
-            _FILE_HEADER.unpack_from(buf) if end >= FILE_HEADER_SIZE else (b"", -1, b"")
-        )
-        if magic != JOURNAL_MAGIC or header_id != file_id:
-            # The header is synced before any record is written: a bad one with nothing
-            # after it is a creation cut short (a start or a rollover whose header sync
-            # failed, or a power loss before it), which never held a record, wherever
-            # the file stands; anything else is damage.
-            if _NONZERO.search(buf, FILE_HEADER_SIZE) is None:
-                if last_file:
-                    log.warning("journal %s: incomplete file header; removing the file", path)
-                    ops.unlink(path)
-                    report.truncated = [*(report.truncated or []), (path, 0)]
-                else:
-                    # Kept: the files after it must stay in order, and the next start
-                    # finds it as empty as now.
-                    log.warning(
-                        "journal %s: incomplete file header and no records; skipping it",
-                        path,
-                    )
-                continue
-            message = (
-                f"journal {path}: bad file header with records after it: acknowledged "
-                f"data may be lost; refusing to start. Restore the file, or start with "
-                f"journal_skip_corruption to skip the file"
-            )
-            if not skip_corruption:
-                raise JournalCorruptionError(message, path, 0)
-            log.error("%s; skipping the file as asked", message.split(";")[0])
-            report.skipped = [*(report.skipped or []), (path, 0, end)]
+        salt = _file_salt(path, file_id, buf, last_file, skip_corruption, report, ops)
+        if salt is None:
             continue
         marker = batch_marker(salt)
         salt_view = memoryview(salt)
@@ -363,6 +328,58 @@ def scan(
             log.error("%s; skipping bytes %d..%d as asked", message.split(";")[0], pos, skip_to)
             report.skipped = [*(report.skipped or []), (path, pos, skip_to)]
             pos = skip_to
+
+
+def _file_salt(
+    path: Path,
+    file_id: int,
+    buf: bytes,
+    last_file: bool,
+    skip_corruption: bool,
+    report: ScanReport,
+    ops: FileOps,
+) -> bytes | None:
+    """The salt of journal file ``file_id`` (its batch markers' key) when its header is
+    whole; None for a file to pass over: a creation cut short (removed when it is the
+    last file), or a damaged header skipped as asked. Raises JournalCorruptionError for
+    a damaged header otherwise, and for a file of the older format."""
+    end = len(buf)
+    if end >= FILE_HEADER_SIZE and buf[:8] == _OLD_MAGIC:
+        raise JournalCorruptionError(
+            f"journal {path}: written in an older journal format (no batch markers); "
+            f"start the version that wrote it once to replay it",
+            path,
+            0,
+        )
+    magic, header_id, salt = (
+        _FILE_HEADER.unpack_from(buf) if end >= FILE_HEADER_SIZE else (b"", -1, b"")
+    )
+    if magic == JOURNAL_MAGIC and header_id == file_id:
+        return bytes(salt)
+    # The header is synced before any record is written: a bad one with nothing after it
+    # is a creation cut short (a start or a rollover whose header sync failed, or a power
+    # loss before it), which never held a record, wherever the file stands; anything
+    # else is damage.
+    if _NONZERO.search(buf, FILE_HEADER_SIZE) is None:
+        if last_file:
+            log.warning("journal %s: incomplete file header; removing the file", path)
+            ops.unlink(path)
+            report.truncated = [*(report.truncated or []), (path, 0)]
+        else:
+            # Kept: the files after it must stay in order, and the next start finds it
+            # as empty as now.
+            log.warning("journal %s: incomplete file header and no records; skipping it", path)
+        return None
+    message = (
+        f"journal {path}: bad file header with records after it: acknowledged "
+        f"data may be lost; refusing to start. Restore the file, or start with "
+        f"journal_skip_corruption to skip the file"
+    )
+    if not skip_corruption:
+        raise JournalCorruptionError(message, path, 0)
+    log.error("%s; skipping the file as asked", message.split(";")[0])
+    report.skipped = [*(report.skipped or []), (path, 0, end)]
+    return None
 
 
 # ---------------------------------------------------------------- writer
