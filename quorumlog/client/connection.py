@@ -472,6 +472,7 @@ class ConnectionPool:
         self._max_frame_size_bytes = max_frame_size_bytes
         self._max_queued_bytes = max_queued_bytes
         self._connections: dict[str, BookieConnection] = {}
+        self._closed = False
 
     def get(self, address: str) -> BookieConnection:
         conn = self._connections.get(address)
@@ -486,6 +487,12 @@ class ConnectionPool:
                 ssl_context=self._ssl_context,
                 token=self._token,
             )
+            if self._closed:
+                # Closed before its connect task first runs: no socket is opened. What
+                # reacts to the close (a handle failing over, an explicit LAC timer) gets
+                # its requests failed, not a connection nobody would close.
+                conn.close()
+                return conn
             self._connections[address] = conn
         return conn
 
@@ -500,6 +507,8 @@ class ConnectionPool:
         return request_future(self._loop, self.get(address), request, timeout_ms)
 
     def close(self) -> None:
+        """Close every connection; from now on the pool hands out only closed ones."""
+        self._closed = True
         for conn in list(self._connections.values()):
             conn.close()
         self._connections.clear()
