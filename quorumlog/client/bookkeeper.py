@@ -276,6 +276,8 @@ class BookKeeper:
                 await handle.close()
         self._handles.clear()
         self.pool.close()
+        if isinstance(self.pool, ConnectionPool):  # not a simulator's stand-in: real sockets
+            await self.pool.wait_closed()
         await self.store.close()
 
     async def __aenter__(self) -> Self:

@@ -31,6 +31,7 @@ with a second AUTH, so that a renewed token file keeps long-lived connections op
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 import struct
@@ -74,6 +75,9 @@ from quorumlog.security.tokens import renewal_delay_s, unverified_expiry_s
 log = logging.getLogger(__name__)
 
 MAX_QUEUED_BYTES_DEFAULT = 64 * 1024 * 1024
+# How long a closing client waits for its sockets to close (a TLS close is a round trip
+# with each bookie); a bookie that does not answer costs no more than this.
+CLOSE_WAIT_S = 1.0
 _LENGTH = struct.Struct(">I")  # a frame's length prefix (quorumlog.proto.codec)
 # Queued parts averaging this size or more leave without being joined first (_flush).
 _GATHER_MIN_PART_BYTES = 4096
@@ -172,6 +176,8 @@ class BookieConnection(asyncio.Protocol):
         self._next_request_id = 1
         self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
+        # Done once the socket is closed (see wait_closed).
+        self._lost: asyncio.Future[None] = loop.create_future()
         self._on_closed = on_closed
         self.closed = False
         self._tls = ssl_context is not None
@@ -275,6 +281,8 @@ class BookieConnection(asyncio.Protocol):
                 "is the client's tls setting on?)"
             )
         self._shut(BookieUnavailableError(f"bookie {self.address}: connection lost{why}"))
+        if not self._lost.done():
+            self._lost.set_result(None)
 
     def _authenticate(self, credential: str) -> None:
         def answered(answer: Response | BKError) -> None:
@@ -406,6 +414,20 @@ class BookieConnection(asyncio.Protocol):
         self._connect_task.cancel()
         self._shut(BookieUnavailableError(f"bookie {self.address}: connection closed by client"))
 
+    async def wait_closed(self, timeout_s: float) -> None:
+        """After :meth:`close`, wait (at most ``timeout_s``) until the socket is closed.
+
+        Closing a TLS connection is a close_notify exchange with the bookie that needs the
+        event loop a moment more: a client ending its loop at once (``asyncio.run``)
+        would leave the socket to the garbage collector."""
+        if self._transport is None:
+            # Not connected: a cancelled connect attempt closes its own socket.
+            await asyncio.wait({self._connect_task}, timeout=timeout_s)
+            if self._transport is None:
+                return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._lost), timeout_s)
+
 
 def _tls_failure(exc: ssl.SSLError) -> str:
     """A TLS failure in words an operator can act on (never key material: none is here)."""
@@ -473,6 +495,7 @@ class ConnectionPool:
         self._max_queued_bytes = max_queued_bytes
         self._connections: dict[str, BookieConnection] = {}
         self._closed = False
+        self._closing: list[BookieConnection] = []  # closed by close(), for wait_closed
 
     def get(self, address: str) -> BookieConnection:
         conn = self._connections.get(address)
@@ -511,4 +534,12 @@ class ConnectionPool:
         self._closed = True
         for conn in list(self._connections.values()):
             conn.close()
+            self._closing.append(conn)
         self._connections.clear()
+
+    async def wait_closed(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """After :meth:`close`, wait until the sockets are closed, at most ``timeout_s``
+        (a bookie that does not answer a TLS close_notify, a paused one, costs that)."""
+        closing, self._closing = self._closing, []
+        if closing:
+            await asyncio.gather(*(conn.wait_closed(timeout_s) for conn in closing))

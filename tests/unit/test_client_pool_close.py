@@ -7,13 +7,21 @@ client connection pool and a listening socket on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
 
 import pytest
 from support import poll_until_async, run
+from tls_certs import make_tls_material
 
 from quorumlog.client.connection import ConnectionPool, request_future
 from quorumlog.errors import BookieUnavailableError
 from quorumlog.proto.codec import BookieInfoRequest
+from quorumlog.security.tls import TlsFiles, TlsReloader
 
 
 def test_a_closed_pool_hands_out_only_closed_connections() -> None:
@@ -44,3 +52,52 @@ def test_a_closed_pool_hands_out_only_closed_connections() -> None:
             await server.wait_closed()
 
     run(scenario())
+
+
+def _slow_tls_peer(listener: socket.socket, context: ssl.SSLContext, answers: list[str]) -> None:
+    """One TLS connection, in a thread: the handshake, then 0.3 s of delay before it reads
+    the client's close_notify (a bookie on a loaded machine), then the close."""
+    listener.settimeout(30)
+    conn, _ = listener.accept()
+    with context.wrap_socket(conn, server_side=True) as tls:
+        time.sleep(0.3)
+        tls.settimeout(30)
+        with contextlib.suppress(OSError):
+            answers.append(repr(tls.recv(1)))  # b'' at the close_notify
+
+
+def test_a_closed_pool_waits_until_its_tls_sockets_are_closed(tmp_path: Path) -> None:
+    """Closing a TLS connection is a close_notify exchange that needs the event loop a
+    moment more; a client that ended its loop at once (asyncio.run) left the socket open
+    for the garbage collector ("unclosed transport"). ``wait_closed`` waits for it."""
+    material = make_tls_material(tmp_path / "tls")
+    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_side.load_cert_chain(material.server_cert, material.server_key)
+    client_side = TlsReloader(TlsFiles(ca_file=str(material.ca_cert)), server_side=False)
+    listener = socket.create_server(("127.0.0.1", 0))
+    answers: list[str] = []
+    peer = threading.Thread(target=_slow_tls_peer, args=(listener, server_side, answers))
+    peer.start()
+
+    async def scenario() -> socket.socket:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        pool = ConnectionPool(
+            asyncio.get_running_loop(), connect_timeout_ms=30_000, ssl_context=client_side.current
+        )
+        conn = pool.get(address)
+        await poll_until_async(
+            lambda: conn._transport is not None, timeout_s=30, what="the TLS handshake"
+        )
+        assert conn._transport is not None
+        raw = conn._transport.get_extra_info("socket")
+        pool.close()
+        await pool.wait_closed()
+        return raw  # type: ignore[no-any-return]
+
+    try:
+        raw = run(scenario())
+    finally:
+        peer.join(60)
+        listener.close()
+    assert answers == ["b''"]  # the peer got the client's close_notify
+    assert raw.fileno() == -1, "the TLS socket outlived the client's event loop"
