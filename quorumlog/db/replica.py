@@ -311,7 +311,7 @@ class Replica:
         writer = self._writer
         if not self._taking_writes or writer is None:
             raise NotLeaderError(f"database {self.config.name}: this replica is not the leader")
-        if len(self._pending) >= self.config.max_pending_writes:
+        if len(self._pending) + len(self._in_flight) >= self.config.max_pending_writes:
             async with asyncio.timeout(timeout_s):
                 await writer.wait_for_capacity()
         if not self._taking_writes or self._writer is not writer:
@@ -347,6 +347,10 @@ class Replica:
                     self._pending_added.clear()
                     await self._pending_added.wait()
                     continue
+                # One more turn of the loop first: the appends' frames leave for the
+                # bookies in callbacks queued behind this task's wake-up, and running
+                # the group before them would delay the log by the group's SQLite time.
+                await asyncio.sleep(0)
                 pending = self._pending
                 group = [pending.popleft() for _ in range(min(len(pending), _MAX_GROUP_RECORDS))]
                 self._in_flight = group

@@ -312,7 +312,9 @@ def test_a_leader_whose_append_fails_mid_group_answers_the_confirmed_ones_and_ke
         replica._pending.extend(group)
         replica._pending_added.set()
         applier = asyncio.create_task(replica._apply_pending())
-        await asyncio.sleep(0)  # the group runs ahead, its appends still in flight
+        await poll_until_async(  # the group runs ahead, its appends still in flight
+            lambda: len(replica._in_flight) == 4, timeout_s=10, what="the group taken"
+        )
         appended[0].set_result(Position(1, 0))
         appended[1].set_result(Position(1, 1))
         appended[2].set_exception(LogFencedError("fenced"))
@@ -324,7 +326,7 @@ def test_a_leader_whose_append_fails_mid_group_answers_the_confirmed_ones_and_ke
         replica._taking_writes = True
         replica._pending.append(late)
         applier = asyncio.create_task(replica._apply_pending())
-        await asyncio.sleep(0)
+        await poll_until_async(lambda: replica._in_flight, timeout_s=10, what="the group taken")
         applier.cancel()
         await asyncio.gather(applier, return_exceptions=True)
         second = await asyncio.gather(late.answer, return_exceptions=True)
