@@ -11,6 +11,7 @@ bookie's certificate is replaced on disk and a new connection gets the new one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from cryptography import x509
-from support import poll_until, run
+from support import poll_until, port_for_a_child, run
 from tls_certs import HMAC_SECRET, TlsMaterial, make_tls_material, write_hmac_key
 
 from quorumlog.aio import BookKeeper
@@ -38,7 +39,6 @@ from quorumlog.proto.codec import (
 from quorumlog.security import Role, issue_token
 from quorumlog.security.tls import TlsFiles, TlsReloader
 from quorumlog.server.local_cluster import LocalCluster
-from quorumlog.testing.zookeeper import free_port
 
 KEY = bytes(20)
 TIMEOUT_MS = 10_000
@@ -69,6 +69,7 @@ async def _ask(
         return await request_future(loop, connection, request, TIMEOUT_MS)
     finally:
         connection.close()
+        await connection.wait_closed(TIMEOUT_MS / 1000)  # the TLS close, before run() ends
 
 
 def _error_of(address: str, request: Request, **credentials: object) -> BKError:
@@ -226,7 +227,7 @@ def _db_statuses(
     metadata_uri: str, tmp_path: Path, material: TlsMaterial, key_file: Path, token_file: Path
 ) -> dict[str, int]:
     """Run ``quorumlog db serve`` on the secure bookies; the status of each request."""
-    address = f"127.0.0.1:{free_port()}"
+    address = f"127.0.0.1:{port_for_a_child()}"
     command = [
         sys.executable, "-m", "quorumlog", "db", "serve", "--metadata", metadata_uri,
         "--name", "secure", "--data-dir", str(tmp_path / "db"),
@@ -311,3 +312,5 @@ async def _served_common_name(address: str, tls: TlsFiles) -> str:
         return x509.load_der_x509_certificate(der).subject.rfc4514_string().removeprefix("CN=")
     finally:
         writer.close()
+        with contextlib.suppress(OSError):
+            await asyncio.wait_for(writer.wait_closed(), TIMEOUT_MS / 1000)

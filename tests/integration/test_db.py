@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import port_for_a_child
 
 from quorumlog.server.local_cluster import LocalCluster
-from quorumlog.testing.zookeeper import free_port
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 DB = "shop"
@@ -42,7 +42,7 @@ class DbProcess:
     ) -> None:
         self.node_id = node_id
         self.name = name
-        self.port = port or free_port()
+        self.port = port or port_for_a_child()
         self.addr = f"127.0.0.1:{self.port}"
         self.data_dir = base / node_id
         self.data_dir.mkdir(parents=True, exist_ok=True)

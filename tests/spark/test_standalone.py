@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,10 +29,16 @@ pytestmark = pytest.mark.spark
 START_TIMEOUT_S = 90
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` different ports for the daemons to listen on (see port_for_a_child)."""
+    from support import port_for_a_child  # tests/ is on the path under pytest, not in the script
+
+    ports: list[int] = []
+    while len(ports) < count:
+        port = port_for_a_child()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def spark_home() -> str:
@@ -92,7 +97,7 @@ def wait_for_workers(ui_port: int, count: int, daemons: list[SparkDaemon]) -> No
 @pytest.fixture
 def standalone(tmp_path: Path) -> Iterator[str]:
     """A master and one worker (2 cores, 1 GiB) on 127.0.0.1; yields the master URL."""
-    port, ui_port, worker_ui = free_port(), free_port(), free_port()
+    port, ui_port, worker_ui = free_ports(3)
     master = SparkDaemon(
         [
             "org.apache.spark.deploy.master.Master",
