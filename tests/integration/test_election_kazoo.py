@@ -184,6 +184,7 @@ class CuttableProxy:
         self._stop = threading.Event()
         self._guard = threading.Lock()
         self._open: list[socket.socket] = []
+        self._every: list[socket.socket] = []  # closed by stop(): cut() only shuts them down
         self._threads: list[threading.Thread] = []
         self._deadline = time.monotonic() + self.LIFETIME_S
         self._start(self._accept_loop)
@@ -212,6 +213,7 @@ class CuttableProxy:
                 continue
             with self._guard:
                 self._open += [downstream, upstream]
+                self._every += [downstream, upstream]
             self._start(self._pump, downstream, upstream)
             self._start(self._pump, upstream, downstream)
 
@@ -251,6 +253,8 @@ class CuttableProxy:
         for thread in self._threads:
             thread.join(5)
         self._listener.close()
+        for sock in self._every:
+            sock.close()
 
 
 def test_election_zk_connection_cut_suspends_the_leader_and_a_long_one_requeues_it(
