@@ -9,15 +9,17 @@ entry may still be on their way when the add is confirmed.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 from typing import Any
 
 import pytest
-from support import holders, plant_copy, shell
+from support import holders, plant_copy, poll_until, shell
 
 from quorumlog import BookKeeper
 from quorumlog.aio import LedgerHandle as AioLedgerHandle
+from quorumlog.client.config import ClientConfig
 from quorumlog.errors import BKError, Status
 from quorumlog.proto.codec import ReadLacRequest, ReadRequest, ReadResponse
 from quorumlog.proto.entry import DigestType
@@ -136,7 +138,9 @@ def index_of(cluster: LocalCluster, address: str) -> int:
 def test_recover_bookie_moves_every_fragment_off_a_killed_bookie(cluster4):
     a, b, c, d = (bookie.address for bookie in cluster4.bookies)
     lost = a
-    with BookKeeper(cluster4.metadata_uri) as bk:
+    # Adds wait out c and a being paused below (their requests are answered on SIGCONT).
+    patient = ClientConfig(add_timeout_ms=120_000)
+    with BookKeeper(cluster4.metadata_uri, config=patient) as bk:
         plain = write_closed(bk, (3, 3, 2), (a, b, c), 300)
         striped = write_closed(bk, (4, 3, 2), (b, a, d, c), 203)  # a at index 1
         empty = write_closed(bk, (3, 3, 2), (c, a, b), 0)
@@ -145,18 +149,36 @@ def test_recover_bookie_moves_every_fragment_off_a_killed_bookie(cluster4):
         # writer replaces it (R5) with d. MAC digest, with a password (R10). Qa < Qw:
         # entries two bookies confirm while the writer's ensemble change is in flight
         # still reach the replacement (the writer holds confirmations during a change),
-        # so the audit below finds the new fragment whole.
+        # so the audit below finds the new fragment whole. c and a are paused until
+        # the writer has replaced b: entries they confirmed before the writer learnt of
+        # b's refused connection would stay in the first fragment (R5 starts the new
+        # one at LAC + 1), missing on the stopped b; a loaded run saw that.
         lh = create(bk, (3, 3, 2), (c, a, b), digest_type=DigestType.MAC, password=b"pw")
         two = lh.ledger_id
         add(bk, lh, 0, 60)
         cluster4.stop(index_of(cluster4, b))
-        add(bk, lh, 61, 130)
+        paused = [index_of(cluster4, bookie) for bookie in (c, a)]
+        with concurrent.futures.ThreadPoolExecutor(1) as adder:
+            for index in paused:
+                cluster4.pause(index)
+            try:
+                adding = adder.submit(add, bk, lh, 61, 130)
+                poll_until(
+                    lambda: len(bk.ledger_metadata(two).ensembles) == 2,
+                    timeout_s=60,
+                    what="the writer replaces the stopped bookie",
+                )
+            finally:
+                for index in paused:
+                    cluster4.resume(index)
+            adding.result(timeout=120)
         bk.run(lh.close())
         cluster4.restart(index_of(cluster4, b))
         md_two = bk.ledger_metadata(two)
         assert len(md_two.ensembles) == 2
         assert md_two.ensembles[1][1] == (c, a, d)
-        split = md_two.ensembles[1][0]  # LAC + 1 when the writer saw b fail: 61 or a bit more
+        split = md_two.ensembles[1][0]
+        assert split == 61  # LAC + 1 when the writer saw b fail: nothing after 60 was confirmed
         counts = {plain: 300, striped: 203, empty: 0, untouched: 20, two: 131}
         passwords = {two: b"pw"}
         for ledger_id in counts:
