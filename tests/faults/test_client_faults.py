@@ -50,6 +50,8 @@ def test_r8_writer_killed_mid_stream_recovery_keeps_every_confirmed_entry(cluste
     finally:
         proc.kill()  # kill -9 while adds are in flight
         proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
     assert ledger_id is not None and len(confirmed) >= 3000
     assert confirmed == list(range(len(confirmed)))  # R3 as seen by the writer
     with BookKeeper(cluster3.metadata_uri) as bk:

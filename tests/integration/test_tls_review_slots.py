@@ -52,6 +52,7 @@ async def _served(address: str, tls: TlsFiles) -> bool:
         return False
     finally:
         connection.close()
+        await connection.wait_closed(TIMEOUT_MS / 1000)  # the TLS close, before run() ends
 
 
 async def _served_again(address: str, tls: TlsFiles, what: str) -> None:
