@@ -20,14 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import holds_for, poll_until, run, start_quorumlog, stop_process
+from support import holds_for, poll_until, port_for_a_child, run, start_quorumlog, stop_process
 
 from quorumlog.errors import NoNodeError
 from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.factory import open_store
 from quorumlog.server.local_cluster import LocalCluster
 from quorumlog.testing.raw_client import RawClient, make_entry, master_key
-from quorumlog.testing.zookeeper import ZooKeeperServer, free_port
+from quorumlog.testing.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper
 
@@ -249,7 +249,7 @@ def test_every_ephemeral_comes_back_after_its_session_expired_behind_a_partition
             ["autorecovery", "--metadata", cut_uri, "--autorecovery-session-timeout-ms", session],
         )
         db_args = ["db", "serve", "--metadata", cut_uri, "--name", "expiry", "--data-dir"]
-        db_args += [str(tmp_path / "db"), "--http-addr", f"127.0.0.1:{free_port()}"]
+        db_args += [str(tmp_path / "db"), "--http-addr", f"127.0.0.1:{port_for_a_child()}"]
         db_args += ["--session-timeout-ms", session, "--ensemble", "1", "--write-quorum", "1"]
         db = start_quorumlog(
             tmp_path, "db", [*db_args, "--ack-quorum", "1", "--node-id", "replica"]

@@ -17,14 +17,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import QUORUMLOG_ENV, poll_until, run, shell, start_quorumlog, stop_process
+from support import (
+    QUORUMLOG_ENV,
+    poll_until,
+    port_for_a_child,
+    run,
+    shell,
+    start_quorumlog,
+    stop_process,
+)
 
 from quorumlog.aio import BookKeeper
 from quorumlog.bookie.cookie import COOKIE_FILE_NAME
 from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.factory import open_store
 from quorumlog.server.local_cluster import LocalCluster, embedded_metadata_uri
-from quorumlog.testing.zookeeper import free_port
 
 
 async def _registered(uri: str) -> list[str]:
@@ -172,7 +179,7 @@ def test_db_replica_and_autorecovery_publish_their_advertised_addresses(
     in the election (where followers forward writes); an autorecovery daemon's identifier
     and admin API address carry its advertised host, and the API listens everywhere."""
     uri = three_bookies.metadata_uri
-    port = free_port()
+    port = port_for_a_child()
     db_args = ["db", "serve", "--metadata", uri, "--name", "hosts", "--data-dir"]
     db_args += [str(tmp_path / "db"), "--http-addr", f"0.0.0.0:{port}"]
     db = start_quorumlog(tmp_path, "db", [*db_args, "--http-adv-addr", "localhost"])
