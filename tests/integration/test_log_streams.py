@@ -33,11 +33,15 @@ def test_r11_append_read_rollover_truncate_round_trip(cluster3: LocalCluster) ->
     with BookKeeper(cluster3.metadata_uri) as bk:
         log = bk.open_log("orders", SMALL_LEDGERS)
         writer = log.open_writer()
+        assert writer.last_position is None
         payloads = [b"order-%04d-" % i + b"x" * 90 for i in range(50)]  # 100 bytes each
         positions = [writer.append(p) for p in payloads[:25]]
+        assert writer.last_position == positions[-1]
         futures = [writer.append_nowait(p) for p in payloads[25:]]
         positions += [f.result(timeout=30) for f in futures]
         assert positions == sorted(positions) and len(set(positions)) == 50
+        # Kept once per batch of confirmations, across the rollovers of the burst.
+        assert writer.last_position == positions[-1]
         writer.close()
         ledgers = log.ledgers()
         assert len(ledgers) >= 3  # 1000-byte ledgers (a pipelined burst fills one)
