@@ -109,7 +109,12 @@ def parse_records(data: bytes | memoryview, where: str) -> tuple[list[bytes], li
 # future completes on the loop.
 ChunkWriter = Callable[..., "asyncio.Future[None]"]
 _MAX_IN_FLIGHT_CHUNKS = 4
-Chunk = tuple[int, int, bytearray]  # log id, file offset, bytes
+Chunk = tuple[int, int, memoryview]  # log id, file offset, bytes (a filled write buffer)
+_SPARE_BUFFERS = 2  # written buffers kept for reuse
+# Room past write_buffer_bytes in each buffer (a quarter of it), for the record that
+# crosses it: a buffer is handed on after the record that fills it, as ever (the chunks
+# written are the same).
+_BUFFER_SLACK_DIVISOR = 4
 
 
 class EntryLogger:
@@ -150,7 +155,16 @@ class EntryLogger:
         ops.mkdir(directory)
         self._fds: dict[int, int] = {}  # open file descriptors by log id
         self.current_id = max([0, *list_log_ids(directory, ops), *known_ids]) + 1
-        self._buffer = bytearray()
+        # The write buffer is allocated at its full size and filled up to _fill: appends
+        # copy into it once, where a growing bytearray was reallocated (and its new pages
+        # faulted in) again and again on its way to write_buffer_bytes, each time a
+        # buffer was handed on. Written buffers are reused (_spare) for the same reason.
+        self._spare: list[bytearray] = []
+        self._buffer_bytes = max(
+            write_buffer_bytes + write_buffer_bytes // _BUFFER_SLACK_DIVISOR, LOG_HEADER_SIZE
+        )
+        self._buffer = self._new_buffer(0)
+        self._fill = 0
         self._buffer_start = 0  # file offset of the buffer's first byte
         self._end = 0  # logical end of the current log, buffer included
         self._synced_end = 0
@@ -180,7 +194,9 @@ class EntryLogger:
         fd = self.ops.create(self._path(log_id))
         self._fds[log_id] = fd
         self.current_id = log_id
-        self._buffer = bytearray(_FILE_HEADER.pack(LOG_MAGIC, log_id))
+        assert self._fill == 0, "a log is created after its predecessor's buffer is flushed"
+        self._buffer[:LOG_HEADER_SIZE] = _FILE_HEADER.pack(LOG_MAGIC, log_id)
+        self._fill = LOG_HEADER_SIZE
         self._buffer_start = 0
         self._end = LOG_HEADER_SIZE
         self._synced_end = 0
@@ -205,11 +221,37 @@ class EntryLogger:
         if self._end + size > self.max_bytes and self._end > LOG_HEADER_SIZE:
             self._rotate()
         start = self._end
-        self._buffer += data
+        fill = self._fill
+        if fill + size > len(self._buffer):
+            # Past the slack (a record of over a quarter buffer): a larger one, once. The
+            # current one has no views yet (they are taken when it is handed on).
+            bigger = self._new_buffer(fill + size)
+            bigger[:fill] = memoryview(self._buffer)[:fill]
+            self._buffer = bigger
+        self._buffer[fill : fill + size] = data  # same length: one copy, no reallocation
+        self._fill = fill + size
         self._end = start + size
-        if len(self._buffer) >= self.write_buffer_bytes:
+        if self._fill >= self.write_buffer_bytes:
             self.flush()
         return self.current_id, start
+
+    def _new_buffer(self, at_least_bytes: int) -> bytearray:
+        size = max(self._buffer_bytes, at_least_bytes)
+        if self._spare and len(self._spare[-1]) >= size:
+            return self._spare.pop()
+        return bytearray(size)
+
+    def _reuse(self, chunk: memoryview) -> None:
+        """A chunk written and forgotten: its buffer takes the next appends."""
+        # The view is not released: a stale reference to it (the entry tuple of a done
+        # future's callback) would fail on comparison; nothing reads it any more.
+        buffer = chunk.obj
+        if (
+            isinstance(buffer, bytearray)
+            and len(buffer) >= self._buffer_bytes
+            and len(self._spare) < _SPARE_BUFFERS
+        ):
+            self._spare.append(buffer)
 
     def _rotate(self) -> None:
         self.flush()
@@ -220,12 +262,13 @@ class EntryLogger:
     def flush(self) -> None:
         """Hand the buffer to the writer (or write it now); no fsync. Never raises for a
         failed write: the chunk stays readable and the next checkpoint writes it again."""
-        if not self._buffer:
+        if not self._fill:
             return
-        chunk = self._buffer
+        chunk = memoryview(self._buffer)[: self._fill]
         offset = self._buffer_start
         fd = self._fds[self.current_id]
-        self._buffer = bytearray()
+        self._buffer = self._new_buffer(0)
+        self._fill = 0
         self._buffer_start = offset + len(chunk)
         entry = (self.current_id, offset, chunk)
         self._pending.append(entry)
@@ -238,6 +281,7 @@ class EntryLogger:
                     self.on_write_error(exc)
                 return
             self._pending.remove(entry)
+            self._reuse(chunk)
             return
         self._in_flight += 1
         future = self.writer(self._write_chunk, entry, fd)
@@ -257,7 +301,7 @@ class EntryLogger:
             log.error("entry log %s: write at offset %d failed: %s", self.directory, offset, exc)
             raise
 
-    def _pwrite_all(self, fd: int, chunk: bytearray, offset: int) -> None:
+    def _pwrite_all(self, fd: int, chunk: memoryview, offset: int) -> None:
         view = memoryview(chunk)
         try:
             written = 0
@@ -276,6 +320,7 @@ class EntryLogger:
         if error is None:
             with contextlib.suppress(ValueError):
                 self._pending.remove(entry)
+                self._reuse(entry[2])
         elif isinstance(error, OSError) and self.on_write_error is not None:
             self.on_write_error(error)  # the chunk stays readable from memory
 
@@ -402,7 +447,7 @@ class EntryLogger:
         """The blob of the record at ``offset``; BookieIOError if it is damaged or unreadable."""
         if log_id == self.current_id and offset >= self._buffer_start:
             start = offset - self._buffer_start + RECORD_HEADER_SIZE
-            return bytes(self._buffer[start : start + size])
+            return bytes(self._buffer[start : min(start + size, self._fill)])
         for chunk_log, chunk_offset, chunk in self._pending:
             if chunk_log == log_id and chunk_offset <= offset < chunk_offset + len(chunk):
                 start = offset - chunk_offset + RECORD_HEADER_SIZE
