@@ -587,42 +587,67 @@ class FrameDecoder:
         self, data: bytes | bytearray | memoryview, sizes: list[int] | None = None
     ) -> list[Message]:
         """The whole messages completed by ``data``, in order; with ``sizes``, each one's
-        frame length is appended to it (a server counts the bytes a request holds)."""
+        frame length is appended to it (a server counts the bytes a request holds).
+
+        Frames whole within ``data`` are decoded from it where they lie: only a frame
+        begun earlier (its missing part) and the partial frame at the end are copied into
+        the decoder's buffer, not every byte received (a copy of each large entry less).
+        """
         if self._failed:
             raise ProtocolError("decoder already failed on an earlier frame")
         buf = self._buffer
-        buf += data
         messages: list[Message] = []
-        offset = 0
-        total = len(buf)
         try:
-            with memoryview(buf) as view:
-                while total - offset >= 4:
-                    (length,) = _LENGTH.unpack_from(view, offset)
-                    if length < _HEADER_AFTER_LENGTH:
-                        raise ProtocolError(f"frame length {length} is shorter than a header")
-                    if length > self.max_frame_size_bytes:
-                        raise ProtocolError(
-                            f"frame length {length} exceeds the maximum "
-                            f"{self.max_frame_size_bytes} bytes"
-                        )
-                    if total - offset - 4 < length:
-                        break
-                    _, version, op, request_id = _HEADER.unpack_from(view, offset)
-                    if version != PROTOCOL_VERSION:
-                        raise ProtocolError(f"unsupported protocol version {version}")
-                    start = offset + 4 + _HEADER_AFTER_LENGTH
-                    end = offset + 4 + length
-                    messages.append(decode_message(op, request_id, view[start:end]))
-                    if sizes is not None:
-                        sizes.append(length + 4)
-                    offset = end
+            with memoryview(data) as incoming:
+                taken = 0
+                if buf:
+                    taken = len(incoming)
+                    if len(buf) >= 4:  # take only the rest of the frame begun earlier
+                        (length,) = _LENGTH.unpack_from(buf, 0)
+                        taken = min(taken, max(0, 4 + length - len(buf)))
+                    buf += incoming[:taken]
+                    with memoryview(buf) as view:
+                        done = self._decode_frames(view, messages, sizes)
+                    if done:
+                        del buf[:done]
+                # Here either every byte was taken or the buffer is empty.
+                if taken < len(incoming):
+                    with incoming[taken:] as rest:
+                        done = self._decode_frames(rest, messages, sizes)
+                        if done < len(rest):
+                            buf += rest[done:]
         except ProtocolError:
             self._failed = True
             raise
         except (struct.error, ValueError) as exc:
             self._failed = True
             raise ProtocolError(f"malformed frame: {exc}") from exc
-        if offset:
-            del buf[:offset]
         return messages
+
+    def _decode_frames(
+        self, view: memoryview, messages: list[Message], sizes: list[int] | None
+    ) -> int:
+        """Decode the whole frames at the start of ``view`` into ``messages``; returns
+        the bytes they took. Decoded messages hold copies, never views of ``view``."""
+        offset = 0
+        total = len(view)
+        while total - offset >= 4:
+            (length,) = _LENGTH.unpack_from(view, offset)
+            if length < _HEADER_AFTER_LENGTH:
+                raise ProtocolError(f"frame length {length} is shorter than a header")
+            if length > self.max_frame_size_bytes:
+                raise ProtocolError(
+                    f"frame length {length} exceeds the maximum {self.max_frame_size_bytes} bytes"
+                )
+            if total - offset - 4 < length:
+                break
+            _, version, op, request_id = _HEADER.unpack_from(view, offset)
+            if version != PROTOCOL_VERSION:
+                raise ProtocolError(f"unsupported protocol version {version}")
+            start = offset + 4 + _HEADER_AFTER_LENGTH
+            end = offset + 4 + length
+            messages.append(decode_message(op, request_id, view[start:end]))
+            if sizes is not None:
+                sizes.append(length + 4)
+            offset = end
+        return offset

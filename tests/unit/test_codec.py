@@ -69,6 +69,34 @@ def test_every_message_round_trips_even_byte_by_byte():
     assert FrameDecoder().feed(data) == messages
 
 
+def test_any_split_of_the_stream_decodes_the_same_messages_with_their_sizes():
+    # Frames whole within a chunk are decoded from it, a frame begun in an earlier chunk
+    # is completed in the buffer: every way of cutting the stream must give the same.
+    codec = EntryCodec(DigestType.CRC32C, b"secret")
+    large = codec.encode(7, 4, 3, 70_000, bytes(range(256)) * 256)
+    messages = [
+        *sample_messages(),
+        AddRequest(9, 7, KEY, [large]),
+        ReadResponse(10, 0, 7, 4, 3, [large]),
+    ]
+    frames = [encode(m) for m in messages]
+    data = b"".join(frames)
+    rng = random.Random(5)
+    for _ in range(200):
+        decoder = FrameDecoder()
+        out: list[object] = []
+        sizes: list[int] = []
+        position = 0
+        while position < len(data):
+            step = rng.choice([1, 3, 4, 5, 17, 100, 5_000, 70_000, 200_000])
+            chunk = data[position : position + step]
+            out += decoder.feed(chunk if rng.random() < 0.5 else bytearray(chunk), sizes)
+            position += step
+        assert out == messages
+        assert sizes == [len(frame) for frame in frames]
+        assert decoder.buffered_bytes == 0
+
+
 @pytest.mark.parametrize("digest_type", list(DigestType))
 def test_entry_digests_round_trip_and_detect_a_flipped_byte(digest_type):
     codec = EntryCodec(digest_type, b"pw")
