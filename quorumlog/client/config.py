@@ -38,6 +38,11 @@ class ClientConfig:
     # sends it to the ensemble as an explicit LAC so that tailing readers see the last
     # confirmed entry without waiting for the next add (R4).
     explicit_lac_delay_ms: float = 2.0
+    # ... unless the writer is idle after a confirmation (no add outstanding or queued,
+    # and no synchronous caller waiting on it, which would add again at once): then the
+    # explicit LAC goes out on the next loop turn, so a reader tailing a slow writer
+    # gets each entry about one round trip after its confirmation.
+    explicit_lac_at_once_when_idle: bool = True
     # Bound on adds sent but not yet confirmed, per ledger handle (back-pressure).
     max_outstanding_adds: int = 20_000
     # Entries per ADD frame to one bookie (a batch also stops at add_batch_max_bytes).

@@ -148,7 +148,7 @@ class LedgerHandle(ReadHandle):
         self._tasks: set[asyncio.Task[None]] = set()  # effects under way (kept referenced)
         self._close_result: asyncio.Future[None] | None = None
         self._lac_sent = -1  # largest LAC the bookies were told (piggybacked or explicit)
-        self._lac_timer: asyncio.TimerHandle | None = None
+        self._lac_timer: asyncio.Handle | None = None  # the explicit LAC to come
         self._capacity_waiters: deque[asyncio.Future[None]] = deque()
         # R16: an entry must fit one ADD frame alone (a bigger frame makes the bookie drop
         # the connection, and every request on it); a batch stops before passing a frame.
@@ -467,9 +467,28 @@ class LedgerHandle(ReadHandle):
             if not waiter.done():
                 waiter.set_result(None)
         if self._lac_timer is None and self._tracker.lac > self._lac_sent:
-            self._lac_timer = self._loop.call_later(
-                self._config.explicit_lac_delay_ms / 1000, self._send_explicit_lac
-            )
+            if self._idle_after(confirmed[-1]):
+                # No add is left to carry this LAC: a tailing reader would wait the whole
+                # delay (uvloop rounds it up to whole ms). Send it on the next loop turn,
+                # after the callbacks this confirmation woke: an add one of them makes
+                # carries the LAC instead (_lac_sent), and nothing extra goes out.
+                self._lac_timer = self._loop.call_soon(self._send_explicit_lac)
+            else:
+                self._lac_timer = self._loop.call_later(
+                    self._config.explicit_lac_delay_ms / 1000, self._send_explicit_lac
+                )
+
+    def _idle_after(self, last: PendingAdd) -> bool:
+        """Whether no add is outstanding or queued, and no caller on another thread
+        waits on the last confirmation (a synchronous ``add_entry`` loop adds again
+        right after waking, but after this loop turn: an explicit LAC then would cost
+        the bookies a request per entry and delay that next add)."""
+        if len(self._tracker) or not self._config.explicit_lac_at_once_when_idle:
+            return False
+        token = last.token
+        if isinstance(token, BatchToken):
+            token = token.future
+        return not isinstance(token, concurrent.futures.Future)
 
     def _send_explicit_lac(self) -> None:
         """R4: tell the bookies the LAC when no add carried it, so tailing readers see it."""
