@@ -149,6 +149,7 @@ class LedgerHandle(ReadHandle):
         self._close_result: asyncio.Future[None] | None = None
         self._lac_sent = -1  # largest LAC the bookies were told (piggybacked or explicit)
         self._lac_timer: asyncio.Handle | None = None  # the explicit LAC to come
+        self._lac_soon = False  # whether that is on the next loop turn (not delayed)
         self._capacity_waiters: deque[asyncio.Future[None]] = deque()
         # R16: an entry must fit one ADD frame alone (a bigger frame makes the bookie drop
         # the connection, and every request on it); a batch stops before passing a frame.
@@ -466,24 +467,34 @@ class LedgerHandle(ReadHandle):
             waiter = waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-        if self._lac_timer is None and self._tracker.lac > self._lac_sent:
+        timer = self._lac_timer
+        if self._tracker.lac > self._lac_sent and (timer is None or not self._lac_soon):
             if self._idle_after(confirmed[-1]):
                 # No add is left to carry this LAC: a tailing reader would wait the whole
                 # delay (uvloop rounds it up to whole ms). Send it on the next loop turn,
                 # after the callbacks this confirmation woke: an add one of them makes
-                # carries the LAC instead (_lac_sent), and nothing extra goes out.
+                # carries the LAC instead (_lac_sent), and nothing extra goes out. A
+                # delayed send already set (the writer was busy then) is brought forward.
+                if timer is not None:
+                    timer.cancel()
                 self._lac_timer = self._loop.call_soon(self._send_explicit_lac)
-            else:
+                self._lac_soon = True
+            elif timer is None:
                 self._lac_timer = self._loop.call_later(
                     self._config.explicit_lac_delay_ms / 1000, self._send_explicit_lac
                 )
+                self._lac_soon = False
 
     def _idle_after(self, last: PendingAdd) -> bool:
-        """Whether no add is outstanding or queued, and no caller on another thread
-        waits on the last confirmation (a synchronous ``add_entry`` loop adds again
-        right after waking, but after this loop turn: an explicit LAC then would cost
-        the bookies a request per entry and delay that next add)."""
-        if len(self._tracker) or not self._config.explicit_lac_at_once_when_idle:
+        """Whether every add made so far is confirmed (queued ones have entry ids too),
+        and no caller on another thread waits on the last confirmation (a synchronous
+        ``add_entry`` loop adds again right after waking, but after this loop turn: an
+        explicit LAC then would cost the bookies a request per entry and delay that next
+        add). Confirmed adds may still wait for their last bookie (Qa < Qw): not counted."""
+        tracker = self._tracker
+        if tracker.lac != tracker.next_entry_id - 1:
+            return False
+        if not self._config.explicit_lac_at_once_when_idle:
             return False
         token = last.token
         if isinstance(token, BatchToken):
