@@ -87,6 +87,8 @@ def _read_partition(opts: ReadOptions, partition: InputPartition) -> Iterator[An
     if value is None:  # Spark's stand-in for "no partitions"
         return iter(())
     ledger_id, first, last = value
+    # Here, in a Python worker of an executor (never on the driver).
+    scan.freeze_startup_objects()
     return scan.read_range_batches(
         opts.metadata_uri, opts.password, opts.log, planning.EntryRange(ledger_id, first, last)
     )
