@@ -141,27 +141,61 @@ def _first(values: Iterable[Violation], limit: int) -> list[Violation]:
 
 def check_ledger_history(h: LedgerHistory, limit: int = 10) -> list[Violation]:
     """The rules of one ledger (module docstring); at most ``limit`` violations."""
-    out: list[Violation] = []
-    lid = h.ledger_id
+    confirmed_ids = [entry_id for entry_id, _, _ in h.confirmed]
+    out = _order_violations(h, confirmed_ids)
+    out += _single_value_violations(h)
+    out += _close_violations(h)
+    if h.final_error:
+        out.append(
+            Violation(
+                "R8-final",
+                f"ledger {h.ledger_id}: the final recovery or read failed: {h.final_error}",
+            )
+        )
+        return _first(out, limit)
+    if h.final_last is None:
+        return _first(out, limit)
+    out += _durability_violations(h, confirmed_ids, h.final_last)
+    out += _replica_violations(h)
+    if h.read_past_end:
+        out.append(
+            Violation("R8-past-end", f"ledger {h.ledger_id}: entry {h.final_last + 1} was readable")
+        )
+    out += _tail_violations(h, h.final_last)
+    return _first(out, limit)
 
-    ids = [entry_id for entry_id, _, _ in h.confirmed]
-    if ids != list(range(len(ids))):
-        out.append(Violation("R3-order", f"ledger {lid}: confirmations out of order: {ids[:20]}"))
 
-    # Never two values at one entry: every read agrees with what was written.
+def _order_violations(h: LedgerHistory, confirmed_ids: list[int]) -> list[Violation]:
+    """R3-order: confirmations came in entry-id order, without gaps."""
+    if confirmed_ids == list(range(len(confirmed_ids))):
+        return []
+    return [
+        Violation(
+            "R3-order",
+            f"ledger {h.ledger_id}: confirmations out of order: {confirmed_ids[:20]}",
+        )
+    ]
+
+
+def _single_value_violations(h: LedgerHistory) -> list[Violation]:
+    """Never two values at one entry: every read agrees with what was written."""
     for reader, entry_id, data, _ in h.reads:
         sent = h.written.get(entry_id)
         if data != sent:
-            out.append(
+            return [
                 Violation(
                     "single-value",
-                    f"ledger {lid} entry {entry_id}: {reader} read {data[:40]!r}, "
+                    f"ledger {h.ledger_id} entry {entry_id}: {reader} read {data[:40]!r}, "
                     f"written {(sent or b'(nothing)')[:40]!r}",
                 )
-            )
-            break
+            ]
+    return []
 
-    # Closes agree; nothing confirmed lies beyond a close.
+
+def _close_violations(h: LedgerHistory) -> list[Violation]:
+    """Closes agree (R8-agreement); nothing confirmed lies beyond a close (R7-fencing)."""
+    out: list[Violation] = []
+    lid = h.ledger_id
     lasts = {last for _, last, _, _ in h.closes}
     if h.final_last is not None:
         lasts.add(h.final_last)
@@ -186,27 +220,24 @@ def check_ledger_history(h: LedgerHistory, limit: int = 10) -> list[Violation]:
                 )
             )
             break
+    return out
 
-    if h.final_error:
-        out.append(
-            Violation(
-                "R8-final", f"ledger {lid}: the final recovery or read failed: {h.final_error}"
-            )
-        )
-        return _first(out, limit)
-    if h.final_last is None:
-        return _first(out, limit)
 
-    if ids and max(ids) > h.final_last:
-        entry_id = max(ids)
+def _durability_violations(
+    h: LedgerHistory, confirmed_ids: list[int], final_last: int
+) -> list[Violation]:
+    """R8-durability: every confirmed entry is in the recovered ledger with its bytes."""
+    out: list[Violation] = []
+    lid = h.ledger_id
+    if confirmed_ids and max(confirmed_ids) > final_last:
         out.append(
             Violation(
                 "R8-durability",
-                f"ledger {lid}: entry {entry_id} was confirmed but the ledger closed at "
-                f"{h.final_last}",
+                f"ledger {lid}: entry {max(confirmed_ids)} was confirmed but the ledger "
+                f"closed at {final_last}",
             )
         )
-    for entry_id in range(h.final_last + 1):
+    for entry_id in range(final_last + 1):
         got = h.final_entries.get(entry_id)
         sent = h.written.get(entry_id)
         if got != sent:
@@ -218,30 +249,36 @@ def check_ledger_history(h: LedgerHistory, limit: int = 10) -> list[Violation]:
                 )
             )
             break
+    return out
+
+
+def _replica_violations(h: LedgerHistory) -> list[Violation]:
+    """R3-replicas: every confirmed entry is on at least Qa bookies of its write set."""
     ack_quorum = h.shape[2]
     for entry_id, copies in sorted(h.replicas.items()):
         if copies < ack_quorum:
-            out.append(
+            return [
                 Violation(
                     "R3-replicas",
-                    f"ledger {lid} entry {entry_id} was confirmed but only {copies} bookies of "
-                    f"its write set hold it (ack quorum {ack_quorum})",
+                    f"ledger {h.ledger_id} entry {entry_id} was confirmed but only {copies} "
+                    f"bookies of its write set hold it (ack quorum {ack_quorum})",
                 )
-            )
-            break
-    if h.read_past_end:
-        out.append(Violation("R8-past-end", f"ledger {lid}: entry {h.final_last + 1} was readable"))
+            ]
+    return []
+
+
+def _tail_violations(h: LedgerHistory, final_last: int) -> list[Violation]:
+    """R4-tail: readers read only up to a LAC they learnt, and nothing past the end."""
     for reader, entry_id, _, lac in h.reads:
-        if (lac is not None and entry_id > lac) or entry_id > h.final_last:
-            out.append(
+        if (lac is not None and entry_id > lac) or entry_id > final_last:
+            return [
                 Violation(
                     "R4-tail",
-                    f"ledger {lid}: {reader} read entry {entry_id} with LAC {lac}, and the "
-                    f"ledger ends at {h.final_last}",
+                    f"ledger {h.ledger_id}: {reader} read entry {entry_id} with LAC {lac}, "
+                    f"and the ledger ends at {final_last}",
                 )
-            )
-            break
-    return _first(out, limit)
+            ]
+    return []
 
 
 def check_log_history(h: LogHistory, limit: int = 10) -> list[Violation]:
