@@ -531,88 +531,102 @@ async def _final_ledger_check(run: _Run, lh: LedgerHistory) -> None:
 # ---------------------------------------------------------------- log workload
 
 
+class _LogStreamRun:
+    """What the writers and the tailer of one log workload share."""
+
+    def __init__(self, run: _Run, shape: tuple[int, int, int]) -> None:
+        rng = run.rng
+        ensemble, write_quorum, ack_quorum = shape
+        self.run = run
+        self.config = LogConfig(
+            ensemble=ensemble,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            password=PASSWORD,
+            rollover_size_bytes=rng.choice([64, 256, 2048]),
+            read_batch_entries=rng.choice([3, 16]),
+            long_poll_ms=100,
+            rollover_retry_ms=50,
+        )
+        self.nemesis = run.nemesis(shape)
+        self.name = "events"
+        self.history = LogHistory(self.name)
+        run.history.logs.append(self.history)
+
+
 async def _log_workload(run: _Run) -> None:
     rng = run.rng
-    shape = ensemble, write_quorum, ack_quorum = run.shape()
-    config = LogConfig(
-        ensemble=ensemble,
-        write_quorum=write_quorum,
-        ack_quorum=ack_quorum,
-        password=PASSWORD,
-        rollover_size_bytes=rng.choice([64, 256, 2048]),
-        read_batch_entries=rng.choice([3, 16]),
-        long_poll_ms=100,
-        rollover_retry_ms=50,
-    )
-    nemesis = run.nemesis(shape)
-    name = "events"
-    history = LogHistory(name)
-    run.history.logs.append(history)
+    stream = _LogStreamRun(run, run.shape())
     writers = rng.randint(1, 3)
     appends = rng.randint(5, 40)
-
-    async def write(who: str) -> None:
-        records = history.confirmed.setdefault(who, [])
-        log = await _open_log(run, run.client(who, nemesis), name, config)
-        if log is None:
-            return
-        sent = 0
-        for _ in range(30):  # terms: each open takes the log over
-            if sent >= appends:
-                return
-            try:
-                writer = await log.open_writer()
-            except BKError as exc:
-                run.trace(who, "open_writer failed: %s", exc)
-                await asyncio.sleep(rng.uniform(0.005, 0.05))
-                continue
-            run.trace(who, "is the writer")
-            try:
-                while sent < appends:
-                    data = _payload(run.seed, who, sent)
-                    sent += 1
-                    history.sent[data] = next(run.order)
-                    position = await asyncio.wait_for(writer.append(data), STUCK_S)
-                    history.confirmed_at[data] = next(run.order)
-                    records.append((position, data))
-                    await asyncio.sleep(rng.uniform(0, 0.003))
-            except LogFencedError as exc:
-                run.trace(who, "fenced: %s", exc)
-            except BKError as exc:
-                run.trace(who, "append failed: %s", exc)
-            except TimeoutError:
-                run.trace(who, "append unanswered for %.0f s: this writer gives up", STUCK_S)
-                return
-            await asyncio.sleep(rng.uniform(0.005, 0.05))
-
-    async def tail(stop: asyncio.Event) -> None:
-        log = await _open_log(run, run.client("tailer", nemesis), name, config)
-        reader = None
-        while log is not None and reader is None and not stop.is_set():
-            try:
-                reader = await log.open_reader()
-            except BKError:
-                await asyncio.sleep(0.02)
-        while reader is not None and not stop.is_set():
-            try:
-                record = await reader.read_next(50)
-            except BKError as exc:
-                run.trace("tailer", "read failed: %s", exc)
-                return  # a reader that fails stops; what it saw stays a prefix
-            if record is not None:
-                history.tailed.append((record.position, record.data))
-
     stop = asyncio.Event()
-    fault_period = asyncio.ensure_future(nemesis.run(rng.uniform(0.02, 0.3)))
-    tailer = asyncio.ensure_future(tail(stop))
-    await asyncio.gather(*(write(f"writer{i}") for i in range(writers)))
+    fault_period = asyncio.ensure_future(stream.nemesis.run(rng.uniform(0.02, 0.3)))
+    tailer = asyncio.ensure_future(_tail_log(stream, stop))
+    await asyncio.gather(*(_write_log(stream, f"writer{i}", appends) for i in range(writers)))
     await fault_period
-    await nemesis.heal()
+    await stream.nemesis.heal()
     await asyncio.sleep(0.6)
-    await _final_log_check(run, history, config)
+    await _final_log_check(run, stream.history, stream.config)
     await asyncio.sleep(0.3)  # the reader catches up with the final log
     stop.set()
     await tailer
+
+
+async def _write_log(stream: _LogStreamRun, who: str, appends: int) -> None:
+    """One writer: takes the log over, term after term, until ``appends`` were sent."""
+    run, history, rng = stream.run, stream.history, stream.run.rng
+    records = history.confirmed.setdefault(who, [])
+    log = await _open_log(run, run.client(who, stream.nemesis), stream.name, stream.config)
+    if log is None:
+        return
+    sent = 0
+    for _ in range(30):  # terms: each open takes the log over
+        if sent >= appends:
+            return
+        try:
+            writer = await log.open_writer()
+        except BKError as exc:
+            run.trace(who, "open_writer failed: %s", exc)
+            await asyncio.sleep(rng.uniform(0.005, 0.05))
+            continue
+        run.trace(who, "is the writer")
+        try:
+            while sent < appends:
+                data = _payload(run.seed, who, sent)
+                sent += 1
+                history.sent[data] = next(run.order)
+                position = await asyncio.wait_for(writer.append(data), STUCK_S)
+                history.confirmed_at[data] = next(run.order)
+                records.append((position, data))
+                await asyncio.sleep(rng.uniform(0, 0.003))
+        except LogFencedError as exc:
+            run.trace(who, "fenced: %s", exc)
+        except BKError as exc:
+            run.trace(who, "append failed: %s", exc)
+        except TimeoutError:
+            run.trace(who, "append unanswered for %.0f s: this writer gives up", STUCK_S)
+            return
+        await asyncio.sleep(rng.uniform(0.005, 0.05))
+
+
+async def _tail_log(stream: _LogStreamRun, stop: asyncio.Event) -> None:
+    """The tailing reader: reads until ``stop``, or its first failure."""
+    run = stream.run
+    log = await _open_log(run, run.client("tailer", stream.nemesis), stream.name, stream.config)
+    reader = None
+    while log is not None and reader is None and not stop.is_set():
+        try:
+            reader = await log.open_reader()
+        except BKError:
+            await asyncio.sleep(0.02)
+    while reader is not None and not stop.is_set():
+        try:
+            record = await reader.read_next(50)
+        except BKError as exc:
+            run.trace("tailer", "read failed: %s", exc)
+            return  # a reader that fails stops; what it saw stays a prefix
+        if record is not None:
+            stream.history.tailed.append((record.position, record.data))
 
 
 async def _open_log(run: _Run, bk: Any, name: str, config: LogConfig) -> Any:
