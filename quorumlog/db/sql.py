@@ -345,6 +345,34 @@ def rewrite_for_replay(statement: Statement, choices: Choices) -> Statement:
 def _rewrite(statement: Statement, choices: Choices) -> Statement:
     tokens = _tokens(statement.sql)
     sig = _significant(tokens)
+    creating = _is_create_or_refuse(statement, tokens, sig)
+    changed = False
+    k = 0
+    while k < len(sig):
+        token = tokens[sig[k]]
+        if token.kind != "word":
+            k += 1
+            continue
+        upper = token.text.upper()
+        is_call = k + 1 < len(sig) and tokens[sig[k + 1]].text == "("
+        if upper in _CURRENT_KEYWORDS and not is_call:
+            _replace_current_keyword(token, upper, creating, choices.now)
+            changed = True
+            k += 1
+            continue
+        if not is_call:
+            k += 1
+            continue
+        k, call_changed = _rewrite_call(tokens, sig, k, creating, choices)
+        changed = changed or call_changed
+    if not changed:
+        return statement
+    return Statement("".join(t.text for t in tokens), statement.params)
+
+
+def _is_create_or_refuse(statement: Statement, tokens: list[_Token], sig: list[int]) -> bool:
+    """Whether ``statement`` is a CREATE; raises BadRequestError for transaction control,
+    ATTACH/DETACH/VACUUM and statements naming the applied-position table."""
     words = [tokens[i].text.upper() for i in sig if tokens[i].kind == "word"]
     head = words[0] if words else ""
     if head in _REFUSED_FIRST_WORDS:
@@ -354,83 +382,77 @@ def _rewrite(statement: Statement, choices: Choices) -> Statement:
         )
     if APPLIED_TABLE in statement.sql.lower():
         raise BadRequestError(f"{APPLIED_TABLE} is the replica's own table")
-    creating = head == "CREATE"
-    changed = False
-    now = choices.now
-    k = 0
-    while k < len(sig):
-        token = tokens[sig[k]]
-        if token.kind != "word":
-            k += 1
-            continue
-        name = token.text.lower()
-        upper = token.text.upper()
-        is_call = k + 1 < len(sig) and tokens[sig[k + 1]].text == "("
-        if upper in _CURRENT_KEYWORDS and not is_call:
-            if creating:
-                raise BadRequestError(
-                    f"{upper} in CREATE would be evaluated separately on each replica: "
-                    "store the value explicitly"
-                )
-            token.kind, token.text = "string", f"'{now.strftime(_CURRENT_KEYWORDS[upper])}'"
-            changed = True
-            k += 1
-            continue
-        if not is_call:
-            k += 1
-            continue
-        end = _closing(tokens, sig, k + 1)
-        if end < 0:
-            k += 1  # unbalanced: SQLite reports the syntax error when applying
-            continue
-        args = sig[k + 2 : end]
-        if name in _CONNECTION_FUNCTIONS:
-            raise BadRequestError(
-                f"{name}() depends on the replica's connection and is refused in writes "
-                "(use RETURNING)"
-            )
-        reads_clock = name in _DATE_FUNCTIONS and (
-            (not args and name != "strftime")
-            or any(tokens[j].text.lower() == "'now'" for j in args)
+    return head == "CREATE"
+
+
+def _replace_current_keyword(token: _Token, upper: str, creating: bool, now: datetime) -> None:
+    """CURRENT_TIMESTAMP/DATE/TIME becomes the leader's UTC time as text."""
+    if creating:
+        raise BadRequestError(
+            f"{upper} in CREATE would be evaluated separately on each replica: "
+            "store the value explicitly"
         )
-        if creating and (name in ("random", "randomblob") or reads_clock):
-            raise BadRequestError(
-                f"{name}() in CREATE would be evaluated separately on each replica"
-            )
-        if name == "random" and not args:
-            literal = str(choices.random_int())
-            tokens[sig[k]].kind, tokens[sig[k]].text = "number", f"({literal})"
-            for j in sig[k + 1 : end + 1]:
-                tokens[j].text = ""
+    token.kind, token.text = "string", f"'{now.strftime(_CURRENT_KEYWORDS[upper])}'"
+
+
+def _rewrite_call(
+    tokens: list[_Token], sig: list[int], k: int, creating: bool, choices: Choices
+) -> tuple[int, bool]:
+    """Rewrites the call whose name is at ``sig[k]``, or refuses it. Returns the index
+    in ``sig`` to go on from and whether a token changed."""
+    end = _closing(tokens, sig, k + 1)
+    if end < 0:
+        return k + 1, False  # unbalanced: SQLite reports the syntax error when applying
+    name = tokens[sig[k]].text.lower()
+    args = sig[k + 2 : end]
+    if name in _CONNECTION_FUNCTIONS:
+        raise BadRequestError(
+            f"{name}() depends on the replica's connection and is refused in writes (use RETURNING)"
+        )
+    reads_clock = name in _DATE_FUNCTIONS and (
+        (not args and name != "strftime") or any(tokens[j].text.lower() == "'now'" for j in args)
+    )
+    if creating and (name in ("random", "randomblob") or reads_clock):
+        raise BadRequestError(f"{name}() in CREATE would be evaluated separately on each replica")
+    if name == "random" and not args:
+        _replace_call(tokens, sig, k, end, "number", f"({choices.random_int()})")
+        return end + 1, True
+    if name == "randomblob":
+        size = _literal_int([tokens[j] for j in args])
+        if size is None:
+            raise BadRequestError("randomblob() needs a literal size to be replicated")
+        blob = choices.random_bytes(max(1, min(size, _MAX_RANDOMBLOB_BYTES)))
+        _replace_call(tokens, sig, k, end, "blob", f"X'{blob.hex()}'")
+        return end + 1, True
+    if name in _DATE_FUNCTIONS:
+        return k + 2, _stamp_date_call(tokens, sig, k, args, name, choices.now)
+    return k + 1, False
+
+
+def _replace_call(
+    tokens: list[_Token], sig: list[int], k: int, end: int, kind: str, literal: str
+) -> None:
+    """The call from its name at ``sig[k]`` to its ')' at ``sig[end]`` becomes ``literal``."""
+    tokens[sig[k]].kind, tokens[sig[k]].text = kind, literal
+    for j in sig[k + 1 : end + 1]:
+        tokens[j].text = ""
+
+
+def _stamp_date_call(
+    tokens: list[_Token], sig: list[int], k: int, args: list[int], name: str, now: datetime
+) -> bool:
+    """A date function's 'now' (or its missing time argument) becomes the leader's
+    time; whether a token changed."""
+    stamp = f"'{now.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}'"
+    changed = False
+    if not args and name != "strftime":
+        tokens[sig[k + 1]].text = f"({stamp}"
+        changed = True
+    for j in args:
+        if tokens[j].kind == "string" and tokens[j].text.lower() == "'now'":
+            tokens[j].text = stamp
             changed = True
-            k = end + 1
-            continue
-        if name == "randomblob":
-            size = _literal_int([tokens[j] for j in args])
-            if size is None:
-                raise BadRequestError("randomblob() needs a literal size to be replicated")
-            blob = choices.random_bytes(max(1, min(size, _MAX_RANDOMBLOB_BYTES)))
-            tokens[sig[k]].kind, tokens[sig[k]].text = "blob", f"X'{blob.hex()}'"
-            for j in sig[k + 1 : end + 1]:
-                tokens[j].text = ""
-            changed = True
-            k = end + 1
-            continue
-        if name in _DATE_FUNCTIONS:
-            stamp = f"'{now.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}'"
-            if not args and name != "strftime":
-                tokens[sig[k + 1]].text = f"({stamp}"
-                changed = True
-            for j in args:
-                if tokens[j].kind == "string" and tokens[j].text.lower() == "'now'":
-                    tokens[j].text = stamp
-                    changed = True
-            k += 2
-            continue
-        k += 1
-    if not changed:
-        return statement
-    return Statement("".join(t.text for t in tokens), statement.params)
+    return changed
 
 
 def _literal_int(args: list[_Token]) -> int | None:
