@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from quorumlog.errors import (
@@ -133,11 +133,7 @@ async def recover_bookie(
     list cannot be read; everything else is in the report.
     """
     started = time.monotonic()
-    _check_address(lost_bookie)
-    if skip_open_ledgers and close_open_ledgers:
-        raise InvalidArgumentError("skip_open_ledgers and close_open_ledgers exclude each other")
-    if ledgers_in_flight < 1:
-        raise InvalidArgumentError("ledgers_in_flight must be at least 1")
+    _check_recover_arguments(lost_bookie, skip_open_ledgers, close_open_ledgers, ledgers_in_flight)
     run = _Run(
         bk,
         lost_bookie,
@@ -151,33 +147,19 @@ async def recover_bookie(
         ids = await metadata_call(bk, bk.ledgers.list_ledger_ids(), "the ledger list")
     else:
         ids = sorted(set(ledger_ids))
-    registered = lost_bookie in await metadata_call(bk, bk.registry.writable_bookies(), "bookies")
-    if not registered:
-        registered = lost_bookie in await metadata_call(
-            bk, bk.registry.readonly_bookies(), "bookies"
+    registered = await _is_registered(bk, lost_bookie)
+
+    def recover_one(ledger_id: int) -> Awaitable[LedgerReplication | None]:
+        return run.ledger(
+            ledger_id,
+            (passwords or {}).get(ledger_id, password),
+            dry_run=dry_run,
+            skip_open_ledgers=skip_open_ledgers,
+            close_open_ledgers=close_open_ledgers,
+            scanning=not explicit,
         )
 
-    results: list[LedgerReplication] = []
-    pending = iter(ids)
-
-    async def worker() -> None:
-        for ledger_id in pending:  # shared: each id is taken by one worker
-            result = await run.ledger(
-                ledger_id,
-                (passwords or {}).get(ledger_id, password),
-                dry_run=dry_run,
-                skip_open_ledgers=skip_open_ledgers,
-                close_open_ledgers=close_open_ledgers,
-                scanning=not explicit,
-            )
-            if result is None:
-                continue
-            results.append(result)
-            if progress is not None:
-                progress(result)
-
-    await all_or_cancel([worker() for _ in range(min(ledgers_in_flight, max(1, len(ids))))])
-    results.sort(key=lambda r: r.ledger_id)
+    results = await _recover_each(ids, recover_one, ledgers_in_flight, progress)
     return RecoveryReport(
         bookie=lost_bookie,
         dry_run=dry_run,
@@ -186,6 +168,48 @@ async def recover_bookie(
         bookie_registered=registered,
         elapsed_ms=(time.monotonic() - started) * 1000,
     )
+
+
+def _check_recover_arguments(
+    lost_bookie: str, skip_open_ledgers: bool, close_open_ledgers: bool, ledgers_in_flight: int
+) -> None:
+    _check_address(lost_bookie)
+    if skip_open_ledgers and close_open_ledgers:
+        raise InvalidArgumentError("skip_open_ledgers and close_open_ledgers exclude each other")
+    if ledgers_in_flight < 1:
+        raise InvalidArgumentError("ledgers_in_flight must be at least 1")
+
+
+async def _is_registered(bk: BookKeeper, bookie: str) -> bool:
+    """Whether ``bookie`` is registered, writable or read-only."""
+    if bookie in await metadata_call(bk, bk.registry.writable_bookies(), "bookies"):
+        return True
+    return bookie in await metadata_call(bk, bk.registry.readonly_bookies(), "bookies")
+
+
+async def _recover_each(
+    ids: list[int],
+    recover_one: Callable[[int], Awaitable[LedgerReplication | None]],
+    ledgers_in_flight: int,
+    progress: Callable[[LedgerReplication], None] | None,
+) -> list[LedgerReplication]:
+    """``recover_one`` for every id, ``ledgers_in_flight`` at a time; the results (None
+    left out) by ledger id."""
+    results: list[LedgerReplication] = []
+    pending = iter(ids)
+
+    async def worker() -> None:
+        for ledger_id in pending:  # shared: each id is taken by one worker
+            result = await recover_one(ledger_id)
+            if result is None:
+                continue
+            results.append(result)
+            if progress is not None:
+                progress(result)
+
+    await all_or_cancel([worker() for _ in range(min(ledgers_in_flight, max(1, len(ids))))])
+    results.sort(key=lambda r: r.ledger_id)
+    return results
 
 
 async def replicate_ledger(
