@@ -109,68 +109,81 @@ class AutoRecovery:
         bk.store.add_session_listener(on_session)
         tasks: set[asyncio.Task[None]] = set()
         auditor_task: list[asyncio.Task[None]] = []
-
-        def gain() -> None:
-            self.is_auditor = True
-            auditor = Auditor(bk, self.identifier, self.config.auditor, stats=self.auditor_stats)
-            self.auditor = auditor
-            task = asyncio.get_running_loop().create_task(
-                self._again_on_error("auditor", auditor.run)
-            )
-            auditor_task.append(task)
-
-        def loss() -> None:
-            self.is_auditor = False
-            while auditor_task:
-                auditor_task.pop().cancel()
-
         election: LeaderElection | None = None
         try:
             if self.config.run_worker:
-                worker = ReplicationWorker(
-                    bk, self.identifier, self.config.worker, stats=self.worker_stats
-                )
-                self.worker = worker
-                tasks.add(
-                    asyncio.get_running_loop().create_task(
-                        self._again_on_error("worker", worker.run)
-                    )
-                )
+                tasks.add(self._start_worker(bk))
             if self.config.run_auditor:
-                election = LeaderElection(
-                    bk,
-                    AUDITOR_ELECTION_GROUP,
-                    identifier=self.identifier,
-                    session_timeout_ms=self.config.election_session_timeout_ms,
-                    on_gain=gain,
-                    on_loss=loss,
-                )
+                election = self._auditor_election(bk, auditor_task)
                 await election.start()
             self.started.set()
-            waits = [
-                asyncio.ensure_future(self._stop.wait()),
-                asyncio.ensure_future(lost.wait()),
-            ]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-            if lost.is_set():
-                log.warning("autorecovery: metadata session lost; reconnecting")
+            await self._until_stopped_or_lost(lost)
         finally:
-            loss()
-            for task in tasks:
-                task.cancel()
-            if election is not None:
-                with contextlib.suppress(BKError):
-                    await election.close()
-            for task in [*tasks]:
-                with contextlib.suppress(asyncio.CancelledError, BKError):
-                    await task
-            self.bk = None
+            await self._end_session(bk, election, tasks, auditor_task)
+
+    def _start_worker(self, bk: BookKeeper) -> asyncio.Task[None]:
+        worker = ReplicationWorker(bk, self.identifier, self.config.worker, stats=self.worker_stats)
+        self.worker = worker
+        return asyncio.get_running_loop().create_task(self._again_on_error("worker", worker.run))
+
+    def _auditor_election(
+        self, bk: BookKeeper, auditor_task: list[asyncio.Task[None]]
+    ) -> LeaderElection:
+        """The auditor election to join; its leader runs an auditor in ``auditor_task``."""
+        return LeaderElection(
+            bk,
+            AUDITOR_ELECTION_GROUP,
+            identifier=self.identifier,
+            session_timeout_ms=self.config.election_session_timeout_ms,
+            on_gain=lambda: self._become_auditor(bk, auditor_task),
+            on_loss=lambda: self._stop_auditing(auditor_task),
+        )
+
+    def _become_auditor(self, bk: BookKeeper, auditor_task: list[asyncio.Task[None]]) -> None:
+        self.is_auditor = True
+        auditor = Auditor(bk, self.identifier, self.config.auditor, stats=self.auditor_stats)
+        self.auditor = auditor
+        task = asyncio.get_running_loop().create_task(self._again_on_error("auditor", auditor.run))
+        auditor_task.append(task)
+
+    def _stop_auditing(self, auditor_task: list[asyncio.Task[None]]) -> None:
+        self.is_auditor = False
+        while auditor_task:
+            auditor_task.pop().cancel()
+
+    async def _until_stopped_or_lost(self, lost: asyncio.Event) -> None:
+        waits = [
+            asyncio.ensure_future(self._stop.wait()),
+            asyncio.ensure_future(lost.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if lost.is_set():
+            log.warning("autorecovery: metadata session lost; reconnecting")
+
+    async def _end_session(
+        self,
+        bk: BookKeeper,
+        election: LeaderElection | None,
+        tasks: set[asyncio.Task[None]],
+        auditor_task: list[asyncio.Task[None]],
+    ) -> None:
+        """Stops the auditor and the worker, leaves the election, closes the client."""
+        self._stop_auditing(auditor_task)
+        for task in tasks:
+            task.cancel()
+        if election is not None:
             with contextlib.suppress(BKError):
-                await bk.close()
+                await election.close()
+        for task in [*tasks]:
+            with contextlib.suppress(asyncio.CancelledError, BKError):
+                await task
+        self.bk = None
+        with contextlib.suppress(BKError):
+            await bk.close()
 
     async def _again_on_error(self, what: str, run: Callable[[], Awaitable[None]]) -> None:
         """Run an auditor or a worker loop, again after a pause when it fails: a store
