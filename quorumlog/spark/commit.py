@@ -350,98 +350,160 @@ async def commit(
     most one of the two apply. When the log cannot be read for ``timeout_s``,
     CommitOutcomeUnknownError; a marker in the staging then keeps :func:`abort` from
     deleting ledgers that the log may list."""
-    ledgers, rows = ledgers_in_order(results)
-    # The password opens the ledgers a writer may still hold, to fence them.
-    log_obj = Log(bk, log_name, LogConfig(password=password))
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    unknown_at: int | None = None  # the log version a CAS of ours with no answer was sent at
-    conflicted: LogMetadata | None = None  # what a CAS that met another version was built on
-    marked = checked = False
-    try:
-        for _ in range(COMMIT_CAS_ATTEMPTS):
-            metadata, version = await _read_for_commit(
-                bk, log_name, unknown_at is not None, deadline
+    return await _Commit(bk, log_name, token, results, password, sink, timeout_s).run()
+
+
+class _Commit:
+    """One driver's commit of one write: what its compare-and-set attempts share."""
+
+    def __init__(
+        self,
+        bk: BookKeeper,
+        log_name: str,
+        token: str,
+        results: Sequence[TaskResult | None],
+        password: bytes,
+        sink: SinkBatch | None,
+        timeout_s: float,
+    ) -> None:
+        self.bk, self.log_name, self.token = bk, log_name, token
+        self.results, self.password, self.sink = results, password, sink
+        self.ledgers, self.rows = ledgers_in_order(results)
+        # The password opens the ledgers a writer may still hold, to fence them.
+        self.log_obj = Log(bk, log_name, LogConfig(password=password))
+        self.deadline = asyncio.get_running_loop().time() + timeout_s
+        # The log version a CAS of ours with no answer was sent at.
+        self.unknown_at: int | None = None
+        # What a CAS that met another version was built on.
+        self.conflicted: LogMetadata | None = None
+        self.marked = self.checked = False
+
+    async def run(self) -> CommitOutcome:
+        try:
+            for _ in range(COMMIT_CAS_ATTEMPTS):
+                outcome = await self._attempt()
+                if outcome is not None:
+                    return outcome
+            raise LogFencedError(
+                f"log {self.log_name}: the ledger list kept changing; the write was not added"
             )
-            if unknown_at is not None or conflicted is not None:
-                if _holds(metadata, ledgers, sink):  # an earlier CAS of ours was applied
-                    unknown_at = None
-                    return await _committed(
-                        bk, log_name, token, metadata, ledgers, rows, sink, password
-                    )
-                if version != unknown_at:
-                    unknown_at = None  # the log moved on without it: it can never apply
-            if conflicted is not None:
-                batch_done = (
-                    sink is not None
-                    and metadata.sink_batches.get(sink.sink_id, -1) >= sink.batch_id
-                )
-                if not (metadata.only_truncated_since(conflicted) or batch_done):
-                    raise LogFencedError(
-                        f"log {log_name}: another writer appended to it while the Spark write "
-                        f"was being committed; ledgers {ledgers} were not added"
-                    )
-                conflicted = None  # a truncation got in between, or the batch is in
-            if sink is not None:
-                await claim_sink(bk, log_name, metadata, sink)
-            if sink is not None and _already_committed(log_name, metadata, sink):
-                # Keep what the log holds: the first run's registrations may still be there
-                # if its driver died between the compare-and-set and the clean-up.
-                deleted = await _best_effort_clean_up(
-                    bk, log_name, token, metadata.ledgers, password
-                )
-                return CommitOutcome((), 0, True, deleted)
-            if ledgers and metadata.ledgers and metadata.ledgers[-1] >= ledgers[0]:
-                raise LogFencedError(
-                    f"log {log_name}: ledger {metadata.ledgers[-1]} was added by another "
-                    f"writer after this write began; its ledgers {ledgers} were not added"
-                )
-            if not checked:
-                await check_staged(bk, log_name, token, results)
-                checked = True
-            await fence_previous_ledgers(log_obj, metadata)
-            # Every ledger listed is closed now: noted, so later fences skip them.
-            updated = metadata.with_all_closed().with_ledgers(ledgers)
-            if sink is not None:
-                updated = updated.with_sink_batch(sink.sink_id, sink.batch_id)
-            if ledgers and not marked:
-                await _mark_commit(bk, log_name, token)
-                marked = True
-            unknown_at = version  # until its answer comes, it may be applied
-            try:
-                await bk.store.set(log_path(log_name), updated.to_bytes(), version)
-            except MetadataVersionError:
-                conflicted = metadata
-                continue
-            except NoNodeError:
-                unknown_at = None
-                raise LogFencedError(
-                    f"log {log_name} was deleted while the write was being committed"
-                ) from None
-            except MetadataError as exc:
-                log.warning(
-                    "log %s: compare-and-set outcome unknown (%s); re-reading", log_name, exc
-                )
-                continue  # applied or not: the next read of the log tells (R13)
-            unknown_at = None
-            return await _committed(bk, log_name, token, updated, ledgers, rows, sink, password)
-        raise LogFencedError(
-            f"log {log_name}: the ledger list kept changing; the write was not added"
-        )
-    except BaseException as exc:
-        if unknown_at is not None:
-            if isinstance(exc, Exception) and not isinstance(exc, CommitOutcomeUnknownError):
-                raise CommitOutcomeUnknownError(
-                    f"log {log_name}: the commit failed ({exc}) after a compare-and-set "
-                    "whose outcome is unknown; the rows may be in the log: read it before "
-                    "writing them again"
-                ) from exc
+        except BaseException as exc:
+            if self.unknown_at is not None:
+                if isinstance(exc, Exception) and not isinstance(exc, CommitOutcomeUnknownError):
+                    raise CommitOutcomeUnknownError(
+                        f"log {self.log_name}: the commit failed ({exc}) after a "
+                        "compare-and-set whose outcome is unknown; the rows may be in the "
+                        "log: read it before writing them again"
+                    ) from exc
+                raise
+            # A definite failure: nothing of this write is or will be in the log, so the
+            # marker goes and abort may delete the ledgers.
+            if self.marked:
+                with contextlib.suppress(Exception):
+                    await self.bk.store.delete(f"{staging_path(self.token)}/{COMMIT_MARKER}")
             raise
-        # A definite failure: nothing of this write is or will be in the log, so the
-        # marker goes and abort may delete the ledgers.
-        if marked:
-            with contextlib.suppress(Exception):
-                await bk.store.delete(f"{staging_path(token)}/{COMMIT_MARKER}")
-        raise
+
+    async def _attempt(self) -> CommitOutcome | None:
+        """One read of the log and one compare-and-set; None: try again."""
+        bk, log_name, sink, ledgers = self.bk, self.log_name, self.sink, self.ledgers
+        metadata, version = await _read_for_commit(
+            bk, log_name, self.unknown_at is not None, self.deadline
+        )
+        if self._earlier_attempt_applied(metadata, version):
+            self.unknown_at = None
+            return await self._committed(metadata)
+        if sink is not None:
+            await claim_sink(bk, log_name, metadata, sink)
+        if sink is not None and _already_committed(log_name, metadata, sink):
+            # Keep what the log holds: the first run's registrations may still be there
+            # if its driver died between the compare-and-set and the clean-up.
+            deleted = await _best_effort_clean_up(
+                bk, log_name, self.token, metadata.ledgers, self.password
+            )
+            return CommitOutcome((), 0, True, deleted)
+        if ledgers and metadata.ledgers and metadata.ledgers[-1] >= ledgers[0]:
+            raise LogFencedError(
+                f"log {log_name}: ledger {metadata.ledgers[-1]} was added by another "
+                f"writer after this write began; its ledgers {ledgers} were not added"
+            )
+        updated = await self._prepare(metadata)
+        if not await self._compare_and_set(metadata, updated, version):
+            return None
+        return await self._committed(updated)
+
+    async def _committed(self, metadata: LogMetadata) -> CommitOutcome:
+        """The write is in the log (``metadata``): clean up after it."""
+        return await _committed(
+            self.bk,
+            self.log_name,
+            self.token,
+            metadata,
+            self.ledgers,
+            self.rows,
+            self.sink,
+            self.password,
+        )
+
+    def _earlier_attempt_applied(self, metadata: LogMetadata, version: int) -> bool:
+        """Whether a compare-and-set of ours with no answer, or one that met another
+        version, was applied after all; raises LogFencedError when another writer
+        appended meanwhile."""
+        if self.unknown_at is not None or self.conflicted is not None:
+            if _holds(metadata, self.ledgers, self.sink):  # an earlier CAS of ours was applied
+                return True
+            if version != self.unknown_at:
+                self.unknown_at = None  # the log moved on without it: it can never apply
+        if self.conflicted is not None:
+            sink = self.sink
+            batch_done = (
+                sink is not None and metadata.sink_batches.get(sink.sink_id, -1) >= sink.batch_id
+            )
+            if not (metadata.only_truncated_since(self.conflicted) or batch_done):
+                raise LogFencedError(
+                    f"log {self.log_name}: another writer appended to it while the Spark write "
+                    f"was being committed; ledgers {self.ledgers} were not added"
+                )
+            self.conflicted = None  # a truncation got in between, or the batch is in
+        return False
+
+    async def _prepare(self, metadata: LogMetadata) -> LogMetadata:
+        """Checks the staged ledgers (once), fences the log's previous ledgers, marks the
+        commit in the staging; the log's metadata to compare-and-set."""
+        if not self.checked:
+            await check_staged(self.bk, self.log_name, self.token, self.results)
+            self.checked = True
+        await fence_previous_ledgers(self.log_obj, metadata)
+        # Every ledger listed is closed now: noted, so later fences skip them.
+        updated = metadata.with_all_closed().with_ledgers(self.ledgers)
+        if self.sink is not None:
+            updated = updated.with_sink_batch(self.sink.sink_id, self.sink.batch_id)
+        if self.ledgers and not self.marked:
+            await _mark_commit(self.bk, self.log_name, self.token)
+            self.marked = True
+        return updated
+
+    async def _compare_and_set(
+        self, metadata: LogMetadata, updated: LogMetadata, version: int
+    ) -> bool:
+        """Whether the compare-and-set was applied; False: read the log again."""
+        self.unknown_at = version  # until its answer comes, it may be applied
+        try:
+            await self.bk.store.set(log_path(self.log_name), updated.to_bytes(), version)
+        except MetadataVersionError:
+            self.conflicted = metadata
+            return False
+        except NoNodeError:
+            self.unknown_at = None
+            raise LogFencedError(
+                f"log {self.log_name} was deleted while the write was being committed"
+            ) from None
+        except MetadataError as exc:
+            log.warning(
+                "log %s: compare-and-set outcome unknown (%s); re-reading", self.log_name, exc
+            )
+            return False  # applied or not: the next read of the log tells (R13)
+        self.unknown_at = None
+        return True
 
 
 async def _read_for_commit(
