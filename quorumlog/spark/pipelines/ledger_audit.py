@@ -31,7 +31,7 @@ from quorumlog.spark.pipelines.common import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, Row, SparkSession
 
     from quorumlog.client.bookkeeper import BookKeeper
 
@@ -264,8 +264,6 @@ async def _list_ledgers(metadata_uri: str) -> list[int]:
 
 def run(spark: SparkSession, args: argparse.Namespace) -> int:
     """Run ledger-audit; returns 1 if any ledger is not healthy, else 0."""
-    from pyspark.sql import functions as F
-
     from quorumlog.spark import scan
 
     metadata_uri = resolve_metadata_uri(args.metadata)
@@ -277,6 +275,37 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
         ledger_ids = scan.run(_list_ledgers(metadata_uri))
         stage.text = f"{len(ledger_ids)} ledgers"
 
+    report, partitions = _report_frame(spark, metadata_uri, ledger_ids, args)
+    try:
+        tasks = f"{partitions} task{'s' if partitions != 1 else ''}"
+        with progress.stage(f"auditing {len(ledger_ids)} ledgers in {tasks}") as stage:
+            by_verdict = {
+                row["verdict"]: row["count"] for row in report.groupBy("verdict").count().collect()
+            }
+            stage.text = _verdict_counts_text(by_verdict)
+        if args.out:
+            with progress.stage(f"writing the report to {args.out}") as stage:
+                _write_report(report, outputs, args.overwrite)
+                stage.text = "ledgers.parquet, ledgers.json"
+        failures, shown = _failing_rows(report, by_verdict)
+    finally:
+        report.unpersist()
+
+    if not failures:
+        progress.print(f"all {len(ledger_ids) - by_verdict.get(DELETED, 0)} ledgers healthy")
+        return 0
+    more = f" (first {PRINTED_ROWS_MAX} shown)" if failures > len(shown) else ""
+    progress.print(f"{failures} of {len(ledger_ids)} ledgers not healthy{more}:")
+    for row in shown:
+        progress.print(describe(row.asDict()))
+    return 1
+
+
+def _report_frame(
+    spark: SparkSession, metadata_uri: str, ledger_ids: list[int], args: argparse.Namespace
+) -> tuple[DataFrame, int]:
+    """The report, one row per ledger, audited by the executors when first used; and
+    how many tasks audit it."""
     sc = spark.sparkContext
     partitions = partitions_for(len(ledger_ids), args.partitions, sc.defaultParallelism)
     task = functools.partial(
@@ -290,57 +319,51 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
     report = spark.createDataFrame(
         sc.parallelize(ledger_ids, partitions).mapPartitions(task), REPORT_SCHEMA
     ).cache()
-    try:
-        tasks = f"{partitions} task{'s' if partitions != 1 else ''}"
-        with progress.stage(f"auditing {len(ledger_ids)} ledgers in {tasks}") as stage:
-            by_verdict = {
-                row["verdict"]: row["count"] for row in report.groupBy("verdict").count().collect()
-            }
-            stage.text = (
-                ", ".join(
-                    f"{by_verdict[word]} {word.lower().replace('_', '-')}"
-                    for word in (
-                        HEALTHY,
-                        UNDER_REPLICATED,
-                        DAMAGED,
-                        UNREADABLE,
-                        INCOMPLETE,
-                        DELETED,
-                        ERROR,
-                    )
-                    if by_verdict.get(word)
-                )
-                or "nothing to audit"
+    return report, partitions
+
+
+def _verdict_counts_text(by_verdict: Mapping[str, int]) -> str:
+    """``"3 healthy, 1 under-replicated"``: the ledgers of each verdict, in the order
+    from healthy to error."""
+    return (
+        ", ".join(
+            f"{by_verdict[word]} {word.lower().replace('_', '-')}"
+            for word in (
+                HEALTHY,
+                UNDER_REPLICATED,
+                DAMAGED,
+                UNREADABLE,
+                INCOMPLETE,
+                DELETED,
+                ERROR,
             )
-
-        if args.out:
-            with progress.stage(f"writing the report to {args.out}") as stage:
-                parquet_path, json_path = outputs
-                ordered = report.orderBy("ledger_id").coalesce(1)
-                mode = write_mode(args.overwrite)
-                ordered.write.mode(mode).parquet(parquet_path)
-                # Every key on every line, null or not: readers need not guess.
-                ordered.write.mode(mode).option("ignoreNullFields", "false").json(json_path)
-                stage.text = "ledgers.parquet, ledgers.json"
-
-        failing_words = [word for word in by_verdict if is_failure(word)]
-        failures = sum(by_verdict[word] for word in failing_words)
-        shown = (
-            report.filter(F.col("verdict").isin(failing_words))
-            .orderBy("ledger_id")
-            .limit(PRINTED_ROWS_MAX)
-            .collect()
-            if failures
-            else []
+            if by_verdict.get(word)
         )
-    finally:
-        report.unpersist()
+        or "nothing to audit"
+    )
 
-    if not failures:
-        progress.print(f"all {len(ledger_ids) - by_verdict.get(DELETED, 0)} ledgers healthy")
-        return 0
-    more = f" (first {PRINTED_ROWS_MAX} shown)" if failures > len(shown) else ""
-    progress.print(f"{failures} of {len(ledger_ids)} ledgers not healthy{more}:")
-    for row in shown:
-        progress.print(describe(row.asDict()))
-    return 1
+
+def _write_report(report: DataFrame, outputs: Sequence[str], overwrite: bool) -> None:
+    parquet_path, json_path = outputs
+    ordered = report.orderBy("ledger_id").coalesce(1)
+    mode = write_mode(overwrite)
+    ordered.write.mode(mode).parquet(parquet_path)
+    # Every key on every line, null or not: readers need not guess.
+    ordered.write.mode(mode).option("ignoreNullFields", "false").json(json_path)
+
+
+def _failing_rows(report: DataFrame, by_verdict: Mapping[str, int]) -> tuple[int, list[Row]]:
+    """How many ledgers are not healthy, and the first of them to print."""
+    from pyspark.sql import functions as F
+
+    failing_words = [word for word in by_verdict if is_failure(word)]
+    failures = sum(by_verdict[word] for word in failing_words)
+    shown = (
+        report.filter(F.col("verdict").isin(failing_words))
+        .orderBy("ledger_id")
+        .limit(PRINTED_ROWS_MAX)
+        .collect()
+        if failures
+        else []
+    )
+    return failures, shown
