@@ -57,6 +57,7 @@ class QuorumlogDataSource(DataSource):
     def schema(self) -> str:
         # Spark asks for the schema when a read is defined (load()), not for writes:
         # the place to reject bad read options and missing logs before any task.
+        scan.freeze_startup_objects()  # in the Python worker that answers this
         opts = ReadOptions.parse(self.options, streaming=False, lenient_stream=True)
         scan.run(_snapshot(opts, check_only=True))
         return SCHEMA
@@ -87,8 +88,7 @@ def _read_partition(opts: ReadOptions, partition: InputPartition) -> Iterator[An
     if value is None:  # Spark's stand-in for "no partitions"
         return iter(())
     ledger_id, first, last = value
-    # Here, in a Python worker of an executor (never on the driver).
-    scan.freeze_startup_objects()
+    scan.freeze_startup_objects()  # in a Python worker of an executor
     return scan.read_range_batches(
         opts.metadata_uri, opts.password, opts.log, planning.EntryRange(ledger_id, first, last)
     )
@@ -152,6 +152,7 @@ class QuorumlogBatchReader(DataSourceReader):
     any task runs."""
 
     def __init__(self, opts: ReadOptions) -> None:
+        scan.freeze_startup_objects()  # in the Python worker that plans the read
         self.opts = opts
         cut, extents = scan.run(_snapshot(opts))
         if opts.ledgers is not None:

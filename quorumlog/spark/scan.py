@@ -124,13 +124,16 @@ _startup_objects_frozen = False
 def freeze_startup_objects() -> None:
     """Once per process: put the objects alive now (the modules of PySpark, Arrow,
     numpy and quorumlog, the worker's own state) out of the garbage collector's reach.
+    Called where the source first runs in one of Spark's Python workers: the schema,
+    the planning, an executor's read.
 
     PySpark's worker daemon runs ``gc.collect()`` after every task, and a full
-    collection walks every tracked object of the process: about 70,000 in a Python
-    worker, 90 ms a task, a quarter of the worker's CPU in a 1M-row read (see
+    collection walks every tracked object of the process: about 70,000 in an
+    executor's Python worker, 90 ms a task, a quarter of the worker's CPU in a 1M-row
+    read, and 25-35 ms of CPU per job in each worker that plans it (see
     docs/PERFORMANCE.md). Frozen objects are never collected, which is right for
     modules; freezing only once keeps what escapes collection to what the process
-    held at its first read."""
+    held at its first call."""
     global _startup_objects_frozen
     with _lock:
         if _startup_objects_frozen:
