@@ -19,6 +19,9 @@ class BookieConfig:
     journal_max_batch_bytes: int = 4 * 1024 * 1024
     journal_max_batch_records: int = 10_000
     journal_file_max_bytes: int = 256 * 1024 * 1024
+    # Drop the journal's synced pages from the page cache (BookKeeper's
+    # journalRemovePagesFromCache): the journal is read only at replay.
+    journal_remove_pages_from_cache: bool = True
     # Back-pressure: bytes queued for the journal beyond which new adds wait.
     journal_queue_max_bytes: int = 64 * 1024 * 1024
     # Start even when the journal has a damaged record before its tail: the damaged
@@ -29,6 +32,10 @@ class BookieConfig:
     # Entry-log bytes held in memory before one write to the file (reads are served
     # from this buffer too).
     entry_log_write_buffer_bytes: int = 4 * 1024 * 1024
+    # How much of the current entry log, back from its end, stays in the page cache;
+    # written pages further back are dropped (reads of them go to the disk), so the
+    # cache is reused instead of growing by every byte logged. 0: all left to the kernel.
+    entry_log_page_cache_max_bytes: int = 256 * 1024 * 1024
     read_cache_max_bytes: int = 64 * 1024 * 1024
     # A read answer carries at most this many entry bytes, whatever the request asks
     # (at least one entry), so that it stays well under the frame size limit.
@@ -88,6 +95,7 @@ class BookieConfig:
         for name in (
             "journal_max_group_wait_ms",
             "read_cache_max_bytes",
+            "entry_log_page_cache_max_bytes",
             "long_poll_max_timeout_ms",
             "minor_compaction_interval_ms",
             "major_compaction_interval_ms",

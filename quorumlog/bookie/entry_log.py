@@ -115,6 +115,9 @@ _SPARE_BUFFERS = 2  # written buffers kept for reuse
 # crosses it: a buffer is handed on after the record that fills it, as ever (the chunks
 # written are the same).
 _BUFFER_SLACK_DIVISOR = 4
+# Pages behind the cached window are dropped in steps of this size, each range asked
+# twice (its pages still being written back the first time are clean by the second).
+_DROP_STEP_BYTES = 16 * 1024 * 1024
 
 
 class EntryLogger:
@@ -143,14 +146,24 @@ class EntryLogger:
         write_buffer_bytes: int,
         *,
         known_ids: Iterable[int] = (),
+        page_cache_max_bytes: int = 0,
         ops: FileOps = REAL_FILES,
     ) -> None:
         """``known_ids``: log ids the index names, which may be missing from the directory
         (a log whose directory entry was lost keeps its id: a reader finds it gone, never
-        another log under its name)."""
+        another log under its name). ``page_cache_max_bytes``: how much of the current
+        log, back from its end, is left in the page cache; 0 leaves all of it to the
+        kernel."""
         self.directory = directory
         self.max_bytes = max_bytes
         self.write_buffer_bytes = write_buffer_bytes
+        # Written pages further back are dropped from the page cache (once written back;
+        # reads of them go to the disk). Left to grow, the cache takes a fresh page for
+        # every 4 KiB logged, which on a virtual machine whose host backs guest memory
+        # only when touched costs ten times the reuse of a page the kernel just freed.
+        self.page_cache_max_bytes = page_cache_max_bytes
+        self._written_end: dict[int, int] = {}  # log id -> end of its last written chunk
+        self._cache_dropped_to: dict[int, int] = {}  # log id -> pages before it dropped
         self.ops = ops
         ops.mkdir(directory)
         self._fds: dict[int, int] = {}  # open file descriptors by log id
@@ -288,9 +301,11 @@ class EntryLogger:
         future.add_done_callback(lambda f: self._chunk_written(entry, fd, f))
 
     def _write_chunk(self, entry: Chunk, fd: int) -> None:
-        _, offset, chunk = entry
+        log_id, offset, chunk = entry
         try:
             self._pwrite_all(fd, chunk, offset)
+            if self.page_cache_max_bytes:
+                self._drop_pages_behind(log_id, fd, offset + len(chunk))
         except OSError as exc:
             # Noted here, on the thread that wrote, before any later job of the worker
             # (a checkpoint's sync) can run: that checkpoint writes it again first.
@@ -300,6 +315,49 @@ class EntryLogger:
                     self.write_error = exc
             log.error("entry log %s: write at offset %d failed: %s", self.directory, offset, exc)
             raise
+
+    def _drop_pages_behind(self, log_id: int, fd: int, written_end: int) -> None:
+        """Drop the log's pages more than ``page_cache_max_bytes`` behind what is written.
+
+        Dirty pages are not dropped, only sent to the disk; the range is asked again a
+        step later, when they are clean. Nothing is lost either way: dropped pages were
+        written back, and a read of them goes to the file.
+        """
+        with self._lock:
+            self._written_end[log_id] = max(self._written_end.get(log_id, 0), written_end)
+            dropped_to = self._cache_dropped_to.get(log_id, 0)
+            drop_to = written_end - self.page_cache_max_bytes
+            if drop_to - dropped_to < _DROP_STEP_BYTES:
+                return
+            self._cache_dropped_to[log_id] = drop_to
+        start = max(0, dropped_to - _DROP_STEP_BYTES)
+        self._drop_cached(log_id, fd, start, drop_to - start)
+
+    def _drop_synced_pages(self, log_id: int, fd: int) -> None:
+        """After a log's fdatasync: its pages outside the cached window are clean, so all
+        of them go (the whole log once it is no longer the current one)."""
+        with self._lock:
+            if log_id == self.current_id:
+                drop_to = self._written_end.get(log_id, 0) - self.page_cache_max_bytes
+                if drop_to <= 0:
+                    return
+                length = drop_to
+            else:
+                length = 0  # to the end of the file
+                self._written_end.pop(log_id, None)
+                self._cache_dropped_to.pop(log_id, None)
+        self._drop_cached(log_id, fd, 0, length)
+
+    def _drop_cached(self, log_id: int, fd: int, offset: int, length: int) -> None:
+        try:
+            self.ops.drop_cached(fd, offset, length)
+        except OSError as exc:  # only a hint to the kernel: nothing is lost
+            log.warning(
+                "entry log %s: dropping cached pages of log %d failed: %s",
+                self.directory,
+                log_id,
+                exc,
+            )
 
     def _pwrite_all(self, fd: int, chunk: memoryview, offset: int) -> None:
         view = memoryview(chunk)
@@ -371,6 +429,8 @@ class EntryLogger:
             except OSError as exc:
                 self._sync_failed(exc, f"fdatasync of log {log_id}")
                 raise
+            if self.page_cache_max_bytes:
+                self._drop_synced_pages(log_id, fd)
         with self._lock:
             if not self._rewrite:
                 self.write_error = None

@@ -36,6 +36,11 @@ class FileOps:
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)
 
+    def drop_cached(self, fd: int, offset: int, length: int) -> None:
+        """Ask the kernel to drop the file's cached pages in this range (synced, so
+        clean: nothing is written or lost, a later read goes to the disk)."""
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
     def fsync_directory(self, directory: Path) -> None:
         """Make the directory's entries (a file just created or removed) durable."""
         fd = os.open(directory, os.O_RDONLY)
@@ -58,6 +63,11 @@ class FileOps:
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
         return os.write(fd, data)
+
+    def write_parts(self, fd: int, parts: list[bytes]) -> int:
+        """Write the parts one after the other with one system call (``writev``, at most
+        ``os.sysconf("SC_IOV_MAX")`` parts); returns the bytes written, maybe fewer."""
+        return os.writev(fd, parts)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)

@@ -91,6 +91,15 @@ BATCH_MARKER_SIZE = _HEAD.size + SALT_SIZE + _CRC.size
 # Looked up at call time so that tests can slow it down or count it.
 fdatasync = os.fdatasync
 
+# Synced journal bytes are dropped from the page cache once this many have gathered:
+# one fadvise call per MiB, not per batch, on the small-entry path.
+DROP_CACHE_STEP_BYTES = 1024 * 1024
+_PAGE_BYTES = 4096
+# A batch whose parts average this much or more is written as a list (writev), not
+# joined first; at most this many parts (Linux's IOV_MAX is 1024).
+_WRITEV_MIN_PART_BYTES = 4096
+_WRITEV_MAX_PARTS = 1024
+
 
 class JournalCorruptionError(BookieIOError):
     """A damaged journal record with valid records after it."""
@@ -401,6 +410,7 @@ class Journal:
         max_batch_bytes: int,
         max_batch_records: int,
         file_max_bytes: int,
+        remove_pages_from_cache: bool = True,
         ops: FileOps = REAL_FILES,
     ) -> None:
         self.directory = directory
@@ -411,6 +421,12 @@ class Journal:
         self.max_batch_bytes = max_batch_bytes
         self.max_batch_records = max_batch_records
         self.file_max_bytes = file_max_bytes
+        # The journal is read only at replay, so its synced pages are dropped from the
+        # page cache (BookKeeper's journalRemovePagesFromCache): kept, they would make
+        # the cache grow by every byte journaled and take a fresh page for each 4 KiB
+        # written, which costs far more than reusing pages the kernel just freed.
+        self.remove_pages_from_cache = remove_pages_from_cache
+        self._cache_kept_from = 0  # offset in the current file of pages not yet dropped
         # The first file exists (header durable) before any record is queued, so a
         # checkpoint mark can always name an existing file.
         self._open_file(first_file_id)
@@ -589,9 +605,8 @@ class Journal:
                         self._sync_current()
                         self._next_file(self._mark[0] + 1)
                         piece[0] = self._marker
-                    data = b"".join(piece)
-                    self._write_all(data)
-                    self._mark = (self._mark[0], self._mark[1] + len(data))
+                    written = self._write_piece(piece)
+                    self._mark = (self._mark[0], self._mark[1] + written)
                 self._sync_current()
                 self.records_written += count
                 counters = self.counters
@@ -613,6 +628,20 @@ class Journal:
         assert self._on_batch is not None
         self._on_batch(dones, size, error)
 
+    def _write_piece(self, parts: list[bytes]) -> int:
+        """Write a batch's parts; returns the bytes written (all of them, or it raises)."""
+        size = sum(map(len, parts))
+        if len(parts) > _WRITEV_MAX_PARTS or size < len(parts) * _WRITEV_MIN_PART_BYTES:
+            # Small records: one join is cheaper than the kernel walking many small parts.
+            self._write_all(b"".join(parts))
+            return size
+        # Large records (big entries) go as they are: joining would copy each once more.
+        written = self._ops.write_parts(self._fd, parts)
+        if written < size:  # a short write (a full disk, a signal): the rest in one piece
+            self._write_all(b"".join(parts)[written:])
+        self._unsynced = True
+        return size
+
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
         written = 0
@@ -629,7 +658,24 @@ class Journal:
                 self._ops.fdatasync(self._fd)
             self.counters.journal_sync_latency.observe(self._clock() - started)
             self.sync_count += 1
+            if self.remove_pages_from_cache:
+                self._drop_synced_pages(DROP_CACHE_STEP_BYTES)
         self._unsynced = False
+
+    def _drop_synced_pages(self, at_least_bytes: int) -> None:
+        """Drop the current file's synced pages, once ``at_least_bytes`` have gathered."""
+        end = self._mark[1]
+        kept_from = self._cache_kept_from
+        if end - kept_from < at_least_bytes:
+            return
+        try:
+            self._ops.drop_cached(self._fd, kept_from, end - kept_from)
+        except OSError as exc:  # only a hint to the kernel: the data is synced either way
+            log.warning("journal %s: dropping cached pages failed: %s", self.directory, exc)
+            self.remove_pages_from_cache = False
+            return
+        # A partly written last page stays cached; it is dropped with the next range.
+        self._cache_kept_from = end - end % _PAGE_BYTES
 
     def _open_file(self, file_id: int) -> None:
         salt = os.urandom(SALT_SIZE)
@@ -637,9 +683,12 @@ class Journal:
         self._marker = batch_marker(salt)
 
     def _next_file(self, file_id: int) -> None:
+        if self.remove_pages_from_cache and self.sync_enabled:
+            self._drop_synced_pages(1)  # the whole file is synced before it is left
         self._ops.close(self._fd)
         self._open_file(file_id)
         self._mark = (file_id, FILE_HEADER_SIZE)
+        self._cache_kept_from = 0
 
 
 class _Wakeup:

@@ -78,6 +78,7 @@ class LedgerStorage:
         entry_log_max_bytes: int,
         entry_log_write_buffer_bytes: int,
         read_cache_max_bytes: int,
+        entry_log_page_cache_max_bytes: int = 0,
         index_map_size_bytes: int,
         ops: FileOps = REAL_FILES,
     ) -> None:
@@ -101,6 +102,7 @@ class LedgerStorage:
                 entry_log_max_bytes,
                 entry_log_write_buffer_bytes,
                 known_ids=self.log_ledgers,
+                page_cache_max_bytes=entry_log_page_cache_max_bytes,
                 ops=ops,
             )
         except BaseException:

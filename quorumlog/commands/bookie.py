@@ -78,6 +78,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="acknowledge adds before they are fsynced (unsafe: benchmarks only)",
     )
     p.add_argument(
+        "--journal-keep-pages-in-cache",
+        action="store_true",
+        help="leave the journal's synced pages in the page cache (default: dropped, as "
+        "the journal is read only at replay)",
+    )
+    p.add_argument(
+        "--entry-log-page-cache-max-bytes",
+        type=int,
+        default=_DEFAULTS.entry_log_page_cache_max_bytes,
+        help="bytes of the current entry log, back from its end, left in the page cache; "
+        "older written pages are dropped (0: all left to the kernel; default: %(default)s)",
+    )
+    p.add_argument(
         "--journal-max-group-wait-ms",
         type=float,
         default=_DEFAULTS.journal_max_group_wait_ms,
@@ -223,6 +236,8 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         journal_dir=journal_dir,
         journal_sync=not args.no_journal_sync,
         journal_max_group_wait_ms=args.journal_max_group_wait_ms,
+        journal_remove_pages_from_cache=not args.journal_keep_pages_in_cache,
+        entry_log_page_cache_max_bytes=args.entry_log_page_cache_max_bytes,
         journal_skip_corruption=args.skip_journal_corruption,
         disk_usage_threshold=args.disk_usage_threshold,
         # The low mark must not be above the high one (0.0 means: read-only from the start).

@@ -336,6 +336,9 @@ class SimFiles(FileOps):
         inode = self._inode(fd)
         return self.pwrite(fd, memoryview(data), len(inode.data))
 
+    def write_parts(self, fd: int, parts: list[bytes]) -> int:
+        return self.write(fd, b"".join(parts))
+
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         inode = self._inode(fd)
         return bytes(inode.data[offset : offset + size])
@@ -350,6 +353,9 @@ class SimFiles(FileOps):
             inode.lose_sync()
             raise OSError(errno.EIO, "Input/output error (simulated writeback error)")
         inode.sync()
+
+    def drop_cached(self, fd: int, offset: int, length: int) -> None:
+        self._inode(fd)  # the simulated disk has no page cache to drop
 
     def fsync(self, fd: int) -> None:
         self.fdatasync(fd)
