@@ -30,6 +30,7 @@ from quorumlog.commands.addresses import add_address_options, resolve_addresses
 from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
 from quorumlog.server.config import ServerConfig
+from quorumlog.server.gc_tuning import tune_for_serving
 
 if TYPE_CHECKING:
     from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
@@ -371,6 +372,7 @@ async def _serve(
                 await starting
             return EXIT_OK
         starting.result()  # raises the start-up error, if any
+        tune_for_serving()
         mode = " read-only" if server.registered_read_only else ""
         if server_config.http_port is not None:
             scheme = "https" if server_config.tls is not None else "http"

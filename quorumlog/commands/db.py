@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import logging
 import signal
@@ -22,6 +21,7 @@ from typing import Any
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int, security_options
 from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
+from quorumlog.server.gc_tuning import tune_for_serving
 
 _ADDR_HELP = "a replica's HOST:PORT (https://HOST:PORT if it serves HTTPS)"
 
@@ -263,7 +263,7 @@ async def _serve(
     try:
         await api.start(host, port)
         await replica.start()
-        _tune_garbage_collector()
+        tune_for_serving()
         print(f"quorumlog db: {args.name} serving on {scheme}://{advertised}", flush=True)
         await stop.wait()
     finally:
@@ -271,22 +271,6 @@ async def _serve(
         await replica.close()
         await bk.close()
     return EXIT_OK
-
-
-# Objects allocated (and not freed) between two collections of the youngest generation.
-# Python's 700 ran one every few requests: each 100-statement record decoded makes
-# hundreds of lists, and a follower spent a fifth of its CPU in the collector.
-_GC_YOUNG_THRESHOLD = 20_000
-
-
-def _tune_garbage_collector() -> None:
-    """Fewer, cheaper cyclic collections for a serving replica: the objects of start-up
-    (modules, clients, the election) are frozen out of every collection, and the
-    youngest generation is collected every ``_GC_YOUNG_THRESHOLD`` allocations.
-    Reference counting frees the request's objects as before; only cycles wait longer."""
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(_GC_YOUNG_THRESHOLD, middle, old)
 
 
 def _base_url(addr: str) -> str:
