@@ -18,7 +18,8 @@ conv=fdatasync``, fdatasync p50/p99: these shared disks vary by the hour) and, f
 quorumlog, medians of ``--repeat`` runs of: the synchronous client's pipelined
 ``add_entry_async``, log-stream appends, 64 KiB appends with 16 in flight, sequential
 reads, tailing at 1,000/s, and a Spark ``local[2]`` batch read of 1,000,000 entries
-(``bench/spark_read.py``, median of 3 jobs); then it checks the performance targets.
+(``bench/spark_read.py``, median of 3 jobs after 3 untimed ones, which let the JVM
+compile the read's code); then it checks the performance targets.
 The tables go to stdout, every raw figure to ``bench/results/compare-<date>.json``
 (``bench/plot_compare.py`` draws its figures).
 
@@ -585,9 +586,11 @@ def format_quorumlog_rows(report: dict[str, Any]) -> str:
     spark = extra.get("spark")
     if spark:
         jobs = ", ".join(f"{r:,}" for r in spark["spark_job_rows_per_s"])
+        warmup = ", ".join(f"{r:,}" for r in spark.get("spark_warmup_job_rows_per_s", []))
         lines.append(
             f"| Spark local[2], {spark['entries']:,} entries ({spark['spark_partitions']} "
-            f"partitions; jobs {jobs}) | {spark['spark_rows_per_s']:,} | "
+            f"partitions; jobs {jobs}; untimed warm-up jobs before them {warmup or '-'}) | "
+            f"{spark['spark_rows_per_s']:,} | "
             f"{spark['spark_rows_per_s'] * spark['entry_size'] / 1e6:.2f} | | | | |"
         )
         lines.append(

@@ -52,9 +52,12 @@ def ensure_quorumlog() -> None:
     subprocess.run(check, env=env, check=True, capture_output=True)
 
 
-def spark_read(entries: int, jobs: int, timeout_s: float = 900.0) -> dict[str, Any]:
+def spark_read(
+    entries: int, jobs: int, warmup_jobs: int = 3, timeout_s: float = 900.0
+) -> dict[str, Any]:
     """``bench/spark_read.py`` on its own cluster: ``entries`` read by Spark ``local[2]``,
-    the median of ``jobs`` timed jobs (and one client read beside it)."""
+    the median of ``jobs`` timed jobs after ``warmup_jobs`` untimed ones (and one client
+    read beside it)."""
     ensure_modules(SPARK_PACKAGES)
     ensure_binary("java", "default-jre-headless")
     command = [
@@ -64,6 +67,8 @@ def spark_read(entries: int, jobs: int, timeout_s: float = 900.0) -> dict[str, A
         str(entries),
         "--jobs",
         str(jobs),
+        "--warmup-jobs",
+        str(warmup_jobs),
         "--no-copy",
         "--json",
     ]
