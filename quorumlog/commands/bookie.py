@@ -30,7 +30,7 @@ from quorumlog.commands.addresses import add_address_options, resolve_addresses
 from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
 from quorumlog.server.config import ServerConfig
-from quorumlog.server.gc_tuning import tune_for_serving
+from quorumlog.server.gc_tuning import keep_freed_memory, tune_for_serving
 
 if TYPE_CHECKING:
     from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
@@ -294,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     listen = _Listen(port=args.port, bind_host=bind_host, advertised_host=advertised_host)
+    keep_freed_memory()  # before the first big buffer
     loop = _new_event_loop()
     try:
         return loop.run_until_complete(_serve(config, server_config, uri, listen, recovery))
