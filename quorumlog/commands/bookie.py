@@ -30,7 +30,7 @@ from quorumlog.commands.addresses import add_address_options, resolve_addresses
 from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
 from quorumlog.server.config import ServerConfig
-from quorumlog.server.gc_tuning import keep_freed_memory, tune_for_serving
+from quorumlog.server.memory_tuning import keep_freed_memory, tune_for_serving
 
 if TYPE_CHECKING:
     from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig

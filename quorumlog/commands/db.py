@@ -21,7 +21,7 @@ from typing import Any
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int, security_options
 from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
-from quorumlog.server.gc_tuning import tune_for_serving
+from quorumlog.server.memory_tuning import tune_for_serving
 
 _ADDR_HELP = "a replica's HOST:PORT (https://HOST:PORT if it serves HTTPS)"
 

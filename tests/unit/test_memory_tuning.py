@@ -6,11 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from quorumlog.server.gc_tuning import YOUNG_THRESHOLD
+from quorumlog.server.memory_tuning import YOUNG_THRESHOLD
 
 PROBE = """
 import gc
-from quorumlog.server.gc_tuning import tune_for_serving
+from quorumlog.server.memory_tuning import tune_for_serving
 before = gc.get_threshold()
 tune_for_serving()
 print(gc.get_freeze_count(), *gc.get_threshold(), *before[1:])
@@ -31,7 +31,7 @@ def test_tune_for_serving_freezes_start_up_objects_and_raises_the_young_threshol
 MALLOC_PROBE = """
 import resource
 import sys
-from quorumlog.server.gc_tuning import keep_freed_memory
+from quorumlog.server.memory_tuning import keep_freed_memory
 taken = keep_freed_memory() if sys.argv[1] == "keep" else False
 faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(50):
