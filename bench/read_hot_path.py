@@ -11,6 +11,7 @@ between two versions of the code::
 
     python bench/read_hot_path.py --entries 200000 --rounds 5
     python bench/read_hot_path.py --profile /tmp/read.prof   # cProfile of the client
+    python bench/read_hot_path.py --cold --from-index   # entries found through the index
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a new ledger for each round: every read misses the bookies' read cache, as "
         "a single quorumlog bench read does",
     )
+    parser.add_argument(
+        "--from-index",
+        action="store_true",
+        help="restart the bookies after each write (their close checkpoints): every read "
+        "then finds its entries through the index, as a read of older data does, instead "
+        "of the locations of recent adds held in memory",
+    )
     args = parser.parse_args(argv)
     if args.entries < 1 or args.rounds < 1:
         parser.error("--entries and --rounds must be >= 1")
@@ -98,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                         ledger_id = loop.run_until_complete(
                             write_ledger(uri, args.entries, args.entry_size)
                         )
+                    if args.from_index and (args.cold or not round_index):
+                        for i in range(len(cluster.bookies)):
+                            cluster.restart(i)
+                        pids = [b.pid for b in cluster.bookies if b.pid is not None]
                     profiler = cProfile.Profile()
                     profiling = args.profile is not None and round_index == args.rounds - 1
                     bookies0 = sum(process_cpu_s(pid) for pid in pids)

@@ -22,6 +22,7 @@ loop in short read transactions and never wait for a writer (MVCC).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,8 @@ _LOG_KEY = struct.Struct(">I")
 _LOCATION = struct.Struct(">IQI")
 _MARK = struct.Struct(">QQ")
 _MARK_KEY = b"last_mark"
+# What lmdb hands out: bytes in the index's read transactions (opened with buffers=False).
+_Buffer = bytes | memoryview
 
 
 @dataclass(slots=True)
@@ -224,17 +227,34 @@ class LedgerIndex:
 
 
 class IndexReader:
-    """Several lookups in one read transaction."""
+    """Several lookups in one read transaction.
 
-    __slots__ = ("_txn",)
+    A batch read asks for consecutive entries of one ledger, whose keys are adjacent
+    in ``entries``: after a hit, the next lookup first tries the cursor's next record
+    (no search from the root), and searches only if that is not the key asked for."""
+
+    __slots__ = ("_cursor", "_following", "_txn")
 
     def __init__(self, txn: lmdb.Transaction) -> None:
         self._txn = txn
+        self._cursor = txn.cursor()
+        # The records after the last one found, in key order (none before a first hit).
+        self._following: Iterator[tuple[_Buffer, _Buffer]] = iter(())
 
     def get(self, ledger_id: int, entry_id: int) -> Location | None:
-        value = self._txn.get(_ENTRY_KEY.pack(ledger_id, entry_id))
-        if value is None:
-            return None
+        key = _ENTRY_KEY.pack(ledger_id, entry_id)
+        item = next(self._following, None)
+        value: _Buffer
+        if item is not None and item[0] == key:
+            value = item[1]
+        else:
+            cursor = self._cursor
+            if not cursor.set_key(key):
+                self._following = iter(())
+                return None
+            value = cursor.value()
+            self._following = cursor.iternext()
+            next(self._following)  # it yields the record the cursor is on first
         log_id, offset, size = _LOCATION.unpack(value)
         return log_id, offset, size
 

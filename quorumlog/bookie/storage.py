@@ -281,24 +281,19 @@ class LedgerStorage:
         self.add_entries(st, entries, sizes, entry_ids, max(entry_ids), bytes(data))
         return int(max(h[2] for h in headers))
 
-    def _read_location(self, loc: Location, ahead_entries: int = 0, budget_bytes: int = 0) -> bytes:
-        # Records never change once written, so a location is a safe cache key, and the
-        # cache also spares copies out of the write buffer: many readers of one entry
-        # share one bytes object.
-        key = (loc[0], loc[1])
-        blob = self.read_cache.get(key)
-        if blob is None:
-            blob = self._read_ahead(loc, ahead_entries, budget_bytes) or self.entry_log.read(*loc)
-            self.read_cache.put(key, blob)
-        return blob
-
-    def _read_ahead(self, loc: Location, ahead_entries: int, budget_bytes: int) -> bytes | None:
+    def _read_ahead(
+        self, loc: Location, ahead_entries: int, budget_bytes: int
+    ) -> dict[int, bytes] | None:
         """Read-ahead for a batch read: the records after ``loc`` usually hold the next
         entries asked for (a ledger's entries are written in order), so one pread of the
         size of ``ahead_entries`` records like this one (within ``budget_bytes`` and
-        ``READ_AHEAD_MAX_BYTES``) puts them in the read cache instead of a pread each.
-        Returns the blob at ``loc`` if it came out whole and sound, else None (it is then
-        read alone, which reports why)."""
+        ``READ_AHEAD_MAX_BYTES``) reads them instead of a pread each.
+
+        Returns the sound records read, by offset, the one at ``loc`` first; None if that
+        one did not come out whole and sound (it is then read alone, which reports why).
+        They go to the batch being answered, not through the read cache: a cold read of
+        file data gains nothing from sharing, and the cache's bookkeeping per entry cost
+        more than the read itself."""
         log_id, offset, size = loc
         # An eighth more than records of this size take: entry sizes vary a little.
         ahead_bytes = min(
@@ -311,10 +306,7 @@ class LedgerStorage:
         records = self.entry_log.read_ahead(log_id, offset, ahead_bytes)
         if not records or records[0][0] != offset or len(records[0][1]) != size:
             return None
-        put = self.read_cache.put
-        for record_offset, blob in records[1:]:
-            put((log_id, record_offset), blob)
-        return records[0][1]
+        return dict(records)
 
     def read_entries(
         self, st: LedgerState, first_entry_id: int, count: int, max_bytes: int
@@ -329,8 +321,13 @@ class LedgerStorage:
         total = 0
         reader = None
         ledger_id = st.ledger_id
+        end_entry_id = first_entry_id + max(count, 1)
+        # The records of the last read-ahead, by offset, and the log they are in.
+        ahead: dict[int, bytes] = {}
+        ahead_log = -1
+        pack_ids = _IDS.pack
         try:
-            for entry_id in range(first_entry_id, first_entry_id + max(count, 1)):
+            for entry_id in range(first_entry_id, end_entry_id):
                 loc = st.location(entry_id)
                 if loc is None:
                     if reader is None:
@@ -339,12 +336,25 @@ class LedgerStorage:
                     if loc is None:
                         break
                 try:
-                    blob = self._read_location(
-                        loc, first_entry_id + max(count, 1) - entry_id, max_bytes - total
-                    )
+                    blob = ahead.pop(loc[1], None) if loc[0] == ahead_log else None
+                    if blob is None:
+                        key = (loc[0], loc[1])
+                        blob = self.read_cache.get(key)
+                        if blob is None:
+                            records = self._read_ahead(
+                                loc, end_entry_id - entry_id, max_bytes - total
+                            )
+                            if records is not None:
+                                ahead, ahead_log = records, loc[0]
+                                blob = ahead.pop(loc[1])
+                            else:
+                                blob = self.entry_log.read(*loc)
+                            # The first of a read stays shared: that is the one a
+                            # repeated read or another reader of the batch asks for.
+                            self.read_cache.put(key, blob)
                     # A sound record in the wrong place (a stale location, a log that
                     # lost its name) must not be served as this entry.
-                    if blob[:16] != _IDS.pack(ledger_id, entry_id):
+                    if blob[:16] != pack_ids(ledger_id, entry_id):
                         got = _IDS.unpack_from(blob) if len(blob) >= 16 else "a short blob"
                         raise BookieIOError(
                             f"entry log {loc[0]} offset {loc[1]} holds {got}, not this entry"
