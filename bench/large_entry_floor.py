@@ -1,0 +1,158 @@
+"""The floor under large appends on this machine: what three bookies' kernel work alone costs.
+
+Three server processes and one client on loopback do what a 3/3/2 ledger's large
+appends make the kernel do, with no protocol, no checksums and almost no Python per
+entry: the client sends each entry to all three servers (``--in-flight`` at once,
+waiting for the second answer of the oldest as an ack quorum of 2 does); each server
+receives whatever has arrived into one reused buffer, appends it to a journal file
+(one ``write``), ``fdatasync``s it, drops the synced pages from the page cache, copies
+the entries into a 4 MiB entry-log buffer written with ``pwrite`` when full (pages more
+than 256 MiB behind dropped, as the bookie does), and answers each entry with 8 bytes.
+
+Its entries per second and CPU per entry (all four processes, user + system, from
+``/proc``) bound what the real write path can reach here: every copy and system call
+it makes, quorumlog's path makes too, with the protocol's own work on top::
+
+    python bench/large_entry_floor.py --entry-size 65536 --entries 6000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import socket
+import struct
+import sys
+import tempfile
+import time
+from multiprocessing import Process, Queue
+
+_HEADER = struct.Struct(">I")
+_ACK = b"\x00" * 8
+_ENTRY_LOG_BUFFER_BYTES = 4 * 1024 * 1024
+_ENTRY_LOG_CACHED_BYTES = 256 * 1024 * 1024
+_JOURNAL_DROP_STEP_BYTES = 1024 * 1024
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_s() -> float:
+    """CPU time of the whole machine, kernel threads (writeback) included."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _serve(directory: str, entry_size: int, ports: Queue) -> None:  # type: ignore[type-arg]
+    listener = socket.create_server(("127.0.0.1", 0))
+    ports.put(listener.getsockname()[1])
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    frame = _HEADER.size + entry_size
+    journal = os.open(os.path.join(directory, "journal"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    entry_log = os.open(os.path.join(directory, "entrylog"), os.O_WRONLY | os.O_CREAT)
+    received = bytearray(frame * 64)
+    view = memoryview(received)
+    log_buffer = bytearray(_ENTRY_LOG_BUFFER_BYTES + frame)
+    log_fill = log_offset = log_dropped = journal_end = journal_dropped = 0
+    have = 0
+    while True:
+        try:
+            n = conn.recv_into(view[have:])
+        except ConnectionResetError:
+            n = 0
+        if not n:
+            break
+        have += n
+        whole = have // frame * frame
+        if not whole:
+            continue
+        os.write(journal, view[:whole])  # the journal: one write, one sync per batch
+        os.fdatasync(journal)
+        journal_end += whole
+        if journal_end - journal_dropped >= _JOURNAL_DROP_STEP_BYTES:
+            os.posix_fadvise(
+                journal, journal_dropped, journal_end - journal_dropped, os.POSIX_FADV_DONTNEED
+            )
+            journal_dropped = journal_end - journal_end % 4096
+        log_buffer[log_fill : log_fill + whole] = view[:whole]  # the entry log's copy
+        log_fill += whole
+        if log_fill >= _ENTRY_LOG_BUFFER_BYTES:
+            os.pwrite(entry_log, memoryview(log_buffer)[:log_fill], log_offset)
+            log_offset += log_fill
+            log_fill = 0
+            if log_offset - _ENTRY_LOG_CACHED_BYTES - log_dropped >= 16 * 1024 * 1024:
+                drop_to = log_offset - _ENTRY_LOG_CACHED_BYTES
+                start = max(0, log_dropped - (16 << 20))
+                os.posix_fadvise(entry_log, start, drop_to - start, os.POSIX_FADV_DONTNEED)
+                log_dropped = drop_to
+        conn.sendall(_ACK * (whole // frame))
+        view[: have - whole] = view[whole:have]
+        have -= whole
+
+
+def run(entry_size: int, entries: int, in_flight: int) -> dict[str, float]:
+    ports: Queue = Queue()  # type: ignore[type-arg]
+    with tempfile.TemporaryDirectory(prefix="quorumlog-floor-") as scratch:
+        servers = []
+        for n in range(3):
+            directory = os.path.join(scratch, f"server-{n}")
+            os.mkdir(directory)
+            servers.append(Process(target=_serve, args=(directory, entry_size, ports)))
+            servers[-1].start()
+        conns = [socket.create_connection(("127.0.0.1", ports.get())) for _ in servers]
+        for conn in conns:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        payload = os.urandom(entry_size)
+        header = _HEADER.pack(entry_size)
+        acked = [0, 0, 0]
+        pids = [os.getpid(), *(s.pid for s in servers if s.pid)]
+        cpu_before = [_cpu_s(pid) for pid in pids]
+        machine_before = _machine_busy_s()
+        started = time.perf_counter()
+        sent = 0
+        while min(sorted(acked)[1], entries) < entries:
+            while sent < entries and sent - sorted(acked)[1] < in_flight:
+                for conn in conns:
+                    conn.sendmsg([header, payload])
+                sent += 1
+            readable, _, _ = select.select(conns, [], [], 5.0)
+            for conn in readable:  # the answers that have come
+                n = conns.index(conn)
+                acked[n] += len(conn.recv(65536)) // len(_ACK)
+        seconds = time.perf_counter() - started
+        cpu = [_cpu_s(pid) - before for pid, before in zip(pids, cpu_before, strict=True)]
+        machine_s = _machine_busy_s() - machine_before
+        for conn in conns:
+            conn.close()
+        for server in servers:
+            server.join(30)
+    return {
+        "entries_per_s": round(entries / seconds, 1),
+        "mb_per_s": round(entries * entry_size / seconds / 1e6, 1),
+        "cpu_us_per_entry_client": round(cpu[0] / entries * 1e6, 1),
+        "cpu_us_per_entry_servers": round(sum(cpu[1:]) / entries * 1e6, 1),
+        # Everything the machine did meanwhile (writeback threads, and any other work).
+        "machine_cpu_us_per_entry": round(machine_s / entries * 1e6, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--entry-size", type=int, default=65536)
+    parser.add_argument("--entries", type=int, default=6000)
+    parser.add_argument("--in-flight", type=int, default=16)
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args.entry_size, args.entries, args.in_flight)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
