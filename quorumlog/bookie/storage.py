@@ -283,17 +283,17 @@ class LedgerStorage:
 
     def _read_ahead(
         self, loc: Location, ahead_entries: int, budget_bytes: int
-    ) -> dict[int, bytes] | None:
+    ) -> list[tuple[int, bytes]] | None:
         """Read-ahead for a batch read: the records after ``loc`` usually hold the next
         entries asked for (a ledger's entries are written in order), so one pread of the
         size of ``ahead_entries`` records like this one (within ``budget_bytes`` and
         ``READ_AHEAD_MAX_BYTES``) reads them instead of a pread each.
 
-        Returns the sound records read, by offset, the one at ``loc`` first; None if that
-        one did not come out whole and sound (it is then read alone, which reports why).
-        They go to the batch being answered, not through the read cache: a cold read of
-        file data gains nothing from sharing, and the cache's bookkeeping per entry cost
-        more than the read itself."""
+        Returns the sound records read, ``(offset, blob)`` in the log's order, the one
+        at ``loc`` first; None if that one did not come out whole and sound (it is then
+        read alone, which reports why). They go to the batch being answered, not through
+        the read cache: a cold read of file data gains nothing from sharing, and the
+        cache's bookkeeping per entry cost more than the read itself."""
         log_id, offset, size = loc
         # An eighth more than records of this size take: entry sizes vary a little.
         ahead_bytes = min(
@@ -306,7 +306,7 @@ class LedgerStorage:
         records = self.entry_log.read_ahead(log_id, offset, ahead_bytes)
         if not records or records[0][0] != offset or len(records[0][1]) != size:
             return None
-        return dict(records)
+        return records
 
     def read_entries(
         self, st: LedgerState, first_entry_id: int, count: int, max_bytes: int
@@ -322,21 +322,46 @@ class LedgerStorage:
         reader = None
         ledger_id = st.ledger_id
         end_entry_id = first_entry_id + max(count, 1)
-        # The records of the last read-ahead, by offset, and the log they are in.
-        ahead: dict[int, bytes] = {}
+        # Where recent adds are (read once: nothing runs on the loop during this read).
+        recent, flushing = st.recent, st.flushing
+        # The records of the last read-ahead, in the log's order, the log they are in and
+        # the next one to look at (a ledger's entries follow each other in the log, with
+        # other ledgers' records between them when written at the same time).
+        ahead: list[tuple[int, bytes]] = []
         ahead_log = -1
+        ahead_next = 0
+        run: list[Location] = []  # locations from the index, of entries from run_first on
+        run_first = first_entry_id
         pack_ids = _IDS.pack
         try:
             for entry_id in range(first_entry_id, end_entry_id):
-                loc = st.location(entry_id)
+                loc = recent.get(entry_id)
+                if loc is None and flushing is not None:
+                    loc = flushing.get(entry_id)
                 if loc is None:
                     if reader is None:
+                        # Older entries: their locations in one go when the index
+                        # holds them all, as it does for a ledger written long ago.
                         reader = self.index.reader()
-                    loc = reader.get(ledger_id, entry_id)
-                    if loc is None:
-                        break
+                        run_first = entry_id
+                        run = reader.run(
+                            ledger_id, entry_id, min(end_entry_id, st.last_entry_id + 1) - entry_id
+                        )
+                    if entry_id - run_first < len(run):
+                        loc = run[entry_id - run_first]
+                    else:
+                        loc = reader.get(ledger_id, entry_id)
+                        if loc is None:
+                            break
                 try:
-                    blob = ahead.pop(loc[1], None) if loc[0] == ahead_log else None
+                    blob = None
+                    if loc[0] == ahead_log:
+                        offset = loc[1]
+                        while ahead_next < len(ahead) and ahead[ahead_next][0] < offset:
+                            ahead_next += 1
+                        if ahead_next < len(ahead) and ahead[ahead_next][0] == offset:
+                            blob = ahead[ahead_next][1]
+                            ahead_next += 1
                     if blob is None:
                         key = (loc[0], loc[1])
                         blob = self.read_cache.get(key)
@@ -345,8 +370,8 @@ class LedgerStorage:
                                 loc, end_entry_id - entry_id, max_bytes - total
                             )
                             if records is not None:
-                                ahead, ahead_log = records, loc[0]
-                                blob = ahead.pop(loc[1])
+                                ahead, ahead_log, ahead_next = records, loc[0], 1
+                                blob = records[0][1]
                             else:
                                 blob = self.entry_log.read(*loc)
                             # The first of a read stays shared: that is the one a
@@ -354,7 +379,7 @@ class LedgerStorage:
                             self.read_cache.put(key, blob)
                     # A sound record in the wrong place (a stale location, a log that
                     # lost its name) must not be served as this entry.
-                    if blob[:16] != pack_ids(ledger_id, entry_id):
+                    if not blob.startswith(pack_ids(ledger_id, entry_id)):
                         got = _IDS.unpack_from(blob) if len(blob) >= 16 else "a short blob"
                         raise BookieIOError(
                             f"entry log {loc[0]} offset {loc[1]} holds {got}, not this entry"

@@ -544,5 +544,14 @@ class _MemoryReader(IndexReader):
     def get(self, ledger_id: int, entry_id: int) -> Location | None:
         return self._index.get(ledger_id, entry_id)
 
+    def run(self, ledger_id: int, first_entry_id: int, count: int) -> list[Location]:
+        found: list[Location] = []
+        for entry_id in range(first_entry_id, first_entry_id + count):
+            loc = self._index.get(ledger_id, entry_id)
+            if loc is None:
+                return []
+            found.append(loc)
+        return found
+
     def close(self) -> None:
         pass
