@@ -329,14 +329,14 @@ class LedgerStorage:
         # other ledgers' records between them when written at the same time).
         ahead: list[tuple[int, bytes]] = []
         ahead_log = -1
-        ahead_next = 0
+        ahead_next = ahead_len = 0
         run: list[Location] = []  # locations from the index, of entries from run_first on
         run_first = first_entry_id
         pack_ids = _IDS.pack
         try:
             for entry_id in range(first_entry_id, end_entry_id):
-                loc = recent.get(entry_id)
-                if loc is None and flushing is not None:
+                loc = recent.get(entry_id) if recent else None
+                if loc is None and flushing:
                     loc = flushing.get(entry_id)
                 if loc is None:
                     if reader is None:
@@ -355,13 +355,18 @@ class LedgerStorage:
                             break
                 try:
                     blob = None
-                    if loc[0] == ahead_log:
-                        offset = loc[1]
-                        while ahead_next < len(ahead) and ahead[ahead_next][0] < offset:
+                    if loc[0] == ahead_log and ahead_next < ahead_len:
+                        record = ahead[ahead_next]
+                        if record[0] == loc[1]:  # the usual case: the next record
+                            blob = record[1]
                             ahead_next += 1
-                        if ahead_next < len(ahead) and ahead[ahead_next][0] == offset:
-                            blob = ahead[ahead_next][1]
-                            ahead_next += 1
+                        else:
+                            offset = loc[1]
+                            while ahead_next < ahead_len and ahead[ahead_next][0] < offset:
+                                ahead_next += 1
+                            if ahead_next < ahead_len and ahead[ahead_next][0] == offset:
+                                blob = ahead[ahead_next][1]
+                                ahead_next += 1
                     if blob is None:
                         key = (loc[0], loc[1])
                         blob = self.read_cache.get(key)
@@ -371,6 +376,7 @@ class LedgerStorage:
                             )
                             if records is not None:
                                 ahead, ahead_log, ahead_next = records, loc[0], 1
+                                ahead_len = len(records)
                                 blob = records[0][1]
                             else:
                                 blob = self.entry_log.read(*loc)
