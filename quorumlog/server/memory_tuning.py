@@ -21,12 +21,16 @@ YOUNG_THRESHOLD = 20_000
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
-# Blocks up to this size come from the heap, not from a mapping of their own.
-MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
-# Free memory kept at the top of a heap instead of being given back to the system,
-# and the extra asked for whenever a heap grows.
-TRIM_THRESHOLD_BYTES = 256 * 1024 * 1024
-TOP_PAD_BYTES = 64 * 1024 * 1024
+# Blocks up to this size come from the heap, not from a mapping of their own (frames of
+# large entries, the entry log's 5 MiB write buffers).
+MMAP_THRESHOLD_BYTES = 8 * 1024 * 1024
+# Free memory kept at the top of a heap instead of being given back to the system, and
+# the extra asked for whenever a heap grows. Kept small enough that what a burst leaves
+# behind stays well within a bookie's memory bounds (tests/faults/test_hostile_frames.py:
+# 52 MB of growth under a peer that reads no answers, 50 MB with glibc's defaults; 256
+# MiB here made it 78 MB).
+TRIM_THRESHOLD_BYTES = 32 * 1024 * 1024
+TOP_PAD_BYTES = 1024 * 1024
 
 
 def tune_for_serving() -> None:
