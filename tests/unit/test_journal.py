@@ -15,7 +15,12 @@ from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.testing.raw_client import make_entry
 
 
-def write_journal(directory: Path, records: list[jm.Record], file_max_bytes: int = 1 << 20) -> int:
+def write_journal(
+    directory: Path,
+    records: list[jm.Record],
+    file_max_bytes: int = 1 << 20,
+    ops: FileOps = REAL_FILES,
+) -> int:
     """Write records through the real writer thread; returns how many batches it made."""
 
     async def scenario() -> int:
@@ -27,6 +32,7 @@ def write_journal(directory: Path, records: list[jm.Record], file_max_bytes: int
             max_batch_bytes=1 << 20,
             max_batch_records=1000,
             file_max_bytes=file_max_bytes,
+            ops=ops,
         )
         done: list[int] = []
         loop = asyncio.get_running_loop()
@@ -195,25 +201,7 @@ def test_large_records_written_as_parts_round_trip(tmp_path, ops):
     write of them is finished, so every record is read back whole."""
     blobs = [make_entry(5, i, bytes([i]) * 65536) for i in range(12)]
     records = [jm.add_record(5, format_records([blob], [len(blob)])) for blob in blobs]
-
-    async def scenario() -> None:
-        journal = jm.Journal(
-            tmp_path,
-            1,
-            sync=True,
-            max_group_wait_ms=5.0,
-            max_batch_bytes=1 << 22,
-            max_batch_records=1000,
-            file_max_bytes=1 << 30,
-            ops=ops,
-        )
-        journal.start(asyncio.get_running_loop(), lambda dones, size, error: None)
-        for record in records:
-            journal.append(record, None)
-        await journal.close()
-        assert journal.failed is None
-
-    asyncio.run(asyncio.wait_for(scenario(), 20))
+    write_journal(tmp_path, records, file_max_bytes=1 << 30, ops=ops)
     read, report = scan_all(tmp_path)
     assert [parse_records(payload[8:], "test")[0] for _, payload in read] == [[b] for b in blobs]
     assert report.truncated is None

@@ -110,6 +110,19 @@ WINDOW_BYTES = 64 * 1024
 STEP_BYTES = 16 * 1024
 
 
+def _new_logger(
+    directory: Path, ops: RecordingFiles, window_bytes: int = WINDOW_BYTES, max_bytes: int = 1 << 30
+) -> EntryLogger:
+    """An entry log of 4 KiB write buffers (written at once: no worker thread)."""
+    return EntryLogger(
+        directory,
+        max_bytes=max_bytes,
+        write_buffer_bytes=4096,
+        page_cache_max_bytes=window_bytes,
+        ops=ops,
+    )
+
+
 def _fill_log(logger: EntryLogger, count: int) -> list[tuple[int, int, bytes]]:
     where = []
     for n in range(count):
@@ -124,13 +137,7 @@ def test_entry_log_drops_written_pages_behind_its_window_and_reads_them_from_the
 ):
     monkeypatch.setattr(em, "_DROP_STEP_BYTES", STEP_BYTES)
     ops = RecordingFiles()
-    logger = EntryLogger(
-        tmp_path,
-        max_bytes=1 << 30,
-        write_buffer_bytes=4096,
-        page_cache_max_bytes=WINDOW_BYTES,
-        ops=ops,
-    )
+    logger = _new_logger(tmp_path, ops)
     try:
         where = _fill_log(logger, 600)  # about 600 KB, written 4 KiB at a time
         assert ops.drops, "no page was dropped"
@@ -149,13 +156,7 @@ def test_entry_log_drops_written_pages_behind_its_window_and_reads_them_from_the
 def test_a_rotated_entry_log_is_dropped_whole_once_synced(tmp_path, monkeypatch):
     monkeypatch.setattr(em, "_DROP_STEP_BYTES", STEP_BYTES)
     ops = RecordingFiles()
-    logger = EntryLogger(
-        tmp_path,
-        max_bytes=200_000,
-        write_buffer_bytes=4096,
-        page_cache_max_bytes=WINDOW_BYTES,
-        ops=ops,
-    )
+    logger = _new_logger(tmp_path, ops, max_bytes=200_000)
     try:
         first = logger.current_id
         where = _fill_log(logger, 300)  # past max_bytes: a second log
@@ -176,13 +177,7 @@ def test_entry_log_drops_that_fail_or_are_off_change_nothing_else(
 ):
     monkeypatch.setattr(em, "_DROP_STEP_BYTES", STEP_BYTES)
     ops = RecordingFiles(fail_drops=True)
-    logger = EntryLogger(
-        tmp_path,
-        max_bytes=1 << 30,
-        write_buffer_bytes=4096,
-        page_cache_max_bytes=window_bytes,
-        ops=ops,
-    )
+    logger = _new_logger(tmp_path, ops, window_bytes)
     try:
         where = _fill_log(logger, 300)
         logger.sync(logger.take_unsynced())
