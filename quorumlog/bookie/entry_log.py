@@ -16,6 +16,14 @@ are fsynced only at checkpoints: until then the journal is what makes an entry
 durable. A log is never appended to after a restart (the
 bookie starts a new one), so a torn tail of an old log is never read.
 
+With direct I/O (``direct_io``, BookKeeper's direct-I/O entry logger) the chunks are
+written around the page cache (``O_DIRECT``): no copy into cached pages, no writeback
+by the kernel later, so a large entry costs a fraction of the CPU. Such writes must
+start and end on block boundaries, so a chunk that would end inside a block is first
+filled up to the boundary with a padding record (an all-zero blob, at most
+``DIRECT_IO_ALIGNMENT + RECORD_HEADER_SIZE`` bytes); chunks never share a block, so
+they can still be written in any order. Reads go through the page cache as before.
+
 A new log's directory entry is fsynced when it is created, before any index
 entry can name it, and a new log's id is above every id in the directory and in
 the index: an id is never given to two logs, so a location can never name a
@@ -26,7 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import mmap
 import re
 import struct
 import threading
@@ -61,6 +71,33 @@ def list_log_ids(directory: Path, ops: FileOps = REAL_FILES) -> list[int]:
         if match:
             ids.append(int(match.group(1), 16))
     return sorted(ids)
+
+
+def log_holds_records(path: Path, ops: FileOps = REAL_FILES) -> bool:
+    """Whether the log file holds anything but its header and padding (direct writes pad
+    even a log with no entry to a block). Reads up to the first record that is not
+    padding; anything unreadable as padding counts as held."""
+    size = ops.size(path)
+    if size <= LOG_HEADER_SIZE:
+        return False
+    fd = ops.open_read(path)
+    try:
+        position = LOG_HEADER_SIZE
+        while position < size:
+            head = ops.pread(fd, RECORD_HEADER_SIZE, position)
+            if len(head) < RECORD_HEADER_SIZE:
+                return True
+            (blob_size,) = struct.unpack_from(">I", head)
+            if blob_size >= DIRECT_IO_ALIGNMENT:
+                return True
+            padding = _padding_record(blob_size + RECORD_HEADER_SIZE)
+            blob = ops.pread(fd, blob_size, position + RECORD_HEADER_SIZE)
+            if head + blob != padding:
+                return True
+            position += len(padding)
+        return False
+    finally:
+        ops.close(fd)
 
 
 def format_records(entries: list[bytes], sizes: list[int]) -> bytes:
@@ -118,6 +155,17 @@ _BUFFER_SLACK_DIVISOR = 4
 # Pages behind the cached window are dropped in steps of this size, each range asked
 # twice (its pages still being written back the first time are clean by the second).
 _DROP_STEP_BYTES = 16 * 1024 * 1024
+# Direct writes start and end on multiples of this (a page: a multiple of the logical
+# block size of every common device), from page-aligned memory.
+DIRECT_IO_ALIGNMENT = 4096
+
+
+@functools.lru_cache(maxsize=64)  # a bookie pads with a few sizes over and over
+def _padding_record(total_bytes: int) -> bytes:
+    """A record of ``total_bytes`` in all whose blob is zeros (fills a chunk to a block
+    boundary; nothing names it in the index, so no read returns it)."""
+    blob = bytes(total_bytes - RECORD_HEADER_SIZE)
+    return RECORD_HEADER.pack(len(blob), crc32c(blob)) + blob
 
 
 class EntryLogger:
@@ -147,13 +195,16 @@ class EntryLogger:
         *,
         known_ids: Iterable[int] = (),
         page_cache_max_bytes: int = 0,
+        direct_io: bool = True,
         ops: FileOps = REAL_FILES,
     ) -> None:
         """``known_ids``: log ids the index names, which may be missing from the directory
         (a log whose directory entry was lost keeps its id: a reader finds it gone, never
         another log under its name). ``page_cache_max_bytes``: how much of the current
         log, back from its end, is left in the page cache; 0 leaves all of it to the
-        kernel."""
+        kernel (and so does ``direct_io``, which leaves nothing written in it).
+        ``direct_io``: write chunks around the page cache, where the filesystem allows
+        (where it does not, a warning says so and writes go through the cache)."""
         self.directory = directory
         self.max_bytes = max_bytes
         self.write_buffer_bytes = write_buffer_bytes
@@ -167,12 +218,14 @@ class EntryLogger:
         self.ops = ops
         ops.mkdir(directory)
         self._fds: dict[int, int] = {}  # open file descriptors by log id
+        self.direct_io = direct_io
+        self._direct_fds: dict[int, int] = {}  # log id -> descriptor for direct writes
         self.current_id = max([0, *list_log_ids(directory, ops), *known_ids]) + 1
         # The write buffer is allocated at its full size and filled up to _fill: appends
         # copy into it once, where a growing bytearray was reallocated (and its new pages
         # faulted in) again and again on its way to write_buffer_bytes, each time a
         # buffer was handed on. Written buffers are reused (_spare) for the same reason.
-        self._spare: list[bytearray] = []
+        self._spare: list[bytearray | mmap.mmap] = []
         self._buffer_bytes = max(
             write_buffer_bytes + write_buffer_bytes // _BUFFER_SLACK_DIVISOR, LOG_HEADER_SIZE
         )
@@ -206,6 +259,8 @@ class EntryLogger:
         fsync of the directory is recorded (sticky) and reported instead of raised."""
         fd = self.ops.create(self._path(log_id))
         self._fds[log_id] = fd
+        if self.direct_io:
+            self._open_direct(log_id)
         self.current_id = log_id
         assert self._fill == 0, "a log is created after its predecessor's buffer is flushed"
         self._buffer[:LOG_HEADER_SIZE] = _FILE_HEADER.pack(LOG_MAGIC, log_id)
@@ -228,6 +283,19 @@ class EntryLogger:
             if self.on_write_error is not None:
                 self.on_write_error(exc)
 
+    def _open_direct(self, log_id: int) -> None:
+        try:
+            self._direct_fds[log_id] = self.ops.open_direct_write(self._path(log_id))
+        except OSError as exc:
+            # tmpfs and some other filesystems refuse O_DIRECT: correct either way.
+            log.warning(
+                "entry log %s: direct I/O is not available here (%s); writing through "
+                "the page cache",
+                self.directory,
+                exc,
+            )
+            self.direct_io = False
+
     def append(self, data: bytes) -> tuple[int, int]:
         """Append formatted records; returns (log id, offset of the first record)."""
         size = len(data)
@@ -248,10 +316,12 @@ class EntryLogger:
             self.flush()
         return self.current_id, start
 
-    def _new_buffer(self, at_least_bytes: int) -> bytearray:
+    def _new_buffer(self, at_least_bytes: int) -> bytearray | mmap.mmap:
         size = max(self._buffer_bytes, at_least_bytes)
         if self._spare and len(self._spare[-1]) >= size:
             return self._spare.pop()
+        if self.direct_io:  # page-aligned memory, as direct writes need
+            return mmap.mmap(-1, -(-size // DIRECT_IO_ALIGNMENT) * DIRECT_IO_ALIGNMENT)
         return bytearray(size)
 
     def _reuse(self, chunk: memoryview) -> None:
@@ -260,7 +330,7 @@ class EntryLogger:
         # future's callback) would fail on comparison; nothing reads it any more.
         buffer = chunk.obj
         if (
-            isinstance(buffer, bytearray)
+            isinstance(buffer, (bytearray, mmap.mmap))
             and len(buffer) >= self._buffer_bytes
             and len(self._spare) < _SPARE_BUFFERS
         ):
@@ -277,9 +347,11 @@ class EntryLogger:
         failed write: the chunk stays readable and the next checkpoint writes it again."""
         if not self._fill:
             return
+        if self.direct_io:
+            self._pad_to_block()
         chunk = memoryview(self._buffer)[: self._fill]
         offset = self._buffer_start
-        fd = self._fds[self.current_id]
+        fd = self._direct_fds.get(self.current_id, self._fds[self.current_id])
         self._buffer = self._new_buffer(0)
         self._fill = 0
         self._buffer_start = offset + len(chunk)
@@ -300,11 +372,27 @@ class EntryLogger:
         future = self.writer(self._write_chunk, entry, fd)
         future.add_done_callback(lambda f: self._chunk_written(entry, fd, f))
 
+    def _pad_to_block(self) -> None:
+        """End the buffer on a block boundary with a padding record (direct writes)."""
+        pad = -(self._buffer_start + self._fill) % DIRECT_IO_ALIGNMENT
+        if not pad:
+            return
+        if pad < RECORD_HEADER_SIZE:
+            pad += DIRECT_IO_ALIGNMENT
+        fill = self._fill
+        if fill + pad > len(self._buffer):
+            bigger = self._new_buffer(fill + pad)
+            bigger[:fill] = memoryview(self._buffer)[:fill]
+            self._buffer = bigger
+        self._buffer[fill : fill + pad] = _padding_record(pad)
+        self._fill = fill + pad
+        self._end += pad
+
     def _write_chunk(self, entry: Chunk, fd: int) -> None:
         log_id, offset, chunk = entry
         try:
             self._pwrite_all(fd, chunk, offset)
-            if self.page_cache_max_bytes:
+            if self.page_cache_max_bytes and not self.direct_io:
                 self._drop_pages_behind(log_id, fd, offset + len(chunk))
         except OSError as exc:
             # Noted here, on the thread that wrote, before any later job of the worker
@@ -429,7 +517,7 @@ class EntryLogger:
             except OSError as exc:
                 self._sync_failed(exc, f"fdatasync of log {log_id}")
                 raise
-            if self.page_cache_max_bytes:
+            if self.page_cache_max_bytes and not self.direct_io:
                 self._drop_synced_pages(log_id, fd)
         with self._lock:
             if not self._rewrite:
@@ -548,18 +636,20 @@ class EntryLogger:
         with self._lock:  # a collected log's failed writes need not be done again
             self._rewrite = [r for r in self._rewrite if r[0][0] != log_id]
         self._pending = [c for c in self._pending if c[0] != log_id]
-        fd = self._fds.pop(log_id, None)
-        if fd is not None:
-            self.ops.close(fd)
+        for fds in (self._fds, self._direct_fds):
+            fd = fds.pop(log_id, None)
+            if fd is not None:
+                self.ops.close(fd)
         self._unsynced.discard(log_id)
 
     def close(self) -> None:
         """Write what is buffered and close every file (the worker must be idle)."""
         self.writer = None
         self.flush()
-        for fd in self._fds.values():
-            self.ops.close(fd)
-        self._fds.clear()
+        for fds in (self._fds, self._direct_fds):
+            for fd in fds.values():
+                self.ops.close(fd)
+            fds.clear()
 
     @property
     def end_offset(self) -> int:

@@ -9,6 +9,7 @@ with the same methods to :class:`~quorumlog.bookie.bookie.Bookie` (or to
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -26,6 +27,15 @@ class FileOps:
 
     def open_read(self, path: Path) -> int:
         return os.open(path, os.O_RDONLY)
+
+    def open_direct_write(self, path: Path) -> int:
+        """A second descriptor of an existing file whose writes bypass the page cache
+        (``O_DIRECT``): memory, offset and length of each write must be block-aligned.
+        OSError where the platform or the filesystem has no direct I/O."""
+        direct = getattr(os, "O_DIRECT", 0)
+        if not direct:
+            raise OSError(errno.EINVAL, "this platform has no O_DIRECT", str(path))
+        return os.open(path, os.O_WRONLY | direct)
 
     def pwrite(self, fd: int, data: memoryview, offset: int) -> int:
         return os.pwrite(fd, data, offset)

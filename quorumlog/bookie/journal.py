@@ -7,8 +7,9 @@ Files ``<journal dir>/<file id as 16 hex digits>.jnl``::
              of the L + 4 bytes before it                          (big-endian)
 
 Record types: ADD (ledger id + entry-log records, one per entry, so an add
-request is one record), MASTER_KEY, FENCE, LAC (explicit), DELETE, and BATCH,
-whose payload is the file's salt: the writer puts one in front of every batch.
+request is one record), MASTER_KEY, FENCE, LAC (explicit), DELETE, BATCH, whose
+payload is the file's salt: the writer puts one in front of every batch, and PAD
+(zeros up to a block boundary, written by direct writes; replay passes over it).
 
 Group commit: the event loop appends records to a queue; one writer thread takes
 everything queued (up to ``journal_max_batch_records`` / ``_bytes``, and for no
@@ -19,6 +20,15 @@ journal never waits for company. A batch is written only after the one before
 it was synced, in this file or an earlier one. Given an executor instead (a
 simulation's deterministic scheduler), each batch is one job on it, timed by the
 loop's clock; files go through a :class:`~quorumlog.bookie.fileops.FileOps`.
+
+With direct I/O (the default where the filesystem allows it) batches are written
+around the page cache (``O_DIRECT``): a write must cover whole blocks, so each batch
+is copied into an aligned staging buffer behind the bytes already in the file's last,
+partial block, followed by a PAD record up to the block's end, and written over that
+block (the same bytes again, then the new ones: a torn write of it leaves either
+copy of the old bytes). The next batch starts where the PAD did and writes over it.
+A file therefore always ends in whole records: a crash or a rollover leaves a PAD
+last, never zeros that replay would take for a torn tail or for damage.
 
 The mark (:attr:`Journal.mark`) is the position after the last batch written:
 every record before it was queued, hence applied to ledger storage, before the
@@ -41,7 +51,9 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import logging
+import mmap
 import os
 import queue
 import re
@@ -73,8 +85,17 @@ RECORD_FENCE = 3
 RECORD_LAC = 4
 RECORD_DELETE = 5
 RECORD_BATCH = 6
+RECORD_PAD = 7
 RECORD_TYPES = frozenset(
-    (RECORD_ADD, RECORD_MASTER_KEY, RECORD_FENCE, RECORD_LAC, RECORD_DELETE, RECORD_BATCH)
+    (
+        RECORD_ADD,
+        RECORD_MASTER_KEY,
+        RECORD_FENCE,
+        RECORD_LAC,
+        RECORD_DELETE,
+        RECORD_BATCH,
+        RECORD_PAD,
+    )
 )
 
 _LEN = struct.Struct(">I")
@@ -94,7 +115,8 @@ fdatasync = os.fdatasync
 # Synced journal bytes are dropped from the page cache once this many have gathered:
 # one fadvise call per MiB, not per batch, on the small-entry path.
 DROP_CACHE_STEP_BYTES = 1024 * 1024
-_PAGE_BYTES = 4096
+_PAGE_BYTES = 4096  # also the block size direct writes are aligned to
+_STAGE_MIN_BYTES = 4 * 1024 * 1024
 # A batch whose parts average this much or more is written as a list (writev), not
 # joined first; at most this many parts (Linux's IOV_MAX is 1024).
 _WRITEV_MIN_PART_BYTES = 4096
@@ -125,6 +147,12 @@ def add_record(ledger_id: int, data: bytes) -> Record:
 def _small_record(kind: int, payload: bytes) -> Record:
     body = _HEAD.pack(1 + len(payload), kind) + payload
     return [body + _CRC.pack(crc32c(body))], len(body) + 4
+
+
+@functools.lru_cache(maxsize=64)  # a journal pads with a few sizes over and over
+def pad_record(total_bytes: int) -> bytes:
+    """A PAD record of ``total_bytes`` in all (at least RECORD_OVERHEAD): zeros."""
+    return b"".join(_small_record(RECORD_PAD, bytes(total_bytes - RECORD_OVERHEAD))[0])
 
 
 def master_key_record(ledger_id: int, master_key: bytes) -> Record:
@@ -224,6 +252,22 @@ def _record_at(buf: bytes, view: memoryview, pos: int, end: int) -> tuple[int, s
     return length + 8, ""
 
 
+def _past_pad_covering(buf: bytes, view: memoryview, mark: int, end: int) -> int:
+    """Where replay from ``mark`` starts when no record starts there: after the PAD
+    record that covers it, if one does. A checkpoint may record the mark after a batch
+    whose sync failed or never came; after a power loss the file holds the PAD written
+    before that batch in its place. Otherwise the mark stands (and is read as damage)."""
+    pos = FILE_HEADER_SIZE
+    while pos < mark:
+        size, _ = _record_at(buf, view, pos, end)
+        if not size:
+            return mark
+        if pos + size > mark:
+            return pos + size if buf[pos + 4] == RECORD_PAD else mark
+        pos += size
+    return mark
+
+
 def _cut(path: Path, offset: int, ops: FileOps) -> None:
     ops.truncate(path, offset)
     fd = ops.open_read(path)
@@ -292,10 +336,15 @@ def scan(
         marker = batch_marker(salt)
         salt_view = memoryview(salt)
         pos = start_offset if file_id == start_id else FILE_HEADER_SIZE
+        if FILE_HEADER_SIZE < pos < end and not _record_at(buf, view, pos, end)[0]:
+            pos = _past_pad_covering(buf, view, pos, end)
         while pos < end:
             size, why = _record_at(buf, view, pos, end)
             if size:
                 kind = buf[pos + 4]
+                if kind == RECORD_PAD:
+                    pos += size
+                    continue
                 if kind != RECORD_BATCH:
                     report.records += 1
                     yield kind, view[pos + 5 : pos + size - 4]
@@ -411,8 +460,11 @@ class Journal:
         max_batch_records: int,
         file_max_bytes: int,
         remove_pages_from_cache: bool = True,
+        direct_io: bool = False,
         ops: FileOps = REAL_FILES,
     ) -> None:
+        """``direct_io``: write around the page cache where the filesystem allows it
+        (where it does not, a warning says so and writes go through the cache)."""
         self.directory = directory
         self._ops = ops
         self._clock: Callable[[], float] = time.monotonic
@@ -427,6 +479,10 @@ class Journal:
         # written, which costs far more than reusing pages the kernel just freed.
         self.remove_pages_from_cache = remove_pages_from_cache
         self._cache_kept_from = 0  # offset in the current file of pages not yet dropped
+        self.direct_io = direct_io
+        self._direct_fd: int | None = None  # the current file's, for direct writes
+        self._stage: mmap.mmap | None = None  # page-aligned staging buffer (direct writes)
+        self._tail = b""  # direct writes: the current file's bytes in its last block
         # The first file exists (header durable) before any record is queued, so a
         # checkpoint mark can always name an existing file.
         self._open_file(first_file_id)
@@ -506,12 +562,12 @@ class Journal:
         """Close the file of a journal that was never started."""
         if self._thread is None and self._jobs is None:
             with contextlib.suppress(OSError):
-                self._ops.close(self._fd)
+                self._close_file()
 
     async def close(self) -> None:
         """Write and sync what is queued, deliver its completions, stop the thread."""
         if self._thread is None and self._jobs is None:
-            self._ops.close(self._fd)
+            self._close_file()
             return
         self._stopping = True
         self._wake.set()
@@ -546,7 +602,7 @@ class Journal:
 
     def _stop_writing(self, loop: asyncio.AbstractEventLoop) -> None:
         with contextlib.suppress(OSError):
-            self._ops.close(self._fd)
+            self._close_file()
         with contextlib.suppress(RuntimeError):  # the loop was closed under us
             loop.call_soon_threadsafe(self._finish)
 
@@ -630,6 +686,8 @@ class Journal:
 
     def _write_piece(self, parts: list[bytes]) -> int:
         """Write a batch's parts; returns the bytes written (all of them, or it raises)."""
+        if self._direct_fd is not None:
+            return self._write_direct(self._direct_fd, parts)
         size = sum(map(len, parts))
         if len(parts) > _WRITEV_MAX_PARTS or size < len(parts) * _WRITEV_MIN_PART_BYTES:
             # Small records: one join is cheaper than the kernel walking many small parts.
@@ -639,6 +697,36 @@ class Journal:
         written = self._ops.write_parts(self._fd, parts)
         if written < size:  # a short write (a full disk, a signal): the rest in one piece
             self._write_all(b"".join(parts)[written:])
+        self._unsynced = True
+        return size
+
+    def _write_direct(self, fd: int, parts: list[bytes]) -> int:
+        """Write the parts around the page cache, over the file's last partial block."""
+        tail = self._tail
+        size = sum(map(len, parts))
+        used = len(tail) + size
+        pad = -used % _PAGE_BYTES
+        if pad < RECORD_OVERHEAD:
+            pad += _PAGE_BYTES
+        padded = used + pad
+        if self._stage is None or len(self._stage) < padded:
+            if self._stage is not None:
+                self._stage.close()
+            # Sized for a full batch at once, so it is allocated (and faulted in) rarely.
+            self._stage = mmap.mmap(-1, max(padded, _STAGE_MIN_BYTES))
+        start = self._mark[1] - len(tail)
+        with memoryview(self._stage) as view:
+            view[: len(tail)] = tail
+            position = len(tail)
+            for part in parts:
+                view[position : position + len(part)] = part
+                position += len(part)
+            view[used:padded] = pad_record(pad)
+            written = 0
+            while written < padded:
+                written += self._ops.pwrite(fd, view[written:padded], start + written)
+            kept = (start + used) % _PAGE_BYTES
+            self._tail = bytes(view[used - kept : used])
         self._unsynced = True
         return size
 
@@ -658,7 +746,7 @@ class Journal:
                 self._ops.fdatasync(self._fd)
             self.counters.journal_sync_latency.observe(self._clock() - started)
             self.sync_count += 1
-            if self.remove_pages_from_cache:
+            if self.remove_pages_from_cache and self._direct_fd is None:
                 self._drop_synced_pages(DROP_CACHE_STEP_BYTES)
         self._unsynced = False
 
@@ -681,11 +769,33 @@ class Journal:
         salt = os.urandom(SALT_SIZE)
         self._fd = create_journal_file(self.directory, file_id, salt, self._ops)
         self._marker = batch_marker(salt)
+        self._tail = _FILE_HEADER.pack(JOURNAL_MAGIC, file_id, salt)
+        if self.direct_io:
+            path = self.directory / journal_file_name(file_id)
+            try:
+                self._direct_fd = self._ops.open_direct_write(path)
+            except OSError as exc:
+                # tmpfs and some other filesystems refuse O_DIRECT: correct either way.
+                log.warning(
+                    "journal %s: direct I/O is not available here (%s); writing through "
+                    "the page cache",
+                    self.directory,
+                    exc,
+                )
+                self.direct_io = False
+
+    def _close_file(self) -> None:
+        try:
+            if self._direct_fd is not None:
+                self._ops.close(self._direct_fd)
+                self._direct_fd = None
+        finally:
+            self._ops.close(self._fd)
 
     def _next_file(self, file_id: int) -> None:
-        if self.remove_pages_from_cache and self.sync_enabled:
+        if self.remove_pages_from_cache and self.sync_enabled and self._direct_fd is None:
             self._drop_synced_pages(1)  # the whole file is synced before it is left
-        self._ops.close(self._fd)
+        self._close_file()
         self._open_file(file_id)
         self._mark = (file_id, FILE_HEADER_SIZE)
         self._cache_kept_from = 0

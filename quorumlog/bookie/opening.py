@@ -91,6 +91,7 @@ def open_storage(
             entry_log_max_bytes=config.entry_log_max_bytes,
             entry_log_write_buffer_bytes=config.entry_log_write_buffer_bytes,
             entry_log_page_cache_max_bytes=config.entry_log_page_cache_max_bytes,
+            entry_log_direct_io=config.entry_log_direct_io,
             read_cache_max_bytes=config.read_cache_max_bytes,
             index_map_size_bytes=config.index_map_size_bytes,
             ops=ops,
@@ -111,6 +112,7 @@ def open_storage(
             max_batch_records=config.journal_max_batch_records,
             file_max_bytes=config.journal_file_max_bytes,
             remove_pages_from_cache=config.journal_remove_pages_from_cache,
+            direct_io=config.journal_direct_io,
             ops=ops,
         )
         # Everything replayed goes to ledger storage now, and the old journal files go.

@@ -32,13 +32,13 @@ from pathlib import Path
 from crc32c import crc32c
 
 from quorumlog.bookie.entry_log import (
-    LOG_HEADER_SIZE,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
     EntryLogger,
     format_records,
     list_log_ids,
     log_file_name,
+    log_holds_records,
     parse_records,
     record_offsets,
 )
@@ -79,6 +79,7 @@ class LedgerStorage:
         entry_log_write_buffer_bytes: int,
         read_cache_max_bytes: int,
         entry_log_page_cache_max_bytes: int = 0,
+        entry_log_direct_io: bool = True,
         index_map_size_bytes: int,
         ops: FileOps = REAL_FILES,
     ) -> None:
@@ -103,6 +104,7 @@ class LedgerStorage:
                 entry_log_write_buffer_bytes,
                 known_ids=self.log_ledgers,
                 page_cache_max_bytes=entry_log_page_cache_max_bytes,
+                direct_io=entry_log_direct_io,
                 ops=ops,
             )
         except BaseException:
@@ -126,7 +128,7 @@ class LedgerStorage:
             holding = [
                 log_file_name(log_id)
                 for log_id in present
-                if self.ops.size(logs_dir / log_file_name(log_id)) > LOG_HEADER_SIZE
+                if log_holds_records(logs_dir / log_file_name(log_id), self.ops)
             ]
             if holding:
                 shown = ", ".join(holding[:5]) + (", ..." if len(holding) > 5 else "")

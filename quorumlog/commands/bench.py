@@ -48,6 +48,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         p.add_argument("--metadata", help="an existing cluster's metadata URI")
         p.add_argument("--bookies", type=int, default=3, help="local bookies to start")
         p.add_argument("--no-journal-sync", action="store_true", help="local bookies only")
+        p.add_argument(
+            "--bookie-option",
+            action="append",
+            default=[],
+            metavar="OPTION",
+            help="pass OPTION to each local bookie, e.g. "
+            "--bookie-option=--no-entry-log-direct-io (repeatable)",
+        )
         p.add_argument("--ensemble", type=int, default=3)
         p.add_argument("--write-quorum", type=int, default=3)
         p.add_argument("--ack-quorum", type=int, default=2)
@@ -143,7 +151,10 @@ def _cluster(args: argparse.Namespace) -> Iterator[str]:
     from quorumlog.server.local_cluster import temporary_cluster
 
     with temporary_cluster(
-        args.bookies, prefix="quorumlog-bench-", journal_sync=not args.no_journal_sync
+        args.bookies,
+        prefix="quorumlog-bench-",
+        journal_sync=not args.no_journal_sync,
+        extra_args=args.bookie_option,
     ) as cluster:
         if not args.quiet and not args.json:
             print(f"started {args.bookies} local bookies: {', '.join(cluster.addresses)}")

@@ -92,6 +92,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "older written pages are dropped (0: all left to the kernel; default: %(default)s)",
     )
     p.add_argument(
+        "--no-journal-direct-io",
+        action="store_true",
+        help="write the journal through the page cache (default: around it, with O_DIRECT, "
+        "where the filesystem allows it)",
+    )
+    p.add_argument(
+        "--no-entry-log-direct-io",
+        action="store_true",
+        help="write entry logs through the page cache (default: around it, with O_DIRECT, "
+        "where the filesystem allows it)",
+    )
+    p.add_argument(
         "--journal-max-group-wait-ms",
         type=float,
         default=_DEFAULTS.journal_max_group_wait_ms,
@@ -239,6 +251,8 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         journal_max_group_wait_ms=args.journal_max_group_wait_ms,
         journal_remove_pages_from_cache=not args.journal_keep_pages_in_cache,
         entry_log_page_cache_max_bytes=args.entry_log_page_cache_max_bytes,
+        entry_log_direct_io=not args.no_entry_log_direct_io,
+        journal_direct_io=not args.no_journal_direct_io,
         journal_skip_corruption=args.skip_journal_corruption,
         disk_usage_threshold=args.disk_usage_threshold,
         # The low mark must not be above the high one (0.0 means: read-only from the start).

@@ -75,8 +75,8 @@ def test_r3_r4_r7_r8_r11_hold_over_many_seeded_fault_schedules() -> None:
 PINNED_TRACE_DIGESTS = {
     42: "81087776536dad73",
     50: "2f05f6b5e854b526",
-    119: "74e47c753109c608",
-    126: "739a4b0026a2906d",
+    119: "595177cc4bb9412e",
+    126: "31b81835e5a8bd2a",
 }
 
 

@@ -308,12 +308,15 @@ def test_bad_checksum_in_the_last_record_is_a_torn_tail(driver):
     path = _last_journal_file(driver.config)
     data = bytearray(path.read_bytes())
     last_record_size = journal_mod.add_record(31, b"x")[1] - 1 + len(blobs[-1]) + 8
-    data[-3] ^= 0xFF  # inside the last record's checksum
+    # The last record ends with its checksum, after the last blob (a PAD record may
+    # follow it, up to a block boundary, when the journal is written directly).
+    last_record_end = data.rfind(blobs[-1]) + len(blobs[-1]) + 4
+    data[last_record_end - 2] ^= 0xFF  # inside the last record's checksum
     path.write_bytes(bytes(data))
 
     async def scenario():
         bookie = await driver.start()
-        assert bookie.replay_report.truncated == [(path, len(data) - last_record_size)]
+        assert bookie.replay_report.truncated == [(path, last_record_end - last_record_size)]
         read = await driver.call(ReadRequest(0, 31, 0, 10))
         assert read.entries == blobs[:4]  # the damaged last record is gone
         await driver.close()

@@ -113,12 +113,14 @@ STEP_BYTES = 16 * 1024
 def _new_logger(
     directory: Path, ops: RecordingFiles, window_bytes: int = WINDOW_BYTES, max_bytes: int = 1 << 30
 ) -> EntryLogger:
-    """An entry log of 4 KiB write buffers (written at once: no worker thread)."""
+    """An entry log of 4 KiB write buffers (written at once: no worker thread), through
+    the page cache (direct writes leave nothing in it to drop)."""
     return EntryLogger(
         directory,
         max_bytes=max_bytes,
         write_buffer_bytes=4096,
         page_cache_max_bytes=window_bytes,
+        direct_io=False,
         ops=ops,
     )
 

@@ -407,16 +407,20 @@ async def wait_until(condition, timeout_s: float = 10) -> None:
         await asyncio.sleep(0.005)
 
 
-def fail_once(monkeypatch: pytest.MonkeyPatch, name: str, error: OSError) -> list[int]:
-    """Make ``os.<name>`` (used by entry logs through FileOps, not by the journal, which
-    binds its own fdatasync) fail once; returns the list of calls."""
+def fail_once(
+    monkeypatch: pytest.MonkeyPatch, name: str, error: OSError, files_in: str = "entrylogs"
+) -> list[int]:
+    """Make ``os.<name>`` fail once on a file in a directory named ``files_in`` (the entry
+    logs': the journal writes through FileOps too, and binds its own fdatasync); returns
+    the list of calls on such files."""
     real = getattr(os, name)
     calls: list[int] = []
 
     def call(fd: int, *args: object) -> object:
-        calls.append(fd)
-        if len(calls) == 1:
-            raise error
+        if f"/{files_in}/" in os.readlink(f"/proc/self/fd/{fd}"):
+            calls.append(fd)
+            if len(calls) == 1:
+                raise error
         return real(fd, *args)
 
     monkeypatch.setattr(os, name, call)

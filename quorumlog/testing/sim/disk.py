@@ -264,6 +264,10 @@ class SimDisk:
         return self._dir(path.parent), path.name
 
 
+# Direct writes must start and end on multiples of this (as on a real device).
+_DIRECT_BLOCK = 512
+
+
 class SimFiles(FileOps):
     """One process's system calls on a :class:`SimDisk` (the bookie's FileOps)."""
 
@@ -272,6 +276,7 @@ class SimFiles(FileOps):
         self.alive = True
         self._fds: dict[int, _Inode] = {}
         self._next_fd = 3
+        self._direct: set[int] = set()  # descriptors opened for direct writes
 
     def _live(self) -> SimDisk:
         if not self.alive:
@@ -320,8 +325,16 @@ class SimFiles(FileOps):
             raise FileNotFoundError(errno.ENOENT, "No such file (simulated)", str(path))
         return self._open(inode)
 
+    def open_direct_write(self, path: Path) -> int:
+        """As a real O_DIRECT descriptor: writes not on block boundaries fail (EINVAL)."""
+        fd = self.open_read(path)
+        self._direct.add(fd)
+        return fd
+
     def pwrite(self, fd: int, data: memoryview, offset: int) -> int:
         inode = self._inode(fd)
+        if fd in self._direct and (offset % _DIRECT_BLOCK or len(data) % _DIRECT_BLOCK):
+            raise OSError(errno.EINVAL, "Invalid argument (unaligned direct write, simulated)")
         self._check_space(len(data))
         disk = self.disk
         left = disk.faults.power_loss_in
@@ -378,6 +391,7 @@ class SimFiles(FileOps):
         self._live()
         if self._fds.pop(fd, None) is None:
             raise OSError(errno.EBADF, "Bad file descriptor (simulated)")
+        self._direct.discard(fd)
 
     def truncate(self, path: Path, size: int) -> None:
         disk = self._live()
