@@ -33,8 +33,10 @@ class BookieConfig:
     journal_skip_corruption: bool = False
     entry_log_max_bytes: int = 512 * 1024 * 1024
     # Entry-log bytes held in memory before one write to the file (reads are served
-    # from this buffer too).
-    entry_log_write_buffer_bytes: int = 4 * 1024 * 1024
+    # from this buffer too). Written directly, a larger write holds the disk longer
+    # ahead of the journal's syncs: 64 KiB appends with 16 in flight had p99 10-11.5 ms
+    # with 4 MiB, 5.8-6.6 ms with 512 KiB, at the same rate.
+    entry_log_write_buffer_bytes: int = 512 * 1024
     # How much of the current entry log, back from its end, stays in the page cache;
     # written pages further back are dropped (reads of them go to the disk), so the
     # cache is reused instead of growing by every byte logged. 0: all left to the kernel.
