@@ -36,6 +36,7 @@ import struct
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from multiprocessing import Process, Queue
 
 _HEADER = struct.Struct(">I")
@@ -60,18 +61,14 @@ def _machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _serve(directory: str, entry_size: int, ports: Queue) -> None:  # type: ignore[type-arg]
+def _batches(ports: Queue, frame: int) -> Iterator[memoryview]:  # type: ignore[type-arg]
+    """Accept the client and yield each batch of whole entries received (as one read of
+    the socket brought them); each entry is answered once the caller is done with it."""
     listener = socket.create_server(("127.0.0.1", 0))
     ports.put(listener.getsockname()[1])
     conn, _ = listener.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    frame = _HEADER.size + entry_size
-    journal = os.open(os.path.join(directory, "journal"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    entry_log = os.open(os.path.join(directory, "entrylog"), os.O_WRONLY | os.O_CREAT)
-    received = bytearray(frame * 64)
-    view = memoryview(received)
-    log_buffer = bytearray(_ENTRY_LOG_BUFFER_BYTES + frame)
-    log_fill = log_offset = log_dropped = journal_end = journal_dropped = 0
+    view = memoryview(bytearray(frame * 64))
     have = 0
     while True:
         try:
@@ -79,12 +76,26 @@ def _serve(directory: str, entry_size: int, ports: Queue) -> None:  # type: igno
         except ConnectionResetError:
             n = 0
         if not n:
-            break
+            return
         have += n
         whole = have // frame * frame
         if not whole:
             continue
-        os.write(journal, view[:whole])  # the journal: one write, one sync per batch
+        yield view[:whole]
+        conn.sendall(_ACK * (whole // frame))
+        view[: have - whole] = view[whole:have]
+        have -= whole
+
+
+def _serve(directory: str, entry_size: int, ports: Queue) -> None:  # type: ignore[type-arg]
+    frame = _HEADER.size + entry_size
+    journal = os.open(os.path.join(directory, "journal"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    entry_log = os.open(os.path.join(directory, "entrylog"), os.O_WRONLY | os.O_CREAT)
+    log_buffer = bytearray(_ENTRY_LOG_BUFFER_BYTES + frame * 64)
+    log_fill = log_offset = log_dropped = journal_end = journal_dropped = 0
+    for batch in _batches(ports, frame):
+        whole = len(batch)
+        os.write(journal, batch)  # the journal: one write, one sync per batch
         os.fdatasync(journal)
         journal_end += whole
         if journal_end - journal_dropped >= _JOURNAL_DROP_STEP_BYTES:
@@ -92,7 +103,7 @@ def _serve(directory: str, entry_size: int, ports: Queue) -> None:  # type: igno
                 journal, journal_dropped, journal_end - journal_dropped, os.POSIX_FADV_DONTNEED
             )
             journal_dropped = journal_end - journal_end % 4096
-        log_buffer[log_fill : log_fill + whole] = view[:whole]  # the entry log's copy
+        log_buffer[log_fill : log_fill + whole] = batch  # the entry log's copy
         log_fill += whole
         if log_fill >= _ENTRY_LOG_BUFFER_BYTES:
             os.pwrite(entry_log, memoryview(log_buffer)[:log_fill], log_offset)
@@ -103,42 +114,25 @@ def _serve(directory: str, entry_size: int, ports: Queue) -> None:  # type: igno
                 start = max(0, log_dropped - (16 << 20))
                 os.posix_fadvise(entry_log, start, drop_to - start, os.POSIX_FADV_DONTNEED)
                 log_dropped = drop_to
-        conn.sendall(_ACK * (whole // frame))
-        view[: have - whole] = view[whole:have]
-        have -= whole
 
 
 def _serve_direct(directory: str, entry_size: int, ports: Queue) -> None:  # type: ignore[type-arg]
     """As :func:`_serve`, with both files written around the page cache."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    ports.put(listener.getsockname()[1])
-    conn, _ = listener.accept()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     frame = _HEADER.size + entry_size
     flags = os.O_WRONLY | os.O_CREAT | os.O_DIRECT
     journal = os.open(os.path.join(directory, "journal"), flags)
     entry_log = os.open(os.path.join(directory, "entrylog"), flags)
-    view = memoryview(bytearray(frame * 64))
     staged = memoryview(mmap.mmap(-1, frame * 64 + 2 * _BLOCK_BYTES))
     logged = memoryview(mmap.mmap(-1, _ENTRY_LOG_BUFFER_BYTES + frame * 64 + _BLOCK_BYTES))
-    log_fill = log_offset = journal_end = have = 0
-    while True:
-        try:
-            n = conn.recv_into(view[have:])
-        except ConnectionResetError:
-            n = 0
-        if not n:
-            break
-        have += n
-        whole = have // frame * frame
-        if not whole:
-            continue
+    log_fill = log_offset = journal_end = 0
+    for batch in _batches(ports, frame):
+        whole = len(batch)
         padded = -(-whole // _BLOCK_BYTES) * _BLOCK_BYTES
-        staged[:whole] = view[:whole]  # the journal: one aligned write, one sync per batch
+        staged[:whole] = batch  # the journal: one aligned write, one sync per batch
         os.pwrite(journal, staged[:padded], journal_end)
         journal_end += padded
         os.fdatasync(journal)
-        logged[log_fill : log_fill + whole] = view[:whole]  # the entry log's copy
+        logged[log_fill : log_fill + whole] = batch  # the entry log's copy
         log_fill += whole
         if log_fill >= _ENTRY_LOG_BUFFER_BYTES:
             out = log_fill // _BLOCK_BYTES * _BLOCK_BYTES
@@ -146,9 +140,6 @@ def _serve_direct(directory: str, entry_size: int, ports: Queue) -> None:  # typ
             log_offset += out
             logged[: log_fill - out] = logged[out:log_fill]
             log_fill -= out
-        conn.sendall(_ACK * (whole // frame))
-        view[: have - whole] = view[whole:have]
-        have -= whole
 
 
 def run(entry_size: int, entries: int, in_flight: int, direct: bool = False) -> dict[str, float]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import inspect
 import os
 import random
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from quorumlog.bookie.fileops import FileOps
 from quorumlog.core.quorum import write_set
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.entry import DigestType, EntryCodec, master_key
@@ -201,3 +203,25 @@ async def plant_forged_entry(address: str, ledger_id: int, entry_id: int, passwo
     good = EntryCodec(DigestType.CRC32C, password).encode(ledger_id, entry_id, 0, 10, b"original")
     forged = good[:-8] + b"tampered"
     return await plant_copy(address, ledger_id, forged, password)
+
+
+class DirectRecordingFiles(FileOps):
+    """Real files; notes every write made through a direct (``O_DIRECT``) descriptor.
+    With ``direct=False``, a filesystem without direct I/O (tmpfs refuses it so)."""
+
+    def __init__(self, direct: bool = True) -> None:
+        self.direct = direct
+        self.direct_fds: set[int] = set()
+        self.direct_writes: list[tuple[int, int]] = []  # offset, length
+
+    def open_direct_write(self, path: Path) -> int:
+        if not self.direct:
+            raise OSError(errno.EINVAL, "Invalid argument (test: no O_DIRECT)", str(path))
+        fd = super().open_direct_write(path)
+        self.direct_fds.add(fd)
+        return fd
+
+    def pwrite(self, fd: int, data: memoryview, offset: int) -> int:
+        if fd in self.direct_fds:
+            self.direct_writes.append((offset, len(data)))
+        return super().pwrite(fd, data, offset)

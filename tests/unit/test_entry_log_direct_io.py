@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
-from support import poll_until_async
+from support import DirectRecordingFiles, poll_until_async
 
 from quorumlog.bookie.entry_log import (
     DIRECT_IO_ALIGNMENT,
@@ -22,7 +22,6 @@ from quorumlog.bookie.entry_log import (
     EntryLogger,
     format_records,
 )
-from quorumlog.bookie.fileops import FileOps
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.errors import BookieIOError
 from quorumlog.testing.sim.disk import SimDisk, SimFiles
@@ -30,31 +29,6 @@ from quorumlog.testing.sim.disk import SimDisk, SimFiles
 # Sizes that leave every remainder before a block boundary, 1-7 bytes (too few for a
 # padding record's header) among them, and records larger than a write buffer.
 SIZES = [100, 3000, 4081, 4087, 1, 10_000, 4095, 500, 65_536, 7, 9000] * 4
-
-
-class DirectRecordingFiles(FileOps):
-    """Real files; notes every write made through a direct descriptor."""
-
-    def __init__(self) -> None:
-        self.direct_fds: set[int] = set()
-        self.direct_writes: list[tuple[int, int]] = []  # offset, length
-
-    def open_direct_write(self, path: Path) -> int:
-        fd = super().open_direct_write(path)
-        self.direct_fds.add(fd)
-        return fd
-
-    def pwrite(self, fd: int, data: memoryview, offset: int) -> int:
-        if fd in self.direct_fds:
-            self.direct_writes.append((offset, len(data)))
-        return super().pwrite(fd, data, offset)
-
-
-class NoDirectFiles(FileOps):
-    """A filesystem without direct I/O (tmpfs refuses O_DIRECT this way)."""
-
-    def open_direct_write(self, path: Path) -> int:
-        raise OSError(errno.EINVAL, "Invalid argument (test: no O_DIRECT)", str(path))
 
 
 def _blob(n: int, size: int) -> bytes:
@@ -147,7 +121,10 @@ def test_without_direct_io_the_log_warns_and_writes_through_the_page_cache(
 ) -> None:
     caplog.set_level(logging.WARNING)
     logger = EntryLogger(
-        tmp_path, max_bytes=1 << 20, write_buffer_bytes=8 * 1024, ops=NoDirectFiles()
+        tmp_path,
+        max_bytes=1 << 20,
+        write_buffer_bytes=8 * 1024,
+        ops=DirectRecordingFiles(direct=False),
     )
     try:
         assert not logger.direct_io

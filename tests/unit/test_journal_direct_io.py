@@ -6,13 +6,13 @@ filesystem has no direct I/O the journal falls back with a warning."""
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import shutil
 from pathlib import Path
 
 import pytest
+from support import DirectRecordingFiles
 
 from quorumlog.bookie import journal as jm
 from quorumlog.bookie.entry_log import format_records, parse_records
@@ -20,27 +20,6 @@ from quorumlog.bookie.fileops import FileOps
 from quorumlog.testing.raw_client import make_entry
 
 BLOCK_BYTES = 4096
-
-
-class DirectRecordingFiles(FileOps):
-    """Real files; notes every write made through a direct descriptor."""
-
-    def __init__(self, direct: bool = True) -> None:
-        self.direct = direct
-        self.direct_fds: set[int] = set()
-        self.direct_writes: list[tuple[int, int]] = []  # offset, length
-
-    def open_direct_write(self, path: Path) -> int:
-        if not self.direct:
-            raise OSError(errno.EINVAL, "Invalid argument (test: no O_DIRECT)", str(path))
-        fd = super().open_direct_write(path)
-        self.direct_fds.add(fd)
-        return fd
-
-    def pwrite(self, fd: int, data: memoryview, offset: int) -> int:
-        if fd in self.direct_fds:
-            self.direct_writes.append((offset, len(data)))
-        return super().pwrite(fd, data, offset)
 
 
 def _records(count: int) -> tuple[list[jm.Record], list[bytes]]:
