@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from quorumlog.bookie.entry_log import EntryLogger, format_records
 from quorumlog.bookie.fileops import FileOps
 from quorumlog.core.quorum import write_set
 from quorumlog.meta.ledger_metadata import LedgerMetadata
@@ -225,3 +226,23 @@ class DirectRecordingFiles(FileOps):
         if fd in self.direct_fds:
             self.direct_writes.append((offset, len(data)))
         return super().pwrite(fd, data, offset)
+
+
+def append_blobs(
+    logger: EntryLogger, sizes: Sequence[int], flush_every: int = 0
+) -> list[tuple[int, int, bytes]]:
+    """Append one record per size (blob ``n`` is byte ``n % 251`` repeated), each read
+    back at once, from memory or its file; with ``flush_every``, the buffer is flushed
+    after every that many records and at the end, as checkpoints do at any fill.
+    Returns (log id, offset, blob) of each."""
+    where = []
+    for n, size in enumerate(sizes):
+        blob = bytes([n % 251]) * size
+        log_id, offset = logger.append(format_records([blob], [size]))
+        assert logger.read(log_id, offset, size) == blob
+        where.append((log_id, offset, blob))
+        if flush_every and n % flush_every == flush_every - 1:
+            logger.flush()
+    if flush_every:
+        logger.flush()
+    return where

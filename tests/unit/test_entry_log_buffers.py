@@ -5,15 +5,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from support import poll_until_async
+from support import append_blobs, poll_until_async
 
-from quorumlog.bookie.entry_log import EntryLogger, format_records
+from quorumlog.bookie.entry_log import EntryLogger
 
 BUFFER_BYTES = 4096
-
-
-def _blob(n: int, size: int) -> bytes:
-    return bytes([n % 251]) * size
 
 
 # Sizes that fill a buffer exactly, straddle it, and exceed it (a record larger than a buffer).
@@ -21,13 +17,7 @@ SIZES = [100, 3000, 2000, 4088, 10_000, 1, 4096, 500, 9000, 700] * 3
 
 
 def _append_all(logger: EntryLogger) -> list[tuple[int, int, bytes]]:
-    where = []
-    for n, size in enumerate(SIZES):
-        blob = _blob(n, size)
-        log_id, offset = logger.append(format_records([blob], [size]))
-        assert logger.read(log_id, offset, size) == blob  # from memory or from its file
-        where.append((log_id, offset, blob))
-    return where
+    return append_blobs(logger, SIZES)
 
 
 def test_records_read_back_across_buffers_written_at_once(tmp_path: Path) -> None:

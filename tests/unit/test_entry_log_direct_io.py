@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
-from support import DirectRecordingFiles, poll_until_async
+from support import DirectRecordingFiles, append_blobs, poll_until_async
 
 from quorumlog.bookie.entry_log import (
     DIRECT_IO_ALIGNMENT,
@@ -31,21 +31,8 @@ from quorumlog.testing.sim.disk import SimDisk, SimFiles
 SIZES = [100, 3000, 4081, 4087, 1, 10_000, 4095, 500, 65_536, 7, 9000] * 4
 
 
-def _blob(n: int, size: int) -> bytes:
-    return bytes([n % 251]) * size
-
-
 def _append_all(logger: EntryLogger) -> list[tuple[int, int, bytes]]:
-    where = []
-    for n, size in enumerate(SIZES):
-        blob = _blob(n, size)
-        log_id, offset = logger.append(format_records([blob], [size]))
-        assert logger.read(log_id, offset, size) == blob  # from memory or from its file
-        where.append((log_id, offset, blob))
-        if n % 5 == 4:
-            logger.flush()  # as a checkpoint does, at any fill
-    logger.flush()
-    return where
+    return append_blobs(logger, SIZES, flush_every=5)
 
 
 def _scan(path: Path) -> list[tuple[int, bytes]]:
