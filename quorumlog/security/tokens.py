@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jwt
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import (
     load_der_public_key,
@@ -108,7 +109,9 @@ class TokenVerifier:
                 f"token key file {name}: an HMAC secret of {len(secret)} bytes; at least "
                 f"{MIN_HMAC_KEY_BYTES} are needed"
             )
-        _refuse_asymmetric_secret(secret, name)
+        # The bytes as given: a DER key whose last byte is whitespace no longer parses
+        # once stripped (one fresh P-256 key in about 43).
+        _refuse_asymmetric_secret(data, name)
         return cls(secret, _HMAC_ALGORITHMS, leeway_s=leeway_s)
 
     def verify(self, token: str | bytes) -> Identity:
@@ -160,10 +163,11 @@ class TokenVerifier:
         return _identity(claims)
 
 
-def _refuse_asymmetric_secret(secret: bytes, name: str) -> None:
+def _refuse_asymmetric_secret(data: bytes, name: str) -> None:
     """A public key in a format other than PEM (OpenSSH, DER) is no HMAC secret: its bytes
-    are public (anyone could sign), and PyJWT refuses such keys at every token anyway."""
-    if not _is_asymmetric_key(secret):
+    are public (anyone could sign), and PyJWT refuses such keys at every token anyway.
+    ``data``: the key file's bytes as read, before any whitespace is stripped."""
+    if not _is_asymmetric_key(data):
         return
     raise ValueError(
         f"token key file {name}: an asymmetric key that is not PEM (give the public key "
@@ -172,12 +176,44 @@ def _refuse_asymmetric_secret(secret: bytes, name: str) -> None:
 
 
 def _is_asymmetric_key(data: bytes) -> bool:
-    try:
-        jwt.algorithms.HMACAlgorithm(jwt.algorithms.HMACAlgorithm.SHA256).prepare_key(data)
-    except jwt.InvalidKeyError:
-        return True  # PEM, OpenSSH or certificate text
+    """Whether ``data`` is, or starts with, a public key: PEM, OpenSSH or certificate
+    text, or a DER SubjectPublicKeyInfo. Whitespace around the key changes nothing: the
+    bytes as given, stripped, and the first DER element after any leading whitespace are
+    all tried (stripping alone would eat a DER key's own last byte when it is one)."""
+    stripped = data.strip()
+    hmac = jwt.algorithms.HMACAlgorithm(jwt.algorithms.HMACAlgorithm.SHA256)
+    for text in (data, stripped):
+        try:
+            hmac.prepare_key(text)
+        except jwt.InvalidKeyError:
+            return True  # PEM, OpenSSH or certificate text
+    candidates = (data, stripped, _first_der_element(data.lstrip()))
+    return any(candidate and _is_der_public_key(candidate) for candidate in candidates)
+
+
+def _first_der_element(data: bytes) -> bytes:
+    """The leading DER SEQUENCE of ``data`` by its own length (whatever follows it), or
+    b"" when ``data`` does not start with one that fits."""
+    if len(data) < 2 or data[0] != 0x30:
+        return b""
+    first = data[1]
+    if first < 0x80:
+        header, length = 2, first
+    else:
+        count = first & 0x7F
+        if not 1 <= count <= 4 or len(data) < 2 + count:
+            return b""
+        header, length = 2 + count, int.from_bytes(data[2 : 2 + count], "big")
+    if header + length > len(data):
+        return b""
+    return data[: header + length]
+
+
+def _is_der_public_key(data: bytes) -> bool:
     try:
         load_der_public_key(data)
+    except UnsupportedAlgorithm:
+        return True  # a public key all the same, of a kind this library does not load
     except ValueError:
         return False
     return True

@@ -87,21 +87,64 @@ def _ssh_public_key() -> bytes:
     )
 
 
-def _der_public_key() -> bytes:
-    key = ec.generate_private_key(ec.SECP256R1())
+def _p256_der_public_key(scalar: int) -> bytes:
+    """The DER SubjectPublicKeyInfo of the P-256 key whose private scalar is ``scalar``:
+    the same bytes on every run (a generated key's last byte is whitespace one time in
+    about 43, which the refusal once depended on)."""
+    key = ec.derive_private_key(scalar, ec.SECP256R1())
     return key.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
 
 
-@pytest.mark.parametrize("key_bytes", [_ssh_public_key(), _der_public_key()], ids=["ssh", "der"])
+# Scalar 1's key (the curve's generator) ends in 0xf5, no whitespace byte: the plain case.
+_DER_KEY = _p256_der_public_key(1)
+_ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() takes off
+
+
+@pytest.mark.parametrize("key_bytes", [_ssh_public_key(), _DER_KEY], ids=["ssh", "der"])
 def test_auth_review_a_public_key_not_in_pem_is_refused_at_load(key_bytes: bytes):
     """A public key in another format must not become an HMAC secret (public bytes as a
     secret would let anyone sign): the key file is refused when the bookie starts."""
+    assert key_bytes[-1] not in _ASCII_WHITESPACE
     with pytest.raises(ValueError, match="PEM") as refused:
         TokenVerifier.from_key_bytes(key_bytes, name="token.pub")
     assert "token.pub" in str(refused.value)
     assert key_bytes.decode("latin-1")[:60] not in str(refused.value)
+
+
+def _der_keys_covering_every_trailing_whitespace_byte() -> list[bytes]:
+    """P-256 DER public keys from scalars 2, 3, ...: at least 300 of them, and on until
+    two end in each whitespace byte (the same keys on every run)."""
+    keys: list[bytes] = []
+    ending = dict.fromkeys(_ASCII_WHITESPACE, 0)
+    scalar = 2
+    while len(keys) < 300 or min(ending.values()) < 2:
+        key = _p256_der_public_key(scalar)
+        keys.append(key)
+        if key[-1] in ending:
+            ending[key[-1]] += 1
+        scalar += 1
+    return keys
+
+
+def test_auth_review_a_der_public_key_ending_in_whitespace_is_refused_at_load():
+    """The secret is stripped of whitespace; a DER key whose last byte is whitespace must
+    be recognised all the same (stripped, it no longer parses), and so must a DER key
+    saved with a line break or other whitespace after it."""
+    keys = _der_keys_covering_every_trailing_whitespace_byte()
+    ending_in_whitespace = [key for key in keys if key[-1] in _ASCII_WHITESPACE]
+    assert len(ending_in_whitespace) >= 2 * len(_ASCII_WHITESPACE)
+    accepted = 0
+    for key in keys:
+        for key_file in (key, key + b"\n", b"\n" + key + b" \r\n"):
+            try:
+                TokenVerifier.from_key_bytes(key_file, name="token.der")
+            except ValueError as exc:
+                assert "PEM" in str(exc)
+            else:
+                accepted += 1
+    assert accepted == 0, f"{accepted} of {3 * len(keys)} DER key files taken as HMAC secrets"
 
 
 def test_auth_review_a_subject_is_logged_on_one_line_and_cut_short():
