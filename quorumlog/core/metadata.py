@@ -17,9 +17,10 @@ One policy covers every such update (R5, R6, R13):
 - a refusal: certainly not written;
 - an unknown outcome (a lost connection, a timeout: the write may or may not have
   happened): read again and run the *same* decision on what was read. Settled means it
-  happened; Refused means it cannot happen any more; a change to write means it did not
-  happen and may be tried again. Nothing is confirmed, discarded or retried before that
-  read (R13).
+  happened; a change to write means it did not happen and may be tried again. Nothing
+  is confirmed, discarded or retried before that read (R13). Once an outcome was
+  unknown, a refusal no longer proves anything (the write may have been applied and
+  then superseded): the update is unresolved.
 """
 
 from __future__ import annotations
@@ -190,10 +191,12 @@ class PendingUpdate:
     row, :class:`Unresolved`.
 
     Why the conclusions hold even if a read is older than the write whose reply was
-    lost: "what it wanted is stored" can only be seen once it happened; "cannot happen
-    any more" is seen only on a version that left this write's base version behind
-    without it (no later version regains it); and "did not happen" only leads to
-    another compare-and-set, which itself fails if the first one was applied.
+    lost: "what it wanted is stored" can only be seen once it happened; and "did not
+    happen" only leads to another compare-and-set, which itself fails if the first one
+    was applied. A refusal is a conclusion only while no outcome was unknown: once one
+    was, the write may have been applied and then superseded (recovery replaces a
+    fragment that starts at the same entry; a close hides it), so a refusal read then,
+    or a compare-and-set that conflicts then, is :class:`Unresolved`.
     """
 
     __slots__ = ("_failed_reads", "_unknown", "attempts", "decide", "last_error")
@@ -213,6 +216,10 @@ class PendingUpdate:
             self.last_error = None
             return event
         if isinstance(event, MetadataRefused):
+            if self._unknown:
+                # A conflict after an unknown outcome: the earlier write may be the
+                # version that conflicted, superseded since (P1).
+                return Unresolved(event.error)
             self.last_error = None
             return Refused(event.error)
         if isinstance(event, MetadataUnknown):
@@ -232,8 +239,12 @@ class PendingUpdate:
             self.last_error = None
             return MetadataStored(event.view)  # it happened
         if isinstance(decision, Refused):
-            self.last_error = None
-            return decision  # it did not, and cannot any more
+            # After an unknown outcome a refusal proves nothing: the write may have been
+            # applied and then superseded (a recovery replacing the fragment, a close),
+            # so what is stored no longer shows it. Only "it happened" (Settled) or "it
+            # did not" (a change to retry, whose compare-and-set fails if it did) are
+            # conclusions; a refusal leaves the outcome unresolved (R13).
+            return Unresolved(decision.error)
         if self._unknown >= self.attempts:
             return Unresolved(self.last_error or MetadataError("metadata outcome unknown"))
         return Retry(UpdateMetadata(self.decide))  # it did not: try again on this version

@@ -207,6 +207,54 @@ def test_c1_r13_an_outcome_that_stays_unknown_confirms_only_what_both_fragments_
     assert ids(effects, FailAdds) == [1]
 
 
+def three_bookie_writer_whose_change_from_1_has_an_unknown_outcome() -> LedgerWriter:
+    """E=3, Qw=Qa=2 on A, B, C: A and B ack 0 (confirmed), A acks 2, B acks 1; A fails
+    on 3, so the writer changes from entry 1 (A -> R); that write's reply is lost."""
+    writer = LedgerWriter(LEDGER, 3, 2, 2, view_of((0, ("A", "B", "C"))))
+    add(writer, 4)  # 0: A, B   1: B, C   2: C, A   3: A, B
+    assert not writer.ack(0, 0, [0, 2])
+    assert [p.entry_id for p in writer.ack(1, 0, [0, 1])] == [0]
+    assert writer.step(AddFailed(0, 0, Status.IO_ERROR, "A: refused 3")) == [
+        ChooseBookies((0,), frozenset({"A", "B", "C"}))
+    ]
+    [update] = writer.step(BookiesChosen((0,), ("R",)))
+    assert isinstance(update, UpdateMetadata)
+    assert update.decide(view_of((0, ("A", "B", "C")))) == NewFragment(1, ("R", "B", "C"))
+    assert writer.step(MetadataUnknown(MetadataError("connection lost"))) == [ReadMetadata(0)]
+    assert isinstance(
+        writer.step(MetadataReadFailed(MetadataError("reconnecting")))[0], ReadMetadata
+    )
+    assert not writer.ack(2, 0, [1, 2])  # C's delayed acks: 1 (B, C) and 2 (C, A), held
+    return writer
+
+
+def test_p1_r13_a_refusal_read_after_an_unknown_outcome_is_not_never_written():
+    writer = three_bookie_writer_whose_change_from_1_has_an_unknown_outcome()
+    # Meanwhile the change was applied, and a recovery fenced R, B, C, found 1 on B, got
+    # NO_SUCH_ENTRY for 2 from R, rewrote 1 replacing B and closed at 1: the writer's
+    # fragment is gone from the metadata it reads.
+    closed = view_of((0, ("A", "B", "C")), (1, ("R", "A", "C")), state=CLOSED, last=1)
+    effects = writer.step(MetadataRead(closed))
+    # 1 is on B and C under both fragments; 2 counted A's ack, which the fragment from 1
+    # took away from it: it must not be confirmed (the ledger ends at 1).
+    assert ids(effects, Confirm) == [1]
+    assert ids(effects, FailAdds) == [2, 3]
+    assert isinstance(effects[-1], HandleFailed)
+    assert writer.lac == 1
+
+
+def test_p1_r13_a_conflict_after_an_unknown_outcome_is_not_never_written():
+    writer = three_bookie_writer_whose_change_from_1_has_an_unknown_outcome()
+    # The read shows the change not applied (a lagging read): try again ...
+    [retry] = writer.step(MetadataRead(view_of((0, ("A", "B", "C")))))
+    assert isinstance(retry, UpdateMetadata)
+    # ... and the update loop gives up on conflicts: the first write may be among them.
+    effects = writer.step(MetadataRefused(LedgerFencedError("version conflicts")))
+    assert ids(effects, Confirm) == [1]
+    assert ids(effects, FailAdds) == [2, 3]
+    assert writer.lac == 1
+
+
 def test_r5_a_second_failure_during_a_change_waits_for_it_then_changes_again():
     writer = LedgerWriter(LEDGER, 3, 3, 2, view_of((0, ("A", "B", "D"))))
     add(writer, 1)
