@@ -505,8 +505,8 @@ class LedgerHandle(ReadHandle):
         """R4: tell the bookies the LAC when no add carried it, so tailing readers see it."""
         self._lac_timer = None
         lac = self._tracker.lac
-        if self._failure is not None or lac <= self._lac_sent:
-            return
+        if self._failure is not None or lac <= self._lac_sent or self._close_result is not None:
+            return  # once the close is written, its last entry is what readers learn
         self._lac_sent = lac
         for index, address in enumerate(self._writer.ensemble):
             if index in self._writer.failed_slots:

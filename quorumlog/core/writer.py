@@ -42,6 +42,10 @@ The rules, where they bite:
 - One metadata update at a time: a second failure during a change waits for it and
   starts the next change; a close waits for a change under way (so a change never
   writes to a ledger this writer closed: its decision refuses anything not OPEN).
+- A close is decided at the LAC when its update starts, so confirmation is held from
+  then on: an add its owner gave up on (a cancelled future) may still be acknowledged
+  during the close, and would lie past the closed end. What is still tracked when the
+  close is written, or fails, is failed.
 """
 
 from __future__ import annotations
@@ -441,7 +445,8 @@ class LedgerWriter(MetadataUpdater):
             return []
         self._settled = True
         effects: list[WriterEffect] = []
-        confirmed = self._confirm()
+        # A close under way was decided at the LAC: nothing past it is confirmed.
+        confirmed = [] if self._updating_close else self._confirm()
         if confirmed:
             effects.append(Confirm(confirmed))
         failed = self.tracker.fail_all()
@@ -478,7 +483,12 @@ class LedgerWriter(MetadataUpdater):
             if self.failure is None:
                 self.failure = outcome.error
                 self._holding = True
-            return [CloseFailed(outcome.error)]
+            # Adds still tracked were given up by their owner: nothing confirms them now.
+            effects: list[WriterEffect] = []
+            leftover = self.tracker.fail_all()
+            if leftover:
+                effects.append(FailAdds(leftover, outcome.error))
+            return [*effects, CloseFailed(outcome.error)]
         if self.failure is None:
             self.failure = outcome.error
             self._holding = True
@@ -549,6 +559,10 @@ class LedgerWriter(MetadataUpdater):
             decide_close, self.ledger_id, self.tracker.lac, self.confirmed_length_bytes
         )
         self._updating_close = True
+        # The close is decided at this LAC: from here on nothing more is confirmed (an
+        # add its owner gave up on may still be acknowledged during the close's
+        # compare-and-set, and would lie past the closed end, R4, R6).
+        self._holding = True
         return [self._start_update(decide)]
 
     def _closed(self, view: LedgerView) -> list[WriterEffect]:

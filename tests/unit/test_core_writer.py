@@ -41,6 +41,7 @@ from quorumlog.core.metadata import (
     UpdateMetadata,
 )
 from quorumlog.core.writer import (
+    AddAcked,
     AddFailed,
     BookiesChosen,
     ChooseBookies,
@@ -293,6 +294,59 @@ def test_r6_close_waits_for_a_change_and_an_unknown_close_is_read_back():
     assert writer.step(MetadataUnknown(MetadataError("lost"))) == [ReadMetadata(0)]
     closed = replace(recorded, state=CLOSED, last_entry_id=0)
     assert writer.step(MetadataRead(closed)) == [Closed(closed)]
+
+
+def test_p2_r6_an_add_given_up_by_its_owner_is_not_confirmed_past_the_close():
+    writer = LedgerWriter(LEDGER, 3, 3, 2, view_of((0, ("A", "B", "D"))))
+    add(writer, 2)
+    writer.ack(0, 0, [0])
+    assert [p.entry_id for p in writer.ack(1, 0, [0])] == [0]
+    # 1's owner cancelled its future; close() waits only for the others.
+    writer.begin_close()
+    [close] = writer.step(CloseRequested())
+    assert isinstance(close, UpdateMetadata)
+    assert close.decide(view_of((0, ("A", "B", "D")))) == CloseAt(0, 10)
+    # Acks for 1 arrive during the close's compare-and-set: it lies past the end.
+    assert not writer.ack(0, 0, [1])
+    assert not writer.ack(1, 0, [1])
+    assert writer.step(AddAcked(2, 0, [1])) == []
+    assert writer.lac == 0
+    closed = view_of((0, ("A", "B", "D")), state=CLOSED, last=0)
+    effects = writer.step(MetadataStored(closed))
+    assert ids(effects, FailAdds) == [1]
+    assert effects[-1] == Closed(closed)
+    assert writer.lac == 0
+
+
+def test_p2_r6_a_fenced_answer_during_the_close_confirms_nothing_past_it():
+    writer = LedgerWriter(LEDGER, 3, 3, 2, view_of((0, ("A", "B", "D"))))
+    add(writer, 2)
+    writer.ack(0, 0, [0])
+    writer.ack(1, 0, [0])
+    writer.begin_close()
+    writer.step(CloseRequested())
+    writer.ack(0, 0, [1])
+    writer.ack(1, 0, [1])
+    effects = writer.step(AddFailed(2, 0, Status.FENCED, "D: fenced"))
+    assert ids(effects, Confirm) == []
+    assert ids(effects, FailAdds) == [1]
+    assert writer.lac == 0
+
+
+def test_p2_r6_a_close_that_fails_fails_the_adds_still_tracked():
+    writer = LedgerWriter(LEDGER, 3, 3, 2, view_of((0, ("A", "B", "D"))))
+    add(writer, 2)
+    writer.ack(0, 0, [0])
+    writer.ack(1, 0, [0])
+    writer.begin_close()
+    writer.step(CloseRequested())
+    writer.ack(0, 0, [1])
+    writer.ack(1, 0, [1])
+    effects = writer.step(MetadataRefused(LedgerFencedError("IN_RECOVERY")))
+    assert ids(effects, Confirm) == []
+    assert ids(effects, FailAdds) == [1]
+    assert isinstance(effects[-1], CloseFailed)
+    assert writer.lac == 0
 
 
 def test_r6_close_decisions():
