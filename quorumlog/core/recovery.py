@@ -639,6 +639,10 @@ class LedgerRecoveryMachine(MetadataUpdater):
         self._stuck.clear()
         if self._fragment_first is None or first < self._fragment_first:
             self._fragment_first = first
+        # The fragment to record starts at the first change's entry: the new bookies are
+        # named for every entry from there, so every one of them is checked again, not
+        # only those from this change's first stuck entry (P3).
+        first = self._fragment_first
         bookies = list(self.write_ensemble)
         for slot, bookie in zip(event.slots, event.bookies, strict=True):
             self._replaced_bookies.add(bookies[slot])

@@ -219,6 +219,42 @@ def test_r8_the_replacement_gets_the_entries_rewritten_before_the_change():
     assert close.decide(changed) == CloseAt(5, length(5))
 
 
+def test_p3_r8_a_second_replacement_gets_every_entry_of_the_fragment():
+    """E = Qw = Qa = 3, Y1 dead: the recovery replaces Y1 by X1 from entry 0; X1 takes
+    0-2 and dies on 3; X2 replaces X1. The fragment recorded from 0 names X2 for 0-2, so
+    X2 must get them too, not only 3."""
+    view = LedgerView(IN_RECOVERY, -1, ((0, ("Y0", "Y1", "Y2")),))
+    m = LedgerRecoveryMachine(LEDGER, 3, 3, 3, view, reads_in_flight=5, rewrite_attempts=1)
+    m.start()
+    m.step(MetadataStored(view))
+    m.step(FenceAnswered(1, Status.IO_ERROR))
+    m.step(FenceAnswered(0, Status.OK, lac=-1))  # one bookie of each write set: fenced
+    for entry_id in range(4):
+        m.step(EntryRead(entry_id, 0, Status.OK, blob(entry_id), length(entry_id)))
+    m.step(EntryRead(4, 0, Status.NO_SUCH_ENTRY))  # the end: one "no" suffices
+    for entry_id in range(4):
+        m.step(EntryRewritten(entry_id, 0, Status.OK, bookie="Y0"))
+        m.step(EntryRewritten(entry_id, 2, Status.OK, bookie="Y2"))
+    effects: list[RecoveryEffect] = []
+    for entry_id in range(4):
+        effects = m.step(EntryRewritten(entry_id, 1, Status.IO_ERROR, bookie="Y1"))
+    assert effects == [ChooseBookies((1,), frozenset({"Y0", "Y1", "Y2"}))]
+    effects = m.step(BookiesChosen((1,), ("X1",)))
+    assert effects == [SendRewrite(e, blob(e), (1,)) for e in range(4)]
+    for entry_id in range(3):
+        assert m.step(EntryRewritten(entry_id, 1, Status.OK, bookie="X1")) == []
+    [choose] = m.step(EntryRewritten(3, 1, Status.IO_ERROR, bookie="X1"))
+    assert choose == ChooseBookies((1,), frozenset({"Y0", "X1", "Y2", "Y1"}))
+    effects = m.step(BookiesChosen((1,), ("X2",)))
+    # The fragment will start at 0: X2 needs 0-2 as well as 3.
+    assert effects == [SendRewrite(e, blob(e), (1,)) for e in range(4)]
+    for entry_id in range(3):
+        assert m.step(EntryRewritten(entry_id, 1, Status.OK, bookie="X2")) == []
+    [update] = m.step(EntryRewritten(3, 1, Status.OK, bookie="X2"))
+    assert isinstance(update, UpdateMetadata)
+    assert update.decide(view) == NewFragment(0, ("Y0", "X2", "Y2"))
+
+
 # ------------------------------------------------------------------ random schedules
 
 
