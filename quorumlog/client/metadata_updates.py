@@ -60,6 +60,12 @@ def metadata_decider(
     return on_metadata
 
 
+# What a failing metadata store raises: its drivers' BKErrors (MetadataError and its
+# kin), and OSError or a timeout from below them. These are retried or read back
+# (R13); anything else is a bug of the client's own, and fails the handle with it.
+STORE_FAILURES: tuple[type[BaseException], ...] = (BKError, OSError, TimeoutError)
+
+
 def outcome_is_known(error: BaseException) -> bool:
     """Whether an update that failed with ``error`` certainly wrote nothing.
 

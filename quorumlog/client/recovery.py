@@ -20,6 +20,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from quorumlog.client.metadata_updates import (
+    STORE_FAILURES,
     as_metadata_error,
     ledger_view,
     metadata_decider,
@@ -202,7 +203,18 @@ class LedgerRecovery:
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """A step that raised is a bug of the recovery's own (store and bookie failures
+        are events): the recovery fails with the original error, never hangs."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        log.error("ledger %d: internal error, the recovery fails", self.ledger_id, exc_info=error)
+        if self._result is not None and not self._result.done():
+            self._result.set_exception(error)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ answers
 
@@ -264,7 +276,7 @@ class LedgerRecovery:
                 attempts=self._config.metadata_cas_retries,
                 known=(self.metadata, self.version),
             )
-        except Exception as exc:
+        except STORE_FAILURES as exc:
             error = as_metadata_error(exc)
             known = outcome_is_known(exc)
             if not known:
@@ -283,7 +295,7 @@ class LedgerRecovery:
             await asyncio.sleep(delay_ms / 1000)
         try:
             metadata, version = await self._client.ledgers.read(self.ledger_id)
-        except Exception as exc:
+        except STORE_FAILURES as exc:
             self._step(MetadataReadFailed(as_metadata_error(exc)))
             return
         self.metadata, self.version = metadata, version

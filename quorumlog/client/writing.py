@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from quorumlog.client.config import entry_size_limit
 from quorumlog.client.metadata_updates import (
+    STORE_FAILURES,
     as_metadata_error,
     ledger_view,
     metadata_decider,
@@ -562,7 +564,29 @@ class LedgerHandle(ReadHandle):
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        _log_task_error(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._fail_on_bug(task.exception())  # type: ignore[arg-type]
+
+    def _fail_on_bug(self, error: BaseException) -> None:
+        """An error of the handle's own (an AssertionError, a TypeError: a bug, not a
+        store's or a bookie's failure) is never retried or taken for a metadata outcome:
+        the handle fails with it. Adds waiting and the close get the original error;
+        later adds are refused with an error that names it."""
+        log.error("ledger %d: internal error, the handle fails", self.ledger_id, exc_info=error)
+        writer = self._writer
+        if writer.failure is None:
+            failure = BKError(f"ledger {self.ledger_id}: internal error: {error!r}")
+            failure.__cause__ = error
+            writer.failure = failure
+        for pending in self._tracker.fail_all():
+            token = pending.token
+            if token is not None and not token.done():
+                with contextlib.suppress(*_ALREADY_SETTLED):
+                    token.set_exception(error)
+        self._on_handle_failed()
+        result = self._close_result
+        if result is not None and not result.done():
+            result.set_exception(error)
 
     def _on_handle_failed(self) -> None:
         for waiter in self._capacity_waiters:
@@ -589,7 +613,7 @@ class LedgerHandle(ReadHandle):
                 attempts=self._config.metadata_cas_retries,
                 known=(self.metadata, self._metadata_version),
             )
-        except Exception as exc:
+        except STORE_FAILURES as exc:
             error = as_metadata_error(exc)
             event = MetadataRefused(error) if outcome_is_known(exc) else MetadataUnknown(error)
             if isinstance(event, MetadataUnknown):
@@ -609,7 +633,7 @@ class LedgerHandle(ReadHandle):
         event: WriterEvent
         try:
             metadata, version = await self._client.ledgers.read(self.ledger_id)
-        except Exception as exc:
+        except STORE_FAILURES as exc:
             event = MetadataReadFailed(as_metadata_error(exc))
         else:
             self._adopt(metadata, version)
@@ -660,8 +684,3 @@ def _awaitable(token: AddToken) -> asyncio.Future[Any]:
     if isinstance(future, concurrent.futures.Future):
         return asyncio.wrap_future(future)
     return future  # type: ignore[return-value]
-
-
-def _log_task_error(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("ensemble change failed", exc_info=task.exception())

@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass
 from functools import partial
 
+from quorumlog.core.invariants import require
 from quorumlog.core.metadata import (
     CLOSED,
     IN_RECOVERY,
@@ -84,6 +85,19 @@ def first_entry_to_recover(max_fenced_lac: int, last_fragment_first_entry: int) 
     the larger of the two and never reaches into an earlier fragment.
     """
     return max(max_fenced_lac + 1, last_fragment_first_entry)
+
+
+class RecoveryPhase(enum.Enum):
+    """Where a recovery is. An answer to a request sent in a later phase than the
+    current one cannot arrive: it is a bug, and fails loudly (:class:`CoreInvariantError`);
+    an answer that arrives after its phase is a late one, and is ignored."""
+
+    NEW = 0
+    MARKING = 1  # IN_RECOVERY being written
+    FENCING = 2
+    READING = 3  # reading, rewriting, replacing bookies, learning the length
+    CLOSING = 4  # the close being written
+    DONE = 5
 
 
 class ReadOutcome(enum.Enum):
@@ -189,6 +203,18 @@ RecoveryEvent = (
     | NoBookies
     | MetadataEvent
 )
+
+
+# The first phase in which an answer of each kind can arrive (its request is sent from
+# there on); earlier, it is a bug.
+_EARLIEST_PHASE: dict[type, RecoveryPhase] = {
+    FenceAnswered: RecoveryPhase.FENCING,
+    EntryRead: RecoveryPhase.READING,
+    EntryRewritten: RecoveryPhase.READING,
+    LengthRead: RecoveryPhase.READING,
+    BookiesChosen: RecoveryPhase.READING,
+    NoBookies: RecoveryPhase.READING,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +406,7 @@ class LedgerRecoveryMachine(MetadataUpdater):
         self.reads_in_flight = max(1, reads_in_flight)
         self.rewrite_attempts = max(1, rewrite_attempts)
         self.metadata_attempts = metadata_attempts
-        self.phase = "new"  # new, marking, fencing, reading, closing, done
+        self.phase = RecoveryPhase.NEW
         self.ensemble: tuple[str, ...] = view.last_ensemble  # fenced and read
         self.write_ensemble: tuple[str, ...] = view.last_ensemble  # rewritten to
         self.ensemble_changes = ensemble_size if ensemble_changes is None else ensemble_changes
@@ -407,18 +433,29 @@ class LedgerRecoveryMachine(MetadataUpdater):
     # -------------------------------------------------------------- events
 
     def start(self) -> list[RecoveryEffect]:
-        if self.phase != "new":
+        if self.phase is not RecoveryPhase.NEW:
             return []
         if self.view.state == CLOSED:
-            self.phase = "done"
+            self.phase = RecoveryPhase.DONE
             return [Recovered(self.view, ran_to_close=False)]
-        self.phase = "marking"
+        self.phase = RecoveryPhase.MARKING
         return [self._start_update(decide_mark_in_recovery)]
 
     def step(self, event: RecoveryEvent) -> list[RecoveryEffect]:
         """Feed one event; returns the effects to carry out, in order."""
-        if self.phase == "done":
+        if self.phase is RecoveryPhase.DONE:
             return []
+        earliest = _EARLIEST_PHASE.get(type(event))
+        require(
+            earliest is None or self.phase.value >= earliest.value,
+            f"ledger {self.ledger_id}: {type(event).__name__} in phase {self.phase.name}, "
+            "before any such request was sent",
+        )
+        effects = self._dispatch(event)
+        self._check_invariants()
+        return effects
+
+    def _dispatch(self, event: RecoveryEvent) -> list[RecoveryEffect]:
         if isinstance(event, FenceAnswered):
             return self._on_fence(event)
         if isinstance(event, EntryRead):
@@ -431,7 +468,45 @@ class LedgerRecoveryMachine(MetadataUpdater):
             return self._on_bookies_chosen(event)
         if isinstance(event, NoBookies):
             return self._on_no_bookies(event)
+        require(
+            self._update is not None,
+            f"ledger {self.ledger_id}: a metadata answer with no update under way",
+        )
         return self._on_metadata(event)
+
+    def _check_invariants(self) -> None:
+        """What holds after every step (R8): reading never passes the end it found,
+        rewrites and reads lie on their side of the last entry found, and a close is
+        written only once every rewrite reached Qa bookies."""
+        if self.phase.value < RecoveryPhase.READING.value or self.phase is RecoveryPhase.DONE:
+            return
+        last = self.last_entry_id
+        require(
+            last >= self.first_entry_id - 1,
+            f"ledger {self.ledger_id}: last entry found {last} before where reading "
+            f"started ({self.first_entry_id})",
+        )
+        require(
+            all(self.first_entry_id <= e <= last for e in self._rewrites),
+            f"ledger {self.ledger_id}: a rewrite outside {self.first_entry_id}..{last}",
+        )
+        require(
+            all(e > last for e in self._reads),
+            f"ledger {self.ledger_id}: a read at or below the last entry decided ({last})",
+        )
+        require(
+            not (self._end_found and self._reads),
+            f"ledger {self.ledger_id}: reads left after the end was found",
+        )
+        require(
+            self._fragment_first is None or self._fragment_first >= self.first_entry_id,
+            f"ledger {self.ledger_id}: a fragment before the first entry recovered",
+        )
+        if self.phase is RecoveryPhase.CLOSING:
+            require(
+                self._end_found and not self._rewrites and self._update is not None,
+                f"ledger {self.ledger_id}: closing before every rewrite reached Qa bookies",
+            )
 
     # -------------------------------------------------------------- metadata
 
@@ -447,33 +522,33 @@ class LedgerRecoveryMachine(MetadataUpdater):
         if not isinstance(outcome, MetadataStored):
             return self._failed(outcome.error)
         view = outcome.view
-        if self.phase == "marking":
+        if self.phase is RecoveryPhase.MARKING:
             if view.state == CLOSED:  # someone closed it meanwhile: nothing to recover
-                self.phase = "done"
+                self.phase = RecoveryPhase.DONE
                 return [Recovered(view, ran_to_close=False)]
             return self._start_fencing(view)
-        if self.phase == "reading":  # the ensemble change's fragment
+        if self.phase is RecoveryPhase.READING:  # the ensemble change's fragment
             if view.state == CLOSED:  # another recovery closed it meanwhile
-                self.phase = "done"
+                self.phase = RecoveryPhase.DONE
                 return [Recovered(view, ran_to_close=False)]
             return self._fragment_recorded()
-        self.phase = "done"
+        self.phase = RecoveryPhase.DONE
         return [Recovered(view, ran_to_close=True)]
 
     def _failed(self, error: BKError) -> list[RecoveryEffect]:
-        self.phase = "done"
+        self.phase = RecoveryPhase.DONE
         return [RecoveryFailed(error)]
 
     # -------------------------------------------------------------- fencing
 
     def _start_fencing(self, view: LedgerView) -> list[RecoveryEffect]:
-        self.phase = "fencing"
+        self.phase = RecoveryPhase.FENCING
         self.ensemble = self.write_ensemble = view.last_ensemble
         self._known_ensembles = view.ensembles
         return [SendFence(tuple(range(len(self.ensemble))))]
 
     def _on_fence(self, event: FenceAnswered) -> list[RecoveryEffect]:
-        if self.phase != "fencing":
+        if self.phase is not RecoveryPhase.FENCING:
             return []  # late answers once fenced: the fence is already enough
         progress = self._fence
         address = self.ensemble[event.slot]
@@ -487,7 +562,7 @@ class LedgerRecoveryMachine(MetadataUpdater):
             progress.on_failed(event.slot)
             self._fence_errors.append(f"bookie {address}: {event.message or event.status}")
         if progress.is_fenced:
-            self.phase = "reading"
+            self.phase = RecoveryPhase.READING
             start = first_entry_to_recover(progress.max_lac, self.view.last_fragment_first_entry)
             self.first_entry_id = self._next_read = start
             self.last_entry_id = start - 1
@@ -518,7 +593,7 @@ class LedgerRecoveryMachine(MetadataUpdater):
 
     def _on_read(self, event: EntryRead) -> list[RecoveryEffect]:
         decision = self._reads.get(event.entry_id)
-        if self.phase != "reading" or decision is None:
+        if self.phase is not RecoveryPhase.READING or decision is None:
             return []  # an entry already decided, or past the end
         status = event.status
         if status == Status.OK and event.blob:
@@ -632,7 +707,7 @@ class LedgerRecoveryMachine(MetadataUpdater):
         every entry from the first stuck one on that lost Qa acks with the replaced
         bookies goes again to the slots of its write set that have not acked."""
         replaced = self._choosing
-        if replaced is None or event.slots != replaced or self.phase != "reading":
+        if replaced is None or event.slots != replaced or self.phase is not RecoveryPhase.READING:
             return []
         self._choosing = None
         first = min(self._stuck)
@@ -662,7 +737,7 @@ class LedgerRecoveryMachine(MetadataUpdater):
         return effects + self._maybe_close()
 
     def _on_no_bookies(self, event: NoBookies) -> list[RecoveryEffect]:
-        if self._choosing is None or self.phase != "reading":
+        if self._choosing is None or self.phase is not RecoveryPhase.READING:
             return []
         return self._failed(event.error)
 
@@ -686,7 +761,7 @@ class LedgerRecoveryMachine(MetadataUpdater):
     # -------------------------------------------------------------- closing
 
     def _on_length(self, event: LengthRead) -> list[RecoveryEffect]:
-        if self.phase != "reading" or not self._length_asked:
+        if self.phase is not RecoveryPhase.READING or not self._length_asked:
             return []
         if event.length_bytes is None:
             return self._failed(
@@ -701,7 +776,7 @@ class LedgerRecoveryMachine(MetadataUpdater):
     def _maybe_close(self) -> list[RecoveryEffect]:
         """Close once the end is found, every rewrite reached Qa bookies and the length
         is known."""
-        if self.phase != "reading" or not self._end_found:
+        if self.phase is not RecoveryPhase.READING or not self._end_found:
             return []
         if self._rewrites:
             return self._maybe_replace()
@@ -722,7 +797,7 @@ class LedgerRecoveryMachine(MetadataUpdater):
                 ensemble = self.view.ensemble_for(entry_id)
                 bookies = tuple(ensemble[i] for i in self._write_set(entry_id))
                 return [ReadLength(entry_id, bookies)]
-        self.phase = "closing"
+        self.phase = RecoveryPhase.CLOSING
         decide = partial(
             decide_recovery_close,
             self.ledger_id,

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from quorumlog.core.adds import AddTracker, PendingAdd
+from quorumlog.core.invariants import require
 from quorumlog.core.metadata import (
     CLOSED,
     IN_RECOVERY,
@@ -280,6 +281,7 @@ class LedgerWriter(MetadataUpdater):
         self._settled = False  # outstanding adds were confirmed or failed after a failure
         self._holding = False  # failed slots, a change or a failure: confirm nothing now
         self.metadata_attempts = metadata_attempts
+        self._lac_floor = self.tracker.lac  # the LAC at the end of the last step
 
     # -------------------------------------------------------------- hot path
 
@@ -345,6 +347,49 @@ class LedgerWriter(MetadataUpdater):
 
     def step(self, event: WriterEvent) -> list[WriterEffect]:
         """Feed one event; returns the effects to carry out, in order."""
+        effects = self._dispatch(event)
+        self._check_invariants()
+        return effects
+
+    def _check_invariants(self) -> None:
+        """What holds after every step: the LAC only rises and stays below the next
+        entry id; nothing is confirmed while a failure, a change or a close holds
+        confirmations; a closed writer tracks nothing; outboxes hold entries added, in
+        order, each once (bounded by the adds)."""
+        tracker = self.tracker
+        lac = tracker.lac
+        require(lac >= self._lac_floor, f"ledger {self.ledger_id}: LAC fell to {lac}")
+        self._lac_floor = lac
+        require(
+            lac < tracker.next_entry_id,
+            f"ledger {self.ledger_id}: LAC {lac} at or past the next entry",
+        )
+        held = self.failure is not None or self._updating_close or bool(self.failed_slots)
+        require(
+            self._holding or not held,
+            f"ledger {self.ledger_id}: confirmations not held during a failure or close",
+        )
+        require(
+            not self.closed or len(tracker) == 0,
+            f"ledger {self.ledger_id}: closed with adds still tracked",
+        )
+        require(
+            all(
+                not queue
+                or (
+                    len(queue) <= tracker.next_entry_id - queue[0].entry_id
+                    and queue[-1].entry_id < tracker.next_entry_id
+                )
+                for queue in self._outbox
+            ),
+            f"ledger {self.ledger_id}: an outbox holds entries out of order or not added",
+        )
+        require(
+            not self._updating_close or self._update is not None,
+            f"ledger {self.ledger_id}: closing without a close update",
+        )
+
+    def _dispatch(self, event: WriterEvent) -> list[WriterEffect]:
         if isinstance(event, AddAcked):
             confirmed = self.ack(event.slot, event.generation, event.entry_ids)
             return [Confirm(list(confirmed))] if confirmed else []

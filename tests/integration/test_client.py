@@ -220,3 +220,24 @@ def test_asyncio_api_pipelines_and_reads(cluster3):
             assert [e.data for e in entries[:3]] == [b"000000", b"000001", b"000002"]
 
     asyncio.run(main())
+
+
+def test_a_bug_in_a_metadata_update_fails_the_handle_with_the_original_error(cluster3, monkeypatch):
+    """Only a store's failures (BKError, OSError, timeouts) are retried or read back; a
+    bug's exception is neither, and the handle fails with it instead of guessing."""
+
+    async def main():
+        async with await AsyncBookKeeper.connect(cluster3.metadata_uri) as bk:
+            lh = await bk.create_ledger(3, 3, 2)
+            assert await lh.add_entry(b"x") == 0
+
+            async def broken_update(*args, **kwargs):
+                raise TypeError("a bug in the update")
+
+            monkeypatch.setattr(bk.ledgers, "update", broken_update)
+            with pytest.raises(TypeError, match="a bug in the update"):
+                await asyncio.wait_for(lh.close(), 30)
+            with pytest.raises(quorumlog.BKError, match=r"internal error.*a bug in the update"):
+                lh.append(b"y")
+
+    asyncio.run(main())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -23,6 +24,7 @@ from hypothesis.stateful import (
 )
 from metadata_model import compare_and_set, random_schedule_settings, read_reply, ref_write_set
 
+from quorumlog.core.invariants import CoreInvariantError
 from quorumlog.core.metadata import (
     CLOSED,
     IN_RECOVERY,
@@ -482,3 +484,29 @@ class RandomRecoveries(RuleBasedStateMachine):
 
 RandomRecoveries.TestCase.settings = random_schedule_settings(max_examples=500)
 test_r7_r8_r13_random_recoveries_keep_every_entry_qa_bookies_held = RandomRecoveries.TestCase
+
+
+def test_an_answer_before_its_request_could_be_sent_fails_loudly():
+    view = LedgerView(OPEN, -1, ((0, ("A", "B", "C")),))
+    m = machine(view)
+    m.start()  # marking: no fence, read or rewrite was sent yet
+    for early in (
+        FenceAnswered(0, Status.OK, lac=3),
+        EntryRead(0, 0, Status.OK, blob(0), length(0)),
+        EntryRewritten(0, 0, Status.OK),
+        BookiesChosen((0,), ("D",)),
+    ):
+        with pytest.raises(CoreInvariantError, match="before any such request"):
+            m.step(early)
+    m.step(MetadataStored(replace(view, state=IN_RECOVERY)))
+    with pytest.raises(CoreInvariantError, match="before any such request"):
+        m.step(EntryRead(0, 0, Status.OK, blob(0), length(0)))  # fencing, not reading
+
+
+def test_a_metadata_answer_with_no_update_under_way_fails_loudly():
+    view = LedgerView(IN_RECOVERY, -1, ((0, ("A", "B", "C")),))
+    m = machine(view)
+    m.start()
+    m.step(MetadataStored(view))  # fencing now: no update under way
+    with pytest.raises(CoreInvariantError, match="no update under way"):
+        m.step(MetadataStored(view))

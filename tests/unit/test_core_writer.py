@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 )
 from metadata_model import compare_and_set, random_schedule_settings, read_reply, ref_write_set
 
+from quorumlog.core.invariants import CoreInvariantError
 from quorumlog.core.metadata import (
     CLOSED,
     IN_RECOVERY,
@@ -655,3 +656,14 @@ def test_r3_without_faults_every_entry_is_confirmed_in_order(shape):
         model.add()
     model.settle()
     assert model.confirmed == list(range(30))
+
+
+def test_a_writer_whose_lac_fell_fails_loudly_at_the_end_of_the_step():
+    writer = LedgerWriter(LEDGER, 3, 3, 2, view_of((0, ("A", "B", "D"))))
+    add(writer, 2)
+    writer.ack(0, 0, [0, 1])
+    writer.ack(1, 0, [0, 1])
+    assert writer.step(AddAcked(2, 0, [0])) == []
+    writer.tracker.lac = 0  # a bug elsewhere moved it back
+    with pytest.raises(CoreInvariantError, match="LAC fell"):
+        writer.step(AddAcked(2, 0, [1]))
