@@ -78,6 +78,7 @@ class Checkpoints:
 
     def _start(self) -> asyncio.Future[None]:
         assert self._loop is not None and self._executor is not None
+        assert self.running is None, "one checkpoint at a time"
         storage = self._storage
         work = storage.capture(self._journal.mark, self._journal.directory)
         future = self._loop.run_in_executor(self._executor, storage.commit, work)
@@ -108,13 +109,15 @@ class Checkpoints:
 
     async def now(self) -> None:
         """Run a checkpoint now (after any running one) and wait for it."""
-        if self.running is not None:
+        # Another may start in the turn the running one ends (the timer, garbage
+        # collection), before this wakes: wait until none runs.
+        while self.running is not None:
             await self.running
         await self._start()
 
     async def last(self) -> None:
         """The checkpoint of a close: after the running one, with the journal closed."""
-        if self.running is not None:
+        while self.running is not None:
             with contextlib.suppress(Exception):
                 await self.running
         storage = self._storage
