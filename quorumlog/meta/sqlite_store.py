@@ -647,6 +647,14 @@ class SqliteStore(MetadataStore):
             ).fetchall()
         return [name for (name,) in rows]
 
+    async def sync(self, path: str = "/") -> None:
+        """Nothing to wait for: every read is its own SQLite transaction on the one
+        database file, which sees every transaction committed before it began (there
+        is no replica that could lag), so reads here are linearizable already."""
+        check_path(path)
+        if self._closed:
+            raise MetadataError(f"metadata store {self.uri} is closed")
+
     async def next_id(self, counter: str, count: int = 1) -> int:
         check_counter_name(counter)
         check_id_count(counter, count)

@@ -104,6 +104,20 @@ class MetadataStore(abc.ABC):
         """Names (not paths) of the children of ``path``, sorted. NoNodeError if absent."""
 
     @abc.abstractmethod
+    async def sync(self, path: str = "/") -> None:
+        """Bring this session's reads up to date: every read issued after ``sync``
+        returns sees every write that completed, by any session, before ``sync`` was
+        called (ZooKeeper's ``sync``: the server this session reads from catches up with
+        the leader first).
+
+        Reads are otherwise only sequentially consistent per session (a ZooKeeper
+        follower may lag the quorum), so a decision that deletes, or that treats
+        something as absent, calls this first (R18, with R15). ``path`` is the node
+        about to be read (ZooKeeper brings the whole server up to date whatever it is;
+        the node need not exist). MetadataError if the store cannot be reached: the
+        caller then knows nothing new and deletes nothing."""
+
+    @abc.abstractmethod
     async def next_id(self, counter: str, count: int = 1) -> int:
         """A number from ``counter`` never handed out before, by any client (starts at 1).
 

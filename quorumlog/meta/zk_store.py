@@ -443,6 +443,14 @@ class ZkStore(MetadataStore):
         names = await self._call("children", path, lambda: self._client.get_children_async(path))
         return sorted(names)
 
+    async def sync(self, path: str = "/") -> None:
+        """ZooKeeper's sync(): the server of this session catches up with the leader
+        before it answers, so the reads sent after it see every write completed
+        before it (R18)."""
+        check_path(path)
+        await self._call("sync", path, lambda: self._client.sync_async(path))
+        self._sync_before_read = False
+
     async def next_id(self, counter: str, count: int = 1) -> int:
         check_counter_name(counter)
         check_id_count(counter, count)

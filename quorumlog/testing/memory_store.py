@@ -14,7 +14,13 @@ real store does, when given :class:`MetadataFaults` (``store.faults``):
   outcome is unknown to the caller, R13) -- ZooKeeper's connection loss or
   operation timeout;
 - replies are slow (the change is visible to others before the caller hears);
-- a partition from the store: every operation fails after a timeout, unapplied.
+- a partition from the store: every operation fails after a timeout, unapplied;
+- stale reads (:class:`StaleReads`, ``store.stale``): the session's server lags, as a
+  ZooKeeper follower may, and its reads show the tree as it was when the server last
+  caught up, until ``sync()`` or a write of the session's own.
+
+Without stale reads every session reads the one tree, which is linearizable already:
+``sync()`` then changes nothing.
 
 :meth:`MemoryStore.expire` ends the session as a server would after missed
 heartbeats: its ephemeral nodes go and its listeners hear LOST. A lost session
@@ -50,7 +56,7 @@ from quorumlog.meta.store import (
     WatchEvent,
 )
 
-__all__ = ["MemoryStore", "MemoryStoreFactory", "MemoryTree", "MetadataFaults"]
+__all__ = ["MemoryStore", "MemoryStoreFactory", "MemoryTree", "MetadataFaults", "StaleReads"]
 
 
 @dataclass
@@ -69,6 +75,7 @@ class MemoryTree:
     counters: dict[str, int] = field(default_factory=dict)
     watches: list[_MemoryWatch] = field(default_factory=list)
     session_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    changes: int = 0  # every change of a node counts one (stale views compare it)
 
 
 @dataclass
@@ -92,6 +99,19 @@ class MetadataFaults:
             self.on_event(what)
 
 
+@dataclass
+class StaleReads:
+    """A session whose server lags the others (a ZooKeeper follower behind the quorum):
+    its reads see the tree as it was when that server last caught up. It catches up at
+    ``sync()``, at a write of the session's own (a server applies every write before it,
+    in order, before it answers), at a watch event it delivers, and, at each read, with
+    ``catch_up_probability``: drawn from ``rng``, a generator of its own."""
+
+    rng: random.Random
+    catch_up_probability: float = 0.2
+    stale_reads: int = 0  # reads answered from a view older than the tree
+
+
 class _MemoryWatch(Watch):
     def __init__(
         self,
@@ -100,12 +120,14 @@ class _MemoryWatch(Watch):
         callback: WatchCallback,
         children: bool,
         loop: asyncio.AbstractEventLoop,
+        session: MemoryStore,
     ) -> None:
         self.tree = tree
         self.path = path
         self.callback = callback
         self.children = children
         self.loop = loop
+        self.session = session  # whose server delivers the events
         self.active = True
 
     def cancel(self) -> None:
@@ -136,6 +158,9 @@ class MemoryStore(MetadataStore):
         self._listeners: list[SessionCallback] = []
         self._own_ephemerals: set[str] = set()
         self._loop = asyncio.get_running_loop()
+        self.stale: StaleReads | None = None
+        self._view: dict[str, _Node] | None = None  # what a lagging server shows
+        self._view_at = 0  # the tree's change count when the view was taken
 
     # ------------------------------------------------------------ faults
 
@@ -170,6 +195,34 @@ class MemoryStore(MetadataStore):
                 f"metadata store connection lost: the outcome of {op} {path} is unknown"
             )
 
+    # ------------------------------------------------------------ stale reads
+
+    def _read_nodes(self) -> dict[str, _Node]:
+        """The nodes a read of this session sees: the tree, or a lagging server's view."""
+        stale = self.stale
+        if stale is None:
+            return self.tree.nodes
+        view = self._view
+        if view is None or stale.rng.random() < stale.catch_up_probability:
+            return self._catch_up()
+        if self._view_at != self.tree.changes:
+            stale.stale_reads += 1
+        return view
+
+    def _catch_up(self) -> dict[str, _Node]:
+        """This session's server applies every write so far (a copy: later writes to
+        the tree do not reach the view)."""
+        self._view = {
+            path: _Node(node.data, node.version, node.owner, node.sequence)
+            for path, node in self.tree.nodes.items()
+        }
+        self._view_at = self.tree.changes
+        return self._view
+
+    def _caught_up(self) -> None:
+        if self.stale is not None:
+            self._catch_up()
+
     # ------------------------------------------------------------ sessions
 
     def _check_alive_for(self, path: str) -> None:
@@ -179,6 +232,7 @@ class MemoryStore(MetadataStore):
             )
 
     def _fire(self, path: str, kind: EventType) -> None:
+        self.tree.changes += 1
         parent = _parent(path)
         for watch in list(self.tree.watches):
             if not watch.active:
@@ -194,7 +248,7 @@ class MemoryStore(MetadataStore):
         check_path(path)
         self._check_alive_for(path)
         await self._gate("get", path)
-        node = self.tree.nodes.get(path)
+        node = self._read_nodes().get(path)
         await self._reply("get", path, False)
         if node is None:
             raise NoNodeError(f"metadata path {path} does not exist")
@@ -203,7 +257,7 @@ class MemoryStore(MetadataStore):
     async def exists(self, path: str) -> int | None:
         check_path(path)
         await self._gate("exists", path)
-        node = self.tree.nodes.get(path)
+        node = self._read_nodes().get(path)
         version = None if node is None else node.version
         await self._reply("exists", path, False)
         return version
@@ -225,7 +279,10 @@ class MemoryStore(MetadataStore):
                 f"metadata session {self.session_id} expired: cannot create ephemeral {path}"
             )
         await self._gate("create", path)
-        created = self._create(path, bytes(data), ephemeral, sequential, make_parents)
+        try:
+            created = self._create(path, bytes(data), ephemeral, sequential, make_parents)
+        finally:
+            self._caught_up()  # a server applies the writes before its answer
         await self._reply("create", created, True)
         return created
 
@@ -257,6 +314,14 @@ class MemoryStore(MetadataStore):
         check_path(path)
         self._check_alive_for(path)
         await self._gate("set", path)
+        try:
+            new_version = self._set(path, bytes(data), version)
+        finally:
+            self._caught_up()  # a server applies the writes before its answer
+        await self._reply("set", path, True)
+        return new_version
+
+    def _set(self, path: str, data: bytes, version: int) -> int:
         node = self.tree.nodes.get(path)
         if node is None:
             raise NoNodeError(f"metadata path {path} does not exist")
@@ -264,17 +329,22 @@ class MemoryStore(MetadataStore):
             raise MetadataVersionError(
                 f"metadata path {path}: version {node.version}, expected {version}"
             )
-        node.data = bytes(data)
+        node.data = data
         node.version += 1
-        new_version = node.version
         self._fire(path, EventType.CHANGED)
-        await self._reply("set", path, True)
-        return new_version
+        return node.version
 
     async def delete(self, path: str, version: int = -1) -> None:
         check_path(path)
         self._check_alive_for(path)
         await self._gate("delete", path)
+        try:
+            self._delete(path, version)
+        finally:
+            self._caught_up()  # a server applies the writes before its answer
+        await self._reply("delete", path, True)
+
+    def _delete(self, path: str, version: int) -> None:
         nodes = self.tree.nodes
         node = nodes.get(path)
         if node is None:
@@ -289,21 +359,33 @@ class MemoryStore(MetadataStore):
         del nodes[path]
         self._own_ephemerals.discard(path)
         self._fire(path, EventType.DELETED)
-        await self._reply("delete", path, True)
 
     async def children(self, path: str) -> list[str]:
         check_path(path)
         await self._gate("children", path)
-        if path not in self.tree.nodes:
+        nodes = self._read_nodes()
+        if path not in nodes:
             raise NoNodeError(f"metadata path {path} does not exist")
         prefix = "/" if path == "/" else path + "/"
         names = sorted(
             p[len(prefix) :]
-            for p in self.tree.nodes
+            for p in nodes
             if p != "/" and p.startswith(prefix) and "/" not in p[len(prefix) :]
         )
         await self._reply("children", path, False)
         return names
+
+    async def sync(self, path: str = "/") -> None:
+        """ZooKeeper's sync. The tree is one dict that every session reads, linearizable
+        already: this only matters to a session given :class:`StaleReads`, whose
+        server then catches up.
+
+        It takes no fault of its own (no draw from ``faults.rng``, no partition delay):
+        a session that cannot reach the store fails at the read that follows, as it
+        would have before, and every seeded run draws what it drew before syncs were
+        made (tests/sim/test_simulation.py pins that)."""
+        check_path(path)
+        self._caught_up()
 
     async def next_id(self, counter: str, count: int = 1) -> int:
         check_counter_name(counter)
@@ -315,7 +397,7 @@ class MemoryStore(MetadataStore):
         return value
 
     def watch(self, path: str, callback: WatchCallback, *, children: bool = False) -> Watch:
-        watch = _MemoryWatch(self.tree, path, callback, children, self._loop)
+        watch = _MemoryWatch(self.tree, path, callback, children, self._loop, self)
         self.tree.watches.append(watch)
         return watch
 
@@ -349,6 +431,7 @@ class MemoryStore(MetadataStore):
 
 def _deliver(watch: _MemoryWatch, event: WatchEvent) -> None:
     if watch.active:
+        watch.session._caught_up()  # its server has applied the change it reports
         watch.callback(event)
 
 

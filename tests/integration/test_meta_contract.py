@@ -288,6 +288,32 @@ def test_cas_conflict_between_two_stores(metadata_uri):
     run(body())
 
 
+def test_r18_sync_then_read_sees_the_writes_of_another_store(metadata_uri):
+    """sync() returns once this store's reads see every write completed before it (R18),
+    whether or not its path exists; a driver's closed store fails it, as any operation."""
+
+    async def body():
+        first, second = await two_stores(metadata_uri)
+        try:
+            assert await second.exists("/synced") is None
+            await first.create("/synced/child", b"new")
+            await second.sync("/synced")
+            assert (await second.get("/synced/child")).data == b"new"
+            assert await second.children("/synced") == ["child"]
+            await second.sync("/no/such/node")
+            await second.sync()
+            with pytest.raises(MetadataError):
+                await second.sync("relative")
+        finally:
+            await first.close()
+            await second.close()
+        if not metadata_uri.startswith("memory://"):
+            with pytest.raises(MetadataError):
+                await second.sync("/synced")
+
+    run(body())
+
+
 def test_create_existing_and_parents(metadata_uri):
     async def body():
         async with await open_store(metadata_uri) as store:

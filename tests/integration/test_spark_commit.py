@@ -151,6 +151,9 @@ class FaultyStore(MetadataStore):
         self._staging_fails(path)
         return await self.inner.children(path)
 
+    async def sync(self, path: str = "/") -> None:
+        await self.inner.sync(path)
+
     async def next_id(self, counter: str, count: int = 1) -> int:
         return await self.inner.next_id(counter, count)
 
