@@ -8,13 +8,20 @@ and only while the store is still the one this bookie started on:
    created meanwhile has its metadata written before any of its entries reach a bookie,
    so it is either in the listing or absent from the snapshot; only ledgers in the
    snapshot are candidates;
-2. this bookie's cookie must be in the store: a store wiped or re-created empty has
+2. the store is synced (R18): ZooKeeper's reads are sequentially consistent per
+   session, not linearizable, and a follower that lags the quorum would list neither a
+   ledger created moments ago nor find it when read alone, though this bookie already
+   holds its entries. After ``sync()`` every read sees each write completed before it,
+   so every ledger of the snapshot;
+3. this bookie's cookie must be in the store: a store wiped or re-created empty has
    none, and there every ledger would look deleted;
-3. the ledgers' node is listed; a missing node is a wiped store, not "no ledgers";
-4. each candidate missing from the listing is read on its own; only "no such node"
-   confirms it (a listing can be stale; an error or timeout is unknown, R13, and keeps
-   the ledger);
-5. the cookie is read again, after those reads: a store wiped while they ran is seen.
+4. the ledgers' node is listed; a missing node is a wiped store, not "no ledgers", and
+   an empty listing while the bookie holds ledgers proves nothing either (a store being
+   restored, a server that lost its data): the round stops there;
+5. each candidate missing from the listing is read on its own, each batch of reads
+   after a sync of its own; only "no such node" confirms it (a listing can be stale;
+   an error or timeout is unknown, R13, and keeps the ledger);
+6. the cookie is read again, after those reads: a store wiped while they ran is seen.
 
 A round that cannot prove a deletion drops nothing and says why (:class:`GcSkipped`).
 What the bookie then does in memory cannot fail on bad input: an exception there is a
@@ -55,6 +62,10 @@ class Collectable(Protocol):
 class GcMetadata(Protocol):
     """What a round reads from the metadata store."""
 
+    async def sync(self) -> None:
+        """Make the reads that follow see every write completed before this call (R18)."""
+        ...
+
     async def cookie_exists(self) -> bool: ...
 
     async def list_ledgers(self) -> set[int]: ...
@@ -68,13 +79,32 @@ class StoreGcMetadata:
     def __init__(self, store: Callable[[], MetadataStore], address: str) -> None:
         self._store = store
         self.address = address
+        self._synced: MetadataStore | None = None  # the store the last sync went to
+
+    async def sync(self) -> None:
+        store = self._store()
+        self._synced = None
+        await store.sync(LEDGERS_PATH)
+        self._synced = store
+
+    async def _read_store(self) -> MetadataStore:
+        """The current store, synced first if the last sync went to another one (the
+        server opens a new store after a lost session: a new session may be served by
+        a server further behind than the old one's)."""
+        store = self._store()
+        if store is not self._synced:
+            await store.sync(LEDGERS_PATH)
+            self._synced = store
+        return store
 
     async def cookie_exists(self) -> bool:
-        return await BookieRegistry(self._store()).read_cookie(self.address) is not None
+        store = await self._read_store()
+        return await BookieRegistry(store).read_cookie(self.address) is not None
 
     async def list_ledgers(self) -> set[int]:
+        store = await self._read_store()
         try:
-            names = await self._store().children(LEDGERS_PATH)
+            names = await store.children(LEDGERS_PATH)
         except NoNodeError:
             raise GcSkipped(
                 f"the metadata store has no {LEDGERS_PATH} node: a wiped or re-created "
@@ -83,8 +113,9 @@ class StoreGcMetadata:
         return {int(name) for name in names if name.isdigit()}
 
     async def ledger_exists(self, ledger_id: int) -> bool:
+        store = await self._read_store()
         try:
-            await LedgerManager(self._store()).read(ledger_id)
+            await LedgerManager(store).read(ledger_id)
         except NoSuchLedgerError:
             return False
         return True
@@ -96,13 +127,22 @@ async def collect_once(bookie: Collectable, metadata: GcMetadata) -> int:
     snapshot = set(bookie.ledger_ids())
     if not snapshot:
         return 0
+    await metadata.sync()  # R18: what the store holds now, not what a lagging server has
     await _check_cookie(metadata)
-    candidates = sorted(snapshot - await metadata.list_ledgers())
+    listed = await metadata.list_ledgers()
+    if not listed:
+        raise GcSkipped(
+            f"the metadata store lists no ledgers while this bookie holds {len(snapshot)} "
+            f"ledgers: an empty listing proves nothing (a store being restored, or one that "
+            f"lost its data); nothing deleted, the next round looks again"
+        )
+    candidates = sorted(snapshot - listed)
     if not candidates:
         return 0
     gone: set[int] = set()
     for start in range(0, len(candidates), _READS_IN_FLIGHT):
         chunk = candidates[start : start + _READS_IN_FLIGHT]
+        await metadata.sync()  # R18: each batch of reads that can lead to a drop
         exists = await asyncio.gather(*(metadata.ledger_exists(lid) for lid in chunk))
         gone.update(lid for lid, found in zip(chunk, exists, strict=True) if not found)
     if not gone:
