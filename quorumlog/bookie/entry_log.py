@@ -33,7 +33,9 @@ record of another log.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import errno
 import functools
 import logging
 import mmap
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 LOG_MAGIC = b"QLENTLG1"
 _FILE_HEADER = struct.Struct(">8sQ")
 LOG_HEADER_SIZE = _FILE_HEADER.size
+# A failed open for want of descriptors: nothing was written or synced, try again later.
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
 RECORD_HEADER = struct.Struct(">II")  # blob size, CRC32C of the blob
 RECORD_HEADER_SIZE = RECORD_HEADER.size
 _NAME = re.compile(r"^([0-9a-f]{8})\.log$")
@@ -197,6 +202,7 @@ class EntryLogger:
         page_cache_max_bytes: int = 0,
         direct_io: bool = True,
         ops: FileOps = REAL_FILES,
+        max_read_fds: int = 64,
     ) -> None:
         """``known_ids``: log ids the index names, which may be missing from the directory
         (a log whose directory entry was lost keeps its id: a reader finds it gone, never
@@ -204,7 +210,10 @@ class EntryLogger:
         log, back from its end, is left in the page cache; 0 leaves all of it to the
         kernel (and so does ``direct_io``, which leaves nothing written in it).
         ``direct_io``: write chunks around the page cache, where the filesystem allows
-        (where it does not, a warning says so and writes go through the cache)."""
+        (where it does not, a warning says so and writes go through the cache).
+        ``max_read_fds``: descriptors kept open for reading older logs (the least
+        recently read is closed first), so a long-lived bookie holds a bounded number
+        whatever the count of its logs."""
         self.directory = directory
         self.max_bytes = max_bytes
         self.write_buffer_bytes = write_buffer_bytes
@@ -217,7 +226,12 @@ class EntryLogger:
         self._cache_dropped_to: dict[int, int] = {}  # log id -> pages before it dropped
         self.ops = ops
         ops.mkdir(directory)
-        self._fds: dict[int, int] = {}  # open file descriptors by log id
+        # Descriptors by log id: the logs still written or synced (the current one, and
+        # a rotated one until its bytes are synced and no chunk of it is in flight) ...
+        self._fds: dict[int, int] = {}
+        # ... and older logs opened for reading, least recently read first.
+        self._read_fds: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self.max_read_fds = max(1, max_read_fds)
         self.direct_io = direct_io
         self._direct_fds: dict[int, int] = {}  # log id -> descriptor for direct writes
         self.current_id = max([0, *list_log_ids(directory, ops), *known_ids]) + 1
@@ -247,6 +261,7 @@ class EntryLogger:
         self._rewritten: list[Chunk] = []  # written again; the loop forgets them
         self.write_error: OSError | None = None
         self.sync_error: OSError | None = None  # sticky
+        self._directory_sync_pending = False  # a new log's name not yet made durable
         self._create(self.current_id, strict=True)
 
     # ------------------------------------------------------------ writing
@@ -273,6 +288,19 @@ class EntryLogger:
         try:
             self.ops.fsync_directory(self.directory)
         except OSError as exc:
+            if exc.errno in _OUT_OF_DESCRIPTORS and not strict:
+                # The directory could not even be opened: nothing was synced and nothing
+                # lost, so this is not a sticky sync failure. The next checkpoint syncs
+                # the directory before it passes (sync), and fails until it can.
+                self._directory_sync_pending = True
+                log.warning(
+                    "entry log %s: could not open the directory to sync it after creating "
+                    "log %d (%s); the next checkpoint tries again",
+                    self.directory,
+                    log_id,
+                    exc,
+                )
+                return
             self._sync_failed(exc, f"fsync of the directory after creating log {log_id}")
             if strict:
                 del self._fds[log_id]
@@ -496,6 +524,14 @@ class EntryLogger:
                 f"entry log {self.directory}: an earlier sync failed ({self.sync_error}); "
                 f"the pages it covered may be lost, so no checkpoint can pass it"
             )
+        if self._directory_sync_pending:
+            try:
+                self.ops.fsync_directory(self.directory)
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_DESCRIPTORS:
+                    self._sync_failed(exc, "fsync of the directory")
+                raise
+            self._directory_sync_pending = False
         with self._lock:
             rewrite, self._rewrite = self._rewrite, []
         for n, (entry, fd) in enumerate(rewrite):
@@ -545,13 +581,36 @@ class EntryLogger:
 
     def _fd(self, log_id: int) -> int:
         fd = self._fds.get(log_id)
-        if fd is None:
-            try:
-                fd = self.ops.open_read(self._path(log_id))
-            except OSError as exc:
-                raise BookieIOError(f"entry log {self._path(log_id)}: cannot open: {exc}") from exc
-            self._fds[log_id] = fd
+        if fd is not None:
+            return fd
+        readers = self._read_fds
+        fd = readers.get(log_id)
+        if fd is not None:
+            readers.move_to_end(log_id)
+            return fd
+        try:
+            fd = self.ops.open_read(self._path(log_id))
+        except OSError as exc:
+            raise BookieIOError(f"entry log {self._path(log_id)}: cannot open: {exc}") from exc
+        readers[log_id] = fd
+        while len(readers) > self.max_read_fds:
+            _, oldest = readers.popitem(last=False)
+            self.ops.close(oldest)
         return fd
+
+    def release_rotated(self) -> None:
+        """On the loop after a checkpoint (done or failed): close the writers of rotated
+        logs whose bytes are synced and of which no chunk is in flight or waits to be
+        written again. Reads of them reopen through the bounded readers."""
+        current = self.current_id
+        busy = {chunk[0] for chunk in self._pending} | self._unsynced | {current}
+        with self._lock:
+            busy.update(entry[0] for entry, _ in self._rewrite)
+        for log_id in [log_id for log_id in self._fds if log_id not in busy]:
+            for fds in (self._fds, self._direct_fds):
+                fd = fds.pop(log_id, None)
+                if fd is not None:
+                    self.ops.close(fd)
 
     def read_ahead(self, log_id: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
         """The records from ``offset`` on, read from the log's file in one pread of at
@@ -636,7 +695,7 @@ class EntryLogger:
         with self._lock:  # a collected log's failed writes need not be done again
             self._rewrite = [r for r in self._rewrite if r[0][0] != log_id]
         self._pending = [c for c in self._pending if c[0] != log_id]
-        for fds in (self._fds, self._direct_fds):
+        for fds in (self._fds, self._direct_fds, self._read_fds):
             fd = fds.pop(log_id, None)
             if fd is not None:
                 self.ops.close(fd)
@@ -646,7 +705,7 @@ class EntryLogger:
         """Write what is buffered and close every file (the worker must be idle)."""
         self.writer = None
         self.flush()
-        for fds in (self._fds, self._direct_fds):
+        for fds in (self._fds, self._direct_fds, self._read_fds):
             for fd in fds.values():
                 self.ops.close(fd)
             fds.clear()

@@ -507,6 +507,7 @@ class LedgerStorage:
             for log_id in work.free_logs:
                 self.entry_log.forget(log_id)
                 self.read_cache.drop_log(log_id)
+            self.entry_log.release_rotated()
             return
         # Put everything back so that the next checkpoint writes it again.
         for st in work.flushed:
@@ -524,6 +525,7 @@ class LedgerStorage:
         self._dirty_logs.update(log_id for log_id, _ in work.update.logs)
         self._dirty_logs.update(work.free_logs)
         self.entry_log.requeue_unsynced(work.sync_logs)
+        self.entry_log.release_rotated()
 
     def close(self) -> None:
         try:

@@ -31,6 +31,7 @@ from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
 from quorumlog.server.config import ServerConfig
 from quorumlog.server.memory_tuning import keep_freed_memory, tune_for_serving
+from quorumlog.server.open_files import raise_open_files_limit
 
 if TYPE_CHECKING:
     from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
@@ -309,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     listen = _Listen(port=args.port, bind_host=bind_host, advertised_host=advertised_host)
     keep_freed_memory()  # before the first big buffer
+    raise_open_files_limit()
     loop = _new_event_loop()
     try:
         return loop.run_until_complete(_serve(config, server_config, uri, listen, recovery))
