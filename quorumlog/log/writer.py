@@ -173,6 +173,8 @@ async def _discard(log_obj: Log, handle: LedgerHandle) -> None:
     with contextlib.suppress(BKError):
         await handle.close()
     try:
+        # R18: the list as the store holds it now, not as a lagging server has it.
+        await log_obj.store.sync(log_path(log_obj.name))
         metadata, _ = await read_log(log_obj.store, log_obj.name)
     except NoSuchLogError:
         pass  # the log is gone: nothing can list the ledger

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quorumlog.errors import BKError, NoNodeError, NoSuchLedgerError
+from quorumlog.meta.bookies import BOOKIES_PATH
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.underreplication import (
     AUDIT_REQUEST_PATH,
@@ -224,8 +225,7 @@ class Auditor:
             delay_s = await self.marks.lost_bookie_recovery_delay_s()
             now = loop.time()
             if enabled:
-                new_available = set(await self.bk.registry.writable_bookies())
-                new_available |= set(await self.bk.registry.readonly_bookies())
+                new_available = await self.available_bookies()
                 if new_available != available or now >= next_index:
                     available = new_available
                     index = await self._read_index()
@@ -261,6 +261,16 @@ class Auditor:
                 timeout = min(timeout, pending if pending > 0 else timeout)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.05, timeout))
+
+    async def available_bookies(self) -> set[str]:
+        """The registered bookies, writable and read-only, as the store holds them now.
+        A bookie missing here counts as lost, and its ledgers are marked once the delay
+        is over: a sync comes first (R18), since a lagging server may not list a bookie
+        that registered moments ago. The ledger index read after it is as fresh."""
+        await self.bk.store.sync(BOOKIES_PATH)
+        available = set(await self.bk.registry.writable_bookies())
+        available |= set(await self.bk.registry.readonly_bookies())
+        return available
 
     async def _audit(self, available: set[str]) -> None:
         try:

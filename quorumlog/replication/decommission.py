@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quorumlog.errors import NoSuchLedgerError
+from quorumlog.meta.ledgers import LEDGERS_PATH
 from quorumlog.replication.report import RecoveryReport
 from quorumlog.replication.rereplicate import recover_bookie
 
@@ -54,7 +55,10 @@ class Decommission:
 
 
 async def ledgers_naming(bk: BookKeeper, bookie: str) -> list[int]:
-    """Ids of the ledgers whose metadata names ``bookie``."""
+    """Ids of the ledgers whose metadata names ``bookie``, as the store holds them now:
+    none lets the bookie's cookie and registration go, so a sync comes first (R18; a
+    lagging server may not have a ledger created on the bookie moments ago)."""
+    await bk.store.sync(LEDGERS_PATH)
     found = []
     for ledger_id in await bk.ledgers.list_ledger_ids():
         try:

@@ -63,6 +63,7 @@ from quorumlog.errors import (
     UnauthorizedError,
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.meta.ledgers import LEDGERS_PATH
 from quorumlog.proto.entry import EntryCodec, master_key
 from quorumlog.replication.copy import (
     CHUNK_BYTES_DEFAULT,
@@ -143,6 +144,9 @@ async def recover_bookie(
         replacement_attempts=replacement_attempts,
     )
     explicit = ledger_ids is not None
+    # R18: a ledger a lagging server does not have yet would be left out (or reported
+    # deleted), and a report that no ledger names the bookie lets it be forgotten.
+    await metadata_call(bk, bk.store.sync(LEDGERS_PATH), "sync")
     if ledger_ids is None:
         ids = await metadata_call(bk, bk.ledgers.list_ledger_ids(), "the ledger list")
     else:
@@ -242,6 +246,18 @@ async def replicate_ledger(
         chunk_bytes=chunk_bytes,
         replacement_attempts=replacement_attempts,
     )
+    # R18: "deleted" or "unaffected" clears the ledger's under-replication mark; a
+    # lagging server would say so of a ledger it does not have yet, or of an ensemble
+    # as it was before a change.
+    try:
+        await metadata_call(bk, bk.store.sync(LEDGERS_PATH), "sync")
+    except BKError as exc:
+        return LedgerReplication(
+            ledger_id=ledger_id,
+            outcome=LedgerOutcome.FAILED,
+            error=f"ledger {ledger_id}: the metadata store could not be synced: {exc.message}",
+            references_bookie=True,
+        )
     result = await run.ledger(
         ledger_id,
         password,

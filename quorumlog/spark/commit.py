@@ -297,7 +297,11 @@ async def create_task_ledger(
         custom_metadata=ledger_tags(log_name, token, partition),
         ledger_id=ledger_id,
     )
-    if await bk.store.exists(f"{staging_path(token)}/l{ledger_id}") is not None:
+    registration = f"{staging_path(token)}/l{ledger_id}"
+    # R18: a lagging server may still show the registration a clean-up just deleted,
+    # and the ledger would be left behind with nothing to delete it.
+    await bk.store.sync(registration)
+    if await bk.store.exists(registration) is not None:
         return handle
     # The clean-up deletes a registration before its ledger: seeing it gone after the
     # create means no clean-up will come back for this ledger.
@@ -688,7 +692,11 @@ async def abort(
     bk: BookKeeper, log_name: str, token: str, *, password: bytes = b""
 ) -> tuple[int, ...]:
     """Delete every ledger the write's tasks registered that is not in the log; nothing
-    while a compare-and-set of the write's commit may still be applied (R13)."""
+    while a compare-and-set of the write's commit may still be applied (R13).
+
+    The marker and the log are read after a sync (R18): a lagging server could show
+    neither the marker nor the ledgers a commit appended, which would then be deleted."""
+    await bk.store.sync(staging_path(token))
     if await bk.store.exists(f"{staging_path(token)}/{COMMIT_MARKER}") is not None:
         log.warning(
             "log %s: the write's commit may have appended its ledgers; they are kept "
