@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic
 
 from quorumlog.errors import BKError, MetadataError
 
@@ -101,18 +102,32 @@ class Refused:
 
 Decision = NewFragment | MarkInRecovery | CloseAt | Settled | Refused
 
+# The policy below is the same for every metadata node with a compare-and-set: ledger
+# metadata (LedgerView, Decision: the defaults) and a log's ledger list
+# (core/log_metadata.py). Its events and outcomes carry the view they were made on.
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    ViewT = TypeVar("ViewT", default=LedgerView)
+    DecisionT = TypeVar("DecisionT", default=Decision)
+else:  # typing's TypeVar takes a default from Python 3.13 on; at run time it is unused
+    from typing import TypeVar
+
+    ViewT = TypeVar("ViewT")
+    DecisionT = TypeVar("DecisionT")
+
 
 # ------------------------------------------------------------------ the conversation with
 # the client about one update (shared by every state machine that writes metadata)
 
 
 @dataclass(frozen=True, slots=True)
-class UpdateMetadata:
+class UpdateMetadata(Generic[ViewT, DecisionT]):
     """Effect: run the read-decide-compare-and-set loop with ``decide`` on the ledger
     metadata last stored or read; answer with MetadataStored, MetadataRefused or
     MetadataUnknown."""
 
-    decide: Callable[[LedgerView], Decision]
+    decide: Callable[[ViewT], DecisionT]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +139,11 @@ class ReadMetadata:
 
 
 @dataclass(frozen=True, slots=True)
-class MetadataStored:
+class MetadataStored(Generic[ViewT]):
     """The update ended: its decision was written, or it was Settled by the metadata as
     read. ``view`` is the metadata now stored."""
 
-    view: LedgerView
+    view: ViewT
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +162,10 @@ class MetadataUnknown:
 
 
 @dataclass(frozen=True, slots=True)
-class MetadataRead:
+class MetadataRead(Generic[ViewT]):
     """The answer to :class:`ReadMetadata`."""
 
-    view: LedgerView
+    view: ViewT
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,16 +174,20 @@ class MetadataReadFailed:
 
 
 MetadataEvent = (
-    MetadataStored | MetadataRefused | MetadataUnknown | MetadataRead | MetadataReadFailed
+    MetadataStored[ViewT]
+    | MetadataRefused
+    | MetadataUnknown
+    | MetadataRead[ViewT]
+    | MetadataReadFailed
 )
 
 
 @dataclass(frozen=True, slots=True)
-class Retry:
+class Retry(Generic[ViewT, DecisionT]):
     """What :class:`PendingUpdate` makes of a read: the write did not happen; ``effect``
     tries it again on the version read."""
 
-    effect: UpdateMetadata
+    effect: UpdateMetadata[ViewT, DecisionT]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +199,7 @@ class Unresolved:
     error: BKError
 
 
-class PendingUpdate:
+class PendingUpdate(Generic[ViewT, DecisionT]):
     """One metadata update under way, and the policy for its outcome (R13).
 
     Feed it the metadata events; it answers with what they mean for the update:
@@ -197,21 +216,25 @@ class PendingUpdate:
     was, the write may have been applied and then superseded (recovery replaces a
     fragment that starts at the same entry; a close hides it), so a refusal read then,
     or a compare-and-set that conflicts then, is :class:`Unresolved`.
+
+    It is generic over the view decided on and the decisions (ledger metadata by
+    default; a log's ledger list in ``core/log_metadata.py``): only :class:`Settled`
+    and :class:`Refused` mean something to it, any other decision is a change to write.
     """
 
     __slots__ = ("_failed_reads", "_unknown", "attempts", "decide", "last_error")
 
-    def __init__(self, decide: Callable[[LedgerView], Decision], attempts: int) -> None:
+    def __init__(self, decide: Callable[[ViewT], DecisionT], attempts: int) -> None:
         self.decide = decide
         self.attempts = attempts
         self._unknown = 0
         self._failed_reads = 0
         self.last_error: BKError | None = None
 
-    def start(self) -> UpdateMetadata:
+    def start(self) -> UpdateMetadata[ViewT, DecisionT]:
         return UpdateMetadata(self.decide)
 
-    def on_event(self, event: MetadataEvent) -> UpdateOutcome:
+    def on_event(self, event: MetadataEvent[ViewT]) -> UpdateOutcome[ViewT, DecisionT]:
         if isinstance(event, MetadataStored):
             self.last_error = None
             return event
@@ -250,7 +273,9 @@ class PendingUpdate:
         return Retry(UpdateMetadata(self.decide))  # it did not: try again on this version
 
 
-UpdateOutcome = MetadataStored | Refused | ReadMetadata | Retry | Unresolved
+UpdateOutcome = (
+    MetadataStored[ViewT] | Refused | ReadMetadata | Retry[ViewT, DecisionT] | Unresolved
+)
 
 
 class MetadataUpdater:
