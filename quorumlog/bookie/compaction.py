@@ -224,8 +224,9 @@ class Compactor:
     def _cannot_go_on(self) -> str | None:
         if self._stopped():
             return "the bookie is closing"
-        # R14: past a failed sync nothing more is written or deleted.
-        return self.storage.failure
+        # R14: past a failed sync nothing more is written or deleted; while entry-log
+        # bytes wait in memory to be written again, copying would only pile up more.
+        return self.storage.failure or self.storage.write_failure
 
     async def _copy_log(self, log_id: int, pace: _Pace) -> tuple[int, int]:
         """Copy every live entry of ``log_id`` into the current log; (entries, bytes)."""
@@ -259,6 +260,8 @@ class Compactor:
         for entry_id in entry_ids:
             if self._stopped():
                 raise BookieIOError("the bookie is closing")
+            if storage.write_failure is not None:
+                raise BookieIOError("stopped: an entry-log write failed")
             st = storage.states.get(ledger_id)
             if st is None or st.deleted:
                 return  # dropped meanwhile

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 ReadOnlyListener = Callable[[bool], None]
 
+# After a failed entry-log write, checks in a row (checkpoints) that must find the bytes
+# written before the bookie takes adds again.
+WRITABLE_AFTER_CLEAN_CHECKPOINTS = 2
+
 
 class ReadOnlyMode:
     """Whether a bookie refuses adds, and why (event loop only).
@@ -47,7 +51,8 @@ class ReadOnlyMode:
         self.disk_checker = disk_checker
         self.journal_failed = False
         self.storage_failure: str | None = None  # R14: until a restart
-        self.write_failure: str | None = None  # until a checkpoint writes it again
+        self.write_failure: str | None = None  # until checkpoints write it again
+        self._clean_checks = 0  # checks in a row without a write failure since one
         self.operator = False  # set through the admin API, until cleared or a restart
         self.read_only = disk_checker.full
         self._timers = timers
@@ -80,8 +85,19 @@ class ReadOnlyMode:
         self._update()
 
     def storage_checked(self, storage: LedgerStorage) -> None:
-        """After a checkpoint, or a failed entry-log write: follow ledger storage's verdict."""
+        """After a checkpoint, or a failed entry-log write: follow ledger storage's verdict.
+
+        A failed entry-log write makes the bookie read-only at once; it becomes writable
+        again only after ``WRITABLE_AFTER_CLEAN_CHECKPOINTS`` checks in a row found the
+        bytes written (hysteresis): a disk that fails every other write would otherwise
+        flap, moving the bookie's registration each time (issue B7)."""
         failure, write_failure = storage.failure, storage.write_failure
+        if write_failure is not None:
+            self._clean_checks = 0
+        elif self.write_failure is not None:
+            self._clean_checks += 1
+            if self._clean_checks < WRITABLE_AFTER_CLEAN_CHECKPOINTS:
+                write_failure = self.write_failure  # not yet: keep the reason
         if failure == self.storage_failure and write_failure == self.write_failure:
             return
         for now, before in ((failure, self.storage_failure), (write_failure, self.write_failure)):

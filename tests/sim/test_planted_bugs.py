@@ -26,6 +26,7 @@ from quorumlog.core import recovery as core_recovery
 from quorumlog.core.adds import AddTracker
 from quorumlog.log import writer as log_writer
 from quorumlog.proto.codec import ReadFlag
+from quorumlog.server import gc as server_gc
 from quorumlog.testing.sim.runner import first_failure
 
 MAX_SEEDS = int(os.environ.get("QUORUMLOG_PLANTED_MAX_SEEDS", "2000"))
@@ -98,6 +99,20 @@ def _unknown_metadata_outcome_taken_as_refused(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(core_metadata.PendingUpdate, "on_event", unknown_is_refused)
 
 
+def _gc_reads_without_sync(mp: pytest.MonkeyPatch) -> None:
+    """R18: garbage collection believes a lagging server's listing (the simulator's stale
+    listing), which misses a ledger created since, and drops the bookie's copy of it."""
+
+    async def no_sync(self: server_gc.StoreGcMetadata) -> None:
+        return None
+
+    async def unsynced(self: server_gc.StoreGcMetadata) -> object:
+        return self._store()
+
+    mp.setattr(server_gc.StoreGcMetadata, "sync", no_sync)
+    mp.setattr(server_gc.StoreGcMetadata, "_read_store", unsynced)
+
+
 DURABILITY = frozenset({"R3-replicas", "R7-fencing", "R8-durability", "R8-final", "R8-agreement"})
 
 PLANTED = {
@@ -118,6 +133,7 @@ PLANTED = {
     "an unknown metadata outcome taken as refused (C1, R13)": Planted(
         _unknown_metadata_outcome_taken_as_refused, DURABILITY
     ),
+    "garbage collection reading without a sync (R18)": Planted(_gc_reads_without_sync, DURABILITY),
     "a log writer skipping R11's fencing": Planted(
         _log_writer_skips_fencing, frozenset({"R11-log"})
     ),

@@ -63,6 +63,7 @@ def test_r3_r4_r7_r8_r11_hold_over_many_seeded_fault_schedules() -> None:
             "bits_flipped",
             "restarts",
             "bookies_lost_for_good",
+            "stale_gc_reads",
         ):
             assert stats[what] > 0, f"no run had {what}: {dict(stats)}"
         assert stats["confirmed entries"] > SEEDS * 10

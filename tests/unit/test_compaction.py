@@ -434,3 +434,25 @@ def test_a_power_loss_at_any_disk_call_of_a_compaction_loses_nothing() -> None:
         assert present == set(storage.log_ledgers), n  # nothing half-done is left
         assert all(u.live_fraction >= 0.8 for u in compactor(storage, data).usage()), n
     assert n > 5, n
+
+
+def test_b7_compaction_copies_nothing_while_an_entry_log_write_waits_to_be_redone(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    storage = open_storage(data)
+    fill(storage, data)
+    drop_gone(storage)
+    checkpoint(storage, data)
+    storage.entry_log.write_error = OSError(5, "Input/output error")
+
+    async def go() -> None:
+        result = await compactor(storage, data).run(major=False)
+        assert result.entries_copied == 0 and not result.logs_compacted
+        assert any("entry logs" in why for why in result.skipped)
+
+    try:
+        asyncio.run(go())
+    finally:
+        storage.entry_log.write_error = None
+        storage.close()

@@ -15,7 +15,14 @@ of virtual time and undoes it later:
 - a bookie lost for good (its machine gone: killed and never restarted), which a
   recovery with Qa = Qw can only get past by replacing it;
 - the metadata store: writes applied with their reply lost (R13), failed calls,
-  slow replies, expired sessions.
+  slow replies, expired sessions;
+- a stale listing: the bookies' garbage collection reads from a server that lags (a
+  ZooKeeper follower behind the quorum, :class:`StaleReads`), which neither lists nor
+  finds a ledger created since it last caught up, though the bookie may hold its
+  entries already; only a sync first (R18) makes its reads current. Not healed: a
+  lagging server is nothing the system may wait out. Drawn from a generator of its own
+  (:meth:`NemesisPlan.draw_stale_listing`), so that the seed's other draws stay as
+  they were.
 
 Faults that destroy synced bytes (bit flips: a flipped journal record stops that
 bookie for good) are kept to the bookies :attr:`NemesisPlan.damageable` names: at
@@ -39,7 +46,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from quorumlog.testing.memory_store import MetadataFaults
+from quorumlog.testing.memory_store import MetadataFaults, StaleReads
 from quorumlog.testing.sim.cluster import BookieNode, Cluster
 
 __all__ = ["Nemesis", "NemesisPlan"]
@@ -67,6 +74,8 @@ class NemesisPlan:
     damageable: list[str] = field(default_factory=list)  # may lose synced bytes
     lose_for_good: str | None = None  # a bookie that dies and never comes back
     interval_ms: tuple[float, float] = (1.0, 20.0)
+    # The chance that a GC read finds its lagging server caught up; 0: no stale listing.
+    stale_listing: float = 0.0
 
     @classmethod
     def draw(
@@ -101,6 +110,12 @@ class NemesisPlan:
             plan.lose_for_good = rng.choice(addresses)
             plan.damageable = [plan.lose_for_good]
         return plan
+
+    def draw_stale_listing(self, rng: random.Random) -> None:
+        """Whether the bookies' garbage collection reads from a lagging server, and how
+        often it catches up: from ``rng``, a generator that nothing else draws from."""
+        if rng.random() < 0.3:
+            self.stale_listing = rng.choice([0.02, 0.1, 0.3])
 
     def metadata_faults(self, rng: random.Random) -> MetadataFaults:
         return MetadataFaults(
@@ -147,6 +162,17 @@ class Nemesis:
         self._healing = False
         self.flipped: set[str] = set()  # nodes with a flipped bit on their disk
         cluster.on_down.append(self._node_went_down)
+
+    def lag_gc_sessions(self, rng: random.Random) -> None:
+        """The stale listing: each bookie's GC session reads from a lagging server whose
+        catching up is drawn from a generator of its own, made from ``rng``."""
+        if not self.plan.stale_listing:
+            return
+        for node in self.cluster.nodes:
+            if node.gc_store is not None:
+                node.gc_store.stale = StaleReads(
+                    random.Random(rng.random()), catch_up_probability=self.plan.stale_listing
+                )
 
     def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         task = self.loop.create_task(coro)

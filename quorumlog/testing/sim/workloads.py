@@ -101,7 +101,13 @@ class _Run:
         plan = NemesisPlan.draw(random.Random(self.rng.random()), addresses, shape)
         self.damageable.update(plan.damageable)
         self.trace("nemesis", "plan: %s; damageable: %s", plan.kinds(), plan.damageable)
-        return Nemesis(self.cluster, random.Random(self.rng.random()), plan)
+        nemesis = Nemesis(self.cluster, random.Random(self.rng.random()), plan)
+        # The stale listing comes from a generator of its own, so that the seed's other
+        # draws (and so every run without it) stay as they were.
+        stale = random.Random(f"{self.seed}:stale listing")
+        plan.draw_stale_listing(stale)
+        nemesis.lag_gc_sessions(stale)
+        return nemesis
 
     def client(self, name: str, nemesis: Nemesis, kind: type[Any] | None = None) -> Any:
         faults = nemesis.plan.metadata_faults(self.rng)
@@ -786,5 +792,10 @@ def _counts(run: _Run) -> dict[str, int]:
         "syncs_failed": sum(n.disk.syncs_failed for n in nodes),
         "bits_flipped": sum(n.disk.bits_flipped for n in nodes),
         "bookies_lost_for_good": sum(n.lost_for_good for n in nodes),
+        "stale_gc_reads": sum(
+            n.gc_store.stale.stale_reads
+            for n in nodes
+            if n.gc_store is not None and n.gc_store.stale is not None
+        ),
         "requests": run.cluster.network.requests_delivered,
     }
