@@ -13,6 +13,7 @@ from quorumlog.log.errors import (
     LogClosedError,
     LogError,
     LogFencedError,
+    LogOutcomeUnknownError,
     LogTruncatedError,
     NoSuchLogError,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "LogError",
     "LogFencedError",
     "LogMetadata",
+    "LogOutcomeUnknownError",
     "LogPositions",
     "LogReader",
     "LogTruncatedError",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quorumlog.errors import BKError, InvalidArgumentError, Status
+from quorumlog.errors import BKError, InvalidArgumentError, MetadataError, Status
 
 
 class LogError(BKError):
@@ -15,6 +15,13 @@ class LogFencedError(LogError):
     or may not be in the log; nothing appended through this writer afterwards is."""
 
     status = Status.FENCED
+
+
+class LogOutcomeUnknownError(LogError, MetadataError):
+    """A change of the log's ledger list may or may not have been applied: its
+    compare-and-set had no answer (a lost connection, a timeout), and reading the list
+    again did not tell (it could not be read, or what it shows no longer proves either).
+    Act as if either were true: a ledger it would have added may be in the log (R13)."""
 
 
 class NoSuchLogError(LogError):
@@ -46,6 +53,7 @@ __all__ = [
     "LogClosedError",
     "LogError",
     "LogFencedError",
+    "LogOutcomeUnknownError",
     "LogTruncatedError",
     "NoSuchLogError",
 ]

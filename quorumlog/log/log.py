@@ -13,11 +13,12 @@ Example::
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import TYPE_CHECKING
 
+from quorumlog.core.log_metadata import decide_seal, decide_truncate
 from quorumlog.errors import (
     BKError,
-    InvalidArgumentError,
     MetadataVersionError,
     NoNodeError,
     NoSuchLedgerError,
@@ -32,6 +33,7 @@ from quorumlog.log.metadata import (
     log_path,
     read_log,
 )
+from quorumlog.log.metadata_updates import log_view, update_log
 from quorumlog.log.position import LogPositions, Position, Record
 from quorumlog.log.reader import LogReader
 from quorumlog.log.writer import LogWriter, fence_previous_ledgers, open_writer
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Compare-and-set attempts of truncate and delete against concurrent list changes.
+# Compare-and-set attempts of fence, truncate and delete against concurrent list changes.
 _CAS_ATTEMPTS = 50
 
 
@@ -108,17 +110,20 @@ class Log:
         a writer rolling over afterwards loses its own compare-and-set of the list and
         stops, even when the ledger it leaves was closed exactly where it would have
         closed it. Then every ledger of the sealed list that is not closed is fenced.
+        The seal goes through the log's one update path (``log/metadata_updates.py``):
+        a seal whose reply was lost is not applied twice, and one whose outcome cannot
+        be told fails with LogOutcomeUnknownError (R13).
         """
-        for _ in range(_CAS_ATTEMPTS):
-            metadata, version = await self.metadata()
-            try:
-                await self.store.set(self.path, metadata.fenced().to_bytes(), version)
-            except MetadataVersionError:
-                continue
-            except NoNodeError:
-                raise NoSuchLogError(f"log {self.name} does not exist ({self.path})") from None
-            return await fence_previous_ledgers(self, metadata)
-        raise BKError(f"log {self.name}: the ledger list kept changing; the log was not fenced")
+        metadata, version = await self.metadata()
+        sealed = await update_log(
+            self.store,
+            self.name,
+            partial(decide_seal, base=log_view(metadata)),
+            what="sealing the list",
+            attempts=_CAS_ATTEMPTS,
+            known=(metadata, version),
+        )
+        return await fence_previous_ledgers(self, sealed.metadata)
 
     async def read_all(self, *, fence: bool = False) -> list[Record]:
         """Every record of the log, read ledger by ledger (up to each ledger's LAC when
@@ -176,29 +181,40 @@ class Log:
         """Remove the ledgers that lie wholly before ``before`` from the list (CAS), then
         delete them. ``before``'s ledger must be in the log; its records before
         ``before`` stay stored but readers no longer return them. Returns the ledgers
-        removed. Readers asking for a removed position get LogTruncatedError."""
+        removed. Readers asking for a removed position get LogTruncatedError.
+
+        The list changes through the log's one update path (``log/metadata_updates.py``):
+        a truncation whose reply was lost is found applied when the list is read again,
+        and is neither applied again nor reported failed (R13)."""
         cut = Position.of(before)
-        for _ in range(_CAS_ATTEMPTS):
-            metadata, version = await self.metadata()
-            if cut.ledger_id not in metadata.ledgers:
-                done = metadata.truncated_before
-                if done is not None and cut <= done:
-                    return []
-                raise InvalidArgumentError(
-                    f"log {self.name}: cannot truncate before {cut}: ledger {cut.ledger_id} "
-                    f"is not in the log {list(metadata.ledgers)}"
-                )
-            updated = metadata.truncated(cut, await self._removed_end(metadata, cut))
-            if updated == metadata:
-                return []
-            try:
-                await self.store.set(self.path, updated.to_bytes(), version)
-            except MetadataVersionError:
-                continue
-            removed = [x for x in metadata.ledgers if x not in updated.ledgers]
-            await self._delete_ledgers(removed)
-            return removed
-        raise BKError(f"log {self.name}: the ledger list kept changing; truncation not done")
+        metadata, version = await self.metadata()
+        removed_end = None
+        if cut.ledger_id in metadata.ledgers:
+            # From the closed ledgers just before the cut's: later lists hold the same
+            # ones (or fewer, truncated), and a closed ledger never changes.
+            removed_end = await self._removed_end(metadata, cut)
+        done = await update_log(
+            self.store,
+            self.name,
+            partial(decide_truncate, before=cut, removed_end=removed_end),
+            what=f"truncating before {cut}",
+            attempts=_CAS_ATTEMPTS,
+            known=(metadata, version),
+        )
+        # The ledgers this truncation removed from the list: those before the cut in the
+        # list it changed; when a read settled it after a write with no answer, those of
+        # the list first read (any removed since were removed before the cut, by it or
+        # by another truncation, and are deleted by either). Settled with no write of
+        # its own: truncated there already, nothing removed.
+        changed = done.applied_to
+        if changed is None and done.in_doubt:
+            changed = metadata
+        if changed is None:
+            return []
+        kept = set(done.metadata.ledgers)
+        removed = [x for x in changed.ledgers if x < cut.ledger_id and x not in kept]
+        await self._delete_ledgers(removed)
+        return removed
 
     async def _removed_end(self, metadata: LogMetadata, cut: Position) -> Position | None:
         """Where the records before ``cut`` end, when that is below ``cut``: the position

@@ -9,8 +9,9 @@ Layout (see docs/LOGS.md)::
                            "closed_through": 15,                             (optional)
                            "sink_batches": {"<sink id>": <last batch id>}}   (optional)
 
-The node's version is what writers compare-and-set on (R11): appending a ledger
-and truncating are both a ``set`` with the version that was read.
+The node's version is what writers compare-and-set on (R11): appending a ledger,
+sealing, truncating and a Spark sink's commit are each a ``set`` with the version that
+was read, made through ``log/metadata_updates.py`` (the one update path).
 """
 
 from __future__ import annotations

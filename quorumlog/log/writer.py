@@ -39,19 +39,19 @@ from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING
 
+from quorumlog.core.log_metadata import decide_append_ledger
 from quorumlog.errors import (
     BKError,
     LedgerClosedError,
     LedgerFencedError,
-    MetadataError,
-    MetadataVersionError,
-    NoNodeError,
     NoSuchLedgerError,
     TooManyRequestsError,
 )
 from quorumlog.log.errors import LogClosedError, LogFencedError, NoSuchLogError
 from quorumlog.log.metadata import LogMetadata, log_path, read_log
+from quorumlog.log.metadata_updates import log_view, update_log
 from quorumlog.log.position import Position
+from quorumlog.meta.ledgers import MetadataConflictsError
 
 if TYPE_CHECKING:
     from quorumlog.client.writing import LedgerHandle
@@ -72,93 +72,45 @@ async def append_ledger_to_list(
 ) -> tuple[LogMetadata, int]:
     """Compare-and-set ``ledger_id`` onto the end of the list read at ``version``.
 
-    Retries only when the list changed by truncation; a ledger appended by someone
-    else means another writer owns the log now: LogFencedError. So does a Log.fence()
-    since ``version``, unless ``opening``: a writer being opened has fenced the listed
-    ledgers itself, while one rolling over must stop (the fence made the log final
-    until a next writer opens). ``closed_through``: every listed ledger up to this id is
-    known closed, noted in the list for the next fence to skip. A set whose outcome
-    is unknown is resolved by reading the list back (R13); if it cannot be read,
-    MetadataError: the ledger may be in the list, so the caller must not delete it.
+    Through the log's one update path (``log/metadata_updates.py``, deciding with
+    ``core.log_metadata.decide_append_ledger``): retried only when the list changed by
+    truncation; a ledger appended by someone else means another writer owns the log
+    now: LogFencedError. So does a Log.fence() since ``version``, unless ``opening``: a
+    writer being opened has fenced the listed ledgers itself, while one rolling over
+    must stop (the fence made the log final until a next writer opens).
+    ``closed_through``: every listed ledger up to this id is known closed, noted in the
+    list for the next fence to skip. A set whose outcome is unknown is resolved by
+    reading the list again (R13); when that does not tell, LogOutcomeUnknownError: the
+    ledger may be in the list, so the caller must not delete it.
     """
-    store = log_obj.store
-    path = log_path(log_obj.name)
-    for _ in range(log_obj.config.list_cas_retries):
-        updated = metadata.with_closed_through(closed_through).with_ledger(ledger_id)
-        try:
-            new_version = await store.set(path, updated.to_bytes(), version)
-        except NoNodeError:
-            raise LogFencedError(
-                f"log {log_obj.name}: deleted while ledger {ledger_id} was being added ({path})"
-            ) from None
-        except MetadataVersionError:
-            current, current_version = await _read_after_conflict(log_obj, ledger_id)
-        except MetadataError as exc:
-            # The set may have been applied with its reply lost: look before deciding.
-            current, current_version = await _read_back(log_obj, ledger_id, exc)
-            if ledger_id in current.ledgers:
-                if current.ledgers[-1] != ledger_id:
-                    raise LogFencedError(
-                        f"log {log_obj.name}: ledger {ledger_id} was added, but another "
-                        f"writer added ledger {current.ledgers[-1]} after it"
-                    ) from None
-                return current, current_version
-        else:
-            return updated, new_version
-        if current.fences != metadata.fences and not opening:
-            raise LogFencedError(
-                f"log {log_obj.name}: the log was fenced (at version {current_version}, "
-                f"this writer read version {version}); ledger {ledger_id} was not added"
-            )
-        # Not applied: retry on the new version only if the list merely lost ledgers at
-        # its front (a truncation); a compare-and-set on a stale version cannot apply.
-        if not current.only_truncated_since(metadata):
-            raise LogFencedError(
-                f"log {log_obj.name}: another writer changed the ledger list "
-                f"(now {list(current.ledgers)[-3:]} at version {current_version}, "
-                f"this writer read version {version}); ledger {ledger_id} was not added"
-            )
-        metadata, version = current, current_version
-    raise LogFencedError(
-        f"log {log_obj.name}: the ledger list kept changing; ledger {ledger_id} was not added"
+    decide = partial(
+        decide_append_ledger,
+        base=log_view(metadata),
+        ledger_id=ledger_id,
+        opening=opening,
+        closed_through=closed_through,
     )
-
-
-async def _read_after_conflict(log_obj: Log, ledger_id: int) -> tuple[LogMetadata, int]:
     try:
-        return await read_log(log_obj.store, log_obj.name)
+        done = await update_log(
+            log_obj.store,
+            log_obj.name,
+            decide,
+            what=f"adding ledger {ledger_id}",
+            attempts=log_obj.config.list_cas_retries,
+            known=(metadata, version),
+        )
     except NoSuchLogError:
         raise LogFencedError(
             f"log {log_obj.name}: deleted while ledger {ledger_id} was being added"
         ) from None
-
-
-# Reads of the list after a set whose outcome is unknown, and the pause before each retry.
-_READ_BACK_ATTEMPTS = 5
-_READ_BACK_DELAY_S = 0.05
-
-
-async def _read_back(log_obj: Log, ledger_id: int, cause: MetadataError) -> tuple[LogMetadata, int]:
-    """The list after a set of unknown outcome; MetadataError if it cannot be read."""
-    for attempt in range(_READ_BACK_ATTEMPTS):
-        try:
-            return await _read_after_conflict(log_obj, ledger_id)
-        except LogFencedError:
-            raise
-        except MetadataError as exc:
-            log.warning(
-                "log %s: adding ledger %d: outcome unknown (%s); reading the list back failed: %s",
-                log_obj.name,
-                ledger_id,
-                cause.message,
-                exc.message,
-            )
-            if attempt + 1 < _READ_BACK_ATTEMPTS:
-                await asyncio.sleep(_READ_BACK_DELAY_S * 2**attempt)
-    raise MetadataError(
-        f"log {log_obj.name}: adding ledger {ledger_id} to the list had an unknown outcome "
-        f"({cause.message}) and the list could not be read back; ledger {ledger_id} is kept"
-    )
+    except MetadataConflictsError as exc:
+        raise LogFencedError(exc.message) from None
+    if done.metadata.ledgers[-1] != ledger_id:
+        raise LogFencedError(
+            f"log {log_obj.name}: ledger {ledger_id} was added, but another writer added "
+            f"ledger {done.metadata.ledgers[-1]} after it"
+        )
+    return done.metadata, done.version
 
 
 async def _discard(log_obj: Log, handle: LedgerHandle) -> None:

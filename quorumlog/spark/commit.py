@@ -39,7 +39,6 @@ Two details make this work:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -52,27 +51,28 @@ from functools import partial
 from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.client.reading import gather_in_order
 from quorumlog.client.writing import LedgerHandle
+from quorumlog.core.log_metadata import decide_commit_staged
 from quorumlog.errors import (
     BKError,
     InvalidArgumentError,
     MetadataError,
-    MetadataVersionError,
     NodeExistsError,
     NoNodeError,
     NoSuchLedgerError,
 )
 from quorumlog.log.config import LogConfig
-from quorumlog.log.errors import LogFencedError, NoSuchLogError
+from quorumlog.log.errors import LogFencedError, LogOutcomeUnknownError, NoSuchLogError
 from quorumlog.log.log import Log
 from quorumlog.log.metadata import (
     LogMetadata,
     create_log_if_absent,
     log_node_name,
-    log_path,
     read_log,
 )
+from quorumlog.log.metadata_updates import LogUpdate, log_view
 from quorumlog.log.writer import fence_previous_ledgers
 from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.meta.ledgers import MetadataConflictsError
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,10 @@ STAGED_READS_IN_FLIGHT = 32
 # task and its commit).
 STALE_STAGING_MS = 24 * 3600 * 1000
 # How long a commit keeps re-reading the log to learn whether a compare-and-set whose
-# answer was lost was applied (R13), before it says that it cannot tell.
+# answer was lost was applied (R13), before it says that it cannot tell; and how many
+# unknown outcomes or failed reads in a row it takes (reads back off to one a second).
 COMMIT_TIMEOUT_S = 120.0
-RESOLVE_RETRY_S = (0.05, 1.0)  # first and longest pause between re-reads
+COMMIT_RESOLVE_ATTEMPTS = 125
 # A staging child that says a compare-and-set of this write may have been sent: while
 # it is there, only a clean-up that read the log after the outcome was known deletes.
 COMMIT_MARKER = "commit"
@@ -101,9 +102,10 @@ TAG_LOG = "log"
 TAG_PARTITION = "spark.partition"
 
 
-class CommitOutcomeUnknownError(MetadataError):
-    """The commit's compare-and-set may or may not have been applied, and the log could
-    not be read to tell: the rows may be in the log. Nothing was deleted."""
+class CommitOutcomeUnknownError(LogOutcomeUnknownError):
+    """The commit's compare-and-set may or may not have been applied, and reading the log
+    did not tell (it could not be read, or what it shows proves neither): the rows may
+    be in the log. Nothing was deleted."""
 
 
 class WriteEndedError(BKError):
@@ -348,17 +350,21 @@ async def commit(
     docstring); with ``sink``, at most once per batch id, and only by the query that
     owns the sinkId.
 
-    A compare-and-set whose outcome is unknown (a lost connection) is resolved by
-    re-reading the log (R13): the write is in it, or the log moved on without it (then
-    it can never be applied), or it is tried again on the same version, which lets at
-    most one of the two apply. When the log cannot be read for ``timeout_s``,
+    The compare-and-set goes through the log's one update path
+    (``log/metadata_updates.py``), as every change of a log's list does. One whose
+    outcome is unknown (a lost connection) is resolved by re-reading the log (R13): the
+    batch (or the write's ledgers) is in it, or it is tried again on the version read,
+    which lets at most one of the two apply. When that does not tell (the log cannot be
+    read for ``timeout_s``, or what it shows no longer proves either),
     CommitOutcomeUnknownError; a marker in the staging then keeps :func:`abort` from
     deleting ledgers that the log may list."""
     return await _Commit(bk, log_name, token, results, password, sink, timeout_s).run()
 
 
 class _Commit:
-    """One driver's commit of one write: what its compare-and-set attempts share."""
+    """One driver's commit of one write: its compare-and-set goes through the log's one
+    update path (``log/metadata_updates.py``), deciding with
+    ``core.log_metadata.decide_commit_staged``."""
 
     def __init__(
         self,
@@ -375,166 +381,93 @@ class _Commit:
         self.ledgers, self.rows = ledgers_in_order(results)
         # The password opens the ledgers a writer may still hold, to fence them.
         self.log_obj = Log(bk, log_name, LogConfig(password=password))
-        self.deadline = asyncio.get_running_loop().time() + timeout_s
-        # The log version a CAS of ours with no answer was sent at.
-        self.unknown_at: int | None = None
-        # What a CAS that met another version was built on.
-        self.conflicted: LogMetadata | None = None
+        self.timeout_s = timeout_s
         self.marked = self.checked = False
 
     async def run(self) -> CommitOutcome:
+        bk, log_name, sink = self.bk, self.log_name, self.sink
         try:
-            for _ in range(COMMIT_CAS_ATTEMPTS):
-                outcome = await self._attempt()
-                if outcome is not None:
-                    return outcome
-            raise LogFencedError(
-                f"log {self.log_name}: the ledger list kept changing; the write was not added"
-            )
-        except BaseException as exc:
-            if self.unknown_at is not None:
-                if isinstance(exc, Exception) and not isinstance(exc, CommitOutcomeUnknownError):
-                    raise CommitOutcomeUnknownError(
-                        f"log {self.log_name}: the commit failed ({exc}) after a "
-                        "compare-and-set whose outcome is unknown; the rows may be in the "
-                        "log: read it before writing them again"
-                    ) from exc
-                raise
-            # A definite failure: nothing of this write is or will be in the log, so the
-            # marker goes and abort may delete the ledgers.
-            if self.marked:
-                with contextlib.suppress(Exception):
-                    await self.bk.store.delete(f"{staging_path(self.token)}/{COMMIT_MARKER}")
-            raise
-
-    async def _attempt(self) -> CommitOutcome | None:
-        """One read of the log and one compare-and-set; None: try again."""
-        bk, log_name, sink, ledgers = self.bk, self.log_name, self.sink, self.ledgers
-        metadata, version = await _read_for_commit(
-            bk, log_name, self.unknown_at is not None, self.deadline
-        )
-        if self._earlier_attempt_applied(metadata, version):
-            self.unknown_at = None
-            return await self._committed(metadata)
-        if sink is not None:
-            await claim_sink(bk, log_name, metadata, sink)
-        if sink is not None and _already_committed(log_name, metadata, sink):
-            # Keep what the log holds: the first run's registrations may still be there
-            # if its driver died between the compare-and-set and the clean-up.
-            deleted = await _best_effort_clean_up(
-                bk, log_name, self.token, metadata.ledgers, self.password
-            )
-            return CommitOutcome((), 0, True, deleted)
-        if ledgers and metadata.ledgers and metadata.ledgers[-1] >= ledgers[0]:
-            raise LogFencedError(
-                f"log {log_name}: ledger {metadata.ledgers[-1]} was added by another "
-                f"writer after this write began; its ledgers {ledgers} were not added"
-            )
-        updated = await self._prepare(metadata)
-        if not await self._compare_and_set(metadata, updated, version):
-            return None
-        return await self._committed(updated)
-
-    async def _committed(self, metadata: LogMetadata) -> CommitOutcome:
-        """The write is in the log (``metadata``): clean up after it."""
-        return await _committed(
-            self.bk,
-            self.log_name,
-            self.token,
-            metadata,
-            self.ledgers,
-            self.rows,
-            self.sink,
-            self.password,
-        )
-
-    def _earlier_attempt_applied(self, metadata: LogMetadata, version: int) -> bool:
-        """Whether a compare-and-set of ours with no answer, or one that met another
-        version, was applied after all; raises LogFencedError when another writer
-        appended meanwhile."""
-        if self.unknown_at is not None or self.conflicted is not None:
-            if _holds(metadata, self.ledgers, self.sink):  # an earlier CAS of ours was applied
-                return True
-            if version != self.unknown_at:
-                self.unknown_at = None  # the log moved on without it: it can never apply
-        if self.conflicted is not None:
-            sink = self.sink
-            batch_done = (
-                sink is not None and metadata.sink_batches.get(sink.sink_id, -1) >= sink.batch_id
-            )
-            if not (metadata.only_truncated_since(self.conflicted) or batch_done):
-                raise LogFencedError(
-                    f"log {self.log_name}: another writer appended to it while the Spark write "
-                    f"was being committed; ledgers {self.ledgers} were not added"
-                )
-            self.conflicted = None  # a truncation got in between, or the batch is in
-        return False
-
-    async def _prepare(self, metadata: LogMetadata) -> LogMetadata:
-        """Checks the staged ledgers (once), fences the log's previous ledgers, marks the
-        commit in the staging; the log's metadata to compare-and-set."""
-        if not self.checked:
-            await check_staged(self.bk, self.log_name, self.token, self.results)
-            self.checked = True
-        await fence_previous_ledgers(self.log_obj, metadata)
-        # Every ledger listed is closed now: noted, so later fences skip them.
-        updated = metadata.with_all_closed().with_ledgers(self.ledgers)
-        if self.sink is not None:
-            updated = updated.with_sink_batch(self.sink.sink_id, self.sink.batch_id)
-        if self.ledgers and not self.marked:
-            await _mark_commit(self.bk, self.log_name, self.token)
-            self.marked = True
-        return updated
-
-    async def _compare_and_set(
-        self, metadata: LogMetadata, updated: LogMetadata, version: int
-    ) -> bool:
-        """Whether the compare-and-set was applied; False: read the log again."""
-        self.unknown_at = version  # until its answer comes, it may be applied
-        try:
-            await self.bk.store.set(log_path(self.log_name), updated.to_bytes(), version)
-        except MetadataVersionError:
-            self.conflicted = metadata
-            return False
-        except NoNodeError:
-            self.unknown_at = None
-            raise LogFencedError(
-                f"log {self.log_name} was deleted while the write was being committed"
-            ) from None
-        except MetadataError as exc:
-            log.warning(
-                "log %s: compare-and-set outcome unknown (%s); re-reading", self.log_name, exc
-            )
-            return False  # applied or not: the next read of the log tells (R13)
-        self.unknown_at = None
-        return True
-
-
-async def _read_for_commit(
-    bk: BookKeeper, log_name: str, sent: bool, deadline: float
-) -> tuple[LogMetadata, int]:
-    """The log's metadata; after a compare-and-set of ours may have been applied, read
-    again until the store answers or the deadline passes (the outcome stays unknown)."""
-    pause, longest = RESOLVE_RETRY_S
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            return await read_log(bk.store, log_name)
+            metadata, version = await read_log(bk.store, log_name)
         except NoSuchLogError:
             raise LogFencedError(
                 f"log {log_name} was deleted before the write was committed"
             ) from None
-        except MetadataError as exc:
-            if not sent or isinstance(exc, NoNodeError):
-                raise
-            if loop.time() + pause > deadline:
-                raise CommitOutcomeUnknownError(
-                    f"log {log_name}: the commit's compare-and-set may or may not have been "
-                    f"applied, and the log could not be read to tell ({exc.message}); the "
-                    "rows may be in the log: read it before writing them again"
+        if sink is not None:
+            await claim_sink(bk, log_name, metadata, sink)
+        decide = partial(
+            decide_commit_staged,
+            base=log_view(metadata),
+            ledger_ids=tuple(self.ledgers),
+            sink=None if sink is None else (sink.sink_id, sink.batch_id),
+        )
+        update = LogUpdate(
+            bk.store,
+            log_name,
+            decide,
+            what=f"appending the write's ledgers {self.ledgers}",
+            attempts=COMMIT_CAS_ATTEMPTS,
+            resolve_attempts=COMMIT_RESOLVE_ATTEMPTS,
+            known=(metadata, version),
+            before_write=self._before_write,
+            timeout_s=self.timeout_s,
+        )
+        try:
+            done = await update.run()
+        except LogOutcomeUnknownError as exc:
+            raise CommitOutcomeUnknownError(
+                f"log {log_name}: the commit's compare-and-set may or may not have been "
+                f"applied ({exc.message}); the rows may be in the log: read it before "
+                "writing them again"
+            ) from exc
+        except BaseException as exc:
+            if update.in_doubt:
+                raise  # cancelled while a compare-and-set was on its way: the marker stays
+            # A definite failure: nothing of this write is or will be in the log, so the
+            # marker goes and abort may delete the ledgers.
+            if self.marked:
+                with contextlib.suppress(Exception):
+                    await bk.store.delete(f"{staging_path(self.token)}/{COMMIT_MARKER}")
+            if isinstance(exc, NoSuchLogError):
+                raise LogFencedError(
+                    f"log {log_name} was deleted while the write was being committed"
                 ) from None
-            await asyncio.sleep(pause)
-            pause = min(longest, pause * 2)
+            if isinstance(exc, MetadataConflictsError):
+                raise LogFencedError(
+                    f"log {log_name}: the ledger list kept changing; the write was not added"
+                ) from None
+            raise
+        if done.applied_to is not None or (
+            _holds(done.metadata, self.ledgers, sink) and (self.ledgers or done.in_doubt)
+        ):
+            return await _committed(
+                bk,
+                log_name,
+                self.token,
+                done.metadata,
+                self.ledgers,
+                self.rows,
+                sink,
+                self.password,
+            )
+        # The batch was in the log already (Spark runs the last batch again after a
+        # restart). Keep what the log holds: the first run's registrations may still be
+        # there if its driver died between the compare-and-set and the clean-up.
+        deleted = await _best_effort_clean_up(
+            bk, log_name, self.token, done.metadata.ledgers, self.password
+        )
+        return CommitOutcome((), 0, True, deleted)
+
+    async def _before_write(self, metadata: LogMetadata) -> None:
+        """Before each compare-and-set: checks the staged ledgers (once), fences the
+        ledgers of the list about to change (the sink takes the log over, R11), marks
+        the commit in the staging."""
+        if not self.checked:
+            await check_staged(self.bk, self.log_name, self.token, self.results)
+            self.checked = True
+        await fence_previous_ledgers(self.log_obj, metadata)
+        if self.ledgers and not self.marked:
+            await _mark_commit(self.bk, self.log_name, self.token)
+            self.marked = True
 
 
 async def _mark_commit(bk: BookKeeper, log_name: str, token: str) -> None:
@@ -593,20 +526,6 @@ async def _best_effort_clean_up(
             exc,
         )
         return ()
-
-
-def _already_committed(log_name: str, metadata: LogMetadata, sink: SinkBatch) -> bool:
-    last = metadata.sink_batches.get(sink.sink_id)
-    if last is None or sink.batch_id > last:
-        return False
-    if sink.batch_id == last:
-        return True  # Spark runs the last batch again after a restart: done already
-    raise InvalidArgumentError(
-        f"log {log_name}: sinkId {sink.sink_id!r} already committed batch {last}, and now "
-        f"batch {sink.batch_id} arrives; a restarted query only repeats its last batch, so "
-        "this looks like a new query (new checkpoint) using the same sinkId: give it "
-        "another sinkId"
-    )
 
 
 async def claim_sink(bk: BookKeeper, log_name: str, metadata: LogMetadata, sink: SinkBatch) -> None:
