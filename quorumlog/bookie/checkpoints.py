@@ -89,7 +89,7 @@ class Checkpoints:
             try:
                 error = f.exception() if not f.cancelled() else asyncio.CancelledError()
                 ok = error is None
-                storage.finish(work, ok)
+                storage.finish(work, ok, error)
                 if ok:
                     self.done += 1
                 else:

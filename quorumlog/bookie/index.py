@@ -21,6 +21,7 @@ loop in short read transactions and never wait for a writer (MVCC).
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ import lmdb
 
 from quorumlog.bookie.ledger_state import LedgerState, Location
 from quorumlog.errors import BookieIOError
+
+log = logging.getLogger(__name__)
 
 _ENTRY_KEY = struct.Struct(">QQ")
 _LEDGER_KEY = struct.Struct(">Q")
@@ -56,8 +59,19 @@ class IndexUpdate:
     usage: list[tuple[int, dict[int, int]]] = field(default_factory=list)
 
 
+# At most this many doublings of a full map in one commit at start (2**8 times the size).
+_MAP_DOUBLINGS = 8
+
+
 class LedgerIndex:
-    """LMDB environment of one bookie."""
+    """LMDB environment of one bookie.
+
+    A full map (``lmdb.MapFullError``) is an I/O error that names the setting to raise,
+    except while the bookie starts (``grow_when_full``): then no other transaction is
+    open in the process, and the map is doubled and the commit tried again, so that a
+    bookie whose index filled while serving starts again by itself."""
+
+    grow_when_full = False
 
     def __init__(self, directory: Path, map_size_bytes: int) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -188,6 +202,28 @@ class LedgerIndex:
 
     def apply(self, update: IndexUpdate) -> None:
         """Write one checkpoint's changes and the mark; durable when this returns."""
+        for _ in range(_MAP_DOUBLINGS):
+            try:
+                self._apply(update)
+                return
+            except lmdb.MapFullError as exc:
+                size = self._env.info()["map_size"]
+                if not self.grow_when_full:
+                    raise BookieIOError(
+                        f"index {self.directory}: the LMDB map of {size} bytes is full; "
+                        "raise index_map_size_bytes and restart the bookie (at start "
+                        "the map grows by itself)"
+                    ) from exc
+                log.warning(
+                    "index %s: map of %d bytes full, growing it to %d",
+                    self.directory,
+                    size,
+                    2 * size,
+                )
+                self._env.set_mapsize(2 * size)
+        raise BookieIOError(f"index {self.directory}: the LMDB map is still full after growing it")
+
+    def _apply(self, update: IndexUpdate) -> None:
         pack_key = _ENTRY_KEY.pack
         pack_loc = _LOCATION.pack
         with self._env.begin(write=True) as txn:

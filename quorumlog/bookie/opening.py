@@ -15,6 +15,8 @@ import logging
 from pathlib import Path
 from typing import NamedTuple
 
+import lmdb
+
 from quorumlog.bookie import journal as journal_mod
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.cookie import check_directories
@@ -99,6 +101,8 @@ def open_storage(
     except (BKError, OSError) as exc:
         raise BookieStartError(f"ledger storage in {data_dir}: {exc}") from None
     journal: Journal | None = None
+    # Nothing else reads the index while the bookie starts: a full map may grow.
+    storage.index.grow_when_full = True
     try:
         replay(storage, journal_dir, config.journal_skip_corruption, report, data_dir)
         existing = list_journal_ids(journal_dir, ops)
@@ -127,6 +131,7 @@ def open_storage(
             device_fn=ops.device,
         )
         disk_checker.check()
+        storage.index.grow_when_full = False
     except BaseException as exc:
         if journal is not None:
             journal.abandon()
@@ -135,6 +140,12 @@ def open_storage(
             raise BookieStartError(exc.message) from None
         if isinstance(exc, BKError | OSError):
             raise BookieStartError(f"bookie {data_dir}: opening failed: {exc}") from None
+        if isinstance(exc, lmdb.Error):
+            raise BookieStartError(
+                f"bookie {data_dir}: the index (LMDB) failed while opening: {exc!r}; the "
+                "journal is kept, so nothing acknowledged is lost: fix the cause (space, "
+                "index_map_size_bytes) and start again"
+            ) from exc
         raise
     # Replayed fences were synced before the crash or close: no fencing read waits again.
     for st in storage.states.values():

@@ -57,6 +57,10 @@ _IDS = struct.Struct(">qq")  # the ledger id and entry id an entry blob starts w
 # ledger's entries are interleaved with other ledgers' in the entry log).
 READ_AHEAD_MAX_BYTES = 1 << 20
 
+# Checkpoints failing in a row before adds are refused (issue B5): each failure keeps
+# the index updates in memory and the journal on disk, so neither may grow for ever.
+READ_ONLY_AFTER_FAILED_CHECKPOINTS = 3
+
 
 @dataclass(slots=True)
 class CheckpointWork:
@@ -85,6 +89,8 @@ class LedgerStorage:
     ) -> None:
         self.data_dir = data_dir
         self.ops = ops
+        self.failed_checkpoints = 0  # in a row
+        self.last_checkpoint_error: BaseException | None = None
         self.index: LedgerIndex = ops.open_index(data_dir / "index", index_map_size_bytes)
         try:
             self.states: dict[int, LedgerState] = self.index.load_states()
@@ -184,9 +190,17 @@ class LedgerStorage:
 
     @property
     def failure(self) -> str | None:
-        """Why no checkpoint can succeed any more (R14: a failed sync), or None."""
+        """Why no checkpoint can succeed any more (R14: a failed sync), or why adds must
+        stop until one does (checkpoints failing in a row: the index updates held in
+        memory and the journal would grow without bound), or None."""
         error = self.entry_log.sync_error
         if error is None:
+            if self.failed_checkpoints >= READ_ONLY_AFTER_FAILED_CHECKPOINTS:
+                return (
+                    f"{self.failed_checkpoints} checkpoints in a row failed (last: "
+                    f"{self.last_checkpoint_error}); adds are refused until one succeeds, "
+                    "so that memory and the journal stay bounded"
+                )
             return None
         return (
             f"a sync of the entry logs in {self.entry_log.directory} failed ({error}): "
@@ -497,9 +511,15 @@ class LedgerStorage:
         except OSError as exc:
             log.warning("checkpoint: could not remove old files: %s", exc)
 
-    def finish(self, work: CheckpointWork, ok: bool) -> None:
+    def finish(self, work: CheckpointWork, ok: bool, error: BaseException | None = None) -> None:
         """Step 3, on the loop: drop what the index now holds from memory."""
         self.entry_log.forget_rewritten()
+        if ok:
+            self.failed_checkpoints = 0
+            self.last_checkpoint_error = None
+        else:
+            self.failed_checkpoints += 1
+            self.last_checkpoint_error = error
         if ok:
             for st in work.flushed:
                 st.flushing = None

@@ -73,9 +73,11 @@ class Driver:
         if bookie._executor is not None:
             bookie._executor.shutdown(wait=True)  # entry-log writes already handed over
         storage = bookie.storage
-        for fd in storage.entry_log._fds.values():
-            os.close(fd)  # no flush: buffered entry-log bytes vanish
-        storage.entry_log._fds.clear()
+        logs = storage.entry_log
+        for fds in (logs._fds, logs._direct_fds, logs._read_fds):
+            for fd in fds.values():
+                os.close(fd)  # no flush: buffered entry-log bytes vanish
+            fds.clear()
         storage.index.close()
         bookie._release_locks()
         bookie._closed = True

@@ -561,6 +561,8 @@ def test_s5_an_entry_log_write_error_turns_read_only_until_a_checkpoint_writes_i
         read = await driver.call(ReadRequest(0, 9, 0, 200, max_bytes=1 << 20))
         assert read.entries == acked  # the failed chunk is served from memory
         await bookie.checkpoint()  # writes the chunk again, syncs, commits
+        assert bookie.read_only  # B7: writable again only after clean checks in a row
+        await bookie.checkpoint()
         assert not bookie.read_only and changes == [True, False]
         assert bookie.read_only_reason is None
         more = [make_entry(9, len(acked), b"writable again")]
