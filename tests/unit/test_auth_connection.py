@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+import types
 from typing import Any
 
-from support import poll_until_async, run
+import pytest
+from support import run, run_virtual
 from tls_certs import HMAC_SECRET
 
 from quorumlog.errors import Status
@@ -25,6 +27,7 @@ from quorumlog.proto.codec import (
     encode,
 )
 from quorumlog.security import Role, TokenVerifier, issue_token
+from quorumlog.server import connection as server_connection
 from quorumlog.server.config import ServerConfig
 from quorumlog.server.connection import BookieProtocol
 
@@ -138,24 +141,33 @@ def test_auth_roles_decide_each_request_after_the_token_and_the_connection_stays
     assert not closed
 
 
-def test_auth_a_connection_ends_when_its_token_expires():
-    token = issue_token(HMAC_SECRET, [Role.CLIENT], expires_at_s=time.time() + 1.5).encode()
+def test_auth_a_connection_ends_when_its_token_expires(monkeypatch: pytest.MonkeyPatch):
+    """The connection ends at the token's exp, not before, and says why. The token's exp
+    is an hour ahead, so its check (PyJWT, on the real clock) passes however slow the
+    machine is; the connection's wall clock is set one second before that exp, on a
+    virtual-time loop, so no real time passes between the check and the expiry. (With a
+    token of 0.5-1.5 s of real life, a machine that stalled that long failed the check.)"""
+    exp_s = int(time.time()) + 3600
+    token = issue_token(HMAC_SECRET, [Role.CLIENT], expires_at_s=exp_s).encode()
 
-    async def scenario() -> list[Response]:
+    async def scenario(loop: asyncio.AbstractEventLoop) -> tuple[list[Response], float]:
+        clock = types.SimpleNamespace(time=lambda: exp_s - 1.0 + loop.time())
+        monkeypatch.setattr(server_connection, "time", clock)
         protocol, transport = await _connection(VERIFIER)
+        started = loop.time()
         _send(protocol, AuthRequest(1, token))
         await _settle()
         assert not transport.closing
-        await poll_until_async(
-            lambda: transport.closing, timeout_s=10, what="the connection closes at expiry"
-        )
-        return transport.answers()
+        while not transport.closing:
+            await asyncio.sleep(0.01)
+        return transport.answers(), loop.time() - started
 
-    answers = run(scenario())
+    answers, closed_after_s = run_virtual(scenario)
     assert answers == [
         AuthResponse(1, Status.OK, 1, ""),
         AuthResponse(0, Status.UNAUTHORIZED, 0, "token expired"),
     ]
+    assert 1.0 <= closed_after_s < 1.05
 
 
 def test_auth_a_bookie_without_a_key_answers_ok_and_serves_everyone():
