@@ -3,7 +3,7 @@
     quorumlog shell [--metadata URI] listbookies
     quorumlog shell listledgers
     quorumlog shell ledgermetadata ID
-    quorumlog shell readledger ID [--first N] [--last M]
+    quorumlog shell readledger ID [--first N] [--last M] [--password TEXT] [--recover]
     quorumlog shell deleteledger ID [--password TEXT]
     quorumlog shell simpletest [--ensemble E] [--write-quorum W] [--ack-quorum A] [--entries N]
     quorumlog shell bookiesanity [--bookie ADDR]
@@ -48,12 +48,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     commands.add_parser("listledgers", help="list ledger ids")
     meta = commands.add_parser("ledgermetadata", help="print a ledger's metadata as JSON")
     meta.add_argument("ledger_id", type=int)
-    read = commands.add_parser("readledger", help="print a ledger's entries")
+    read = commands.add_parser(
+        "readledger",
+        help="print a ledger's entries; an open ledger is read up to its last add confirmed, "
+        "its writer carries on (--recover fences and closes it)",
+    )
     read.add_argument("ledger_id", type=int)
     read.add_argument("--first", type=int, default=0)
     read.add_argument("--last", type=int, default=None)
     read.add_argument("--password", default="", help="ledger password (text)")
-    read.add_argument("--no-recovery", action="store_true", help="do not fence an open ledger")
+    recovery = read.add_mutually_exclusive_group()
+    recovery.add_argument(
+        "--recover",
+        action="store_true",
+        help="open with recovery: fence an open ledger (its writer can add no more), "
+        "recover its end and close it, then read up to that end",
+    )
+    # The default since reads stopped fencing; still accepted for scripts that pass it.
+    recovery.add_argument("--no-recovery", action="store_true", help=argparse.SUPPRESS)
     delete = commands.add_parser("deleteledger", help="delete a ledger")
     delete.add_argument("ledger_id", type=int)
     delete.add_argument("--password", default="", help="ledger password (text)")
@@ -214,10 +226,12 @@ async def _ledgermetadata(bk, args: argparse.Namespace) -> int:  # type: ignore[
 
 async def _readledger(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     password = args.password.encode()
-    if args.no_recovery:
-        handle = await bk.open_ledger_no_recovery(args.ledger_id, password)
-    else:
+    # A read never fences unless asked: fencing a ledger its writer still uses (a log's
+    # current ledger, a database's) makes that writer's next add fail.
+    if args.recover:
         handle = await bk.open_ledger(args.ledger_id, password)
+    else:
+        handle = await bk.open_ledger_no_recovery(args.ledger_id, password)
     last = handle.last_add_confirmed if args.last is None else args.last
     if last < args.first:
         print(f"ledger {args.ledger_id}: no entries to read (last confirmed {last})")

@@ -103,3 +103,30 @@ def test_u1_shell_with_zookeeper_down_prints_one_line_within_a_bounded_time() ->
     assert_one_line_error(result)
     assert f"127.0.0.1:{port}" in result.stderr
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("metadata_uri", ["sqlite"], indirect=True)
+def test_readledger_never_fences_an_open_ledger_unless_asked(cluster3: LocalCluster) -> None:
+    uri = cluster3.metadata_uri
+    with BookKeeper(uri) as bk:
+        writer = bk.create_ledger(3, 3, 2, password=b"pw")
+        for word in ("alpha", "beta"):
+            writer.add_entry(word.encode())
+        writer.add_entry(b"gamma")  # carries the LAC of beta: a reader sees 0..1 at least
+        read = shell(uri, "readledger", str(writer.ledger_id), "--password", "pw")
+        assert read.returncode == 0, read.stderr
+        assert [line.split("\t")[1] for line in read.stdout.splitlines()][:2] == ["alpha", "beta"]
+        writer.add_entry(b"delta")  # still the ledger's writer: nothing fenced it
+        assert not bk.is_closed(writer.ledger_id)
+
+        recovered = shell(uri, "readledger", str(writer.ledger_id), "--password", "pw", "--recover")
+        assert recovered.returncode == 0, recovered.stderr
+        assert [line.split("\t")[1] for line in recovered.stdout.splitlines()] == [
+            "alpha",
+            "beta",
+            "gamma",
+            "delta",
+        ]
+        assert bk.is_closed(writer.ledger_id)
+        with pytest.raises(quorumlog.errors.BKError):
+            writer.add_entry(b"epsilon")
