@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from functools import partial
 
 from quorumlog.core.invariants import require
 from quorumlog.core.metadata import (
@@ -321,6 +320,44 @@ def decide_recovery_fragment(
     return NewFragment(first_entry_id, bookies)
 
 
+@dataclass(frozen=True, slots=True)
+class MarkDecision:
+    """The decision of recovery's first step (:func:`decide_mark_in_recovery`), as data."""
+
+    def __call__(self, current: LedgerView) -> Decision:
+        return decide_mark_in_recovery(current)
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryFragmentDecision:
+    """The decision of a recovery's ensemble change (:func:`decide_recovery_fragment`)."""
+
+    ledger_id: int
+    first_entry_id: int
+    bookies: tuple[str, ...]
+    ensembles: Ensembles
+
+    def __call__(self, current: LedgerView) -> Decision:
+        return decide_recovery_fragment(
+            self.ledger_id, self.first_entry_id, self.bookies, self.ensembles, current
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryCloseDecision:
+    """The decision of recovery's close (:func:`decide_recovery_close`)."""
+
+    ledger_id: int
+    last_entry_id: int
+    length_bytes: int
+    ensembles: Ensembles
+
+    def __call__(self, current: LedgerView) -> Decision:
+        return decide_recovery_close(
+            self.ledger_id, self.last_entry_id, self.length_bytes, self.ensembles, current
+        )
+
+
 def with_fragment(ensembles: Ensembles, first_entry_id: int, bookies: tuple[str, ...]) -> Ensembles:
     """``ensembles`` after a new fragment from ``first_entry_id`` (one that starts there
     or later is replaced: it is the recovery's to rewrite)."""
@@ -439,7 +476,7 @@ class LedgerRecoveryMachine(MetadataUpdater):
             self.phase = RecoveryPhase.DONE
             return [Recovered(self.view, ran_to_close=False)]
         self.phase = RecoveryPhase.MARKING
-        return [self._start_update(decide_mark_in_recovery)]
+        return [self._start_update(MarkDecision())]
 
     def step(self, event: RecoveryEvent) -> list[RecoveryEffect]:
         """Feed one event; returns the effects to carry out, in order."""
@@ -743,12 +780,8 @@ class LedgerRecoveryMachine(MetadataUpdater):
 
     def _record_fragment(self) -> list[RecoveryEffect]:
         assert self._fragment_first is not None
-        decide = partial(
-            decide_recovery_fragment,
-            self.ledger_id,
-            self._fragment_first,
-            self.write_ensemble,
-            self._known_ensembles,
+        decide = RecoveryFragmentDecision(
+            self.ledger_id, self._fragment_first, self.write_ensemble, self._known_ensembles
         )
         return [self._start_update(decide)]
 
@@ -798,11 +831,7 @@ class LedgerRecoveryMachine(MetadataUpdater):
                 bookies = tuple(ensemble[i] for i in self._write_set(entry_id))
                 return [ReadLength(entry_id, bookies)]
         self.phase = RecoveryPhase.CLOSING
-        decide = partial(
-            decide_recovery_close,
-            self.ledger_id,
-            self.last_entry_id,
-            self._length_bytes,
-            self._known_ensembles,
+        decide = RecoveryCloseDecision(
+            self.ledger_id, self.last_entry_id, self._length_bytes, self._known_ensembles
         )
         return [self._start_update(decide)]

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from quorumlog.core.adds import AddTracker, PendingAdd
 from quorumlog.core.invariants import require
@@ -246,6 +245,31 @@ def decide_close(
             f"{current.last_entry_id}, while this writer confirmed up to {last_entry_id}"
         )
     )
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentDecision:
+    """The decision an ensemble change runs on the metadata read (:func:`decide_fragment`),
+    as data: effects compare by value and print what they decide."""
+
+    ledger_id: int
+    first_entry_id: int
+    bookies: tuple[str, ...]
+
+    def __call__(self, current: LedgerView) -> Decision:
+        return decide_fragment(self.ledger_id, self.first_entry_id, self.bookies, current)
+
+
+@dataclass(frozen=True, slots=True)
+class CloseDecision:
+    """The decision a writer's close runs on the metadata read (:func:`decide_close`)."""
+
+    ledger_id: int
+    last_entry_id: int
+    length_bytes: int
+
+    def __call__(self, current: LedgerView) -> Decision:
+        return decide_close(self.ledger_id, self.last_entry_id, self.length_bytes, current)
 
 
 class LedgerWriter(MetadataUpdater):
@@ -463,7 +487,7 @@ class LedgerWriter(MetadataUpdater):
         for slot, bookie in zip(event.slots, event.bookies, strict=True):
             bookies[slot] = bookie
         change.bookies = tuple(bookies)
-        decide = partial(decide_fragment, self.ledger_id, change.first_entry_id, change.bookies)
+        decide = FragmentDecision(self.ledger_id, change.first_entry_id, change.bookies)
         return [self._start_update(decide)]
 
     def _on_no_bookies(self, error: BKError) -> list[WriterEffect]:
@@ -600,9 +624,7 @@ class LedgerWriter(MetadataUpdater):
             return []  # after the change: _change_recorded or _settle come back here
         if self.failure is not None and not self._settled:
             return []
-        decide = partial(
-            decide_close, self.ledger_id, self.tracker.lac, self.confirmed_length_bytes
-        )
+        decide = CloseDecision(self.ledger_id, self.tracker.lac, self.confirmed_length_bytes)
         self._updating_close = True
         # The close is decided at this LAC: from here on nothing more is confirmed (an
         # add its owner gave up on may still be acknowledged during the close's

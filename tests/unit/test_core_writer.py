@@ -47,10 +47,12 @@ from quorumlog.core.writer import (
     BookiesChosen,
     ChooseBookies,
     Closed,
+    CloseDecision,
     CloseFailed,
     CloseRequested,
     Confirm,
     FailAdds,
+    FragmentDecision,
     HandleFailed,
     LedgerWriter,
     NoBookies,
@@ -667,3 +669,17 @@ def test_a_writer_whose_lac_fell_fails_loudly_at_the_end_of_the_step():
     writer.tracker.lac = 0  # a bug elsewhere moved it back
     with pytest.raises(CoreInvariantError, match="LAC fell"):
         writer.step(AddAcked(2, 0, [1]))
+
+
+def test_effects_are_plain_data_that_compare_by_value():
+    """A transcript can be written down and compared: an update carries its decision as
+    a value, not a closure."""
+    writer = LedgerWriter(LEDGER, 2, 2, 2, view_of((0, ("A", "B"))))
+    add(writer, 1)
+    writer.step(AddFailed(1, 0, Status.IO_ERROR, "B"))
+    effects = writer.step(BookiesChosen((1,), ("C",)))
+    assert effects == [UpdateMetadata(FragmentDecision(LEDGER, 0, ("A", "C")))]
+    assert "FragmentDecision(ledger_id=1, first_entry_id=0, bookies=('A', 'C'))" in repr(effects)
+    writer.step(MetadataStored(view_of((0, ("A", "C")))))
+    writer.begin_close()
+    assert writer.step(CloseRequested()) == [UpdateMetadata(CloseDecision(LEDGER, -1, 0))]
