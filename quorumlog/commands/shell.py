@@ -25,15 +25,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from quorumlog.commands import gc_trigger, security_options
 from quorumlog.errors import BKError
+
+if TYPE_CHECKING:
+    from quorumlog.client.bookkeeper import BookKeeper
+    from quorumlog.client.writing import LedgerHandle
+
+_CLOSE_BEFORE_DELETE_S = 30.0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -253,6 +261,17 @@ async def _simpletest(bk, args: argparse.Namespace) -> int:  # type: ignore[no-u
         raise ValueError("--entries must be at least 1 and --entry-size at least 0")
     payload_base = os.urandom(max(args.entry_size, 1))[: args.entry_size]
     handle = await bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
+    # The ledger is this command's own: deleted whatever happens (a refused token, a
+    # failed verification), never left behind in the cluster.
+    try:
+        return await _write_read_verify(bk, handle, payload_base, args)
+    finally:
+        await _delete_own_ledger(bk, handle)
+
+
+async def _write_read_verify(
+    bk: BookKeeper, handle: LedgerHandle, payload_base: bytes, args: argparse.Namespace
+) -> int:
     print(
         f"ledger {handle.ledger_id} on {', '.join(handle.ensemble)} "
         f"({args.ensemble}/{args.write_quorum}/{args.ack_quorum}), "
@@ -291,8 +310,20 @@ async def _simpletest(bk, args: argparse.Namespace) -> int:  # type: ignore[no-u
         f"read back and verified {len(entries)} entries in {read_s:.3f} s: "
         f"{len(entries) / read_s:,.0f} entries/s"
     )
-    await bk.delete_ledger(handle.ledger_id)
     return 0
+
+
+async def _delete_own_ledger(bk: BookKeeper, handle: LedgerHandle) -> None:
+    """Delete a ledger this command created; on failure say it was left (one line)."""
+    try:
+        if not handle.is_closed:
+            # Settles its pending adds first (each bounded by the add timeout); a close
+            # that fails changes nothing the delete needs.
+            with contextlib.suppress(BKError, TimeoutError):
+                await asyncio.wait_for(handle.close(), _CLOSE_BEFORE_DELETE_S)
+        await bk.delete_ledger(handle.ledger_id)
+    except (BKError, OSError) as exc:
+        print(f"ledger {handle.ledger_id} left behind: {exc}", file=sys.stderr)
 
 
 async def _bookiesanity(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support import shell
+from tls_certs import write_hmac_key
 
 import quorumlog.errors
 from quorumlog import BookKeeper
@@ -130,3 +131,15 @@ def test_readledger_never_fences_an_open_ledger_unless_asked(cluster3: LocalClus
         assert bk.is_closed(writer.ledger_id)
         with pytest.raises(quorumlog.errors.BKError):
             writer.add_entry(b"epsilon")
+
+
+@pytest.mark.parametrize("metadata_uri", ["sqlite"], indirect=True)
+def test_simpletest_deletes_its_ledger_when_it_fails(metadata_uri: str, tmp_path: Path) -> None:
+    """Bookies that check tokens refuse a shell without one: its adds fail after the
+    ledger's metadata was written, and the ledger must not be left behind."""
+    key_args = ["--token-key-file", str(write_hmac_key(tmp_path))]
+    with LocalCluster(metadata_uri, tmp_path / "cluster", 3, extra_args=key_args):
+        result = shell(metadata_uri, "simpletest", "--entries", "10")
+        assert_one_line_error(result)
+        with BookKeeper(metadata_uri) as bk:
+            assert bk.list_ledgers() == []
