@@ -82,7 +82,7 @@ def daemon_metrics(admin_port: int) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--ledgers", type=int, default=20)
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--entry-size", type=int, default=5_000)

@@ -135,7 +135,7 @@ async def main_async(args: argparse.Namespace, data_dir: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--ledgers", type=int, default=1)

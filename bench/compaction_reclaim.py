@@ -175,7 +175,7 @@ def one_run(args: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--ledgers", type=int, default=16)
     parser.add_argument("--live", type=int, default=4, help="ledgers kept; the others deleted")
     parser.add_argument("--entries", type=int, default=2000, help="entries per ledger")

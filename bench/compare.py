@@ -502,7 +502,8 @@ def run_scaling(entries: int, repeat: int) -> list[dict[str, Any]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="quorumlog vs ZooKeeper, etcd and PySyncObj: durable replicated appends"
+        description="quorumlog vs ZooKeeper, etcd and PySyncObj: durable replicated appends",
+        allow_abbrev=False,
     )
     parser.add_argument("--entries", type=int, default=50_000, help="pipelined appends measured")
     parser.add_argument("--sync-entries", type=int, default=2_000, help="one-at-a-time appends")

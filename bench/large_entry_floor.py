@@ -190,7 +190,7 @@ def run(entry_size: int, entries: int, in_flight: int, direct: bool = False) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--entry-size", type=int, default=65536)
     parser.add_argument("--entries", type=int, default=6000)
     parser.add_argument("--in-flight", type=int, default=16)

@@ -131,7 +131,7 @@ def targets(tail_ms: list[float], watch_ms: list[float]) -> list[tuple[str, str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--metadata", help="metadata store URI (default: an embedded SQLite store)")
     parser.add_argument("--samples", type=int, default=50)
     args = parser.parse_args(argv)

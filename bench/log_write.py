@@ -57,7 +57,7 @@ async def log_appends(uri: str, entries: int, size: int, in_flight: int) -> floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--entry-size", type=int, default=100)
     parser.add_argument("--in-flight", type=int, default=2_000)

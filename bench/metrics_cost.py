@@ -225,7 +225,7 @@ def storage_ab(base_tree: Path, rounds: int, entries: int, batches: list[int]) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--base-tree", type=Path, help="a source tree without metrics hooks")
     parser.add_argument(
         "--make-base-tree", type=Path, metavar="DIR", help="make that tree in DIR, then stop"

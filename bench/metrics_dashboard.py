@@ -511,7 +511,7 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--duration-s", type=float, default=60.0)
     parser.add_argument("--rate", type=int, default=4000, help="entries/s, both writers")
     parser.add_argument("--window-s", type=float, default=5.0, help="rate() window")

@@ -268,7 +268,7 @@ def draw_all(report: dict[str, Any], out: Path, prefix: str = "compare-") -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("json", type=Path, help="a bench/compare.py run (bench/results/...)")
     parser.add_argument("--out", type=Path, default=Path("docs/figures"))
     parser.add_argument("--prefix", default="compare-")

@@ -44,7 +44,7 @@ def fill(storage: LedgerStorage, entries: int, entry_size: int, journal_dir: Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--entry-size", type=int, default=100)
     parser.add_argument("--batch", type=int, default=1000)

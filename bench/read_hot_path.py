@@ -69,7 +69,7 @@ async def read_ledger(uri: str, ledger_id: int, entries: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--entry-size", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)

@@ -194,7 +194,7 @@ def spark_read(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--entry-size", type=int, default=100)
     parser.add_argument("--ledger-entries", type=int, default=250_000, help="records per ledger")

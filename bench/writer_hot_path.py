@@ -56,7 +56,7 @@ def writer_path(blobs: list[bytes], shape: tuple[int, int, int], batch: int) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=4)

@@ -184,9 +184,11 @@ def client_main(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    client = sub.add_parser("client", help="run one measurement against a running cluster")
+    client = sub.add_parser(
+        "client", help="run one measurement against a running cluster", allow_abbrev=False
+    )
     client.add_argument("--endpoint", required=True)
     add_client_arguments(client)
     client_main(parser.parse_args())

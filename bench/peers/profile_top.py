@@ -125,7 +125,7 @@ def summarize(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0], allow_abbrev=False)
     parser.add_argument("raw", type=Path, help="py-spy record --format raw output")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument(

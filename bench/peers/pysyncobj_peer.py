@@ -233,9 +233,9 @@ def _run(command: dict[str, Any], records: Any, success: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    node = sub.add_parser("node", help="one node; JSON commands on stdin")
+    node = sub.add_parser("node", help="one node; JSON commands on stdin", allow_abbrev=False)
     node.add_argument("--self", required=True)
     node.add_argument("--partners", required=True)
     node.add_argument("--dir", required=True)

@@ -206,9 +206,11 @@ def client_main(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    client = sub.add_parser("client", help="run one measurement against running servers")
+    client = sub.add_parser(
+        "client", help="run one measurement against running servers", allow_abbrev=False
+    )
     client.add_argument("--hosts", required=True)
     add_client_arguments(client)
     args = parser.parse_args()

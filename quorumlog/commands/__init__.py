@@ -22,7 +22,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 # In the order they are listed by ``quorumlog --help``; each module is named after
 # its subcommand (an unavailable one is listed under that name).
@@ -44,7 +44,14 @@ EXIT_USAGE = 2  # bad arguments; also a bookie that refuses to start
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is a single line (``prog: error: ...``)."""
+    """argparse, but a usage error is a single line (``prog: error: ...``), and a flag is
+    taken only whole: ``--interval`` is not ``--interval-ms`` (abbreviations would make
+    any new flag sharing a prefix break the scripts that relied on them). Every
+    subcommand's parser is of this class too (argparse makes them of the parent's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

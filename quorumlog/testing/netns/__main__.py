@@ -21,7 +21,7 @@ from quorumlog.testing.netns.runner import SUITE, RunResult, default_out_dir, ru
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quorumlog.testing.netns")
+    parser = argparse.ArgumentParser(prog="python -m quorumlog.testing.netns", allow_abbrev=False)
     parser.add_argument("--driver", action="append", choices=["sqlite", "zk"])
     parser.add_argument("--nemesis", action="append", choices=sorted(SUITE))
     parser.add_argument("--out", type=Path, default=None, help="where histories are kept")

@@ -174,7 +174,9 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("--listen", required=True, help="ADDR:PORT to accept clients on")
     parser.add_argument("--target", required=True, help="ADDR:PORT to forward to")
     parser.add_argument("--control", required=True, help="JSON file of LinkFaults")

@@ -413,7 +413,9 @@ async def bookies(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m quorumlog.testing.netns.workload")
+    parser = argparse.ArgumentParser(
+        prog="python -m quorumlog.testing.netns.workload", allow_abbrev=False
+    )
     parser.add_argument("kind", choices=sorted(_KINDS))
     parser.add_argument("--metadata", default="")
     parser.add_argument("--history", default=".")

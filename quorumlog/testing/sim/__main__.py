@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m quorumlog.testing.sim",
         description="Run seeds of the whole-system simulator and check every rule.",
+        allow_abbrev=False,
     )
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seed", type=int, help="one seed")
