@@ -19,6 +19,7 @@ a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -52,9 +53,42 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _SubcommandsAction)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def unrecognized(self, extras: Sequence[str]) -> NoReturn:
+        """The error for arguments this parser does not know, with the nearest flag."""
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        flags = [e.split("=", 1)[0] for e in extras if e.startswith("-")]
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        for flag in flags:
+            near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            if near:
+                message += f" (did you mean {near[0]}?)"
+                break
+        self.error(message)
+
+
+class _SubcommandsAction(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """argparse's subcommands, but arguments the chosen subcommand does not know are its
+    error, named after it (``quorumlog dice: error: ... (see quorumlog dice --help)``),
+    not the top-level parser's. Nothing after a subcommand's name can belong to a parent:
+    a subcommand takes every argument that follows it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        extras = getattr(namespace, argparse._UNRECOGNIZED_ARGS_ATTR, None)
+        chosen = self.choices.get(values[0]) if isinstance(values, list) and values else None
+        if extras and isinstance(chosen, OneLineArgumentParser):
+            chosen.unrecognized(extras)
 
 
 def positive_int(text: str) -> int:

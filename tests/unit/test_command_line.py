@@ -1,4 +1,4 @@
-"""The ``quorumlog`` command's parsers: whole flags only."""
+"""The ``quorumlog`` command's parsers: whole flags only, errors that name the subcommand."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from quorumlog.commands import build_parser, main
+from quorumlog.commands.pipeline import main as pipeline_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,3 +59,50 @@ def test_every_argument_parser_in_the_sources_refuses_abbreviations() -> None:
             ):
                 offenders.append(f"{path.relative_to(ROOT)}:{call.lineno}")
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "flag", "suggestion"),
+    [
+        (["dice", "--interval", "500"], "quorumlog dice", "--interval", "--interval-ms"),
+        (
+            ["shell", "readledger", "1", "--frist", "2"],
+            "quorumlog shell readledger",
+            "--frist",
+            "--first",
+        ),
+        (
+            ["bench", "tail", "--duration", "1"],
+            "quorumlog bench tail",
+            "--duration",
+            "--duration-s",
+        ),
+        (["localbookie", "3", "--nosuchflag"], "quorumlog localbookie", "--nosuchflag", None),
+    ],
+)
+def test_a_mistyped_flag_names_the_subcommands_usage(
+    argv: list[str],
+    prog: str,
+    flag: str,
+    suggestion: str | None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"{prog}: error: unrecognized arguments: {flag}")
+    assert f"see {prog} --help" in err
+    if suggestion is not None:
+        assert f"did you mean {suggestion}?" in err
+
+
+def test_the_spark_submit_entry_point_names_the_pipelines_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        pipeline_main(["dice-stats", "--outt", "/tmp/x"])
+    err = capsys.readouterr().err
+    assert err.startswith("pipeline dice-stats: error: unrecognized arguments: --outt")
+    assert "did you mean --out?" in err
