@@ -125,6 +125,7 @@ class Dice:
         rng: random.Random | None = None,
         identifier: str | None = None,
         status: Callable[[str], None] | None = None,
+        notice: Callable[[str], None] | None = None,
         election_source: str | StoreFactory | None = None,
     ) -> None:
         self.bk = bk
@@ -134,7 +135,13 @@ class Dice:
         self.identifier = identifier
         # Where the election opens its sessions: the client's store URI by default.
         self.election_source = election_source
-        self.status = status or (lambda message: log.info("%s", message))
+        self._status = status or (lambda message: log.info("%s", message))
+        # What a user must see even when not asking for role changes: what the leader
+        # waits for before it can roll (bookies), and when that wait ends.
+        self._notice = notice or (lambda message: log.warning("%s", message))
+        self._last_said: str | None = None
+        # Writable bookies last seen while too few for a ledger; None when not waiting.
+        self._bookies_seen: int | None = None
         self.last_shown: Position | None = None
         self.shown = 0
         self.terms = 0
@@ -142,6 +149,19 @@ class Dice:
         self._election: LeaderElection | None = None
 
     # ------------------------------------------------------------ running
+
+    def status(self, message: str) -> None:
+        """Report a role change or a failure; never the same line twice in a row (a
+        retry that fails as before five times a second says it once)."""
+        if message != self._last_said:
+            self._last_said = message
+            self._status(message)
+
+    def notice(self, message: str) -> None:
+        """Report what the application waits for; like :meth:`status`, only changes."""
+        if message != self._last_said:
+            self._last_said = message
+            self._notice(message)
 
     def stop(self) -> None:
         """Ask :meth:`run` to finish (it closes the writer and leaves the election)."""
@@ -227,9 +247,15 @@ class Dice:
             await self._pause()
             return
         except BKError as exc:
-            self.status(f"dice: cannot open the log for writing: {exc.message}")
+            if not await self._too_few_bookies():
+                self.status(f"dice: cannot open the log for writing: {exc.message}")
             await self._pause()
             return
+        if self._bookies_seen is not None:
+            self._bookies_seen = None
+            with contextlib.suppress(BKError):
+                writable = len(await self.bk.registry.writable_bookies())
+                self.notice(f"dice: {writable} bookies writable: rolling")
         self.terms += 1
         self.status(f"dice: leading, term {self.terms}, ledger {writer.ledger_id}")
         try:
@@ -274,6 +300,27 @@ class Dice:
         finally:
             with contextlib.suppress(BKError):
                 await reader.close()
+
+    async def _too_few_bookies(self) -> bool:
+        """Whether fewer bookies are writable than a ledger of the log needs; if so, say
+        what the leader waits for: once, then again only when the count changes."""
+        needed = self.config.log_config.ensemble
+        try:
+            writable = len(await self.bk.registry.writable_bookies())
+        except BKError:
+            return False
+        if writable >= needed:
+            return False
+        if self._bookies_seen is None:
+            self.notice(
+                f"dice: waiting for bookies: each ledger of the log {self.config.log_name!r} "
+                f"needs {needed} writable bookies (--ensemble {needed}) and {writable} are "
+                f"writable; start some (quorumlog localbookie {needed}, or quorumlog bookie)"
+            )
+        elif writable != self._bookies_seen:
+            self.notice(f"dice: waiting for bookies: {writable} of the {needed} needed writable")
+        self._bookies_seen = writable
+        return True
 
     async def _pause(self) -> None:
         with contextlib.suppress(TimeoutError):

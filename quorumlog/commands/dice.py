@@ -101,9 +101,12 @@ async def _main(args: argparse.Namespace, config: DiceConfig) -> int:
         if args.verbose:
             print(message, file=sys.stderr, flush=True)
 
+    def notice(message: str) -> None:  # what it waits for: said with or without --verbose
+        print(message, file=sys.stderr, flush=True)
+
     bk = await BookKeeper.connect(args.metadata, config=ClientConfig())
     identifier = args.id or f"{socket.gethostname()}:{os.getpid()}"
-    dice = Dice(bk, config, emit, identifier=identifier, status=status)
+    dice = Dice(bk, config, emit, identifier=identifier, status=status, notice=notice)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, dice.stop)
