@@ -95,6 +95,9 @@ class LedgerChanges:
             if st.deleted:
                 respond(error_response(request, Status.NO_SUCH_LEDGER))
                 return None
+            if st.damaged:  # R17: its key and fence are unknown; only a delete settles it
+                respond(error_response(request, Status.IO_ERROR))
+                return None
             if st.master_key is not None and st.master_key != key:
                 respond(error_response(request, Status.UNAUTHORIZED))  # R10
                 return None

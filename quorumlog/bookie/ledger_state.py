@@ -4,6 +4,10 @@ Fence flag, master key (R10), explicit LAC, the LAC it has learnt, the largest
 entry id it stores, and whether the ledger was deleted here (a tombstone, so
 that a late add from the old writer is refused, BookKeeper #4462).
 
+A state whose stored record was found damaged has ``damaged`` set: what the
+ledger's fence, key and LACs were is unknown, so every request of it but a delete
+answers an I/O error (R17) until a delete or garbage collection drops it.
+
 Recent index updates live here too (``recent``: entry id -> location) until a
 checkpoint writes them to the durable index; ``flushing`` holds the ones a
 checkpoint is writing right now, so reads find them in either place.
@@ -22,6 +26,7 @@ _FLAG_FENCED = 1
 _FLAG_DELETED = 2
 _FLAG_HAS_KEY = 4
 _RECORD = struct.Struct(f">Bqqq{MASTER_KEY_SIZE}s")  # flags, explicit LAC, LAC, last entry, key
+STATE_SIZE = _RECORD.size  # bytes of :meth:`LedgerState.to_bytes`
 _NO_KEY = bytes(MASTER_KEY_SIZE)
 
 
@@ -29,6 +34,7 @@ class LedgerState:
     """Per-ledger state; mutated on the event loop only."""
 
     __slots__ = (
+        "damaged",
         "deleted",
         "dirty",
         "explicit_lac",
@@ -54,6 +60,10 @@ class LedgerState:
         self.recent: dict[int, Location] = {}
         self.flushing: dict[int, Location] | None = None
         self.dirty = False  # changed since the last checkpoint captured it
+        # Why this ledger's durable state is unknown (its index record failed its
+        # checksum), or None. Such a state is never written back; requests of the
+        # ledger answer I/O errors (R17) until a delete or garbage collection drops it.
+        self.damaged: str | None = None
 
     def to_bytes(self) -> bytes:
         """The durable part (index entries are stored apart)."""

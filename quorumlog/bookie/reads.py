@@ -65,8 +65,10 @@ class Reads:
         """A read whose ids were checked (and that was fenced first, if it asked to be)."""
         ledger_id = request.ledger_id
         st = self._states.get(ledger_id)
-        if st is not None and st.deleted:
-            respond(error_response(request, Status.NO_SUCH_LEDGER))
+        if st is not None and (st.deleted or st.damaged):
+            # R17: a state that failed its checksum is unknown, not gone.
+            status = Status.IO_ERROR if st.damaged else Status.NO_SUCH_LEDGER
+            respond(error_response(request, status))
             return
         if request.flags & ReadFlag.LONG_POLL:
             self._long_poll(request, respond, st)
@@ -97,6 +99,9 @@ class Reads:
         st = self._states.get(request.ledger_id)
         if st is None or st.deleted:
             respond(error_response(request, Status.NO_SUCH_LEDGER))
+            return
+        if st.damaged:
+            respond(error_response(request, Status.IO_ERROR))  # R17: its LAC is unknown
             return
         respond(
             ReadLacResponse(request.request_id, _OK, request.ledger_id, st.lac, st.last_entry_id)

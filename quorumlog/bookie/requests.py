@@ -173,8 +173,10 @@ class Requests:
     def _add(self, request: AddRequest, respond: Respond) -> None:
         ledger_id = request.ledger_id
         st = self._states.get(ledger_id)
-        if st is not None and st.deleted:
-            respond(error_response(request, Status.NO_SUCH_LEDGER))
+        if st is not None and (st.deleted or st.damaged):
+            # R17: a state that failed its checksum (fence, key) is unknown, not gone.
+            status = Status.IO_ERROR if st.damaged else Status.NO_SUCH_LEDGER
+            respond(error_response(request, status))
             return
         entries = request.entries
         count = len(entries)

@@ -43,7 +43,7 @@ from quorumlog.bookie.entry_log import (
     record_offsets,
 )
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
-from quorumlog.bookie.index import IndexUpdate, LedgerIndex
+from quorumlog.bookie.index import IndexDamageError, IndexUpdate, LedgerIndex
 from quorumlog.bookie.journal import delete_journal_files_before
 from quorumlog.bookie.ledger_state import LedgerState, Location
 from quorumlog.bookie.read_cache import ReadCache
@@ -94,13 +94,12 @@ class LedgerStorage:
         self.index: LedgerIndex = ops.open_index(data_dir / "index", index_map_size_bytes)
         try:
             self.states: dict[int, LedgerState] = self.index.load_states()
-            self.log_ledgers: dict[int, set[int]] = self.index.load_logs()
             self.mark = self.index.load_mark()
-            # Record bytes per ledger per entry log (compaction's estimate of live data).
-            usage = self.index.load_usage()
-            self.log_usage: dict[int, dict[int, int]] = (
-                usage if usage is not None else self.index.scan_usage()
-            )
+            # The ledgers of each entry log, and the record bytes of each there
+            # (compaction's estimate of live data).
+            self.log_ledgers: dict[int, set[int]]
+            self.log_usage: dict[int, dict[int, int]]
+            self._rebuilt_log_tables = self._load_log_tables()
             logs_dir = data_dir / "entrylogs"
             ops.mkdir(logs_dir)
             self._orphan_logs = self._check_logs(logs_dir)
@@ -122,6 +121,29 @@ class LedgerStorage:
         self._dropped_states: set[int] = set()
         self._purge: set[int] = set()
         self._dirty_logs: set[int] = {self.entry_log.current_id}
+        if self._rebuilt_log_tables:
+            self._dirty_logs.update(self.log_ledgers)
+        # Ledgers whose index records were all found sound and counted (R17: an entry
+        # the index lacks below the ledger's last one is then proven absent); until a
+        # checkpoint writes more of their entries.
+        self._proven_complete: set[int] = set()
+
+    def _load_log_tables(self) -> bool:
+        """Load the entry-log tables; rebuild them from the entries if a value is damaged
+        (the first checkpoint then writes them whole). True if rebuilt."""
+        try:
+            self.log_ledgers = self.index.load_logs()
+            usage = self.index.load_usage()
+        except IndexDamageError as exc:
+            log.error(
+                "%s: rebuilding the entry-log tables from the index's entries (nothing is "
+                "lost: they only summarize the entries)",
+                exc.message,
+            )
+            self.log_ledgers, self.log_usage = self.index.scan_logs()
+            return True
+        self.log_usage = usage if usage is not None else self.index.scan_usage()
+        return False
 
     def _check_logs(self, logs_dir: Path) -> list[int]:
         """Check the entry logs against the index; returns the logs it does not name.
@@ -366,8 +388,17 @@ class LedgerStorage:
                     if entry_id - run_first < len(run):
                         loc = run[entry_id - run_first]
                     else:
-                        loc = reader.get(ledger_id, entry_id)
+                        try:
+                            loc = reader.get(ledger_id, entry_id)
+                        except BookieIOError as exc:  # R9: a damaged index record
+                            if out:
+                                break
+                            raise BookieIOError(
+                                f"ledger {ledger_id} entry {entry_id}: {exc.message}"
+                            ) from exc
                         if loc is None:
+                            if not out and entry_id <= st.last_entry_id:
+                                self._prove_absent(st, entry_id)
                             break
                 try:
                     blob = None
@@ -421,10 +452,34 @@ class LedgerStorage:
                 reader.close()
         return out
 
+    def _prove_absent(self, st: LedgerState, entry_id: int) -> None:
+        """R17: ``entry_id`` is below the ledger's last entry, and neither recent adds nor
+        the index hold it. It is absent (the bookie was never sent it: striping, a write
+        that failed) only if the index holds every record it committed for the ledger,
+        sound; otherwise its record may have been lost to damage: BookieIOError.
+        One pass over the ledger's index records, then remembered until a checkpoint
+        writes more of them."""
+        ledger_id = st.ledger_id
+        if ledger_id in self._proven_complete:
+            return
+        try:
+            self.index.prove_complete(ledger_id)
+        except BookieIOError as exc:
+            raise BookieIOError(
+                f"ledger {ledger_id} entry {entry_id} is not in the index, below the "
+                f"ledger's last entry {st.last_entry_id}, and its absence cannot be proven: "
+                f"{exc.message}"
+            ) from exc
+        self._proven_complete.add(ledger_id)
+
     def has_entry(self, st: LedgerState, entry_id: int) -> bool:
+        """Whether the bookie holds the entry (a damaged index record: not held)."""
         if st.location(entry_id) is not None:
             return True
-        return self.index.get(st.ledger_id, entry_id) is not None
+        try:
+            return self.index.get(st.ledger_id, entry_id) is not None
+        except BookieIOError:
+            return False
 
     # ------------------------------------------------------------ dropping ledgers
 
@@ -441,6 +496,7 @@ class LedgerStorage:
             self._dirty_states.discard(ledger_id)
             self._dropped_states.add(ledger_id)
         self._purge.add(ledger_id)
+        self._proven_complete.discard(ledger_id)
         for per_ledger in self.log_usage.values():
             per_ledger.pop(ledger_id, None)
         for log_id, ledgers in self.log_ledgers.items():
@@ -454,6 +510,7 @@ class LedgerStorage:
         """Step 1, on the loop: everything applied so far, as of journal position ``mark``."""
         sync_logs = self.entry_log.take_unsynced()
         update = IndexUpdate(mark=mark)
+        update.replace_log_tables = self._rebuilt_log_tables
         update.purge_ledgers = sorted(self._purge)
         self._purge.clear()
         flushed: list[LedgerState] = []
@@ -462,7 +519,8 @@ class LedgerStorage:
             if st is None:
                 continue
             st.dirty = False
-            update.states.append((ledger_id, st.to_bytes()))
+            if st.damaged is None:  # an unknown state is never written as if known
+                update.states.append((ledger_id, st.to_bytes()))
             if st.recent or st.flushing:
                 if st.flushing:  # a previous commit failed: write both, newest last
                     st.flushing.update(st.recent)
@@ -523,6 +581,9 @@ class LedgerStorage:
         if ok:
             for st in work.flushed:
                 st.flushing = None
+                self._proven_complete.discard(st.ledger_id)
+            if work.update.replace_log_tables:
+                self._rebuilt_log_tables = False
             self.mark = work.update.mark
             for log_id in work.free_logs:
                 self.entry_log.forget(log_id)

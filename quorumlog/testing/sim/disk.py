@@ -157,6 +157,7 @@ class _IndexData:
     logs: dict[int, list[int]] = field(default_factory=dict)
     usage: dict[int, dict[int, int]] = field(default_factory=dict)
     mark: tuple[int, int] | None = None
+    log_end: tuple[int, int] | None = None
 
 
 class SimDisk:
@@ -488,12 +489,24 @@ class MemoryIndex(LedgerIndex):
             return None
         return {log_id: dict(per) for log_id, per in self._data.usage.items()}
 
-    def scan_usage(self) -> dict[int, dict[int, int]]:
+    def load_log_end(self) -> tuple[int, int] | None:
+        self._files._live()
+        return self._data.log_end
+
+    def scan_logs(self) -> tuple[dict[int, set[int]], dict[int, dict[int, int]]]:
+        logs: dict[int, set[int]] = {}
         usage: dict[int, dict[int, int]] = {}
         for (ledger_id, _), (log_id, _, size) in self._data.entries.items():
+            logs.setdefault(log_id, set()).add(ledger_id)
             per = usage.setdefault(log_id, {})
             per[ledger_id] = per.get(ledger_id, 0) + size + 8
-        return usage
+        return logs, usage
+
+    def scan_usage(self) -> dict[int, dict[int, int]]:
+        return self.scan_logs()[1]
+
+    def prove_complete(self, ledger_id: int) -> None:
+        self._files._live()  # its records are never damaged: nothing can be missing
 
     def entries_in_log(
         self, ledger_id: int, log_id: int, after: int, limit: int
@@ -536,6 +549,9 @@ class MemoryIndex(LedgerIndex):
             data.states.pop(ledger_id, None)
         for ledger_id, state_bytes in update.states:
             data.states[ledger_id] = state_bytes
+        if update.replace_log_tables:
+            data.logs.clear()
+            data.usage.clear()
         for log_id in update.dropped_logs:
             data.logs.pop(log_id, None)
             data.usage.pop(log_id, None)
@@ -544,6 +560,8 @@ class MemoryIndex(LedgerIndex):
         for log_id, per_ledger in update.usage:
             data.usage[log_id] = dict(per_ledger)
         data.mark = update.mark
+        if update.log_end is not None:
+            data.log_end = update.log_end
 
     def close(self) -> None:
         pass
