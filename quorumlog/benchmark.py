@@ -81,7 +81,9 @@ class BenchSettings:
     ack_quorum: int = 2
     entry_size: int = 100
     entries: int = 100_000
-    duration_s: float = 0.0  # write: stop after this long (0: after ``entries``)
+    # The writing workloads (all but read) stop issuing after this long, whichever comes
+    # first with ``entries`` (0: after ``entries``); what is in flight then completes.
+    duration_s: float = 0.0
     ledgers: int = 1  # write: ledgers written at once
     max_outstanding: int = 1000  # adds in flight (per ledger)
     rate: float = 0.0  # entries/s, 0 = unlimited (tail: 0 means 1000)
@@ -368,7 +370,11 @@ def _write_sync_thread(
         started_ns = now_ns()
         cpu = CpuMeter()
         future = None
+        deadline = _deadline(settings)
         for index in range(total):
+            if deadline is not None and index % 100 == 0 and time.perf_counter() > deadline:
+                total = index
+                break
             if index == settings.warmup:
                 started = time.perf_counter()
                 started_ns = now_ns()
@@ -381,7 +387,10 @@ def _write_sync_thread(
         if future is not None:
             future.add_done_callback(lambda _: all_done.set())
             all_done.wait()
-        result.record_measured(completions[-1] / 1e9 - started, settings.entries, cpu)
+        measured = max(0, total - settings.warmup)
+        result.record_measured(
+            completions[-1] / 1e9 - started if completions else 0.0, measured, cpu
+        )
         # A confirmed entry means every earlier one is (R3): the last confirmed, all were.
         if handle.last_add_confirmed != total - 1:
             raise RuntimeError(
@@ -439,7 +448,11 @@ def _write_batch_thread(
 
         started = time.perf_counter()
         cpu = CpuMeter()
+        deadline = _deadline(settings)
         for index in range(warmup_batches + batches):
+            if deadline is not None and time.perf_counter() > deadline:
+                batches = max(0, index - warmup_batches)
+                break
             slots.acquire()
             if index == warmup_batches:
                 started = time.perf_counter()
@@ -475,7 +488,7 @@ async def _append_pipelined(
     total = settings.entries + settings.warmup
     # append() refuses past the client's bound rather than queue (R16).
     per_ledger_limit = max(1, min(settings.max_outstanding, max_outstanding_adds))
-    deadline = time.perf_counter() + settings.duration_s if settings.duration_s else None
+    deadline = _deadline(settings)
     counters = {"sent": 0}
     measured_start = 0.0
     measured_start_ns = 0
@@ -603,17 +616,23 @@ async def _tail(settings: BenchSettings, metadata_uri: str, report: ProgressCall
             settings.ensemble, settings.write_quorum, settings.ack_quorum
         )
         reader = await reader_bk.open_ledger_no_recovery(writer.ledger_id)
-        total = settings.entries
+        # How many entries the writer sends: ``entries``, or fewer once ``duration_s``
+        # is up (then the reader stops at the last one sent).
+        issued = {"total": settings.entries}
+        deadline = _deadline(settings)
         loop = asyncio.get_running_loop()
 
         async def write() -> None:
             next_send = loop.time()
             futures: list[asyncio.Future[int]] = []
-            for i in range(total):
+            for i in range(settings.entries):
                 next_send += 1.0 / rate
                 delay = next_send - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                if deadline is not None and time.perf_counter() > deadline:
+                    issued["total"] = i
+                    break
                 payload = i.to_bytes(8, "big") + bytes(max(0, settings.entry_size - 8))
                 future = writer.append(payload)
                 future.add_done_callback(
@@ -624,14 +643,15 @@ async def _tail(settings: BenchSettings, metadata_uri: str, report: ProgressCall
 
         async def tail() -> None:
             next_id = 0
-            while next_id < total:
+            while next_id < issued["total"]:
+                # A long poll of at most 1 s: past the last entry sent, it ends empty.
                 lac, entry = await reader.read_last_add_confirmed_and_entry(next_id, 1000)
                 now = time.perf_counter_ns()
                 if entry is None:
                     continue
                 delivered = [entry]
                 if lac > next_id:
-                    delivered += await reader.read_entries(next_id + 1, min(lac, total - 1))
+                    delivered += await reader.read_entries(next_id + 1, lac)
                     now = time.perf_counter_ns()
                 for e in delivered:
                     sent = confirmed_at.get(e.entry_id)
@@ -646,7 +666,7 @@ async def _tail(settings: BenchSettings, metadata_uri: str, report: ProgressCall
         result.timeline.start()
         await asyncio.gather(write(), tail())
         # The writer's and the reader's CPU together: both run in this process.
-        result.record_measured(time.perf_counter() - started, total, cpu)
+        result.record_measured(time.perf_counter() - started, issued["total"], cpu)
         result.settings["latency_note"] = "writer confirmation to reader delivery"
         await writer.close()
         await bk.delete_ledger(writer.ledger_id)
@@ -654,6 +674,11 @@ async def _tail(settings: BenchSettings, metadata_uri: str, report: ProgressCall
         await reader_bk.close()
         await bk.close()
     return result
+
+
+def _deadline(settings: BenchSettings) -> float | None:
+    """When a workload stops issuing (``time.perf_counter()``'s clock), or None."""
+    return time.perf_counter() + settings.duration_s if settings.duration_s > 0 else None
 
 
 _Workload = Callable[[BenchSettings, str, ProgressCallback], Awaitable[Result]]

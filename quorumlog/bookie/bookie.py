@@ -137,6 +137,8 @@ class Bookie:
         )
         # A failed entry-log write refuses adds at once, not at the next checkpoint.
         storage.entry_log.on_write_error = lambda _error: self._mode.storage_checked(storage)
+        # Free space is measured at every new entry log too, not only on the timer.
+        storage.entry_log.on_rotate = self._mode.check_disks
         self.compactor = Compactor(
             storage,
             CompactionSettings(
@@ -235,6 +237,9 @@ class Bookie:
             self._requests.journal_deferred()
             await self._journal.close()
             await self._checkpoints.last()
+            if self.storage.failed_checkpoints == 0:
+                # Nothing is left to replay: the next start needs no room for it.
+                self._release_reserve()
         finally:
             self._closed = True
             if self._executor is not None:
@@ -261,6 +266,14 @@ class Bookie:
 
     def _release_locks(self) -> None:
         self._locks.release()
+
+    def _release_reserve(self) -> None:
+        reserve = self._disk_checker.reserve
+        if reserve is not None:
+            try:
+                reserve.release()
+            except OSError as exc:
+                log.warning("bookie %s: releasing the reserved space: %s", self.data_dir, exc)
 
     # ------------------------------------------------------------ read-only mode
 

@@ -59,6 +59,11 @@ class BookieConfig:
     disk_usage_threshold: float = 0.95
     disk_usage_lwm_threshold: float = 0.90
     disk_check_interval_ms: int = 2_000
+    # Space set aside in a file on each filesystem the bookie writes, released at every
+    # start before the journal is replayed and set aside again after: a bookie that
+    # filled its disk still finds room to start. Less than this free is a full disk
+    # (read-only), as is a reserve that cannot be set aside again. 0: none.
+    reserved_space_bytes: int = 8 * 1024 * 1024
     long_poll_max_timeout_ms: int = 60_000
     # Parked long-poll reads beyond these bounds are refused with TOO_MANY_REQUESTS.
     long_poll_max_per_ledger: int = 1_000
@@ -106,6 +111,7 @@ class BookieConfig:
             "journal_max_group_wait_ms",
             "read_cache_max_bytes",
             "entry_log_page_cache_max_bytes",
+            "reserved_space_bytes",
             "long_poll_max_timeout_ms",
             "minor_compaction_interval_ms",
             "major_compaction_interval_ms",

@@ -255,6 +255,8 @@ class EntryLogger:
         self._in_flight = 0  # chunks handed to the writer, outcome not known yet
         self.writer: ChunkWriter | None = None
         self.on_write_error: Callable[[OSError], None] | None = None
+        # Called on the loop after each new log is created (the bookie checks its disks).
+        self.on_rotate: Callable[[], None] | None = None
         # Shared by the loop and the worker: chunks to write again, and why.
         self._lock = threading.Lock()
         self._rewrite: list[tuple[Chunk, int]] = []  # (chunk, fd)
@@ -369,6 +371,8 @@ class EntryLogger:
         if self._synced_end < self._end:
             self._unsynced.add(self.current_id)
         self._create(self.current_id + 1, strict=False)
+        if self.on_rotate is not None:
+            self.on_rotate()
 
     def flush(self) -> None:
         """Hand the buffer to the writer (or write it now); no fsync. Never raises for a

@@ -89,6 +89,11 @@ class FileOps:
     def truncate(self, path: Path, size: int) -> None:
         os.truncate(path, size)
 
+    def allocate(self, fd: int, size: int) -> None:
+        """Give the file ``size`` bytes of disk blocks now (``posix_fallocate``): ENOSPC
+        if the filesystem has not that much free."""
+        os.posix_fallocate(fd, 0, size)
+
     def size(self, path: Path) -> int:
         return os.stat(path).st_size
 

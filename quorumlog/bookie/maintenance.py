@@ -1,7 +1,8 @@
 """A bookie's care of its disks: read-only mode and garbage collection.
 
 Read-only mode refuses adds while a disk is full (measured every
-``disk_check_interval_ms``, with hysteresis, :mod:`.disk_checker`), after the
+``disk_check_interval_ms`` and at every new entry log, with hysteresis; short of its
+reserved space counts as full, :mod:`.disk_checker`), after the
 journal failed or an entry-log sync failed (R14: a failed sync is never retried as
 if the data were there, so adds stay refused until a restart), or while entry-log
 bytes whose write failed wait in memory for a checkpoint to write them again (so
@@ -117,7 +118,7 @@ class ReadOnlyMode:
             "the journal failed; restart the bookie" if self.journal_failed else None,
             self.storage_failure,
             self.write_failure,
-            "a disk is at or above its usage threshold" if self.disk_checker.full else None,
+            self.disk_checker.why_full,
             "set by an operator" if self.operator else None,
         ]
         return "; ".join(r for r in reasons if r)
@@ -139,14 +140,19 @@ class ReadOnlyMode:
             except Exception:
                 log.exception("read-only listener failed")
 
-    def _disk_tick(self) -> None:
-        if self._timers.stopped:
-            return
+    def check_disks(self) -> None:
+        """Measure the disks now (the timer, and every new entry log: a fast writer
+        fills a small disk between two ticks)."""
         try:
             if self.disk_checker.check():
                 self._update()
         except OSError as exc:
             log.warning("bookie %s: disk check failed: %s", self._data_dir, exc)
+
+    def _disk_tick(self) -> None:
+        if self._timers.stopped:
+            return
+        self.check_disks()
         self._timers.schedule(self._check_interval_ms, self._disk_tick)
 
 

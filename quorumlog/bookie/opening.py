@@ -11,6 +11,7 @@ stops the start, unless it is a torn tail or ``journal_skip_corruption`` is set
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 from pathlib import Path
 from typing import NamedTuple
@@ -20,7 +21,7 @@ import lmdb
 from quorumlog.bookie import journal as journal_mod
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.cookie import check_directories
-from quorumlog.bookie.disk_checker import DiskChecker
+from quorumlog.bookie.disk_checker import DiskChecker, ReservedSpace
 from quorumlog.bookie.errors import BookieStartError
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.bookie.journal import Journal, JournalCorruptionError, ScanReport, list_journal_ids
@@ -87,6 +88,13 @@ def open_storage(
     problem = check_directories(data_dir, journal_dir)
     if problem:
         raise BookieStartError(f"bookie {data_dir}: {problem}")
+    # The reserved space goes first: the replay and its checkpoint may need its room
+    # (issue B4). The disk checker sets it aside again at the end.
+    reserve = ReservedSpace([data_dir, journal_dir], config.reserved_space_bytes, ops, ops.device)
+    try:
+        released = reserve.release()
+    except OSError as exc:
+        raise BookieStartError(f"bookie {data_dir}: releasing the reserved space: {exc}") from None
     try:
         storage = LedgerStorage(
             data_dir,
@@ -129,6 +137,7 @@ def open_storage(
             config.disk_usage_lwm_threshold,
             usage_fn=ops.disk_usage,
             device_fn=ops.device,
+            reserve=reserve,
         )
         disk_checker.check()
         storage.index.grow_when_full = False
@@ -139,7 +148,9 @@ def open_storage(
         if isinstance(exc, JournalCorruptionError):
             raise BookieStartError(exc.message) from None
         if isinstance(exc, BKError | OSError):
-            raise BookieStartError(f"bookie {data_dir}: opening failed: {exc}") from None
+            raise BookieStartError(
+                f"bookie {data_dir}: opening failed: {exc}{_no_space_hint(exc, released)}"
+            ) from None
         if isinstance(exc, lmdb.Error):
             raise BookieStartError(
                 f"bookie {data_dir}: the index (LMDB) failed while opening: {exc!r}; the "
@@ -151,6 +162,21 @@ def open_storage(
     for st in storage.states.values():
         st.fence_durable = st.fenced
     return OpenedStorage(storage, journal, disk_checker)
+
+
+def _no_space_hint(exc: BaseException, released: int) -> str:
+    """What to do when a start failed for want of space (ENOSPC anywhere in the chain)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            return (
+                f" (the disk is full even with the {released} reserved bytes released and "
+                f"the entry logs' copies of the journal removed: free some space or grow "
+                f"the filesystem, then start again; nothing acknowledged is lost, the "
+                f"journal is kept)"
+            )
+        cause = cause.__cause__ or cause.__context__
+    return ""
 
 
 def replay(

@@ -102,12 +102,12 @@ class LedgerStorage:
             self._rebuilt_log_tables = self._load_log_tables()
             logs_dir = data_dir / "entrylogs"
             ops.mkdir(logs_dir)
-            self._orphan_logs = self._check_logs(logs_dir)
+            removed = self._free_dead_copies(logs_dir, self._check_logs(logs_dir))
             self.entry_log = EntryLogger(
                 logs_dir,
                 entry_log_max_bytes,
                 entry_log_write_buffer_bytes,
-                known_ids=self.log_ledgers,
+                known_ids=[*self.log_ledgers, *removed],  # ids only grow
                 page_cache_max_bytes=entry_log_page_cache_max_bytes,
                 direct_io=entry_log_direct_io,
                 ops=ops,
@@ -181,14 +181,49 @@ class LedgerStorage:
             )
         # A log the index does not name was created after the last checkpoint (the
         # journal holds all of it: replay writes it again) or was collected but not yet
-        # unlinked. It goes with the first checkpoint, once replay has succeeded, so a
-        # start that stops on a bad journal removes nothing.
-        orphans = [log_id for log_id in present if log_id not in self.log_ledgers]
-        if orphans:
+        # unlinked (_free_dead_copies removes it).
+        return [log_id for log_id in present if log_id not in self.log_ledgers]
+
+    def _free_dead_copies(self, logs_dir: Path, orphans: list[int]) -> list[int]:
+        """Before replay: remove the logs the index does not name, and cut the log that
+        was current at the last checkpoint back to its end then. What they hold beyond
+        the index was written after that checkpoint, so the journal holds it after the
+        mark and replay writes it again (or it was collected): a bookie that filled its
+        disk gets that room back for its replay (issue B4). Returns the logs removed."""
+        removed, freed = [], 0
+        for log_id in orphans:
+            path = logs_dir / log_file_name(log_id)
+            try:
+                size = self.ops.size(path)
+                self.ops.unlink(path)
+            except FileNotFoundError:
+                continue
+            removed.append(log_id)
+            freed += size
+        try:
+            log_end = self.index.load_log_end()
+        except IndexDamageError as exc:
+            log.warning("%s; the tail of the last current entry log stays", exc.message)
+            log_end = None
+        if log_end is not None and log_end[0] in self.log_ledgers:
+            log_id, end = log_end
+            path = logs_dir / log_file_name(log_id)
+            try:
+                size = self.ops.size(path)
+            except FileNotFoundError:
+                size = 0
+            if size > end:
+                self.ops.truncate(path, end)
+                freed += size - end
+        if freed:
             log.info(
-                "entry logs %s are not in the index; the first checkpoint removes them", orphans
+                "entry logs %s: removed logs %s and tails past the last checkpoint (%d bytes), "
+                "which only held what the journal holds",
+                logs_dir,
+                removed,
+                freed,
             )
-        return orphans
+        return removed
 
     # ------------------------------------------------------------ state
 
@@ -510,6 +545,9 @@ class LedgerStorage:
         """Step 1, on the loop: everything applied so far, as of journal position ``mark``."""
         sync_logs = self.entry_log.take_unsynced()
         update = IndexUpdate(mark=mark)
+        # What the index may point into ends here: past it, the current log holds only
+        # what was written after this checkpoint (the journal has it).
+        update.log_end = (self.entry_log.current_id, self.entry_log.end_offset)
         update.replace_log_tables = self._rebuilt_log_tables
         update.purge_ledgers = sorted(self._purge)
         self._purge.clear()
@@ -538,8 +576,6 @@ class LedgerStorage:
             for log_id, ledgers in self.log_ledgers.items()
             if not ledgers and log_id != current
         ]
-        free_logs += self._orphan_logs
-        self._orphan_logs = []
         # Logs written since the last checkpoint have new usage to save.
         self._dirty_logs.update(log_id for log_id, _ in sync_logs)
         for log_id in free_logs:

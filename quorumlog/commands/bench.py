@@ -1,7 +1,7 @@
 """``quorumlog bench``: write, read and tail workloads, after BookKeeper's benchmark tools.
 
     quorumlog bench write [--bookies 3 | --metadata URI] [--ensemble 3 --write-quorum 3
-                          --ack-quorum 2] [--entry-size 100] [--entries N | --duration-s S]
+                          --ack-quorum 2] [--entry-size 100] [--entries N] [--duration-s S]
                           [--ledgers 1] [--max-outstanding 1000] [--rate 0] [--json]
     quorumlog bench write-sync [...]                 the same through add_entry_async
     quorumlog bench write-batch [...]                batches of 100 through add_entries_async
@@ -61,7 +61,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         p.add_argument("--ack-quorum", type=int, default=2)
         p.add_argument("--entry-size", type=int, default=100)
         p.add_argument("--entries", type=int, default=100_000)
-        p.add_argument("--duration-s", type=float, default=0.0, help="write: stop after this")
+        p.add_argument(
+            "--duration-s",
+            type=float,
+            default=0.0,
+            help="stop issuing after this many seconds, if --entries are not done first "
+            "(every workload but read)",
+        )
         p.add_argument("--ledgers", type=int, default=1, help="write: ledgers written at once")
         p.add_argument("--max-outstanding", type=int, default=1000, help="adds in flight")
         p.add_argument("--rate", type=float, default=0.0, help="entries/s, 0 = unlimited")
@@ -86,6 +92,13 @@ def run(args: argparse.Namespace) -> int:
     if args.entries < 1 or args.entry_size < 0 or args.max_outstanding < 1 or args.ledgers < 1:
         print(
             "quorumlog bench: --entries, --max-outstanding, --ledgers must be >= 1", file=sys.stderr
+        )
+        return EXIT_USAGE
+    if args.workload == "read" and args.duration_s:
+        print(
+            "quorumlog bench read: --duration-s does not apply (read writes --entries "
+            "entries, then reads them all back)",
+            file=sys.stderr,
         )
         return EXIT_USAGE
     settings = _settings(args)

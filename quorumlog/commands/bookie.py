@@ -117,6 +117,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="go read-only above this fraction of the data disk in use (default: %(default)s)",
     )
     p.add_argument(
+        "--reserved-space-bytes",
+        type=int,
+        default=_DEFAULTS.reserved_space_bytes,
+        help="space set aside in a file on each disk the bookie writes, released at start "
+        "so that a bookie that filled its disk can start; less free is a full disk "
+        "(0: none; default: %(default)s)",
+    )
+    p.add_argument(
         "--gc-interval-ms",
         type=int,
         default=_SERVER_DEFAULTS.gc_interval_ms,
@@ -258,6 +266,7 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         disk_usage_threshold=args.disk_usage_threshold,
         # The low mark must not be above the high one (0.0 means: read-only from the start).
         disk_usage_lwm_threshold=min(_DEFAULTS.disk_usage_lwm_threshold, args.disk_usage_threshold),
+        reserved_space_bytes=args.reserved_space_bytes,
         entry_log_max_bytes=args.entry_log_max_bytes,
         minor_compaction_threshold=args.minor_compaction_threshold,
         minor_compaction_interval_ms=args.minor_compaction_interval_ms,

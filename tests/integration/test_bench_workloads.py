@@ -11,6 +11,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,3 +106,45 @@ def test_command_plot_draws_a_figure_and_json_carries_the_figures(
     summary = json.loads(proc.stdout)
     assert summary["entries"] == 1000
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("workload", "rate"),
+    [("tail", 500.0), ("write", 0.0), ("write-sync", 0.0), ("write-batch", 0.0)],
+)
+def test_duration_s_stops_a_workload_in_time(
+    cluster: LocalCluster, workload: str, rate: float
+) -> None:
+    """--duration-s 10 once ran the tail workload for 102 s (its --entries at --rate)."""
+    duration_s = 1.0
+    settings = BenchSettings(
+        entries=10_000_000, warmup=WARMUP, max_outstanding=200, rate=rate, duration_s=duration_s
+    )
+    loop = new_event_loop()
+    started = time.monotonic()
+    try:
+        result = loop.run_until_complete(
+            asyncio.wait_for(run_workload(workload, settings, cluster.metadata_uri), 60)
+        )
+    finally:
+        loop.close()
+    elapsed_s = time.monotonic() - started
+    # The bound leaves room for setting up, draining what is in flight and a loaded
+    # machine; the entries were enough for minutes.
+    assert elapsed_s < duration_s + 5, elapsed_s
+    summary = result.summary()
+    assert 0 < summary["entries"] < settings.entries
+    if workload == "tail":
+        assert summary["latency_ms"]["samples"] == summary["entries"] - WARMUP
+
+
+def test_command_refuses_duration_s_for_read(cluster: LocalCluster) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "quorumlog", "bench", "read", "--duration-s", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "--duration-s" in proc.stderr and len(proc.stderr.splitlines()) == 1

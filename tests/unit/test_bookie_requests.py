@@ -533,7 +533,8 @@ def test_read_only_follows_disk_usage_with_hysteresis(make_driver):
 
         def usage_fn(path):
             measured.append(usage["fraction"])
-            return DiskUsage(path, usage["fraction"], 1, 2)
+            total = 1 << 40  # free bytes far above the reserved space's size
+            return DiskUsage(path, usage["fraction"], int(total * (1 - usage["fraction"])), total)
 
         bookie._disk_checker._usage_fn = usage_fn
         changes = []

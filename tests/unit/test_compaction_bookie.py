@@ -9,6 +9,7 @@ from pathlib import Path
 
 from conftest import Driver
 
+from quorumlog.bookie.disk_checker import DiskUsage
 from quorumlog.errors import Status
 from quorumlog.proto.codec import AddRequest, ReadRequest
 from quorumlog.testing.raw_client import make_entry, master_key
@@ -153,8 +154,13 @@ def test_a_full_disk_suspends_periodic_compaction_unless_allowed(
         await fill(driver)
         bookie.garbage_collect((), set(LEDGERS) - {KEEP})
         await bookie.checkpoint()
-        # As the disk checker finds a disk at its threshold (the copies need room).
-        bookie._disk_checker.full = True
+        # The disk checker finds a disk at its threshold (the copies need room), at every
+        # check from now on (the timer's, and each new entry log's).
+        total = 1 << 50
+        checker = bookie._disk_checker
+        checker._usage_fn = lambda path: DiskUsage(path, 0.99, total // 100, total)
+        checker.check()
+        assert checker.full
         await asyncio.sleep(0)
         before = bookie.compactor.runs
         last_major = bookie.compactor.last_major

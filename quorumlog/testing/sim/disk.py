@@ -70,7 +70,15 @@ class DiskFaults:
 
 
 class _Inode:
-    __slots__ = ("data", "dirty", "durable", "lost_pages", "size_dirty")
+    __slots__ = (
+        "allocated",
+        "data",
+        "dirty",
+        "durable",
+        "durable_allocated",
+        "lost_pages",
+        "size_dirty",
+    )
 
     def __init__(self) -> None:
         self.data = bytearray()  # what reads see (the page cache)
@@ -78,6 +86,14 @@ class _Inode:
         self.dirty: set[int] = set()  # pages written since their last sync
         self.size_dirty = False
         self.lost_pages = 0  # pages whose sync failed (for the trace)
+        # Bytes of blocks given to the file (fallocate) beyond its data: counted as used,
+        # never stored; kept at a power loss once synced.
+        self.allocated = 0
+        self.durable_allocated = 0
+
+    @property
+    def used_bytes(self) -> int:
+        return max(len(self.data), self.allocated)
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         end = offset + len(data)
@@ -89,6 +105,7 @@ class _Inode:
             self.dirty.update(range(offset // PAGE_SIZE, (end - 1) // PAGE_SIZE + 1))
 
     def sync(self) -> None:
+        self.durable_allocated = self.allocated
         for page in self.dirty:
             self._copy_page(page)
         if self.size_dirty or len(self.durable) != len(self.data):
@@ -118,6 +135,7 @@ class _Inode:
         self.size_dirty = False
 
     def power_loss(self, rng: random.Random, page_survives: float) -> None:
+        self.allocated = self.durable_allocated
         if self.dirty or self.size_dirty:
             # Pages reach the disk on their own, in any order, before the power goes.
             for page in sorted(self.dirty):
@@ -250,7 +268,7 @@ class SimDisk:
         seen: dict[int, int] = {}
         for directory in self._dirs.values():
             for inode in directory.entries.values():
-                seen[id(inode)] = len(inode.data)
+                seen[id(inode)] = inode.used_bytes
         return sum(seen.values())
 
     # ------------------------------------------------------------ lookups
@@ -407,6 +425,12 @@ class SimFiles(FileOps):
             inode.data.extend(bytes(size - len(inode.data)))
         inode.size_dirty = True
 
+    def allocate(self, fd: int, size: int) -> None:
+        inode = self._inode(fd)
+        self._check_space(max(0, size - inode.used_bytes))
+        self.disk._mutating()
+        inode.allocated = max(inode.allocated, size)
+
     def read_file(self, path: Path) -> bytes:
         disk = self._live()
         directory, name = disk._split(path)
@@ -421,7 +445,7 @@ class SimFiles(FileOps):
         inode = directory.entries.get(name)
         if inode is None:
             raise FileNotFoundError(errno.ENOENT, "No such file (simulated)", str(path))
-        return len(inode.data)
+        return max(len(inode.data), inode.allocated)
 
     # ------------------------------------------------------------ directories
 
