@@ -108,9 +108,14 @@ class LogReader:
     async def read_next(self, timeout_ms: float | None = None) -> Record | None:
         """The next record, waiting up to ``timeout_ms`` for it (None: no limit).
 
-        Returns None when the time is up. Raises LogTruncatedError when the next
-        record was truncated away, NoSuchLogError when the log was deleted.
+        ``timeout_ms <= 0`` waits for nothing but still reads: it returns the next
+        record readable now (read from the bookies if it is not buffered: a closed
+        ledger's records, an open ledger's up to the LAC its bookies report now), and
+        None if there is none. Returns None when the time is up. Raises
+        LogTruncatedError when the next record was truncated away, NoSuchLogError when
+        the log was deleted.
         """
+        now_only = timeout_ms is not None and timeout_ms <= 0
         deadline = None if timeout_ms is None else self._loop.time() + timeout_ms / 1000
         for _ in range(1_000_000):  # bounded; each turn reads, moves on, or waits
             if self._buffer:
@@ -119,10 +124,10 @@ class LogReader:
                 return record
             if self._closed:
                 raise LogClosedError(f"log {self._log.name}: reader is closed")
-            if deadline is not None and self._loop.time() >= deadline:
+            if deadline is not None and not now_only and self._loop.time() >= deadline:
                 return None
             try:
-                await self._step(deadline)
+                moved = await self._step(deadline)
             except (
                 LogTruncatedError,
                 NoSuchLogError,
@@ -136,17 +141,33 @@ class LogReader:
                 log.debug("log %s: read at %s failed: %s", self._log.name, self._next, exc)
                 await self._drop_handle()
                 self._list_stale = True
+                if now_only:
+                    return None
                 await self._sleep_until(deadline, RETRY_DELAY_S)
+                continue
+            if now_only and not moved and not self._buffer:
+                return None  # nothing more is readable without waiting
         return None
 
     async def read_available(self, max_records: int = 10_000) -> list[Record]:
-        """The records readable now without waiting (up to ``max_records``)."""
+        """The records readable now, without waiting (up to ``max_records``): those
+        buffered, then what the bookies serve now (see ``read_next(timeout_ms=0)``)."""
         out: list[Record] = []
         while len(out) < max_records:
-            record = await self.read_next(timeout_ms=0.0)
+            record = await self.read_next(timeout_ms=0)
             if record is None:
                 break
             out.append(record)
+        return out
+
+    def take_buffered(self, max_records: int = 10_000) -> list[Record]:
+        """The records this reader has already fetched and not yet returned (up to
+        ``max_records``), with no I/O at all: for a caller that applies a record and
+        whatever arrived with it in one go, and must not wait on a bookie meanwhile."""
+        out: list[Record] = []
+        while self._buffer and len(out) < max_records:
+            out.append(self._buffer.popleft())
+        self.records_read += len(out)
         return out
 
     def __aiter__(self) -> LogReader:
@@ -164,8 +185,10 @@ class LogReader:
 
     # ------------------------------------------------------------ one step
 
-    async def _step(self, deadline: float | None) -> None:
-        """Read what is readable, move to the next ledger, or wait for news."""
+    async def _step(self, deadline: float | None) -> bool:
+        """Read what is readable, move to the next ledger, or wait for news. Whether it
+        moved (read records, changed ledger, learnt of more) rather than only waited: a
+        call that may not wait stops at the first step that did not move."""
         # Cleared before looking at any state, so a change made after this point wakes
         # the wait below instead of being lost.
         self._changed.clear()
@@ -183,13 +206,12 @@ class LogReader:
             self._next = cut  # nothing lies between: the reader missed no record
         ledger_id = metadata.first_ledger_from(self._next.ledger_id)
         if ledger_id is None:
-            await self._wait(deadline)  # nothing written there yet
-            return
+            return await self._wait(deadline)  # nothing written there yet
         if ledger_id != self._next.ledger_id:
             self._next = Position(ledger_id, 0)
         handle = await self._handle_for(ledger_id)
         if handle is None:
-            return
+            return True  # gone from the list: the next step looks at the list read
         md = handle.metadata
         limit = md.last_entry_id if md.is_closed else handle.last_add_confirmed
         entry_id = self._next.entry_id
@@ -199,23 +221,24 @@ class LogReader:
             for entry in entries:
                 self._buffer.append(Record(Position(ledger_id, entry.entry_id), entry.data))
             self._next = Position(ledger_id, entry_id + len(entries))
-            return
+            return bool(entries)
         if md.is_closed:
             following = metadata.next_ledger(ledger_id)
             if following is None:
-                await self._wait(deadline)  # closed, and no writer has added a ledger yet
-                return
+                return await self._wait(deadline)  # closed, and no ledger added yet
             await self._drop_handle()
             self._next = Position(following, 0)
-            return
-        await self._long_poll(handle, entry_id, deadline)
+            return True
+        return await self._long_poll(handle, entry_id, deadline)
 
-    async def _long_poll(self, handle: ReadHandle, entry_id: int, deadline: float | None) -> None:
+    async def _long_poll(self, handle: ReadHandle, entry_id: int, deadline: float | None) -> bool:
         wait_ms = float(self._log.config.long_poll_ms)
         if deadline is not None:
             wait_ms = min(wait_ms, (deadline - self._loop.time()) * 1000)
         if wait_ms <= 0:
-            return
+            # No time to wait (read_next(0)): ask the bookies for their LAC once, so
+            # that what they confirmed since is readable now.
+            return await handle.read_last_add_confirmed() >= entry_id
         poll = asyncio.ensure_future(
             handle.read_last_add_confirmed_and_entry(entry_id, max(1, int(wait_ms)))
         )
@@ -229,15 +252,17 @@ class LogReader:
             with contextlib.suppress(asyncio.CancelledError, BKError):
                 await poll
             await self._look_again(forced=True)  # the list or the ledger changed
-            return
+            return True
         _, entry = poll.result()  # a BKError here is handled by read_next
         if entry is not None and self._next == Position(handle.ledger_id, entry_id):
             self._buffer.append(Record(Position(handle.ledger_id, entry_id), entry.data))
             self._next = Position(handle.ledger_id, entry_id + 1)
-        elif entry is None:
+            return True
+        if entry is None:
             # No news within the poll: now and then, look at the ledger and the list
             # again in case a watch event was missed.
             await self._look_again(forced=False)
+        return False
 
     async def _look_again(self, *, forced: bool) -> None:
         """Re-read the current ledger's metadata and mark the list stale: at once after
@@ -257,15 +282,18 @@ class LogReader:
             self._list_stale = True
             await self._drop_handle()
 
-    async def _wait(self, deadline: float | None) -> None:
-        """Wait for a change of the list (or of the ledger), at most ``long_poll_ms``."""
+    async def _wait(self, deadline: float | None) -> bool:
+        """Wait for a change of the list (or of the ledger), at most ``long_poll_ms``;
+        whether one came."""
         wait_s = self._log.config.long_poll_ms / 1000
         if deadline is not None:
             wait_s = min(wait_s, deadline - self._loop.time())
         if wait_s > 0 and not self._changed.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), wait_s)
-        await self._look_again(forced=self._changed.is_set())
+        news = self._changed.is_set()
+        await self._look_again(forced=news)
+        return news
 
     async def _sleep_until(self, deadline: float | None, delay_s: float) -> None:
         if deadline is not None:

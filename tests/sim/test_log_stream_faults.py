@@ -283,3 +283,43 @@ def test_l7_r11_read_all_fenced_is_final_for_a_writer_rolling_over_by_age() -> N
         assert await log.read_all() == final
 
     run_sim(body)
+
+
+
+# ---------------------------------------------------------------- K2
+
+
+def test_k2_read_available_and_read_next_0_fetch_what_is_readable_now() -> None:
+    """Neither waits, and both read from the bookies what is readable at the time: the
+    records of closed ledgers, and an open ledger's up to the LAC its bookies report."""
+
+    async def body(sim: Sim) -> None:
+        log = await sim.client().open_log("now", LogConfig(long_poll_ms=5_000))
+        writer = await log.open_writer()
+        closed = [await writer.append(b"c%d" % i) for i in range(10)]
+        await writer.close()
+        loop = asyncio.get_running_loop()
+        reader = await log.open_reader()
+        started = loop.time()
+        first = await reader.read_next(timeout_ms=0)
+        assert first is not None and first.position == closed[0]
+        assert [r.position for r in await reader.read_available()] == closed[1:]
+        assert await reader.read_next(timeout_ms=0) is None
+        assert await reader.read_available() == []
+        # An open ledger: what its bookies confirmed is readable now.
+        writer = await log.open_writer()
+        more = [await writer.append(b"o%d" % i) for i in range(3)]
+        await asyncio.sleep(0.05)  # the writer's explicit LAC reaches the bookies
+        assert [r.position for r in await reader.read_available()] == more
+        assert await reader.read_next(timeout_ms=0) is None
+        assert loop.time() - started < 1.0  # no long poll waited
+        # Only the buffered records: what was read ahead and not yet returned.
+        fresh = await log.open_reader()
+        assert fresh.take_buffered() == []
+        assert (await fresh.read_next(timeout_ms=0)) == (closed[0], b"c0")
+        assert [r.position for r in fresh.take_buffered(4)] == closed[1:5]
+        await writer.close()
+        await reader.close()
+        await fresh.close()
+
+    run_sim(body)
