@@ -34,10 +34,14 @@ class LogConfig:
     long_poll_ms: int = 1_000
     # Compare-and-set attempts on the ledger list when only truncations got in the way.
     list_cas_retries: int = 20
+    # A truncation whose cut follows a ledger still open (a rollover under way: the new
+    # ledger listed, the old one not yet closed) waits this long for it to close, to
+    # learn where its records end (``removed_end``); 0 does not wait.
+    truncate_close_wait_ms: int = 5_000
 
     def __post_init__(self) -> None:
         check_quorum_shape(self.ensemble, self.write_quorum, self.ack_quorum)
-        for name in ("rollover_size_bytes", "rollover_age_ms"):
+        for name in ("rollover_size_bytes", "rollover_age_ms", "truncate_close_wait_ms"):
             if getattr(self, name) < 0:
                 raise InvalidArgumentError(f"LogConfig.{name} must be >= 0")
         for name in ("read_batch_entries", "long_poll_ms", "list_cas_retries", "rollover_retry_ms"):

@@ -12,6 +12,8 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from functools import partial
 from typing import TYPE_CHECKING
@@ -41,12 +43,16 @@ from quorumlog.log.writer import LogWriter, fence_previous_ledgers, open_writer
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
     from quorumlog.client.writing import LedgerHandle
-    from quorumlog.meta.store import MetadataStore
+    from quorumlog.meta.ledger_metadata import LedgerMetadata
+    from quorumlog.meta.store import MetadataStore, Watch
 
 log = logging.getLogger(__name__)
 
 # Compare-and-set attempts of fence, truncate and delete against concurrent list changes.
 _CAS_ATTEMPTS = 50
+# While a truncation waits for a rollover to close a ledger: a look at its metadata at
+# least this often, in case the watch missed the change.
+_CLOSE_POLL_S = 0.25
 
 
 class Log:
@@ -219,22 +225,61 @@ class Log:
     async def _removed_end(self, metadata: LogMetadata, cut: Position) -> Position | None:
         """Where the records before ``cut`` end, when that is below ``cut``: the position
         after the last record of the closed ledgers just before a cut at a ledger's first
-        entry (empty closed ledgers hold none). None when unknown (a ledger still open or
-        gone) or ``cut`` itself. A reader checkpointed there lost nothing to the cut."""
+        entry (empty closed ledgers hold none). None when unknown (a ledger gone, or
+        still open) or ``cut`` itself. A reader checkpointed there lost nothing to the cut.
+
+        A ledger still open there has a later one listed: a rollover is under way (its
+        writer closes the old ledger once its adds settle), or its writer died
+        mid-rollover. The truncation waits for the close, up to
+        ``truncate_close_wait_ms``: the old ledger's end is known only once it is closed."""
         if cut.entry_id != 0:
             return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.truncate_close_wait_ms / 1000
         end: Position | None = None
         for ledger_id in reversed([x for x in metadata.ledgers if x < cut.ledger_id]):
-            try:
-                md = await self.bk.ledger_metadata(ledger_id)
-            except NoSuchLedgerError:
-                break
-            if not md.is_closed:
+            md = await self._closed_metadata(ledger_id, deadline)
+            if md is None:
                 break
             end = Position(ledger_id, md.last_entry_id + 1)
             if md.last_entry_id >= 0:
                 break
         return end
+
+    async def _closed_metadata(self, ledger_id: int, deadline: float) -> LedgerMetadata | None:
+        """The ledger's metadata once it is closed, waiting until ``deadline`` (the
+        loop's time) for a close; None if it is gone or still open then."""
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+        watch: Watch | None = None
+        try:
+            for _ in range(1_000_000):  # bounded by the deadline
+                changed.clear()  # before the read: a change after it wakes the wait
+                try:
+                    md = await self.bk.ledger_metadata(ledger_id)
+                except NoSuchLedgerError:
+                    return None
+                if md.is_closed:
+                    return md
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                if watch is None:
+                    watch = self.bk.ledgers.watch(ledger_id, lambda _md: changed.set())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, _CLOSE_POLL_S))
+        finally:
+            if watch is not None:
+                watch.cancel()
+        log.info(
+            "log %s: ledger %d before the truncation point is still open after %d ms (a "
+            "writer died mid-rollover?): where its records end is not recorded, and "
+            "positions in it count as truncated",
+            self.name,
+            ledger_id,
+            self.config.truncate_close_wait_ms,
+        )
+        return None
 
     async def _delete_ledgers(self, ledger_ids: list[int]) -> None:
         for ledger_id in ledger_ids:

@@ -14,6 +14,7 @@ import random
 import pytest
 from test_log_sim import Sim, run_sim
 
+from quorumlog.client.writing import LedgerHandle
 from quorumlog.errors import MetadataError
 from quorumlog.log import LogConfig, LogFencedError, LogTruncatedError, Position
 from quorumlog.log.bookkeeper import BookKeeper
@@ -321,5 +322,70 @@ def test_k2_read_available_and_read_next_0_fetch_what_is_readable_now() -> None:
         await writer.close()
         await reader.close()
         await fresh.close()
+
+    run_sim(body)
+
+
+# ---------------------------------------------------------------- K3
+
+
+async def _rollover_under_way(log: Log, records: int) -> tuple[LedgerHandle, LedgerHandle]:
+    """A writer's rollover between its steps 2 and 3: the old ledger holds ``records``
+    confirmed records and is still open, the new one is listed after it."""
+    old = await log.create_ledger()
+    metadata, version = await log.metadata()
+    version = await log.store.set(log.path, metadata.with_ledger(old.ledger_id).to_bytes(), version)
+    for i in range(records):
+        await old.add_entry(b"a%d" % i)
+    new = await log.create_ledger()
+    metadata, version = await log.metadata()
+    await log.store.set(log.path, metadata.with_ledger(new.ledger_id).to_bytes(), version)
+    return old, new
+
+
+def test_k3_a_truncation_during_a_rollover_records_where_the_old_ledger_ends() -> None:
+    """The truncation waits for the rollover to close the old ledger, so it knows where
+    that ledger's records end (removed_end): a reader at its end lost nothing."""
+
+    async def body(sim: Sim) -> None:
+        log = await sim.client().open_log("rolling")
+        old, new = await _rollover_under_way(log, 3)
+        await new.add_entry(b"b0")
+        live = await log.open_reader()
+        assert [(await live.read_next(1000)).data for _ in range(3)] == [b"a0", b"a1", b"a2"]  # type: ignore[union-attr]
+        checkpoint = live.position
+        assert checkpoint == Position(old.ledger_id, 3)
+
+        async def close_soon() -> None:
+            await asyncio.sleep(0.2)  # the rollover's step 3: the old ledger's adds settle
+            await old.close()
+
+        closing = asyncio.ensure_future(close_soon())
+        removed = await log.truncate(Position(new.ledger_id, 0))
+        await closing  # the writer's close succeeded: the ledger was not deleted under it
+        assert removed == [old.ledger_id]
+        metadata, _ = await log.metadata()
+        assert metadata.removed_end == checkpoint
+        resumed = await log.open_reader(checkpoint)
+        for reader in (live, resumed):
+            assert (await reader.read_next(1000)) == (Position(new.ledger_id, 0), b"b0")
+
+    run_sim(body)
+
+
+def test_k3_a_truncation_waits_a_bounded_time_for_an_old_ledger_no_one_closes() -> None:
+    """A writer that died mid-rollover leaves its old ledger open: the truncation goes
+    on after ``truncate_close_wait_ms``, and where the old ledger ends stays unknown."""
+
+    async def body(sim: Sim) -> None:
+        log = await sim.client().open_log("stuck", LogConfig(truncate_close_wait_ms=300))
+        old, new = await _rollover_under_way(log, 2)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await log.truncate(Position(new.ledger_id, 0)) == [old.ledger_id]
+        assert 0.3 <= loop.time() - started < 2
+        assert (await log.metadata())[0].removed_end is None
+        with pytest.raises(LogTruncatedError):
+            await log.open_reader(Position(old.ledger_id, 2))
 
     run_sim(body)
