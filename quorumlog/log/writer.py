@@ -60,6 +60,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A writer whose ledger was fenced watches the list this long for the writer that fenced
+# it (a new writer appends its ledger moments after fencing): none, and the list not
+# sealed, means a recovery of the ledger itself fenced it (autorecovery of a lost bookie).
+FENCE_CAUSE_WAIT_S = 1.0
+
 
 async def append_ledger_to_list(
     log_obj: Log,
@@ -147,6 +152,8 @@ async def _discard(log_obj: Log, handle: LedgerHandle) -> None:
     except BKError as exc:
         log.warning("log %s: could not delete unused ledger %d: %s", log_obj.name, ledger_id, exc)
 
+
+_NOT_CONFIRMED = "appends not confirmed may or may not be in it"
 
 # Ledger metadata reads in flight at once while looking for ledgers to fence.
 _FENCE_READS_AT_ONCE = 32
@@ -245,6 +252,8 @@ class LogWriter:
         self._failure: BKError | None = None
         self._closed = False
         self._rolling: asyncio.Task[None] | None = None
+        # Finding out who fenced this writer's ledger (see _explain_fence).
+        self._explaining: asyncio.Task[None] | None = None
         self._queue: deque[tuple[bytes, asyncio.Future[Position]]] = deque()
         self._max_outstanding = log_obj.bk.config.max_outstanding_adds
         self._no_roll_before = 0.0
@@ -329,9 +338,15 @@ class LogWriter:
         return self._send(data)
 
     async def append(self, data: bytes) -> Position:
-        """Append one record and wait until it is confirmed; returns its position."""
-        await self.wait_for_capacity()
-        return await self.append_nowait(data)
+        """Append one record and wait until it is confirmed; returns its position.
+
+        A LogFencedError raised here names who fenced the writer (another writer, a
+        ``log.fence()``, or a recovery of its ledger), once the list has told."""
+        try:
+            await self.wait_for_capacity()
+            return await self.append_nowait(data)
+        except LogFencedError as exc:
+            raise await self._fence_explained(exc) from None
 
     async def wait_for_capacity(self) -> None:
         """Wait for a rollover in progress, then for the ledger's in-flight bound."""
@@ -390,10 +405,15 @@ class LogWriter:
         if self._failure is not None:
             return self._failure
         if isinstance(exc, LedgerFencedError):
+            # Who fenced it is not known yet: the list tells (_explain_fence), and the
+            # writer's failure then names the cause.
             error: BKError = LogFencedError(
-                f"log {self.name}: ledger {ledger_id} was fenced by another writer; "
-                "this writer lost the log (appends not confirmed may or may not be in it)"
+                f"log {self.name}: ledger {ledger_id} was fenced (opened with recovery by "
+                "another client: a new writer of the log, log.fence(), or a recovery of the "
+                "ledger such as autorecovery of a lost bookie); this writer lost the log "
+                f"({_NOT_CONFIRMED})"
             )
+            self._explaining = self._loop.create_task(self._explain_fence(ledger_id))
         elif isinstance(exc, NoSuchLedgerError):
             error = LogFencedError(
                 f"log {self.name}: ledger {ledger_id} was deleted (the log was deleted?)"
@@ -406,6 +426,69 @@ class LogWriter:
         self._fail_queue(error)
         log.warning("log %s: writer stops: %s", self.name, error.message)
         return error
+
+    async def _explain_fence(self, ledger_id: int) -> None:
+        """Find out who fenced ``ledger_id`` and make the writer's failure say so."""
+        try:
+            cause = await self._fence_cause(ledger_id)
+        except BKError as exc:
+            log.debug("log %s: who fenced ledger %d is unknown: %s", self.name, ledger_id, exc)
+            return
+        if cause is None:
+            return
+        self._failure = LogFencedError(
+            f"log {self.name}: ledger {ledger_id} {cause}; this writer lost the log "
+            f"({_NOT_CONFIRMED})"
+        )
+        log.warning("log %s: ledger %d %s", self.name, ledger_id, cause)
+
+    async def _fence_cause(self, ledger_id: int) -> str | None:
+        """What the list says of who fenced ``ledger_id``: a writer that appended a ledger
+        after it, a Log.fence() that sealed it, or, when neither shows within
+        FENCE_CAUSE_WAIT_S, a recovery of the ledger itself. None: it does not tell."""
+        store = self._log.store
+        path = log_path(self.name)
+        mine = set(self._metadata.ledgers)  # a rollover's new ledger is this writer's own
+        changed = asyncio.Event()
+        watch = store.watch(path, lambda _event: changed.set())
+        deadline = self._loop.time() + FENCE_CAUSE_WAIT_S
+        try:
+            for _ in range(1_000):  # bounded by the deadline
+                changed.clear()  # before the read: a change after it wakes the wait
+                await store.sync(path)  # R18: not a lagging server's list
+                try:
+                    metadata, _ = await read_log(store, self.name)
+                except NoSuchLogError:
+                    return "was fenced, and the log was deleted"
+                others = [x for x in metadata.ledgers if x > ledger_id and x not in mine]
+                if others:
+                    return (
+                        f"was fenced by another writer, which added ledger {others[0]} to the log"
+                    )
+                if metadata.fences > self._metadata.fences:
+                    return "was fenced by log.fence(), which made the log final"
+                if ledger_id not in metadata.ledgers:
+                    return None
+                left = deadline - self._loop.time()
+                if left <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), left)
+        finally:
+            watch.cancel()
+        return (
+            "was fenced by a recovery of the ledger itself, not by another writer: no other "
+            "writer took the log (its list still ends with this writer's ledgers, unsealed). "
+            "Autorecovery does this to an open ledger on a lost bookie, as does any client "
+            "that opens the ledger with recovery; open a new writer to go on"
+        )
+
+    async def _fence_explained(self, exc: BKError) -> BKError:
+        """The writer's failure once who fenced it is known (or ``exc``)."""
+        task = self._explaining
+        if task is not None and not task.done():
+            await asyncio.wait({task})  # bounded (FENCE_CAUSE_WAIT_S), and not cancelled
+        return self._failure or exc
 
     def _fail_queue(self, error: BKError) -> None:
         while self._queue:
@@ -471,12 +554,15 @@ class LogWriter:
 
         Returns the new ledger id. Appends made meanwhile wait for the new ledger.
         """
-        self._check_usable()
-        if self._rolling is None:
-            self._start_rollover()
-        assert self._rolling is not None
-        await asyncio.shield(self._rolling)
-        self._check_usable()
+        try:
+            self._check_usable()
+            if self._rolling is None:
+                self._start_rollover()
+            assert self._rolling is not None
+            await asyncio.shield(self._rolling)
+            self._check_usable()
+        except LogFencedError as exc:
+            raise await self._fence_explained(exc) from None
         return self.ledger_id
 
     async def _rollover(self) -> None:
@@ -545,13 +631,16 @@ class LogWriter:
                 await asyncio.shield(self._rolling)
         self._closed = True
         if self._failure is not None:
+            if self._explaining is not None:
+                self._explaining.cancel()  # nobody asks any more
             with contextlib.suppress(BKError):
                 await self._handle.close()
             return
         try:
             await self._handle.close()
         except (LedgerFencedError, LedgerClosedError) as exc:
-            raise self._lose(LedgerFencedError(exc.message), self._handle.ledger_id) from None
+            error = self._lose(LedgerFencedError(exc.message), self._handle.ledger_id)
+            raise await self._fence_explained(error) from None
 
     async def __aenter__(self) -> LogWriter:
         return self

@@ -286,7 +286,6 @@ def test_l7_r11_read_all_fenced_is_final_for_a_writer_rolling_over_by_age() -> N
     run_sim(body)
 
 
-
 # ---------------------------------------------------------------- K2
 
 
@@ -387,5 +386,44 @@ def test_k3_a_truncation_waits_a_bounded_time_for_an_old_ledger_no_one_closes() 
         assert (await log.metadata())[0].removed_end is None
         with pytest.raises(LogTruncatedError):
             await log.open_reader(Position(old.ledger_id, 2))
+
+    run_sim(body)
+
+
+# ---------------------------------------------------------------- K6
+
+
+def test_k6_a_writer_whose_ledger_a_recovery_fenced_says_so_not_another_writer() -> None:
+    """Autorecovery of a lost bookie fences and closes an idle writer's open ledger
+    (open with recovery, as here). No other writer took the log: the error says that a
+    recovery of the ledger fenced it. A writer that another writer fenced still says so,
+    and so does one that log.fence() stopped."""
+
+    async def body(sim: Sim) -> None:
+        log = await sim.client().open_log("idle")
+        writer = await log.open_writer()
+        await writer.append(b"before")
+        await (await sim.client().open_ledger(writer.ledger_id)).close()  # the recovery
+        with pytest.raises(LogFencedError, match="recovery of the ledger") as raised:
+            await writer.append(b"late")
+        assert "fenced by another writer" not in raised.value.message
+        assert writer.is_fenced and writer.failure is raised.value
+        with pytest.raises(LogFencedError, match="recovery of the ledger"):
+            await writer.append(b"later")
+
+        taken = await sim.client().open_log("taken")
+        first = await taken.open_writer()
+        await first.append(b"first")
+        second = await (await sim.client().open_log("taken")).open_writer()
+        with pytest.raises(LogFencedError, match="fenced by another writer") as raised:
+            await first.append(b"late")
+        assert f"ledger {second.ledger_id}" in raised.value.message
+
+        sealed = await sim.client().open_log("sealed")
+        third = await sealed.open_writer()
+        await third.append(b"third")
+        await (await sim.client().open_log("sealed")).fence()
+        with pytest.raises(LogFencedError, match=r"log\.fence\(\)"):
+            await third.append(b"late")
 
     run_sim(body)
