@@ -244,6 +244,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prefix}: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        check_store(args)
+    except BKError as exc:
+        print(f"{prefix}: {exc.message}", file=sys.stderr)
+        return EXIT_FAILURE
+    try:
         spark = session_for(args)
     except ImportError as exc:
         print(f"{prefix}: needs pyspark and pyarrow ({exc})", file=sys.stderr)
@@ -279,6 +284,56 @@ def check_arguments(args: argparse.Namespace, module: ModuleType) -> None:
     if getattr(args, "log", None) is not None:
         check_log_name(args.log)
     check_outputs_free(module.output_paths(args), args.overwrite)
+
+
+def check_store(args: argparse.Namespace) -> None:
+    """What the metadata store can tell before a JVM starts: that it exists, and that
+    the log a pipeline reads (``--log``) is in it. Raises BKError: MetadataError for a
+    store that is missing or unreachable, NoSuchLogError naming the logs there."""
+    name = getattr(args, "log", None)
+    if name is None:
+        return
+    from quorumlog.client.sync import new_event_loop
+
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(_check_log(resolve_metadata_uri(args.metadata), name))
+    finally:
+        loop.close()
+
+
+# How long the check of the store may take (a ZooKeeper that does not answer).
+_STORE_CHECK_TIMEOUT_S = 30.0
+# Log names a "does not exist" message lists at most.
+_LOGS_LISTED = 10
+
+
+async def _check_log(uri: str, name: str) -> None:
+    import asyncio
+
+    from quorumlog.errors import MetadataError
+    from quorumlog.log.errors import NoSuchLogError
+    from quorumlog.log.metadata import list_log_names, log_path, read_log
+    from quorumlog.meta.factory import open_store
+
+    try:
+        async with asyncio.timeout(_STORE_CHECK_TIMEOUT_S):
+            store = await open_store(uri, create=False)
+            try:
+                await store.sync(log_path(name))  # R18: absence read from an up-to-date view
+                try:
+                    await read_log(store, name)
+                    return
+                except NoSuchLogError:
+                    names = await list_log_names(store)
+            finally:
+                await store.close()
+    except TimeoutError:
+        raise MetadataError(
+            f"metadata store {uri}: no answer within {_STORE_CHECK_TIMEOUT_S:.0f} s"
+        ) from None
+    listed = ", ".join(names[:_LOGS_LISTED]) + (", ..." if len(names) > _LOGS_LISTED else "")
+    raise NoSuchLogError(f"log {name} does not exist in {uri} (its logs: {listed or 'none'})")
 
 
 def _is_spark_error(exc: BaseException) -> bool:

@@ -54,6 +54,8 @@ AUDIT_INTERVAL_S_DEFAULT = 86_400.0
 # How often the auditor re-reads every ledger's bookies even without a bookie event
 # (a missed watch event, a ledger created on a bookie that then went).
 BOOKIE_CHECK_INTERVAL_S_DEFAULT = 60.0
+# The longest a stopping auditor waits for its node to be deleted.
+UNPUBLISH_TIMEOUT_S = 15.0
 
 
 # ---------------------------------------------------------------- pure decisions
@@ -191,8 +193,7 @@ class Auditor:
                 self._audit_task = None
             for w in watches:
                 w.cancel()
-            with contextlib.suppress(BKError, asyncio.CancelledError):
-                await asyncio.shield(self._unpublish())
+            await self._unpublish_to_the_end()
 
     def _on_event(self, _event: WatchEvent) -> None:
         self._wake.set()
@@ -207,6 +208,29 @@ class Auditor:
         with contextlib.suppress(NoNodeError):
             await self.bk.store.delete(AUDITOR_PATH)
         await self.bk.store.create(AUDITOR_PATH, data, ephemeral=True)
+
+    async def _unpublish_to_the_end(self) -> None:
+        """Unpublish, and wait for it even if cancelled again (bounded): this task
+        ending tells the daemon that a next auditor of this process may publish, and an
+        unpublish still running then would delete that auditor's node (same data)."""
+        loop = asyncio.get_running_loop()
+        unpublish = loop.create_task(self._unpublish())
+        deadline = loop.time() + UNPUBLISH_TIMEOUT_S
+        cancelled = False
+        while not unpublish.done() and loop.time() < deadline:
+            try:
+                await asyncio.wait({unpublish}, timeout=deadline - loop.time())
+            except asyncio.CancelledError:
+                cancelled = True
+        if not unpublish.done():
+            unpublish.cancel()
+            log.warning("auditor %s: unpublishing took too long; stopped", self.identifier)
+        elif not unpublish.cancelled() and (error := unpublish.exception()) is not None:
+            # Its node goes with its session anyway (ephemeral).
+            level = logging.DEBUG if isinstance(error, BKError) else logging.WARNING
+            log.log(level, "auditor %s: unpublishing failed: %r", self.identifier, error)
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _unpublish(self) -> None:
         node = await self.bk.store.get(AUDITOR_PATH)

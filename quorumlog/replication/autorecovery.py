@@ -34,6 +34,9 @@ from quorumlog.security.tls import TlsFiles
 log = logging.getLogger(__name__)
 
 _RECONNECT_PAUSE_S = 1.0
+# How long a new auditor waits for the one this process stopped before it (its
+# unpublish), when leadership is lost and regained at once.
+_PREVIOUS_AUDITOR_WAIT_S = 30.0
 
 
 @dataclass
@@ -77,6 +80,8 @@ class AutoRecovery:
         self.sessions_started = 0
         self._stop = asyncio.Event()
         self.started = asyncio.Event()
+        # Auditor tasks cancelled and not yet ended (still unpublishing, say).
+        self._auditors_stopping: set[asyncio.Task[None]] = set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -143,13 +148,35 @@ class AutoRecovery:
         self.is_auditor = True
         auditor = Auditor(bk, self.identifier, self.config.auditor, stats=self.auditor_stats)
         self.auditor = auditor
-        task = asyncio.get_running_loop().create_task(self._again_on_error("auditor", auditor.run))
+        previous = set(self._auditors_stopping)
+        task = asyncio.get_running_loop().create_task(self._audit_after(previous, auditor))
         auditor_task.append(task)
+
+    async def _audit_after(self, previous: set[asyncio.Task[None]], auditor: Auditor) -> None:
+        """Run ``auditor`` once the auditors this process stopped before it have ended.
+
+        Leadership lost and regained at once: the old auditor is still unpublishing,
+        and its node and the new one's carry the same identifier, so an unpublish after
+        the new auditor published would delete the new node (whoisauditor: nobody)."""
+        if previous:
+            _, late = await asyncio.wait(previous, timeout=_PREVIOUS_AUDITOR_WAIT_S)
+            if late:
+                log.warning(
+                    "autorecovery (%s): the previous auditor has not stopped after %.0f s; "
+                    "auditing anyway",
+                    self.identifier,
+                    _PREVIOUS_AUDITOR_WAIT_S,
+                )
+        await self._again_on_error("auditor", auditor.run)
 
     def _stop_auditing(self, auditor_task: list[asyncio.Task[None]]) -> None:
         self.is_auditor = False
         while auditor_task:
-            auditor_task.pop().cancel()
+            task = auditor_task.pop()
+            task.cancel()
+            if not task.done():
+                self._auditors_stopping.add(task)
+                task.add_done_callback(self._auditors_stopping.discard)
 
     async def _until_stopped_or_lost(self, lost: asyncio.Event) -> None:
         waits = [

@@ -3,10 +3,13 @@ which ledgers to mark, and the open-ledger grace period of the workers."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
+from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
-from quorumlog.meta.underreplication import Mark
+from quorumlog.meta.store import Versioned
+from quorumlog.meta.underreplication import AUDITOR_PATH, Mark, UnderReplicationManager
 from quorumlog.proto.entry import DigestType
 from quorumlog.replication.auditor import (
     LossTracker,
@@ -16,8 +19,10 @@ from quorumlog.replication.auditor import (
     marks_for_lost,
     sample,
 )
+from quorumlog.replication.autorecovery import AutoRecovery
 from quorumlog.replication.report import LedgerAudit
 from quorumlog.replication.worker import grace_over
+from quorumlog.testing.memory_store import MemoryStore, MemoryTree
 
 A, B, C, D = "h:1", "h:2", "h:3", "h:4"
 
@@ -110,3 +115,41 @@ def test_open_ledger_grace_period() -> None:
     mark = Mark(ledger_id=1, bookies=(A,), marked_ms=10_000, version=0)
     assert not grace_over(mark, now_ms=39_999, grace_s=30)
     assert grace_over(mark, now_ms=40_000, grace_s=30)
+
+
+class SlowAuditorReads(MemoryStore):
+    """A session whose reads of the auditor's node take a while (a slow store)."""
+
+    async def get(self, path: str) -> Versioned:
+        if path == AUDITOR_PATH:
+            await asyncio.sleep(0.05)
+        return await super().get(path)
+
+
+def test_k5_leadership_lost_and_regained_at_once_keeps_the_auditor_published() -> None:
+    """The daemon loses the auditor election and wins it again at once: the old
+    auditor's unpublish must not delete the node the new one published (both carry
+    this process's identifier), so whoisauditor still names it."""
+
+    async def main() -> None:
+        bk = BookKeeper(SlowAuditorReads(MemoryTree()))
+        daemon = AutoRecovery("memory:", identifier="ar-1")
+        marks = UnderReplicationManager(bk.store)
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            daemon._become_auditor(bk, tasks)
+            for _ in range(100):
+                if await marks.auditor() == "ar-1":
+                    break
+            assert await marks.auditor() == "ar-1"
+            daemon._stop_auditing(tasks)  # leadership lost ...
+            daemon._become_auditor(bk, tasks)  # ... and regained
+            await asyncio.sleep(0.5)
+            assert await marks.auditor() == "ar-1"
+            assert not tasks[0].done()
+        finally:
+            daemon._stop_auditing(tasks)
+            await asyncio.sleep(0.2)
+            await bk.close()
+
+    asyncio.run(main())
