@@ -10,10 +10,15 @@ cd "$(dirname "$0")/.."
 entries="${1:-100000}"
 dice_seconds="${DICE_SECONDS:-10}"
 
+echo "--- installing quorumlog from this checkout (pip install -e .): its dependencies and the"
+echo "    package's build; a minute or more on a first run, about 20 s once installed"
+install_started=$SECONDS
 python -m pip install -q --disable-pip-version-check -e . 2>&1 | grep -v '^WARNING' || true
+echo "    installed in $((SECONDS - install_started)) s"
 
 data_dir=$(mktemp -d -t quorumlog-demo.XXXXXX)
 log="$data_dir/localbookie.log"
+echo "--- starting a local cluster: quorumlog localbookie 3 --data-dir $data_dir"
 quorumlog localbookie 3 --data-dir "$data_dir" >"$log" 2>&1 &
 cluster_pid=$!
 dice_pids=()
