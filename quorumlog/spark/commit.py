@@ -39,6 +39,7 @@ Two details make this work:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -69,7 +70,7 @@ from quorumlog.log.metadata import (
     log_node_name,
     read_log,
 )
-from quorumlog.log.metadata_updates import LogUpdate, log_view
+from quorumlog.log.metadata_updates import LogUpdate, LogUpdated, log_view
 from quorumlog.log.writer import fence_previous_ledgers
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.ledgers import MetadataConflictsError
@@ -90,6 +91,9 @@ STALE_STAGING_MS = 24 * 3600 * 1000
 # unknown outcomes or failed reads in a row it takes (reads back off to one a second).
 COMMIT_TIMEOUT_S = 120.0
 COMMIT_RESOLVE_ATTEMPTS = 125
+# How long the clean-up after a commit's compare-and-set may take before the commit
+# returns (checked between ledgers; the rest is left registered for a later clean-up).
+CLEAN_UP_TIMEOUT_S = 60.0
 # A staging child that says a compare-and-set of this write may have been sent: while
 # it is there, only a clean-up that read the log after the outcome was known deletes.
 COMMIT_MARKER = "commit"
@@ -106,6 +110,11 @@ class CommitOutcomeUnknownError(LogOutcomeUnknownError):
     """The commit's compare-and-set may or may not have been applied, and reading the log
     did not tell (it could not be read, or what it shows proves neither): the rows may
     be in the log. Nothing was deleted."""
+
+
+class CommitTimeoutError(BKError):
+    """The commit did not reach its compare-and-set within its time (a metadata store or
+    bookies too slow to answer): nothing was appended, and the write can be retried."""
 
 
 class WriteEndedError(BKError):
@@ -345,6 +354,7 @@ async def commit(
     password: bytes = b"",
     sink: SinkBatch | None = None,
     timeout_s: float = COMMIT_TIMEOUT_S,
+    clean_up_timeout_s: float = CLEAN_UP_TIMEOUT_S,
 ) -> CommitOutcome:
     """Append the tasks' ledgers to the log in one compare-and-set (see the module
     docstring); with ``sink``, at most once per batch id, and only by the query that
@@ -357,8 +367,21 @@ async def commit(
     which lets at most one of the two apply. When that does not tell (the log cannot be
     read for ``timeout_s``, or what it shows no longer proves either),
     CommitOutcomeUnknownError; a marker in the staging then keeps :func:`abort` from
-    deleting ledgers that the log may list."""
-    return await _Commit(bk, log_name, token, results, password, sink, timeout_s).run()
+    deleting ledgers that the log may list.
+
+    Time: everything up to the compare-and-set's outcome takes at most ``timeout_s``.
+    Past it (or when the caller cancels the commit, at its own time limit), a commit
+    whose compare-and-set is on its way fails with CommitOutcomeUnknownError, and one
+    that sent none fails (CommitTimeoutError, or the cancellation) with nothing
+    appended. Once the compare-and-set is applied, the write has succeeded: the
+    clean-up after it (the discarded ledgers, the day-old sweep) takes at most
+    ``clean_up_timeout_s`` (checked between ledgers; the rest stays registered for a
+    later clean-up), never fails the commit, and if the caller's time limit passes
+    during it, the commit still returns its success and the clean-up goes on by itself
+    within its bound."""
+    return await _Commit(
+        bk, log_name, token, results, password, sink, timeout_s, clean_up_timeout_s
+    ).run()
 
 
 class _Commit:
@@ -375,6 +398,7 @@ class _Commit:
         password: bytes,
         sink: SinkBatch | None,
         timeout_s: float,
+        clean_up_timeout_s: float,
     ) -> None:
         self.bk, self.log_name, self.token = bk, log_name, token
         self.results, self.password, self.sink = results, password, sink
@@ -382,9 +406,84 @@ class _Commit:
         # The password opens the ledgers a writer may still hold, to fence them.
         self.log_obj = Log(bk, log_name, LogConfig(password=password))
         self.timeout_s = timeout_s
+        self.clean_up_timeout_s = clean_up_timeout_s
         self.marked = self.checked = False
+        self.update: LogUpdate | None = None
 
     async def run(self) -> CommitOutcome:
+        bk, log_name, sink = self.bk, self.log_name, self.sink
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                done = await self._compare_and_set()
+        except LogOutcomeUnknownError as exc:
+            raise self._unknown(exc.message) from exc
+        except BaseException as exc:
+            if self.update is not None and self.update.in_doubt:
+                if isinstance(exc, asyncio.CancelledError | TimeoutError):
+                    # The time is up (the commit's own, or its caller's) while a
+                    # compare-and-set is on its way: it may still land. The marker stays.
+                    raise self._unknown(
+                        "the commit's time ran out while its compare-and-set was on its "
+                        "way, with no answer"
+                    ) from exc
+                raise
+            # A definite failure: nothing of this write is or will be in the log, so the
+            # marker goes and abort may delete the ledgers.
+            if self.marked:
+                with contextlib.suppress(Exception):
+                    await bk.store.delete(f"{staging_path(self.token)}/{COMMIT_MARKER}")
+            if isinstance(exc, NoSuchLogError):
+                raise LogFencedError(
+                    f"log {log_name} was deleted while the write was being committed"
+                ) from None
+            if isinstance(exc, MetadataConflictsError):
+                raise LogFencedError(
+                    f"log {log_name}: the ledger list kept changing; the write was not added"
+                ) from None
+            if isinstance(exc, TimeoutError):
+                raise CommitTimeoutError(
+                    f"log {log_name}: the commit did not reach its compare-and-set within "
+                    f"{self.timeout_s:g} s (the metadata store or the bookies answer too "
+                    "slowly); nothing was appended"
+                ) from exc
+            raise
+        # From here on the write's outcome is known: nothing below may fail it.
+        if done.applied_to is not None or (
+            _holds(done.metadata, self.ledgers, sink) and (self.ledgers or done.in_doubt)
+        ):
+            log.info(
+                "log %s: appended ledgers %s (%d rows)%s",
+                log_name,
+                list(self.ledgers),
+                self.rows,
+                "" if sink is None else f" for sink {sink.sink_id} batch {sink.batch_id}",
+            )
+            deleted = await _clean_up_after_commit(
+                bk,
+                log_name,
+                self.token,
+                done.metadata.ledgers,
+                self.password,
+                sweep=True,
+                timeout_s=self.clean_up_timeout_s,
+            )
+            return CommitOutcome(tuple(self.ledgers), self.rows, False, deleted)
+        # The batch was in the log already (Spark runs the last batch again after a
+        # restart). Keep what the log holds: the first run's registrations may still be
+        # there if its driver died between the compare-and-set and the clean-up.
+        deleted = await _clean_up_after_commit(
+            bk,
+            log_name,
+            self.token,
+            done.metadata.ledgers,
+            self.password,
+            timeout_s=self.clean_up_timeout_s,
+        )
+        return CommitOutcome((), 0, True, deleted)
+
+    async def _compare_and_set(self) -> LogUpdated:
+        """Everything up to the compare-and-set's outcome: read the log, claim the
+        sinkId, check, fence, mark and compare-and-set (the update path)."""
         bk, log_name, sink = self.bk, self.log_name, self.sink
         try:
             metadata, version = await read_log(bk.store, log_name)
@@ -400,7 +499,7 @@ class _Commit:
             ledger_ids=tuple(self.ledgers),
             sink=None if sink is None else (sink.sink_id, sink.batch_id),
         )
-        update = LogUpdate(
+        self.update = LogUpdate(
             bk.store,
             log_name,
             decide,
@@ -411,51 +510,13 @@ class _Commit:
             before_write=self._before_write,
             timeout_s=self.timeout_s,
         )
-        try:
-            done = await update.run()
-        except LogOutcomeUnknownError as exc:
-            raise CommitOutcomeUnknownError(
-                f"log {log_name}: the commit's compare-and-set may or may not have been "
-                f"applied ({exc.message}); the rows may be in the log: read it before "
-                "writing them again"
-            ) from exc
-        except BaseException as exc:
-            if update.in_doubt:
-                raise  # cancelled while a compare-and-set was on its way: the marker stays
-            # A definite failure: nothing of this write is or will be in the log, so the
-            # marker goes and abort may delete the ledgers.
-            if self.marked:
-                with contextlib.suppress(Exception):
-                    await bk.store.delete(f"{staging_path(self.token)}/{COMMIT_MARKER}")
-            if isinstance(exc, NoSuchLogError):
-                raise LogFencedError(
-                    f"log {log_name} was deleted while the write was being committed"
-                ) from None
-            if isinstance(exc, MetadataConflictsError):
-                raise LogFencedError(
-                    f"log {log_name}: the ledger list kept changing; the write was not added"
-                ) from None
-            raise
-        if done.applied_to is not None or (
-            _holds(done.metadata, self.ledgers, sink) and (self.ledgers or done.in_doubt)
-        ):
-            return await _committed(
-                bk,
-                log_name,
-                self.token,
-                done.metadata,
-                self.ledgers,
-                self.rows,
-                sink,
-                self.password,
-            )
-        # The batch was in the log already (Spark runs the last batch again after a
-        # restart). Keep what the log holds: the first run's registrations may still be
-        # there if its driver died between the compare-and-set and the clean-up.
-        deleted = await _best_effort_clean_up(
-            bk, log_name, self.token, done.metadata.ledgers, self.password
+        return await self.update.run()
+
+    def _unknown(self, why: str) -> CommitOutcomeUnknownError:
+        return CommitOutcomeUnknownError(
+            f"log {self.log_name}: the commit's compare-and-set may or may not have been "
+            f"applied ({why}); the rows may be in the log: read it before writing them again"
         )
-        return CommitOutcome((), 0, True, deleted)
 
     async def _before_write(self, metadata: LogMetadata) -> None:
         """Before each compare-and-set: checks the staged ledgers (once), fences the
@@ -477,27 +538,44 @@ async def _mark_commit(bk: BookKeeper, log_name: str, token: str) -> None:
         await bk.store.create(f"{staging_path(token)}/{COMMIT_MARKER}", b"")
 
 
-async def _committed(
+# Clean-ups that outlived the commit that started them (its caller's time ran out).
+_cleaning: set[asyncio.Task[tuple[int, ...]]] = set()
+
+
+async def _clean_up_after_commit(
     bk: BookKeeper,
     log_name: str,
     token: str,
-    metadata: LogMetadata,
-    ledgers: Sequence[int],
-    rows: int,
-    sink: SinkBatch | None,
+    keep: Sequence[int],
     password: bytes,
-) -> CommitOutcome:
-    log.info(
-        "log %s: appended ledgers %s (%d rows)%s",
-        log_name,
-        list(ledgers),
-        rows,
-        "" if sink is None else f" for sink {sink.sink_id} batch {sink.batch_id}",
+    *,
+    sweep: bool = False,
+    timeout_s: float,
+) -> tuple[int, ...]:
+    """The clean-up once the commit's outcome is known, within ``timeout_s``: the
+    ledgers deleted. The write has succeeded (or was there already), so this never fails
+    the commit: a failure is logged, and a cancellation of the commit (its caller's time
+    limit) leaves the clean-up running by itself, within its bound, and the commit
+    returns its success all the same."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    work = loop.create_task(
+        _best_effort_clean_up(bk, log_name, token, keep, password, sweep=sweep, deadline=deadline)
     )
-    deleted = await _best_effort_clean_up(
-        bk, log_name, token, metadata.ledgers, password, sweep=True
-    )
-    return CommitOutcome(tuple(ledgers), rows, False, deleted)
+    _cleaning.add(work)
+    work.add_done_callback(_cleaning.discard)
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()  # the commit is not cancelled: it has succeeded
+        log.warning(
+            "log %s: the write is committed; its clean-up goes on after the time given to "
+            "the commit",
+            log_name,
+        )
+        return ()
 
 
 async def _best_effort_clean_up(
@@ -508,15 +586,18 @@ async def _best_effort_clean_up(
     password: bytes,
     *,
     sweep: bool = False,
+    deadline: float | None = None,
 ) -> tuple[int, ...]:
     """Clean up after the outcome is known. The rows are in the log (or the batch was
     there already): a failure here must not make the write look failed, or the user's
     retry would append the rows twice. What is left is cleaned by a later clean-up of
     the same write, or by the day-old sweep."""
     try:
-        deleted = await clean_up(bk, log_name, token, keep=keep, password=password)
+        deleted = await clean_up(
+            bk, log_name, token, keep=keep, password=password, deadline=deadline
+        )
         if sweep:
-            deleted += await sweep_stale(bk, log_name, keep, password=password)
+            deleted += await sweep_stale(bk, log_name, keep, password=password, deadline=deadline)
         return deleted
     except Exception as exc:
         log.warning(
@@ -632,18 +713,35 @@ async def abort(
 
 
 async def clean_up(
-    bk: BookKeeper, log_name: str, token: str, keep: Sequence[int], *, password: bytes = b""
+    bk: BookKeeper,
+    log_name: str,
+    token: str,
+    keep: Sequence[int],
+    *,
+    password: bytes = b"",
+    deadline: float | None = None,
 ) -> tuple[int, ...]:
     """Delete the write's registered ledgers that are not in ``keep``, then its staging
-    nodes. ``password``: the ledgers' (bookies purge a ledger only for its key, R10)."""
+    nodes. ``password``: the ledgers' (bookies purge a ledger only for its key, R10).
+    ``deadline`` (the loop's time): no ledger is started after it; what is left stays
+    registered, for a later clean-up."""
     root = staging_path(token)
     try:
         names = await bk.store.children(root)
     except NoNodeError:
         return ()
+    loop = asyncio.get_running_loop()
     kept = set(keep)
     deleted: list[int] = []
     for name in names:
+        if deadline is not None and loop.time() >= deadline:
+            log.info(
+                "log %s: the clean-up of write %s ran out of time; the rest is left for a "
+                "later one",
+                log_name,
+                token,
+            )
+            return tuple(sorted(deleted))
         # The registration goes first, then the ledger: a task that creates its ledger
         # after this clean-up looked for it sees its registration gone and deletes the
         # ledger itself (create_task_ledger).
@@ -668,7 +766,11 @@ async def clean_up(
     with contextlib.suppress(BKError):
         await bk.store.delete(root)
     if deleted:
-        log.info("log %s: deleted %d ledger(s) the write did not keep", log_name, len(deleted))
+        log.info(
+            "log %s: deleted %d ledger(s) the write did not keep",
+            log_name,
+            len(deleted),
+        )
     return tuple(sorted(deleted))
 
 
@@ -679,18 +781,23 @@ async def sweep_stale(
     older_than_ms: int = STALE_STAGING_MS,
     *,
     password: bytes = b"",
+    deadline: float | None = None,
 ) -> tuple[int, ...]:
     """Clean up the staging of earlier writes to ``log_name`` whose driver never
     committed or aborted (it died), once older than ``older_than_ms``. Their ledgers
     are deleted with ``password``, the log's; one written with another is kept (and
-    said so) until a clean-up with its password."""
+    said so) until a clean-up with its password. ``deadline`` (the loop's time): no
+    staging is started after it."""
     try:
         tokens = await bk.store.children(STAGING_PATH)
     except NoNodeError:
         return ()
+    loop = asyncio.get_running_loop()
     now_ms = int(time.time() * 1000)
     deleted: list[int] = []
     for token in tokens:
+        if deadline is not None and loop.time() >= deadline:
+            break
         try:
             header = json.loads((await bk.store.get(staging_path(token))).data or b"{}")
         except (NoNodeError, ValueError):
@@ -700,5 +807,5 @@ async def sweep_stale(
             or now_ms - int(header.get("created_ms", now_ms)) < older_than_ms
         ):
             continue
-        deleted += await clean_up(bk, log_name, token, keep, password=password)
+        deleted += await clean_up(bk, log_name, token, keep, password=password, deadline=deadline)
     return tuple(deleted)

@@ -67,7 +67,9 @@ def run(coro: Coroutine[Any, Any, T], timeout_s: float = CALL_TIMEOUT_S) -> T:
 
     Cancelled, and waited for, on the loop: a coroutine the caller gave up on must not
     carry on behind its back (a commit going on to append ledgers that the abort
-    which follows a failed commit is deleting)."""
+    which follows a failed commit is deleting). A commit answers the cancellation
+    itself: CommitOutcomeUnknownError while its compare-and-set is on its way, and
+    success once it was applied (its clean-up then goes on, bounded, on the loop)."""
 
     async def bounded() -> T:
         return await asyncio.wait_for(coro, timeout_s)

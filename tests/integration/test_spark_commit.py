@@ -5,6 +5,7 @@ after a driver died mid-commit, conflicts and clean-up."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -91,6 +92,9 @@ class FaultyStore(MetadataStore):
         # cancelled_holds counts the waits that were cancelled instead.
         self.hold: dict[str, asyncio.Event] = {}
         self.cancelled_holds = 0
+        # hold_set[path]: set() of that path is applied, and its reply waits for the
+        # event (a reply that comes late).
+        self.hold_set: dict[str, asyncio.Event] = {}
 
     async def apply_deferred(self) -> None:
         for path, data, version in self.deferred:
@@ -138,6 +142,9 @@ class FaultyStore(MetadataStore):
             self.drop_set[path] -= 1
             raise MetadataError(f"connection lost while setting {path} (not applied)")
         new_version = await self.inner.set(path, data, version)
+        gate = self.hold_set.get(path)
+        if gate is not None:
+            await gate.wait()
         if self.lose_set_reply.get(path, 0) > 0:
             self.lose_set_reply[path] -= 1
             raise MetadataError(f"connection lost while setting {path} (applied)")
@@ -549,5 +556,118 @@ def test_l2_a_commit_the_driver_gave_up_on_is_cancelled_and_appends_nothing(
         deleted = scan.run(commits.abort(bk, "hung", token))
         assert deleted == tuple(sorted(r.ledger_id for r in results))
         assert scan.run(log_data(bk, "hung")) == []
+    finally:
+        scan.run(bk.close())
+
+
+def test_k1_a_clean_up_past_the_drivers_time_limit_does_not_fail_the_committed_write(
+    cluster3: LocalCluster,
+) -> None:
+    """The compare-and-set appended the rows, then deleting the discarded ledgers is
+    slow (a hung bookie makes each delete wait): the driver's time limit passes during
+    the clean-up. The write has succeeded, and the commit says so (a failure would make
+    the user write the rows again); the clean-up finishes by itself."""
+    from quorumlog.spark import scan
+
+    bk = scan.run(BookKeeper.connect(cluster3.metadata_uri))
+    try:
+
+        async def stage() -> tuple[str, list[TaskResult], list[TaskResult]]:
+            await commits.prepare_log(bk, "slowclean")
+            token = commits.new_write_token()
+            failed = [await task(bk, token, "slowclean", 0, 1, attempt=a) for a in range(4)]
+            return token, failed, [await task(bk, token, "slowclean", 0, 3, attempt=4)]
+
+        token, failed, results = scan.run(stage())
+        delete = bk.delete_ledger
+
+        async def slow_delete(ledger_id: int, password: bytes = b"") -> None:
+            await asyncio.sleep(0.3)
+            await delete(ledger_id, password)
+
+        bk.delete_ledger = slow_delete  # type: ignore[method-assign]
+        outcome = scan.run(commits.commit(bk, "slowclean", token, results), timeout_s=0.5)
+        assert outcome.appended == (results[0].ledger_id,) and outcome.rows == 3
+        assert scan.run(log_data(bk, "slowclean")) == [b"p0-%d" % i for i in range(3)]
+
+        async def cleaned() -> bool:
+            gone = [not await bk.ledger_exists(r.ledger_id) for r in failed]
+            return all(gone) and await staging(bk, token) == []
+
+        for _ in range(100):
+            if scan.run(cleaned()):
+                break
+            time.sleep(0.05)
+        assert scan.run(cleaned())  # the clean-up went on by itself after the commit
+        assert scan.run(bk.ledger_exists(results[0].ledger_id))
+    finally:
+        scan.run(bk.close())
+
+
+def test_k1_a_clean_up_is_bounded_and_leaves_the_rest_for_a_later_one(
+    cluster3: LocalCluster,
+) -> None:
+    """The commit's own bound on its clean-up: past it, the commit returns (success)
+    and the ledgers not deleted yet stay registered, for a later clean-up."""
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster3.metadata_uri) as bk:
+            await commits.prepare_log(bk, "bounded")
+            token = commits.new_write_token()
+            failed = [await task(bk, token, "bounded", 0, 1, attempt=a) for a in range(4)]
+            results = [await task(bk, token, "bounded", 0, 2, attempt=4)]
+            delete = bk.delete_ledger
+
+            async def slow_delete(ledger_id: int, password: bytes = b"") -> None:
+                await asyncio.sleep(0.3)
+                await delete(ledger_id, password)
+
+            bk.delete_ledger = slow_delete  # type: ignore[method-assign]
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            outcome = await commits.commit(bk, "bounded", token, results, clean_up_timeout_s=0.4)
+            assert loop.time() - started < 1.2
+            assert outcome.appended == (results[0].ledger_id,)
+            assert 0 < len(outcome.deleted) < len(failed)
+            bk.delete_ledger = delete  # type: ignore[method-assign]
+            keep = (await (await bk.open_log("bounded")).metadata())[0].ledgers
+            later = await commits.clean_up(bk, "bounded", token, keep)
+            assert sorted(outcome.deleted + later) == sorted(r.ledger_id for r in failed)
+            assert await log_data(bk, "bounded") == [b"p0-0", b"p0-1"]
+
+    asyncio.run(main())
+
+
+def test_k1_r13_a_compare_and_set_in_flight_at_the_drivers_limit_is_outcome_unknown(
+    cluster3: LocalCluster,
+) -> None:
+    """The compare-and-set is applied, its reply late: when the driver's time limit
+    passes, the commit fails with CommitOutcomeUnknownError (not a bare timeout), and
+    the abort Spark calls next deletes nothing: the rows are in the log."""
+    from quorumlog.spark import scan
+
+    bk, store = scan.run(open_faulty_client(cluster3.metadata_uri))
+    try:
+
+        async def stage() -> tuple[str, list[TaskResult]]:
+            await commits.prepare_log(bk, "latereply")
+            token = commits.new_write_token()
+            results = [await task(bk, token, "latereply", p, 2) for p in range(2)]
+            store.hold_set[log_path("latereply")] = asyncio.Event()
+            return token, results
+
+        token, results = scan.run(stage())
+        with pytest.raises(commits.CommitOutcomeUnknownError, match="may be in the log"):
+            scan.run(commits.commit(bk, "latereply", token, results), timeout_s=0.5)
+        assert scan.run(commits.abort(bk, "latereply", token)) == ()
+
+        async def reply_comes() -> None:
+            store.hold_set.pop(log_path("latereply")).set()
+
+        scan.run(reply_comes())
+        assert scan.run(log_data(bk, "latereply")) == [
+            b"p%d-%d" % (p, i) for p in range(2) for i in range(2)
+        ]
+        assert all(scan.run(bk.ledger_exists(r.ledger_id)) for r in results)
     finally:
         scan.run(bk.close())
