@@ -24,6 +24,11 @@ from quorumlog.errors import BKError
 from quorumlog.server.memory_tuning import tune_for_serving
 
 _ADDR_HELP = "a replica's HOST:PORT (https://HOST:PORT if it serves HTTPS)"
+# quorumlog.db.machine's defaults, not imported: every command builds this parser, and
+# quorumlog.db takes 0.2 s to import (tests/unit/test_db_determinism.py holds them equal).
+DEFAULT_STATEMENT_STEPS = 200_000_000
+DEFAULT_READERS = 4
+DEFAULT_READ_STEPS = 200_000_000
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -88,6 +93,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         default=10.0,
         help="a follower reads the log at most this often, every record written meanwhile "
         "at once (0: each as it is confirmed; default 10)",
+    )
+    serve.add_argument(
+        "--statement-steps",
+        type=positive_int,
+        default=DEFAULT_STATEMENT_STEPS,
+        help="the budget of each statement of a write, in steps of SQLite's virtual machine "
+        "(70-100 million a second); one over it fails, the same on every replica: the "
+        "leader writes its budget into each record (default %(default)s)",
+    )
+    serve.add_argument(
+        "--read-threads",
+        type=positive_int,
+        default=DEFAULT_READERS,
+        help="reads run on this many threads, each with a connection of its own (default "
+        "%(default)s)",
+    )
+    serve.add_argument(
+        "--read-steps",
+        type=positive_int,
+        default=DEFAULT_READ_STEPS,
+        help="the budget of each read statement, in steps of SQLite's virtual machine "
+        "(default %(default)s)",
     )
     serve.add_argument(
         "--rollover-bytes",
@@ -246,6 +273,9 @@ async def _serve(
         snapshot_every_bytes=max(0, args.snapshot_every_bytes),
         snapshot_every_s=max(0.0, args.snapshot_every_s),
         follower_read_interval_ms=max(0.0, args.follower_read_interval_ms),
+        statement_steps=args.statement_steps,
+        read_threads=args.read_threads,
+        read_steps=args.read_steps,
     )
     replica = Replica(bk, config)
     api = DbHttpApi(

@@ -28,18 +28,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import secrets
 import sqlite3
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from quorumlog.db.machine import (
     BARRIER,
+    DEFAULT_READ_STEPS,
+    DEFAULT_READERS,
+    DEFAULT_STATEMENT_STEPS,
     EXECUTE,
     DbRecord,
     ReplicaStorageError,
@@ -76,6 +83,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 FOLLOWER = "follower"
 CATCHING_UP = "catching-up"
@@ -153,6 +162,14 @@ class ReplicaConfig:
     # followers reading from its bookies after every record.
     follower_read_interval_ms: float = 10.0
     snapshots_kept: int = 2
+    # The budget of each statement of a write, in steps of SQLite's virtual machine
+    # (about 70 to 100 million a second on one core): the leader writes it into its
+    # records, so every replica stops the same statements (with that as their error).
+    statement_steps: int = DEFAULT_STATEMENT_STEPS
+    # Reads run on this many threads, each with a read-only connection of its own; each
+    # read statement within ``read_steps`` steps.
+    read_threads: int = DEFAULT_READERS
+    read_steps: int = DEFAULT_READ_STEPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +195,16 @@ class Replica:
         data_dir = Path(config.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         self.sqlite_path = data_dir / f"{config.name}.sqlite"
-        self.machine = StateMachine(self.sqlite_path)
-        # Reads run here, off the event loop, one at a time on the read-only connection.
-        self._reads = ThreadPoolExecutor(1, thread_name_prefix=f"db-{config.name}-reads")
+        self.machine = self._open_machine()
+        # Reads run here, off the event loop, each on a read-only connection of the
+        # machine's pool (as many as threads): a long read holds up no other.
+        self._reads = ThreadPoolExecutor(
+            max(1, config.read_threads), thread_name_prefix=f"db-{config.name}-reads"
+        )
+        # Everything that writes the file runs on this one thread, in log order: a
+        # statement may run for its whole budget without holding up the event loop
+        # (appends, answers, the election's session).
+        self._sqlite = ThreadPoolExecutor(1, thread_name_prefix=f"db-{config.name}-sqlite")
         self.records_since_snapshot = 0
         self.bytes_since_snapshot = 0
         self._last_snapshot_s = time.monotonic()
@@ -243,8 +267,10 @@ class Replica:
         if self._election is not None:
             with contextlib.suppress(BKError, TimeoutError):
                 await asyncio.wait_for(self._election.close(), 5)
-        await asyncio.get_running_loop().run_in_executor(None, self._reads.shutdown)
-        self.machine.close()
+        await self._on_sqlite(self.machine.close)  # after the reads running
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._reads.shutdown)
+        await loop.run_in_executor(None, self._sqlite.shutdown)
 
     async def members(self) -> list[tuple[str, str, bool]]:
         """``(node id, HTTP address, leads)`` of every replica in the election, the
@@ -274,8 +300,21 @@ class Replica:
         ``TimeoutError`` when no answer came within ``timeout_s`` (the record stays
         queued: it may still be confirmed and applied, unknown to this caller).
         """
-        rewritten = rewrite_all_for_replay(statements)
-        return await self._submit(DbRecord(EXECUTE, rewritten, transaction), timeout_s)
+        # The leader's clock and seed go into the record: every replica computes 'now',
+        # random() and randomblob() from them (the rewrite shows the usual spellings'
+        # values in the record's text too), and runs it within the leader's budget.
+        now_ms = time.time_ns() // 1_000_000
+        steps = self.config.statement_steps
+        rewritten = rewrite_all_for_replay(statements, now=_EPOCH + timedelta(milliseconds=now_ms))
+        record = DbRecord(
+            EXECUTE,
+            rewritten,
+            transaction,
+            now_ms=now_ms,
+            seed=secrets.randbits(63),
+            steps=None if steps == DEFAULT_STATEMENT_STEPS else steps,
+        )
+        return await self._submit(record, timeout_s)
 
     async def barrier(self) -> Position:
         """Append an empty record and wait until it is applied here: proves this replica
@@ -297,13 +336,32 @@ class Replica:
 
     def query(self, statements: list[Statement]) -> list[StatementResult]:
         """Run read-only statements on this replica's file, on the calling thread."""
+        for _ in range(3):
+            machine = self.machine
+            try:
+                return machine.query(statements)
+            except ReplicaStorageError:
+                if self.machine is machine:  # not replaced (by a snapshot) meanwhile
+                    raise
         return self.machine.query(statements)
 
     async def read(self, statements: list[Statement]) -> list[StatementResult]:
-        """:meth:`query` on the replica's read thread: a long read does not hold up the
-        event loop (appends, answers, applying the log)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reads, self.machine.query, statements)
+        """:meth:`query` on one of the replica's read threads: a long read holds up
+        neither the event loop (appends, answers, applying the log) nor other reads."""
+        loop = self._loop or asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reads, self.query, statements)
+
+    def _open_machine(self) -> StateMachine:
+        config = self.config
+        return StateMachine(
+            self.sqlite_path, readers=config.read_threads, read_steps=config.read_steps
+        )
+
+    async def _on_sqlite(self, call: Callable[[], T]) -> T:
+        """``call()`` on the replica's SQLite thread (every write of the file runs there,
+        one at a time, in the order asked)."""
+        loop = self._loop or asyncio.get_running_loop()
+        return await loop.run_in_executor(self._sqlite, call)
 
     # ------------------------------------------------------------ writes
 
@@ -361,7 +419,8 @@ class Replica:
             # Cancelled (leadership ended) or failed: nothing run ahead stays open, and
             # no request of the group is left without an answer.
             try:
-                self.machine.abandon_ahead()
+                # Queued behind whatever of the group still runs on the SQLite thread.
+                await self._on_sqlite(self.machine.abandon_ahead)
             except ReplicaStorageError as exc:
                 self.failure = str(exc)  # the file is broken: the replica stops (_lead)
             self._fail_answers(self._in_flight, NotLeaderError("leadership ended"))
@@ -374,7 +433,8 @@ class Replica:
         answers: list[list[StatementResult] | None]
         try:
             # Run while the appends are in flight: the log's round trip hides it.
-            results = self.machine.execute_ahead(records)
+            machine = self.machine
+            results = await self._on_sqlite(functools.partial(machine.execute_ahead, records))
             positions: list[Position] = []
             for pending in group:
                 try:
@@ -382,18 +442,18 @@ class Replica:
                     positions.append(await asyncio.shield(pending.appended))
                 except BKError as exc:
                     # The records before it are in the log: roll back, apply those alone.
-                    self.machine.abandon_ahead()
+                    await self._on_sqlite(machine.abandon_ahead)
                     confirmed = list(zip(positions, records, strict=False))
                     if confirmed:
-                        self._answer_group(group, self._apply_group(confirmed))
+                        self._answer_group(group, await self._apply_group(confirmed))
                     self._fail_answers(group, exc)
                     self._fail_pending(exc)
                     self._taking_writes = False
                     return False
-            if results is None:  # a conflict clause ended the transaction: as before
-                answers = self._apply_group(list(zip(positions, records, strict=True)))
+            if results is None:  # a statement's failure ended the transaction: as before
+                answers = await self._apply_group(list(zip(positions, records, strict=True)))
             else:
-                self.machine.commit_ahead(positions[-1])
+                await self._on_sqlite(functools.partial(machine.commit_ahead, positions[-1]))
                 self._applied_event.set()
                 self.records_since_snapshot += len(group)
                 answers = list(results)
@@ -438,10 +498,11 @@ class Replica:
             # The append's own outcome is consumed here so it is never left unobserved.
             pending.appended.add_done_callback(_observe)
 
-    def _apply_group(
+    async def _apply_group(
         self, records: list[tuple[Position, DbRecord]], *, results_wanted: bool = True
     ) -> list[list[StatementResult] | None]:
-        results = self.machine.apply_group(records, results_wanted=results_wanted)
+        apply = functools.partial(self.machine.apply_group, records, results_wanted=results_wanted)
+        results = await self._on_sqlite(apply)
         self._applied_event.set()
         self.records_since_snapshot += len(records)
         return results
@@ -496,12 +557,12 @@ class Replica:
             )
         newest = snapshots[-1]
         log.info("database %s: restoring the snapshot at %s", self.config.name, newest.position)
-        # Closed on the read thread: after any read still running on the old file.
-        await asyncio.get_running_loop().run_in_executor(self._reads, self.machine.close)
+        # Closed after any read still running on the old file.
+        await self._on_sqlite(self.machine.close)
         try:
             await read_snapshot(the_log, newest, self.sqlite_path)
         finally:
-            self.machine = StateMachine(self.sqlite_path)
+            self.machine = await self._on_sqlite(self._open_machine)
         self.restores += 1
         self._applied_event.set()
 
@@ -536,7 +597,7 @@ class Replica:
     ) -> bool:
         """Apply ``first`` and the records already read after it, before ``end`` (None:
         all of them), in one transaction; whether a record at or after ``end`` came."""
-        batch = [first, *reader.take_buffered(_MAX_GROUP_RECORDS - 1)]
+        batch = [first, *await reader.read_available(_MAX_GROUP_RECORDS - 1)]
         self._last_read_records = len(batch)
         reached_end = False
         records: list[tuple[Position, DbRecord]] = []
@@ -555,7 +616,7 @@ class Replica:
             records.append((read.position, record))
         if records:
             # Records read from the log answer nobody here: no results to build.
-            self._apply_group(records, results_wanted=False)
+            await self._apply_group(records, results_wanted=False)
         return reached_end
 
     async def _follow(self, the_log: Log, election: LeaderElection) -> None:

@@ -4,9 +4,11 @@ No I/O here: text in, text out. The leader turns each write request into one log
 record; every replica applies that record to its own SQLite file, so whatever the
 record asks for must come out the same on each of them. SQLite is deterministic given
 the same file and the same statements, except for the functions that read the clock
-or a random source. Those the leader evaluates once and writes into the statement as
-literals (as rqlite does); the ones it cannot evaluate safely are refused before
-anything is logged (docs/DB.md lists them function by function).
+or a random source. Every replica computes those from the record (the leader's clock
+and seed, ``machine.py``), whatever their spelling; the usual spellings the leader
+also evaluates once and writes into the statement as literals (as rqlite does), so
+the log shows the values. Some statements are refused before anything is logged
+(docs/DB.md lists them function by function).
 """
 
 from __future__ import annotations
@@ -268,9 +270,9 @@ class Choices:
     random_bytes: Callable[[int], bytes]
 
     @classmethod
-    def fresh(cls) -> Choices:
+    def fresh(cls, now: datetime | None = None) -> Choices:
         return cls(
-            now=datetime.now(UTC),
+            now=datetime.now(UTC) if now is None else now,
             random_int=lambda: int.from_bytes(secrets.token_bytes(8), "big", signed=True),
             random_bytes=secrets.token_bytes,
         )
@@ -303,12 +305,15 @@ def _probe(sql: str) -> bool:
 _probe_cached = functools.lru_cache(maxsize=_CACHED_STATEMENTS)(_probe)
 
 
-def rewrite_all_for_replay(statements: list[Statement]) -> tuple[Statement, ...]:
+def rewrite_all_for_replay(
+    statements: list[Statement], *, now: datetime | None = None
+) -> tuple[Statement, ...]:
     """Every statement of one request rewritten with one set of :class:`Choices` (the
-    same 'now' for all), drawn only when some statement needs them."""
+    same 'now' for all: ``now``, the record's, or the clock's), drawn only when some
+    statement needs them."""
     if all(_replays_as_is(s.sql) for s in statements):
         return tuple(statements)
-    choices = Choices.fresh()
+    choices = Choices.fresh(now)
     return tuple(rewrite_for_replay(s, choices) for s in statements)
 
 
@@ -331,11 +336,12 @@ def rewrite_for_replay(statement: Statement, choices: Choices) -> Statement:
 
     RANDOM() becomes an integer literal, RANDOMBLOB(n) (n a literal) a blob literal,
     the date and time functions' 'now' (and their no-argument forms) and
-    CURRENT_TIMESTAMP/DATE/TIME the leader's UTC time as text. Refused (BadRequestError):
-    transaction control, ATTACH/DETACH/VACUUM, statements naming the applied-position
-    table, last_insert_rowid()/changes()/total_changes(), RANDOMBLOB of a computed size,
+    CURRENT_TIMESTAMP/DATE/TIME the leader's UTC time as text (RANDOMBLOB of a computed
+    size is left to the replicas' function, which draws from the record's seed).
+    Refused (BadRequestError): transaction control, ATTACH/DETACH/VACUUM, statements
+    naming the applied-position table, last_insert_rowid()/changes()/total_changes(),
     and any of these in CREATE statements (a default, trigger or view would evaluate
-    them later, separately on each replica).
+    them later, for another record).
     """
     if _replays_as_is(statement.sql):
         return statement
@@ -420,7 +426,7 @@ def _rewrite_call(
     if name == "randomblob":
         size = _literal_int([tokens[j] for j in args])
         if size is None:
-            raise BadRequestError("randomblob() needs a literal size to be replicated")
+            return k + 1, False  # every replica's randomblob() draws the same bytes
         blob = choices.random_bytes(max(1, min(size, _MAX_RANDOMBLOB_BYTES)))
         _replace_call(tokens, sig, k, end, "blob", f"X'{blob.hex()}'")
         return end + 1, True

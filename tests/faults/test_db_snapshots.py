@@ -86,7 +86,7 @@ def test_db_wiped_replica_rebuilds_from_snapshot_and_log_stays_truncated(
 ) -> None:
     base = tmp_path / "db"
     # Small ledgers, so that truncation behind the snapshots drops whole ledgers.
-    args = ("--snapshot-every", str(SNAPSHOT_EVERY), "--rollover-bytes", "4096")
+    args = ("--snapshot-every", str(SNAPSHOT_EVERY), "--rollover-bytes", "8192")
     replicas = [DbProcess(cluster3.metadata_uri, f"s{i}", base, extra_args=args) for i in range(2)]
     try:
         leader = wait_ready(replicas)
@@ -98,7 +98,7 @@ def test_db_wiped_replica_rebuilds_from_snapshot_and_log_stays_truncated(
             status, answer = http(leader.addr, "/db/execute", [["INSERT INTO t VALUES (?)", n]])
             assert status == 200, answer
             last = answer["position"]
-        # about 300 records of ~80 bytes filled several 4 KiB ledgers; the log keeps only
+        # about 300 records of ~130 bytes filled several 8 KiB ledgers; the log keeps only
         # those after the oldest snapshot kept (2 snapshots, 40 records apart). Snapshots
         # and the truncation behind them run beside the writes, so the last one may still
         # be under way when the last write is answered: a bound, not an instant.

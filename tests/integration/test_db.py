@@ -3,8 +3,10 @@ metadata drivers, driven through rqlite's HTTP API (plain HTTP and pyrqlite)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -431,3 +433,89 @@ def test_db_two_databases_share_one_cluster(cluster3: LocalCluster, tmp_path: Pa
         for group in groups.values():
             for replica in group:
                 replica.stop()
+
+
+RUNAWAY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+
+@pytest.mark.parametrize("metadata_uri", ["sqlite"], indirect=True)
+def test_r19_poison_records_leave_every_replica_serving_and_a_replay_equal(
+    cluster3: LocalCluster, tmp_path: Path
+) -> None:
+    """Statements SQLite fails with the codes of a failing disk, that would change one
+    replica's connection or the schema under the data, that read the clock or a random
+    source under any spelling, or that run away: each is logged and answered, every
+    replica stays up, and a replica rebuilt from the log alone ends equal to the others."""
+    base = tmp_path / "db"
+    steps = ("--statement-steps", "2000000")
+    replicas = [DbProcess(cluster3.metadata_uri, f"p{i}", base, extra_args=steps) for i in range(3)]
+    try:
+        leader = wait_ready(replicas)
+        followers = [r for r in replicas if r is not leader]
+        requests: list[tuple[list[Any], str | None]] = [
+            (
+                [
+                    "CREATE TABLE ai(id INTEGER PRIMARY KEY AUTOINCREMENT, x)",
+                    "INSERT INTO ai VALUES(9223372036854775807, 1)",
+                    "CREATE TABLE seen(what TEXT, v)",
+                ],
+                None,
+            ),
+            (["INSERT INTO ai(x) VALUES(2)"], "full"),
+            (["PRAGMA wal_checkpoint(TRUNCATE)"], "not authorized"),
+            (["PRAGMA query_only=1"], "not authorized"),
+            (["PRAGMA max_page_count=1"], "not authorized"),
+            (["PRAGMA case_sensitive_like=ON"], "not authorized"),
+            (["PRAGMA writable_schema=ON"], "not authorized"),
+            (
+                ["UPDATE sqlite_master SET sql = 'CREATE TABLE ai(x)' WHERE name = 'ai'"],
+                "sqlite_master",
+            ),
+            (["CREATE TEMP TABLE scratch(x)"], "not authorized"),
+            (["INSERT INTO seen VALUES ('quoted', \"random\"())"], None),
+            ([["INSERT INTO seen VALUES ('param', strftime('%H:%M:%f', ?))", "now"]], None),
+            ([RUNAWAY], "budget"),
+            (
+                [
+                    "INSERT INTO ai(id, x) VALUES (1, 1)",
+                    "INSERT INTO seen SELECT 'like', count(*) FROM ai WHERE 'A' LIKE 'a'",
+                ],
+                None,
+            ),
+        ]
+        last = ""
+        for body, error in requests:
+            status, answer = http(followers[0].addr, "/db/execute", body)
+            assert status == 200, (body, answer)
+            got = answer["results"][-1].get("error")
+            assert (got is None) if error is None else (error in str(got)), (body, answer)
+            last = answer["position"]
+        for replica in replicas:
+            assert http(replica.addr, "/readyz")[0] == 200, replica.err_path.read_text()[-2000:]
+            status, answer = http(
+                replica.addr, f"/db/query?min_position={last}&q=SELECT+count(*)+FROM+seen"
+            )
+            assert status == 200 and answer["results"][0]["values"] == [[3]], answer
+        # A replica rebuilt from the log alone (its file wiped) replays every record.
+        rebuilt = followers[1]
+        rebuilt.kill()
+        shutil.rmtree(rebuilt.data_dir)
+        replicas[replicas.index(rebuilt)] = DbProcess(
+            cluster3.metadata_uri, rebuilt.node_id, base, port=rebuilt.port, extra_args=steps
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                status, answer = http(rebuilt.addr, f"/db/query?min_position={last}&q=SELECT+1")
+                if status == 200:
+                    break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"the rebuilt replica did not catch up to {last}")
+        for replica in replicas:
+            replica.stop()
+        dumps = [dump(r.sqlite_path) for r in replicas]
+        assert dumps[0] == dumps[1] == dumps[2]
+    finally:
+        for replica in replicas:
+            replica.stop()
