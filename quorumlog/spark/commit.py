@@ -82,10 +82,16 @@ STAGING_PATH = "/spark-staging"
 SLOTS_PER_PARTITION = 64
 COMMIT_CAS_ATTEMPTS = 20
 STAGED_READS_IN_FLIGHT = 32
-# Staging left by a driver that died mid-write is swept by a later commit to the
-# same log once it is this old (no live write runs that long between its first
-# task and its commit).
+# Staging left by a driver that died mid-write is swept by a later commit to the same
+# log once nothing in it has shown life for this long: its header (the driver that
+# opened it, the commit that marked it) and every task registration carry the time
+# they last showed life, and a task refreshes its registration every
+# STAGING_HEARTBEAT_S while it writes. A write's age does not count, only its silence.
 STALE_STAGING_MS = 24 * 3600 * 1000
+STAGING_HEARTBEAT_S = 600.0
+# A staging with no ledger registered yet holds nothing to reclaim but its node: a batch
+# job may run long stages before its write tasks start, so it is swept only after this.
+STALE_EMPTY_STAGING_MS = 7 * 24 * 3600 * 1000
 # How long a commit keeps re-reading the log to learn whether a compare-and-set whose
 # answer was lost was applied (R13), before it says that it cannot tell; and how many
 # unknown outcomes or failed reads in a row it takes (reads back off to one a second).
@@ -198,6 +204,24 @@ def staging_path(token: str) -> str:
     return f"{STAGING_PATH}/{token}"
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _registration(partition: int) -> bytes:
+    """A task's registration: its partition, and when it last showed life."""
+    return json.dumps({"partition": partition, "alive_ms": _now_ms()}).encode()
+
+
+def _alive_ms(data: bytes) -> int | None:
+    """When the writer of a staging node last showed life (None: the node does not say)."""
+    try:
+        record = json.loads(data)
+        return int(record["alive_ms"]) if isinstance(record, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 async def prepare_log(bk: BookKeeper, name: str) -> None:
     """Create the log if it does not exist (a sink, like ``open_log``, creates on first use)."""
     await create_log_if_absent(bk.store, name)
@@ -235,7 +259,7 @@ async def task_ledger_id(
             # never creating the staging, which a finished write's clean-up removed.
             await bk.store.create(
                 f"{staging_path(token)}/l{ledger_id}",
-                str(partition).encode(),
+                _registration(partition),
                 make_parents=False,
             )
         except NodeExistsError:
@@ -253,10 +277,37 @@ async def open_staging(bk: BookKeeper, token: str, log_name: str) -> None:
     """Open the write's staging, where its tasks register their ledgers: a batch
     write's driver before any task runs; a streaming batch's first task (no driver
     code runs before a micro-batch's tasks)."""
-    # The header names the log and the age, for the sweep of abandoned writes.
-    header = json.dumps({"log": log_name, "created_ms": int(time.time() * 1000)}).encode()
+    # The header names the log and when its driver showed life, for the sweep of
+    # abandoned writes (the tasks' registrations say when they did).
+    now_ms = _now_ms()
+    header = json.dumps({"log": log_name, "created_ms": now_ms, "alive_ms": now_ms}).encode()
     with contextlib.suppress(NodeExistsError):
         await bk.store.create(staging_path(token), header)
+
+
+async def keep_alive(
+    bk: BookKeeper, token: str, log_name: str, partition: int, ledger_id: int
+) -> None:
+    """Refresh a task's registration every STAGING_HEARTBEAT_S while the task writes
+    (run it beside the task and cancel it at the end): the sweep of abandoned writes
+    judges a write by the last time it showed life, and this task is alive. Ends when
+    the registration is gone (the write was committed or aborted meanwhile)."""
+    path = f"{staging_path(token)}/l{ledger_id}"
+    for _ in range(1 << 40):  # until cancelled
+        await asyncio.sleep(STAGING_HEARTBEAT_S)
+        try:
+            await bk.store.set(path, _registration(partition))
+        except NoNodeError:
+            log.warning(
+                "log %s: write %s ended while the task of partition %d was writing ledger %d",
+                log_name,
+                token,
+                partition,
+                ledger_id,
+            )
+            return
+        except BKError as exc:  # the next beat may get through
+            log.debug("log %s: heartbeat of ledger %d failed: %s", log_name, ledger_id, exc)
 
 
 def _write_ended(log_name: str, token: str, partition: int) -> WriteEndedError:
@@ -374,9 +425,9 @@ async def commit(
     whose compare-and-set is on its way fails with CommitOutcomeUnknownError, and one
     that sent none fails (CommitTimeoutError, or the cancellation) with nothing
     appended. Once the compare-and-set is applied, the write has succeeded: the
-    clean-up after it (the discarded ledgers, the day-old sweep) takes at most
-    ``clean_up_timeout_s`` (checked between ledgers; the rest stays registered for a
-    later clean-up), never fails the commit, and if the caller's time limit passes
+    clean-up after it (the discarded ledgers, the sweep of abandoned writes) takes at
+    most ``clean_up_timeout_s`` (checked between ledgers; the rest stays registered for
+    a later clean-up), never fails the commit, and if the caller's time limit passes
     during it, the commit still returns its success and the clean-up goes on by itself
     within its bound."""
     return await _Commit(
@@ -532,10 +583,12 @@ class _Commit:
 
 
 async def _mark_commit(bk: BookKeeper, log_name: str, token: str) -> None:
-    """Say in the staging that a compare-and-set may be sent (see :func:`abort`)."""
+    """Say in the staging that a compare-and-set may be sent (see :func:`abort`); the
+    marker also says when this commit showed life, for the sweep."""
     await open_staging(bk, token, log_name)
+    marker = json.dumps({"alive_ms": _now_ms()}).encode()
     with contextlib.suppress(NodeExistsError):
-        await bk.store.create(f"{staging_path(token)}/{COMMIT_MARKER}", b"")
+        await bk.store.create(f"{staging_path(token)}/{COMMIT_MARKER}", marker)
 
 
 # Clean-ups that outlived the commit that started them (its caller's time ran out).
@@ -591,7 +644,7 @@ async def _best_effort_clean_up(
     """Clean up after the outcome is known. The rows are in the log (or the batch was
     there already): a failure here must not make the write look failed, or the user's
     retry would append the rows twice. What is left is cleaned by a later clean-up of
-    the same write, or by the day-old sweep."""
+    the same write, or by the sweep of abandoned writes."""
     try:
         deleted = await clean_up(
             bk, log_name, token, keep=keep, password=password, deadline=deadline
@@ -766,11 +819,7 @@ async def clean_up(
     with contextlib.suppress(BKError):
         await bk.store.delete(root)
     if deleted:
-        log.info(
-            "log %s: deleted %d ledger(s) the write did not keep",
-            log_name,
-            len(deleted),
-        )
+        log.info("log %s: deleted %d ledger(s) the write did not keep", log_name, len(deleted))
     return tuple(sorted(deleted))
 
 
@@ -781,19 +830,23 @@ async def sweep_stale(
     older_than_ms: int = STALE_STAGING_MS,
     *,
     password: bytes = b"",
+    empty_older_than_ms: int = STALE_EMPTY_STAGING_MS,
     deadline: float | None = None,
 ) -> tuple[int, ...]:
     """Clean up the staging of earlier writes to ``log_name`` whose driver never
-    committed or aborted (it died), once older than ``older_than_ms``. Their ledgers
-    are deleted with ``password``, the log's; one written with another is kept (and
-    said so) until a clean-up with its password. ``deadline`` (the loop's time): no
-    staging is started after it."""
+    committed or aborted (it died): those where nothing has shown life for
+    ``older_than_ms`` (``empty_older_than_ms`` when no ledger is registered yet). Life:
+    the header's ``alive_ms`` (its driver), each task registration's (refreshed while
+    the task writes, :func:`keep_alive`), the commit marker's. A write's age does not
+    count: a batch job running for days, or a streaming batch run again long after its
+    driver died, is alive while its tasks are. Ledgers are deleted with ``password``,
+    the log's; one written with another is kept (and said so) until a clean-up with its
+    password."""
     try:
         tokens = await bk.store.children(STAGING_PATH)
     except NoNodeError:
         return ()
     loop = asyncio.get_running_loop()
-    now_ms = int(time.time() * 1000)
     deleted: list[int] = []
     for token in tokens:
         if deadline is not None and loop.time() >= deadline:
@@ -802,10 +855,41 @@ async def sweep_stale(
             header = json.loads((await bk.store.get(staging_path(token))).data or b"{}")
         except (NoNodeError, ValueError):
             continue
-        if (
-            header.get("log") != log_name
-            or now_ms - int(header.get("created_ms", now_ms)) < older_than_ms
-        ):
+        if not isinstance(header, dict) or header.get("log") != log_name:
             continue
+        try:
+            if await _alive(bk, token, header, older_than_ms, empty_older_than_ms):
+                continue
+        except NoNodeError:
+            continue  # cleaned up meanwhile
         deleted += await clean_up(bk, log_name, token, keep, password=password, deadline=deadline)
     return tuple(deleted)
+
+
+async def _alive(
+    bk: BookKeeper,
+    token: str,
+    header: dict[str, object],
+    older_than_ms: int,
+    empty_older_than_ms: int,
+) -> bool:
+    """Whether anything of a staging showed life within the window: ``older_than_ms``,
+    or ``empty_older_than_ms`` when no ledger is registered in it yet. Reads stop at the
+    first sign of life found."""
+    root = staging_path(token)
+    names = await bk.store.children(root)
+    registered = any(name.startswith("l") for name in names)
+    window = older_than_ms if registered else max(older_than_ms, empty_older_than_ms)
+    since_ms = _now_ms() - window
+    for stamp in (header.get("alive_ms"), header.get("created_ms")):
+        if isinstance(stamp, int) and stamp > since_ms:
+            return True
+    for name in names:
+        try:
+            stamp = _alive_ms((await bk.store.get(f"{root}/{name}")).data)
+        except NoNodeError:
+            continue
+        if stamp is not None and stamp > since_ms:
+            return True
+    # Silent for the whole window (or saying nothing of its life: damaged).
+    return False

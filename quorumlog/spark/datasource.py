@@ -391,7 +391,8 @@ class QuorumlogStreamWriter(DataSourceStreamArrowWriter):
         query_id = commits.query_of(_results(messages))
         if query_id is None:
             # No report says which query this is, so whose staging to clean is unknown:
-            # the batch's run after a restart (same name) or the day-old sweep does it.
+            # the batch's run after a restart (same name) or the sweep of abandoned
+            # writes does it.
             log.warning(
                 "log %s: batch %d aborted with no task report; its staged ledgers are "
                 "left for a later clean-up",

@@ -8,6 +8,7 @@ before the task reports, so what the driver appends never changes again (R6).
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -15,7 +16,13 @@ from typing import TYPE_CHECKING
 from quorumlog.client.writing import LedgerHandle
 from quorumlog.errors import BKError, InvalidArgumentError
 from quorumlog.spark import scan
-from quorumlog.spark.commit import TaskResult, create_task_ledger, open_staging, task_ledger_id
+from quorumlog.spark.commit import (
+    TaskResult,
+    create_task_ledger,
+    keep_alive,
+    open_staging,
+    task_ledger_id,
+)
 from quorumlog.spark.options import WriteOptions
 
 if TYPE_CHECKING:
@@ -113,30 +120,44 @@ async def _close(handle: LedgerHandle, rows: int) -> None:
         )
 
 
+async def _keep_alive(opts: WriteOptions, token: str, who: TaskIdentity, ledger_id: int) -> None:
+    bk = await scan.client_for(opts.metadata_uri)
+    await keep_alive(bk, token, opts.log, who.partition, ledger_id)
+
+
 def write_task(
     opts: WriteOptions, token: str, who: TaskIdentity, batches: Iterable[pa.RecordBatch]
 ) -> TaskResult:
-    """Write the task's rows into its ledger and close it; the report for the driver."""
+    """Write the task's rows into its ledger and close it; the report for the driver.
+
+    While it writes, the task's registration in the staging is kept alive (the sweep of
+    abandoned writes spares a write whose tasks show life, however long it runs)."""
     handle: LedgerHandle | None = None
+    heartbeat: concurrent.futures.Future[None] | None = None
     rows = 0
     in_flight = None
-    for batch in batches:
-        records = data_column(batch, who.partition)
-        if not records:
-            continue
-        if handle is None:
-            handle = scan.run(_open_ledger(opts, token, who))
+    try:
+        for batch in batches:
+            records = data_column(batch, who.partition)
+            if not records:
+                continue
+            if handle is None:
+                handle = scan.run(_open_ledger(opts, token, who))
+                heartbeat = scan.submit(_keep_alive(opts, token, who, handle.ledger_id))
+            if in_flight is not None:
+                in_flight.result(SUBMIT_TIMEOUT_S)
+            limit = scan.max_outstanding_adds()
+            in_flight = scan.submit(_append_all(handle, records, limit))
+            rows += len(records)
         if in_flight is not None:
             in_flight.result(SUBMIT_TIMEOUT_S)
-        limit = scan.max_outstanding_adds()
-        in_flight = scan.submit(_append_all(handle, records, limit))
-        rows += len(records)
-    if in_flight is not None:
-        in_flight.result(SUBMIT_TIMEOUT_S)
-    if handle is None:
-        return TaskResult(who.partition, None, 0, who.query_id)
-    scan.run(_close(handle, rows))
-    return TaskResult(who.partition, handle.ledger_id, rows, who.query_id)
+        if handle is None:
+            return TaskResult(who.partition, None, 0, who.query_id)
+        scan.run(_close(handle, rows))
+        return TaskResult(who.partition, handle.ledger_id, rows, who.query_id)
+    finally:
+        if heartbeat is not None:
+            heartbeat.cancel()
 
 
 __all__ = ["TaskIdentity", "data_column", "write_task"]

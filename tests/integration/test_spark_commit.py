@@ -5,8 +5,9 @@ after a driver died mid-commit, conflicts and clean-up."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -39,6 +40,7 @@ async def task(
     attempt: int = 0,
     password: bytes = b"",
     opens_staging: bool = True,
+    stage: str = "stage-1",
 ) -> TaskResult:
     """What a write task does: its ledger id, the ledger, its rows, close. A streaming
     batch's task opens the staging itself (``opens_staging``); a batch write's driver
@@ -46,7 +48,7 @@ async def task(
     if opens_staging:
         await commits.open_staging(bk, token, log)
     ledger_id = await commits.task_ledger_id(
-        bk, token, log, "stage-1", partition, attempt, MAX_PARTITIONS
+        bk, token, log, stage, partition, attempt, MAX_PARTITIONS
     )
     handle = await commits.create_task_ledger(
         bk, token, log, partition, ledger_id, 3, 3, 2, password=password
@@ -671,3 +673,106 @@ def test_k1_r13_a_compare_and_set_in_flight_at_the_drivers_limit_is_outcome_unkn
         assert all(scan.run(bk.ledger_exists(r.ledger_id)) for r in results)
     finally:
         scan.run(bk.close())
+
+
+DAY_MS = 24 * 3600 * 1000
+
+
+async def make_silent(bk: BookKeeper, token: str, for_ms: int) -> None:
+    """Make a staging and its registrations look as if their writers last showed life
+    ``for_ms`` ago (a driver or tasks that died then)."""
+    root = commits.staging_path(token)
+    then = int(time.time() * 1000) - for_ms
+    header = json.loads((await bk.store.get(root)).data)
+    header.update(created_ms=then, alive_ms=then)
+    await bk.store.set(root, json.dumps(header).encode())
+    for name in await bk.store.children(root):
+        if name.startswith("l"):
+            record = json.loads((await bk.store.get(f"{root}/{name}")).data)
+            record = record if isinstance(record, dict) else {"partition": record}
+            record["alive_ms"] = then
+            await bk.store.set(f"{root}/{name}", json.dumps(record).encode())
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["long-batch", "replay"])
+def test_k4_the_sweep_judges_a_staging_by_its_last_sign_of_life_not_its_age(
+    cluster3: LocalCluster, streaming: bool
+) -> None:
+    """A write whose staging is two days old but whose task writes now (a batch job
+    running for days; a streaming batch run again two days after its driver died) is
+    alive: another write's commit must not sweep it, and it commits. A write silent
+    for two days is swept."""
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster3.metadata_uri) as bk:
+            name = "alive-stream" if streaming else "alive-batch"
+            await commits.prepare_log(bk, name)
+            dead_token = commits.new_write_token()
+            dead = await task(bk, dead_token, name, 0, 2)
+            await make_silent(bk, dead_token, 2 * DAY_MS)
+            if streaming:
+                token = commits.stream_token("query-1", 0)
+                first_run = await task(bk, token, name, 0, 2)  # then its driver died
+            else:
+                token = commits.new_write_token()
+                await commits.open_staging(bk, token, name)  # the job was planned
+            await make_silent(bk, token, 2 * DAY_MS)
+            # Another write to the log, committed while the first one's task writes.
+            other = commits.new_write_token()
+            others = [await task(bk, other, name, 0, 1)]
+            if streaming:  # the batch run again by the restarted query (a new stage)
+                live = await task(bk, token, name, 0, 2, stage="stage-2")
+            else:  # the job's write stage, two days after it was planned
+                live = await task(bk, token, name, 0, 2, opens_staging=False)
+            swept = await commits.commit(bk, name, other, others)
+            assert dead.ledger_id in swept.deleted and live.ledger_id not in swept.deleted
+            assert not await bk.ledger_exists(dead.ledger_id)
+            assert await staging(bk, dead_token) == []
+            sink = commits.SinkBatch("spark", "query-1", 0) if streaming else None
+            outcome = await commits.commit(bk, name, token, [live], sink=sink)
+            assert outcome.appended == (live.ledger_id,)
+            assert await log_data(bk, name) == [b"p0-0", b"p0-0", b"p0-1"]
+            if streaming:
+                assert not await bk.ledger_exists(first_run.ledger_id)
+
+    asyncio.run(main())
+
+
+def test_k4_a_write_task_shows_life_while_it_writes(
+    cluster3: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write task refreshes its registration while it writes, however long it takes
+    (here a heartbeat every 0.1 s over a slow input), so the sweep sees it alive."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    from quorumlog.spark import scan, writing
+    from quorumlog.spark.options import WriteOptions
+
+    monkeypatch.setattr(commits, "STAGING_HEARTBEAT_S", 0.1)
+    opts = WriteOptions.parse({"log": "heartbeat", "metadata": cluster3.metadata_uri})
+    token = commits.new_write_token()
+
+    async def prepare() -> BookKeeper:
+        bk = await scan.client_for(cluster3.metadata_uri)
+        await commits.prepare_log(bk, "heartbeat")
+        await commits.open_staging(bk, token, "heartbeat")
+        return bk
+
+    bk = scan.run(prepare())
+    seen: list[int] = []
+
+    async def alive_ms() -> int:
+        root = commits.staging_path(token)
+        names = [n for n in await bk.store.children(root) if n.startswith("l")]
+        return int(json.loads((await bk.store.get(f"{root}/{names[0]}")).data)["alive_ms"])
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for i in range(4):
+            yield pa.RecordBatch.from_pydict({"data": [b"r%d" % i]})
+            time.sleep(0.3)
+            seen.append(scan.run(alive_ms()))
+
+    who = writing.TaskIdentity(stage_id=1, partition=0, task_attempt=0)
+    result = writing.write_task(opts, token, who, batches())
+    assert result.rows == 4
+    assert seen == sorted(seen) and seen[-1] > seen[0]  # refreshed while the task ran
