@@ -597,7 +597,7 @@ class Replica:
     ) -> bool:
         """Apply ``first`` and the records already read after it, before ``end`` (None:
         all of them), in one transaction; whether a record at or after ``end`` came."""
-        batch = [first, *await reader.read_available(_MAX_GROUP_RECORDS - 1)]
+        batch = [first, *reader.take_buffered(_MAX_GROUP_RECORDS - 1)]
         self._last_read_records = len(batch)
         reached_end = False
         records: list[tuple[Position, DbRecord]] = []
