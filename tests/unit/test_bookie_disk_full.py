@@ -1,6 +1,6 @@
 """A bookie that filled its disk starts again by itself and serves every entry it
 acknowledged (issue B4), on the simulated disk (a real filesystem: tests/faults/
-test_bookie_disk_full.py).
+test_bookie_full_filesystem.py).
 
 The bookie's own dead copies are what a replay needs room for: logs the index does not
 name and the tail of the log that was current at the last checkpoint hold only what the
