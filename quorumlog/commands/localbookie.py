@@ -6,8 +6,10 @@ processes, each with its own directories under the data directory (default
 once every bookie is registered, and runs until SIGINT or SIGTERM, when it
 stops every bookie (SIGTERM by pid, a bounded wait, then SIGKILL) and exits 0.
 Each bookie also runs autorecovery (``quorumlog bookie --autorecovery``) unless
-``--no-autorecovery``. The data stays in the data directory: a second run with the
-same directory finds the same bookies (same ports) and ledgers.
+``--no-autorecovery``; with ``--http-port BASE`` bookie K serves its HTTP admin API and
+``/metrics`` on BASE + K (0: a free port each), printed on its line. The data stays in
+the data directory: a second run with the same directory finds the same bookies (same
+ports) and ledgers.
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "auditor candidate and a replication worker)",
     )
     p.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="give bookie K an HTTP admin API (/metrics, /api/v1/..., what quorumlog shell "
+        "gc uses) on PORT + K; 0: each on a free port (default: none)",
+    )
+    p.add_argument(
         "--start-timeout-s",
         type=float,
         default=60.0,
@@ -63,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
 
     if not 1 <= args.num_bookies <= 64:
         print(f"{_PROG}: error: N must be 1..64, got {args.num_bookies}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.http_port is not None and not 0 <= args.http_port <= 65535 - args.num_bookies + 1:
+        print(
+            f"{_PROG}: error: --http-port must leave room for {args.num_bookies} ports "
+            f"below 65536, got {args.http_port}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     data_dir = args.data_dir.absolute()
     try:
@@ -86,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         journal_sync=not args.no_journal_sync,
         extra_args=() if args.no_autorecovery else ("--autorecovery",),
         start_timeout_s=args.start_timeout_s,
+        http_port=args.http_port,
     )
     try:
         try:
@@ -94,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{_PROG}: {exc}", file=sys.stderr)
             return EXIT_FAILURE
         for bookie in cluster.bookies:
-            print(f"bookie {bookie.address} pid {bookie.pid} data {bookie.home}", flush=True)
+            admin = f" admin {bookie.admin_url}" if bookie.admin_url else ""
+            print(f"bookie {bookie.address} pid {bookie.pid} data {bookie.home}{admin}", flush=True)
         print(
             f"{args.num_bookies} bookies ready; use QUORUMLOG_METADATA={uri} (Ctrl-C stops them)",
             flush=True,

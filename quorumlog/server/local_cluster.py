@@ -44,6 +44,7 @@ from typing import Any
 from quorumlog.server.child_process import RestartedChildProcess
 
 READY_LINE = re.compile(rb"^bookie (\S+) ready", re.MULTILINE)
+ADMIN_LINE = re.compile(rb"^bookie \S+ admin (\S+)", re.MULTILINE)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 # Every process started here and not yet reaped, killed at interpreter exit if a test
@@ -81,6 +82,8 @@ class BookieProcess(RestartedChildProcess):
     extra_args: list[str] = field(default_factory=list)
     port: int = 0
     address: str = ""
+    # Its HTTP admin API (``http://HOST:PORT``) when the cluster gives bookies one.
+    admin_url: str = ""
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
     paused: bool = False
@@ -101,8 +104,11 @@ class LocalCluster:
         stop_timeout_s: float = 20.0,
         python: str = sys.executable,
         env: dict[str, str] | None = None,
+        http_port: int | None = None,
     ) -> None:
         self.metadata_uri = metadata_uri
+        # Bookie K's admin API listens on http_port + K (0: each on a free port; None: none).
+        self.http_port = http_port
         self.base_dir = Path(base_dir).absolute()
         self.journal_sync = journal_sync
         self.extra_args = list(extra_args)
@@ -171,6 +177,8 @@ class LocalCluster:
         ]
         if bookie.port:
             args += ["--port", str(bookie.port)]
+        if self.http_port is not None:
+            args += ["--http-port", str(self.http_port + bookie.index if self.http_port else 0)]
         if not self.journal_sync:
             args.append("--no-journal-sync")
         return args + self.extra_args + bookie.extra_args + list(extra_args)
@@ -200,10 +208,13 @@ class LocalCluster:
         bookie = self.bookies[i]
         deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
         while time.monotonic() < deadline:
-            match = READY_LINE.search(bookie.stdout_path.read_bytes())
+            output = bookie.stdout_path.read_bytes()
+            match = READY_LINE.search(output)
             if match:
                 bookie.address = match.group(1).decode()
                 bookie.port = int(bookie.address.rpartition(":")[2])
+                admin = ADMIN_LINE.search(output)
+                bookie.admin_url = admin.group(1).decode() if admin else ""
                 return bookie.address
             if not bookie.alive():
                 self._reap(bookie)

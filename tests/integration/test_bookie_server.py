@@ -9,13 +9,15 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
-from support import run
+from support import port_for_a_child, run, shell
 
 from quorumlog.errors import Status
 from quorumlog.meta.factory import open_store
@@ -262,6 +264,63 @@ def test_localbookie_3_prints_metadata_and_ready_then_stops_on_sigint(tmp_path: 
         for pid in pids:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        _, stderr = process.communicate(timeout=10)
+        assert b"Traceback" not in stderr
+
+
+def _two_free_ports() -> int:
+    """A port P of 127.0.0.1 such that P and P + 1 are free now."""
+    for _ in range(100):
+        base = port_for_a_child()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+        return base
+    raise AssertionError("no two consecutive free ports")
+
+
+def test_localbookie_http_port_gives_each_bookie_an_admin_api(tmp_path: Path) -> None:
+    """--http-port BASE: bookie K serves /metrics and the admin API on BASE + K, printed,
+    and published where quorumlog shell gc finds it."""
+    base = _two_free_ports()
+    data_dir = tmp_path / "local"
+    command = [sys.executable, "-m", "quorumlog", "localbookie", "2", "--data-dir"]
+    command += [str(data_dir), "--http-port", str(base), "--no-autorecovery"]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    try:
+        assert process.stdout is not None
+        for _ in range(20):
+            line = process.stdout.readline().decode()
+            if not line:
+                break
+            lines.append(line.rstrip("\n"))
+            if "ready" in line:
+                break
+        assert lines and "ready" in lines[-1], (lines, process.stderr and process.stderr.peek())
+        admin = [m.group(1) for line in lines if (m := re.search(r" admin (http://\S+)$", line))]
+        assert [int(url.rpartition(":")[2]) for url in admin] == [base, base + 1], lines
+        for url in admin:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=30) as answer:
+                assert b"quorumlog_bookie_" in answer.read()
+        gc = shell(lines[0].split(" ", 1)[1], "gc", "--json")
+        assert gc.returncode == 0, gc.stdout + gc.stderr
+        assert len(gc.stdout.splitlines()) == 2, gc.stdout
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
     finally:
         if process.poll() is None:
             os.kill(process.pid, signal.SIGKILL)
