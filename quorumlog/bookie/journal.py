@@ -8,8 +8,11 @@ Files ``<journal dir>/<file id as 16 hex digits>.jnl``::
 
 Record types: ADD (ledger id + entry-log records, one per entry, so an add
 request is one record), MASTER_KEY, FENCE, LAC (explicit), DELETE, BATCH, whose
-payload is the file's salt: the writer puts one in front of every batch, and PAD
-(zeros up to a block boundary, written by direct writes; replay passes over it).
+payload is the file's salt: the writer puts one in front of every batch, MANIFEST
+(the salt, then per ledger of the batch: lowest and highest entry id added, fence,
+explicit LAC, master key, delete), right after the BATCH record and again as the
+batch's last record, and PAD (zeros up to a block boundary, written by direct
+writes; replay passes over it).
 
 Group commit: the event loop appends records to a queue; one writer thread takes
 everything queued (up to ``journal_max_batch_records`` / ``_bytes``, and for no
@@ -37,12 +40,19 @@ loop reads it, so a checkpoint may record it.
 Replay (:func:`scan`) reads from the last checkpoint mark, record after record.
 At a damaged record it never looks for a record inside the damaged bytes (an
 entry's payload may hold anything, a well-formed record included); it only
-looks for the next BATCH marker, which carries the file's salt and so cannot be
-forged by an entry. Damage with no later batch in the last file is the tail of
-a batch that was never synced, torn by a crash (its pages may have reached the
-disk in any order): the file is cut there. Damage followed by a later batch, or
-in a file followed by another file, is damage to synced, acknowledged data:
-replay refuses (:class:`JournalCorruptionError`) unless told to skip it.
+looks for the next BATCH marker, or a MANIFEST record, which carry the file's
+salt and so cannot be forged by an entry. Damage with no later batch in the last
+file lies in the last batch: torn by a crash before its sync (its pages may have
+reached the disk in any order), or synced, acknowledged and then damaged (a
+flipped bit); the file cannot tell which. So the batch's manifests decide: one
+bit cannot damage both, so if neither is whole the batch was torn before its
+sync and held nothing acknowledged; if one is, replay yields it, and the caller
+keeps what it proves (fences, keys, explicit LACs, deletes) and answers the
+entries it names that were not read back as unknown, never as absent (R17).
+Either way the file is cut at the damage, its tail's bytes kept beside it.
+Damage followed by a later batch, or in a file followed by another file, is
+damage to synced, acknowledged data: replay refuses
+(:class:`JournalCorruptionError`) unless told to skip it.
 """
 
 from __future__ import annotations
@@ -86,6 +96,7 @@ RECORD_LAC = 4
 RECORD_DELETE = 5
 RECORD_BATCH = 6
 RECORD_PAD = 7
+RECORD_MANIFEST = 8
 RECORD_TYPES = frozenset(
     (
         RECORD_ADD,
@@ -95,6 +106,7 @@ RECORD_TYPES = frozenset(
         RECORD_DELETE,
         RECORD_BATCH,
         RECORD_PAD,
+        RECORD_MANIFEST,
     )
 )
 
@@ -108,6 +120,20 @@ RECORD_OVERHEAD = _HEAD.size + _CRC.size  # bytes around a payload
 _NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")
 _NONZERO = re.compile(rb"[^\x00]")
 BATCH_MARKER_SIZE = _HEAD.size + SALT_SIZE + _CRC.size
+# A manifest: the salt, then per ledger of the batch its facts (ledger id, lowest and
+# highest entry id added or -1, flags), the explicit LAC (flag LAC) and the master key
+# (flag KEY: its length, then the key).
+_LEDGER_FACTS = struct.Struct(">QqqB")
+_LAC = struct.Struct(">q")
+_KEY_LENGTH = struct.Struct(">B")
+MANIFEST_FENCED = 1
+MANIFEST_LAC = 2
+MANIFEST_KEY = 4
+MANIFEST_DELETED = 8
+_MANIFEST_OVERHEAD = RECORD_OVERHEAD + SALT_SIZE
+# The most one record adds to its batch's two manifests (a new ledger with a key).
+_FACTS_MAX_BYTES = 2 * (_LEDGER_FACTS.size + _LAC.size + _KEY_LENGTH.size + 255)
+_NO_ENTRY = 1 << 63  # "no entry added" while a batch's lowest entry id is gathered
 
 # Looked up at call time so that tests can slow it down or count it.
 fdatasync = os.fdatasync
@@ -134,41 +160,159 @@ class JournalCorruptionError(BookieIOError):
 
 # ---------------------------------------------------------------- records
 
-Record = tuple[list[bytes], int]  # byte strings to write in order, their total size
+# What a record tells its batch's manifest, worked out on the loop when it is queued (the
+# writer thread never parses records): ledger id, record type, the lowest entry id (ADD)
+# or the LAC (LAC), the highest entry id (ADD), the master key (MASTER_KEY).
+Fact = tuple[int, int, int, int, bytes]
+# Byte strings to write in order, their total size, and the record's fact.
+Record = tuple[list[bytes], int, Fact]
+
+_ENTRY_IDS = struct.Struct(">II8xq")  # entry-log record: size, CRC; blob: ledger id, entry id
 
 
-def add_record(ledger_id: int, data: bytes) -> Record:
-    """One add request: ledger id and its entries as entry-log records (``format_records``)."""
+def add_record(
+    ledger_id: int, data: bytes, first_entry_id: int = -1, last_entry_id: int = -1
+) -> Record:
+    """One add request: ledger id and its entries as entry-log records (``format_records``),
+    the lowest and highest entry id among them (read from ``data`` when not given)."""
+    if last_entry_id < 0:
+        first_entry_id, last_entry_id = _entry_id_range(data)
     head = _HEAD_LEDGER.pack(1 + 8 + len(data), RECORD_ADD, ledger_id)
     crc = crc32c(data, crc32c(head))
-    return [head, data, _CRC.pack(crc)], len(head) + len(data) + 4
+    fact = (ledger_id, RECORD_ADD, first_entry_id, last_entry_id, b"")
+    return [head, data, _CRC.pack(crc)], len(head) + len(data) + 4, fact
 
 
-def _small_record(kind: int, payload: bytes) -> Record:
+def _entry_id_range(data: bytes) -> tuple[int, int]:
+    ids = []
+    pos = 0
+    while pos + _ENTRY_IDS.size <= len(data):
+        size, _, entry_id = _ENTRY_IDS.unpack_from(data, pos)
+        ids.append(entry_id)
+        pos += 8 + size
+    return (min(ids), max(ids)) if ids else (-1, -1)
+
+
+def _small_record(kind: int, payload: bytes, fact: Fact) -> Record:
     body = _HEAD.pack(1 + len(payload), kind) + payload
-    return [body + _CRC.pack(crc32c(body))], len(body) + 4
+    return [body + _CRC.pack(crc32c(body))], len(body) + 4, fact
+
+
+_NO_FACT: Fact = (0, 0, 0, 0, b"")
 
 
 @functools.lru_cache(maxsize=64)  # a journal pads with a few sizes over and over
 def pad_record(total_bytes: int) -> bytes:
     """A PAD record of ``total_bytes`` in all (at least RECORD_OVERHEAD): zeros."""
-    return b"".join(_small_record(RECORD_PAD, bytes(total_bytes - RECORD_OVERHEAD))[0])
+    payload = bytes(total_bytes - RECORD_OVERHEAD)
+    return b"".join(_small_record(RECORD_PAD, payload, _NO_FACT)[0])
 
 
 def master_key_record(ledger_id: int, master_key: bytes) -> Record:
-    return _small_record(RECORD_MASTER_KEY, _LEDGER.pack(ledger_id) + master_key)
+    fact = (ledger_id, RECORD_MASTER_KEY, 0, 0, master_key)
+    return _small_record(RECORD_MASTER_KEY, _LEDGER.pack(ledger_id) + master_key, fact)
 
 
 def fence_record(ledger_id: int) -> Record:
-    return _small_record(RECORD_FENCE, _LEDGER.pack(ledger_id))
+    fact = (ledger_id, RECORD_FENCE, 0, 0, b"")
+    return _small_record(RECORD_FENCE, _LEDGER.pack(ledger_id), fact)
 
 
 def lac_record(ledger_id: int, lac: int) -> Record:
-    return _small_record(RECORD_LAC, _LEDGER_LAC.pack(ledger_id, lac))
+    fact = (ledger_id, RECORD_LAC, lac, 0, b"")
+    return _small_record(RECORD_LAC, _LEDGER_LAC.pack(ledger_id, lac), fact)
 
 
 def delete_record(ledger_id: int) -> Record:
-    return _small_record(RECORD_DELETE, _LEDGER.pack(ledger_id))
+    fact = (ledger_id, RECORD_DELETE, 0, 0, b"")
+    return _small_record(RECORD_DELETE, _LEDGER.pack(ledger_id), fact)
+
+
+# ---------------------------------------------------------------- manifests
+
+# Per ledger while a batch is gathered: lowest and highest entry id added (_NO_ENTRY and
+# -1 when none), MANIFEST_* flags, explicit LAC, master key.
+Summary = dict[int, list[Any]]
+
+
+def _note_state(facts: list[Any], kind: int, value: int, key: bytes) -> int:
+    """Add a record other than ADD to a ledger's facts; returns the bytes its manifest grew."""
+    flags = facts[2]
+    if kind == RECORD_FENCE:
+        facts[2] = flags | MANIFEST_FENCED
+    elif kind == RECORD_LAC:
+        facts[2] = flags | MANIFEST_LAC
+        if not flags & MANIFEST_LAC or value > facts[3]:
+            facts[3] = value
+        return 0 if flags & MANIFEST_LAC else _LAC.size
+    elif kind == RECORD_MASTER_KEY:
+        if not flags & MANIFEST_KEY:  # the first key journaled is the one kept
+            facts[2] = flags | MANIFEST_KEY
+            facts[4] = key
+            return _KEY_LENGTH.size + len(key)
+    elif kind == RECORD_DELETE:
+        facts[2] = flags | MANIFEST_DELETED
+    return 0
+
+
+def summarize(records: list[Record]) -> Summary:
+    """The facts of ``records``, per ledger, as the writer gathers them for a manifest."""
+    summary: Summary = {}
+    for _, _, (ledger_id, kind, a, b, key) in records:
+        facts = summary.setdefault(ledger_id, [_NO_ENTRY, -1, 0, -1, b""])
+        if kind == RECORD_ADD:
+            facts[0] = min(facts[0], a)
+            facts[1] = max(facts[1], b)
+        else:
+            _note_state(facts, kind, a, key)
+    return summary
+
+
+def manifest_record(salt: bytes, summary: Summary) -> bytes:
+    """The MANIFEST record of a batch: what it holds, per ledger, behind the file's salt."""
+    out = [salt]
+    for ledger_id, (lo, hi, flags, lac, key) in summary.items():
+        if hi < 0:
+            lo = -1
+        out.append(_LEDGER_FACTS.pack(ledger_id, lo, hi, flags))
+        if flags & MANIFEST_LAC:
+            out.append(_LAC.pack(lac))
+        if flags & MANIFEST_KEY:
+            out.append(_KEY_LENGTH.pack(len(key)) + key)
+    return b"".join(_small_record(RECORD_MANIFEST, b"".join(out), _NO_FACT)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerFacts:
+    """What a batch's manifest says about one ledger."""
+
+    ledger_id: int
+    first_entry_id: int  # -1: the batch added no entry of it
+    last_entry_id: int
+    fenced: bool = False
+    deleted: bool = False
+    explicit_lac: int | None = None
+    master_key: bytes | None = None
+
+
+def decode_manifest(payload: bytes | memoryview) -> list[LedgerFacts]:
+    """A manifest's facts (``payload`` after the salt, as :func:`scan` yields it)."""
+    out = []
+    pos = 0
+    while pos < len(payload):
+        ledger_id, lo, hi, flags = _LEDGER_FACTS.unpack_from(payload, pos)
+        pos += _LEDGER_FACTS.size
+        lac = key = None
+        if flags & MANIFEST_LAC:
+            (lac,) = _LAC.unpack_from(payload, pos)
+            pos += _LAC.size
+        if flags & MANIFEST_KEY:
+            (length,) = _KEY_LENGTH.unpack_from(payload, pos)
+            key = bytes(payload[pos + 1 : pos + 1 + length])
+            pos += 1 + length
+        fenced, deleted = bool(flags & MANIFEST_FENCED), bool(flags & MANIFEST_DELETED)
+        out.append(LedgerFacts(ledger_id, lo, hi, fenced, deleted, lac, key))
+    return out
 
 
 def decode_ledger(payload: memoryview) -> int:
@@ -221,7 +365,7 @@ def batch_marker(salt: bytes) -> bytes:
     a file's marker: replay can look for the next batch after damage without ever
     mistaking an entry's bytes for records.
     """
-    return b"".join(_small_record(RECORD_BATCH, salt)[0])
+    return b"".join(_small_record(RECORD_BATCH, salt, _NO_FACT)[0])
 
 
 # ---------------------------------------------------------------- replay
@@ -235,6 +379,15 @@ class ScanReport:
     truncated: list[tuple[Path, int]] | None = None  # torn tails cut off (path, offset)
     skipped: list[tuple[Path, int, int]] | None = None  # damaged ranges skipped (path, from, to)
     last_file_id: int = 0
+    first_file_id: int = 0
+    # Torn tails whose batch's manifest was intact (path, offset of the damage): what the
+    # manifest proves was applied, and the entries it names are unknown (``suspect``).
+    manifests: list[tuple[Path, int]] | None = None
+    # Entries the damaged batch held and replay could not read: (ledger id, first, last)
+    # (filled by the caller that applies the manifests, :func:`~.opening.replay`).
+    suspect: list[tuple[int, int, int]] | None = None
+    # Torn tails found but not cut yet (scan with ``defer_cuts``): :func:`cut_torn_tails`.
+    pending_cuts: list[tuple[Path, int]] | None = None
 
 
 def _record_at(buf: bytes, view: memoryview, pos: int, end: int) -> tuple[int, str]:
@@ -268,13 +421,59 @@ def _past_pad_covering(buf: bytes, view: memoryview, mark: int, end: int) -> int
     return mark
 
 
+def torn_tail_path(path: Path, offset: int) -> Path:
+    """Where the bytes cut off ``path`` at ``offset`` are kept."""
+    return path.with_name(f"{path.name}.torn-{offset}")
+
+
 def _cut(path: Path, offset: int, ops: FileOps) -> None:
+    """Cut a torn tail off, keeping its bytes (synced) beside the file unless they are
+    all zeros: replay never destroys what it cannot read."""
+    buf = ops.read_file(path)
+    if _NONZERO.search(buf, offset) is not None:
+        aside = torn_tail_path(path, offset)
+        with contextlib.suppress(FileNotFoundError):
+            ops.unlink(aside)  # a copy left by a start that stopped before the cut
+        fd = ops.create(aside)
+        try:
+            view = memoryview(buf)[offset:]
+            written = 0
+            while written < len(view):
+                written += ops.write(fd, view[written:])
+            ops.fsync(fd)
+        finally:
+            ops.close(fd)
+        ops.fsync_directory(path.parent)
+        log.error("journal %s: bytes %d..%d moved to %s", path, offset, len(buf), aside.name)
     ops.truncate(path, offset)
     fd = ops.open_read(path)
     try:
         ops.fsync(fd)
     finally:
         ops.close(fd)
+
+
+def cut_torn_tails(report: ScanReport, ops: FileOps = REAL_FILES) -> None:
+    """Cut the torn tails a scan with ``defer_cuts`` found (their bytes are kept aside)."""
+    for path, offset in report.pending_cuts or []:
+        _cut(path, offset, ops)
+    report.pending_cuts = None
+
+
+def _manifests_after(buf: bytes, view: memoryview, pos: int, end: int, salt: bytes) -> list[int]:
+    """Offsets of the intact MANIFEST records of this file after ``pos``. The record
+    type and the file's salt, which no entry can hold, lead the search; the length and
+    checksum prove the record."""
+    needle = bytes((RECORD_MANIFEST,)) + salt
+    found = []
+    at = buf.find(needle, pos + 5)
+    while at >= 0:
+        start = at - 4
+        size, _ = _record_at(buf, view, start, end)
+        if size >= _MANIFEST_OVERHEAD:
+            found.append(start)
+        at = buf.find(needle, at + 1)
+    return found
 
 
 def _check_start(directory: Path, ids: list[int], mark: tuple[int, int] | None) -> None:
@@ -311,17 +510,25 @@ def scan(
     skip_corruption: bool,
     report: ScanReport,
     ops: FileOps = REAL_FILES,
+    defer_cuts: bool = False,
 ) -> Iterator[tuple[int, memoryview]]:
     """Yield (record type, payload) of every record from ``mark`` on, in order.
 
-    Cuts torn tails off (truncating the file); raises JournalCorruptionError for
-    damage to synced data, unless ``skip_corruption``.
+    Batch markers, manifests and PAD records are read, not yielded, except that damage
+    in the last batch of the last file yields the payload of every intact manifest of
+    that batch (type RECORD_MANIFEST, the payload after the salt, for
+    :func:`decode_manifest`) before its tail is cut: what the batch held, which may have
+    been acknowledged. Cuts torn tails off (their bytes are moved aside; with
+    ``defer_cuts`` they are only listed in ``report.pending_cuts``, for
+    :func:`cut_torn_tails`); raises JournalCorruptionError for damage to synced data,
+    unless ``skip_corruption``.
     """
     ids = list_journal_ids(directory, ops)
     _check_start(directory, ids, mark)
     start_id, start_offset = mark if mark is not None else (0, FILE_HEADER_SIZE)
     ids = [i for i in ids if i >= start_id]
     report.last_file_id = ids[-1] if ids else start_id
+    report.first_file_id = ids[0] if ids else start_id
     for n, file_id in enumerate(ids):
         path = directory / journal_file_name(file_id)
         # The writer creates a file only after the last batch of the file before it was
@@ -338,6 +545,8 @@ def scan(
         pos = start_offset if file_id == start_id else FILE_HEADER_SIZE
         if FILE_HEADER_SIZE < pos < end and not _record_at(buf, view, pos, end)[0]:
             pos = _past_pad_covering(buf, view, pos, end)
+        batch_at = -1  # where the current batch's marker is
+        lead = -1  # where its leading manifest is, until its closing one is read
         while pos < end:
             size, why = _record_at(buf, view, pos, end)
             if size:
@@ -345,28 +554,54 @@ def scan(
                 if kind == RECORD_PAD:
                     pos += size
                     continue
-                if kind != RECORD_BATCH:
+                if kind != RECORD_BATCH and kind != RECORD_MANIFEST:
                     report.records += 1
                     yield kind, view[pos + 5 : pos + size - 4]
                     pos += size
                     continue
-                if view[pos + 5 : pos + size - 4] == salt_view:
+                if kind == RECORD_BATCH and view[pos + 5 : pos + size - 4] == salt_view:
+                    batch_at, lead = pos, -1
                     pos += size
                     continue
-                why = "batch marker of another file"
+                if kind == RECORD_MANIFEST and view[pos + 5 : pos + 5 + SALT_SIZE] == salt_view:
+                    # The first record of a batch, or its last one (then the batch is whole).
+                    lead = pos if pos == batch_at + BATCH_MARKER_SIZE else -1
+                    pos += size
+                    continue
+                why = f"{'batch marker' if kind == RECORD_BATCH else 'manifest'} of another file"
             # Damage at ``pos``. Never look for a record inside it: only the writer's
             # next batch marker (which no entry can forge) says where synced data goes on.
             found = buf.find(marker, pos + 1)
             resume = found if found >= 0 else None
             if resume is None and last_file:
-                log.warning(
-                    "journal %s: torn record at offset %d (%s) in the last batch; "
-                    "cutting the file there",
+                # Damage in the last batch: torn by a crash before its sync, or a synced
+                # batch whose bits changed since; the file cannot tell. The batch's
+                # manifests (one leads it, one closes it: one flipped bit leaves one of
+                # them whole) say what it held. With neither, it was torn before its sync.
+                proofs = [lead] if lead >= 0 else []
+                proofs += _manifests_after(buf, view, pos, end, salt)
+                for at in proofs:
+                    manifest_size = _record_at(buf, view, at, end)[0]
+                    yield RECORD_MANIFEST, view[at + 5 + SALT_SIZE : at + manifest_size - 4]
+                if proofs:
+                    report.manifests = [*(report.manifests or []), (path, pos)]
+                log.error(
+                    "journal %s: damaged record at offset %d (%s) in the last batch, with "
+                    "no batch after it: %s; cutting the file there",
                     path,
                     pos,
                     why,
+                    f"the batch's manifest at offset {proofs[0]} says what it held, which "
+                    f"may have been acknowledged: what it proves is kept, and the entries "
+                    f"it names that replay could not read are answered as unknown"
+                    if proofs
+                    else "no manifest of the batch is whole, so it was torn by a crash "
+                    "before its sync and nothing in it was acknowledged",
                 )
-                _cut(path, pos, ops)
+                if defer_cuts:
+                    report.pending_cuts = [*(report.pending_cuts or []), (path, pos)]
+                else:
+                    _cut(path, pos, ops)
                 report.truncated = [*(report.truncated or []), (path, pos)]
                 break
             where = (
@@ -483,6 +718,7 @@ class Journal:
         self._direct_fd: int | None = None  # the current file's, for direct writes
         self._stage: mmap.mmap | None = None  # page-aligned staging buffer (direct writes)
         self._tail = b""  # direct writes: the current file's bytes in its last block
+        self._salt = b""  # the current file's
         # The first file exists (header durable) before any record is queued, so a
         # checkpoint mark can always name an existing file.
         self._open_file(first_file_id)
@@ -490,7 +726,9 @@ class Journal:
         # Writer side: where the next batch goes. Read on the loop as the mark (a tuple
         # is replaced whole, so the loop never sees half of one).
         self._mark = (first_file_id, FILE_HEADER_SIZE)
-        self._queue: collections.deque[tuple[list[bytes], int, Done | None]] = collections.deque()
+        self._queue: collections.deque[tuple[list[bytes], int, Done | None, Fact]] = (
+            collections.deque()
+        )
         self.queued_bytes = 0  # loop side: queued and not yet completed
         self._wake: _Wakeup | _Jobs = _Wakeup()
         self._idle = False
@@ -550,11 +788,11 @@ class Journal:
 
     def append(self, record: Record, done: Done | None) -> None:
         """Queue one record (loop thread). ``done`` is completed once it is durable."""
-        parts, size = record
+        parts, size, fact = record
         self.queued_bytes += size
         if not self._queue:
             self._oldest_queued_at = self._clock()
-        self._queue.append((parts, size, done))
+        self._queue.append((parts, size, done, fact))
         if self._idle:
             self._wake.set()
 
@@ -612,7 +850,7 @@ class Journal:
 
     def _write_batch(
         self,
-        queue: collections.deque[tuple[list[bytes], int, Done | None]],
+        queue: collections.deque[tuple[list[bytes], int, Done | None, Fact]],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         max_records = self.max_batch_records
@@ -622,25 +860,41 @@ class Journal:
         queued_at = min(self._oldest_queued_at, cut_at)
         deadline = cut_at + self.max_group_wait_s
         dones: list[Done] = []
-        # Pieces of the batch, each for one file and led by that file's batch marker;
-        # only the first piece goes to the current file.
+        # Pieces of the batch, each for one file: that file's batch marker, a manifest of
+        # the piece (what it holds, per ledger), its records, the manifest again. Only
+        # the first piece goes to the current file.
         max_file = self.file_max_bytes
-        file_used = self._mark[1] + BATCH_MARKER_SIZE
+        piece_overhead = BATCH_MARKER_SIZE + 2 * _MANIFEST_OVERHEAD
+        file_used = self._mark[1] + piece_overhead
         has_records = self._mark[1] > FILE_HEADER_SIZE
-        pieces: list[list[bytes]] = []
-        parts: list[bytes] = [self._marker]
+        pieces: list[tuple[list[bytes], Summary]] = []
+        parts: list[bytes] = [b"", b""]  # the marker and the manifest, written last
+        summary: Summary = {}
         total = 0
         count = 0
         popleft = queue.popleft
         while queue and count < max_records and total < max_bytes:
-            rec_parts, size, done = popleft()
-            if has_records and file_used + size > max_file:
+            rec_parts, size, done, fact = popleft()
+            if has_records and file_used + size + _FACTS_MAX_BYTES > max_file:
                 # The file is full: what follows goes to a new file, after a sync.
-                pieces.append(parts)
-                parts = [b""]  # that file's marker, known once it exists
-                file_used = FILE_HEADER_SIZE + BATCH_MARKER_SIZE
+                pieces.append((parts, summary))
+                parts = [b"", b""]
+                summary = {}
+                file_used = FILE_HEADER_SIZE + piece_overhead
             parts += rec_parts
             file_used += size
+            ledger_id, kind, a, b, key = fact
+            facts = summary.get(ledger_id)
+            if facts is None:
+                facts = summary[ledger_id] = [_NO_ENTRY, -1, 0, -1, b""]
+                file_used += 2 * _LEDGER_FACTS.size  # in both manifests
+            if kind == RECORD_ADD:
+                if a < facts[0]:
+                    facts[0] = a
+                if b > facts[1]:
+                    facts[1] = b
+            else:
+                file_used += 2 * _note_state(facts, kind, a, key)
             has_records = True
             total += size
             count += 1
@@ -650,17 +904,20 @@ class Journal:
                 break
         # Whatever is left was queued before this cut.
         self._oldest_queued_at = cut_at
-        pieces.append(parts)
+        pieces.append((parts, summary))
         error: BaseException | None = self._failure
         if error is None:
             try:
-                for n, piece in enumerate(pieces):
-                    if not piece[1:]:
+                for n, (piece, piece_summary) in enumerate(pieces):
+                    if not piece_summary:
                         continue  # the current file was full before the first record
                     if n:
                         self._sync_current()
                         self._next_file(self._mark[0] + 1)
-                        piece[0] = self._marker
+                    manifest = manifest_record(self._salt, piece_summary)
+                    piece[0] = self._marker
+                    piece[1] = manifest
+                    piece.append(manifest)
                     written = self._write_piece(piece)
                     self._mark = (self._mark[0], self._mark[1] + written)
                 self._sync_current()
@@ -768,6 +1025,7 @@ class Journal:
     def _open_file(self, file_id: int) -> None:
         salt = os.urandom(SALT_SIZE)
         self._fd = create_journal_file(self.directory, file_id, salt, self._ops)
+        self._salt = salt
         self._marker = batch_marker(salt)
         self._tail = _FILE_HEADER.pack(JOURNAL_MAGIC, file_id, salt)
         if self.direct_io:

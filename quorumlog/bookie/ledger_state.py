@@ -46,6 +46,7 @@ class LedgerState:
         "ledger_id",
         "master_key",
         "recent",
+        "suspect",
     )
 
     def __init__(self, ledger_id: int) -> None:
@@ -60,6 +61,9 @@ class LedgerState:
         self.recent: dict[int, Location] = {}
         self.flushing: dict[int, Location] | None = None
         self.dirty = False  # changed since the last checkpoint captured it
+        # Entry id ranges (first, last) that a damaged journal batch held: a missing entry
+        # in one is unknown, never absent (R17; in memory, kept by .suspicion's file).
+        self.suspect: list[tuple[int, int]] | None = None
         # Why this ledger's durable state is unknown (its index record failed its
         # checksum), or None. Such a state is never written back; requests of the
         # ledger answer I/O errors (R17) until a delete or garbage collection drops it.

@@ -4,8 +4,11 @@
 directory), checks their cookies, opens ledger storage, replays the journal from the
 checkpoint mark into it, starts a new journal file and checkpoints, so the old
 journal files go before the first request is taken. Damage the journal scan finds
-stops the start, unless it is a torn tail or ``journal_skip_corruption`` is set
-(:func:`quorumlog.bookie.journal.scan`; docs/STORAGE.md, Replay).
+stops the start, unless it lies in the last batch or ``journal_skip_corruption`` is
+set (:func:`quorumlog.bookie.journal.scan`; docs/STORAGE.md, Replay). Damage in the
+last batch is cut off (its bytes kept beside the file); what the batch's manifest
+proves is kept, and the entries it names that replay could not read are recorded as
+unknown (:mod:`.suspicion`), durably before the cut.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import NamedTuple
 import lmdb
 
 from quorumlog.bookie import journal as journal_mod
+from quorumlog.bookie import suspicion
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.cookie import check_directories
 from quorumlog.bookie.disk_checker import DiskChecker, ReservedSpace
@@ -188,8 +192,15 @@ def replay(
 ) -> None:
     """Apply the journal records after the checkpoint mark to ``storage`` (idempotent)."""
     states = storage.states
-    records = journal_mod.scan(journal_dir, storage.mark, skip_corruption, report, storage.ops)
+    ops = storage.ops
+    found, generation = suspicion.load(data_dir, ops)
+    records = journal_mod.scan(
+        journal_dir, storage.mark, skip_corruption, report, ops, defer_cuts=True
+    )
     for kind, payload in records:
+        if kind == journal_mod.RECORD_MANIFEST:
+            _apply_manifest(storage, payload, report)
+            continue
         ledger_id = journal_mod.decode_ledger(payload)
         st = states.get(ledger_id)
         if kind == journal_mod.RECORD_DELETE:
@@ -213,6 +224,27 @@ def replay(
         elif kind == journal_mod.RECORD_LAC:
             _, lac = journal_mod.decode_ledger_lac(payload)
             raise_explicit_lac(storage, st, lac)  # no poll is parked before the start
+    # Ranges kept from earlier starts, less the ledgers gone and the entries held again.
+    suspicion.restore(storage, found)
+    now = suspicion.ranges(storage)
+    if report.manifests and report.pending_cuts:
+        # What a manifest proved is durable before the bytes that prove it go: a crash
+        # after the cut must not start without it.
+        mark = storage.mark or (report.first_file_id, journal_mod.FILE_HEADER_SIZE)
+        work = storage.capture(mark, journal_dir)
+        storage.commit(work)
+        storage.finish(work, True)
+    if now != found:
+        suspicion.save(data_dir, now, generation, ops)
+    journal_mod.cut_torn_tails(report, ops)
+    if report.suspect:
+        log.error(
+            "bookie %s: a damaged journal batch held entries that replay could not read "
+            "(ledger, first, last): %s; they are answered as unknown (I/O error), never "
+            "as absent, until a recovery writes them again or the ledger goes",
+            data_dir,
+            report.suspect,
+        )
     if report.records or report.truncated or report.skipped:
         log.info(
             "bookie %s: replayed %d journal records from %s (torn tails cut: %s, "
@@ -223,3 +255,32 @@ def replay(
             report.truncated or "none",
             report.skipped or "none",
         )
+
+
+def _apply_manifest(storage: LedgerStorage, payload: memoryview, report: ScanReport) -> None:
+    """Apply what a damaged batch's manifest proves: changes safe to apply even if they
+    were never acknowledged (each was asked for), and its entries as unknown."""
+    states = storage.states
+    for facts in journal_mod.decode_manifest(payload):
+        ledger_id = facts.ledger_id
+        if facts.deleted:
+            storage.drop_ledger(ledger_id, tombstone=True)
+            continue
+        st = states.get(ledger_id)
+        if st is None:
+            st = storage.create_state(ledger_id)
+        elif st.deleted:
+            continue
+        if facts.master_key is not None and st.master_key is None:
+            st.master_key = facts.master_key
+            storage.mark_dirty(st)
+        if facts.fenced and not st.fenced:
+            st.fenced = True
+            storage.mark_dirty(st)
+        if facts.explicit_lac is not None:
+            raise_explicit_lac(storage, st, facts.explicit_lac)
+        if facts.last_entry_id < 0:
+            continue
+        recorded = suspicion.note(storage, st, facts.first_entry_id, facts.last_entry_id)
+        if recorded is not None and (ledger_id, *recorded) not in (report.suspect or []):
+            report.suspect = [*(report.suspect or []), (ledger_id, *recorded)]

@@ -2,7 +2,9 @@
 
 A read answers the entries the bookie has from ``first_entry_id`` and the LAC it
 knows (R4); a damaged record is an I/O error, never "no such entry" (R9, raised by
-ledger storage). A long poll parks until an add or an explicit LAC moves the
+ledger storage), and so is a missing entry that a damaged journal batch may have
+held, and the LAC while such an entry may have carried a higher one (R17,
+:mod:`.suspicion`). A long poll parks until an add or an explicit LAC moves the
 ledger's LAC past the reader's, or until it times out (:mod:`.long_poll`).
 A deleted ledger answers NO_SUCH_LEDGER to every read (its tombstone).
 """
@@ -19,6 +21,7 @@ from quorumlog.bookie.ledger_state import LedgerState
 from quorumlog.bookie.long_poll import LongPolls, Poll
 from quorumlog.bookie.metrics import BookieCounters
 from quorumlog.bookie.storage import LedgerStorage
+from quorumlog.bookie.suspicion import entry_unknown, lac_unknown
 from quorumlog.errors import BKError, Status
 from quorumlog.proto.codec import (
     ReadFlag,
@@ -84,6 +87,18 @@ class Reads:
         counters.read_latency.observe(time.perf_counter() - started)
         counters.read_requests += 1
         counters.read_entries += len(entries)
+        if not entries:
+            # R17: absent only if no damaged journal batch may have held it.
+            missing = request.first_entry_id
+            if st.suspect and entry_unknown(st, missing):
+                log.warning(
+                    "bookie %s: ledger %d entry %d is unknown: a damaged journal batch held it",
+                    self._storage.data_dir,
+                    ledger_id,
+                    missing,
+                )
+                respond(error_response(request, Status.IO_ERROR))
+                return
         status = _OK if entries else Status.NO_SUCH_ENTRY
         respond(
             ReadResponse(
@@ -102,6 +117,9 @@ class Reads:
             return
         if st.damaged:
             respond(error_response(request, Status.IO_ERROR))  # R17: its LAC is unknown
+            return
+        if st.suspect and lac_unknown(self._storage, st):
+            respond(error_response(request, Status.IO_ERROR))  # R17: it may be higher
             return
         respond(
             ReadLacResponse(request.request_id, _OK, request.ledger_id, st.lac, st.last_entry_id)

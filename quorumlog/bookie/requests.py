@@ -30,6 +30,7 @@ from quorumlog.bookie.long_poll import LongPolls
 from quorumlog.bookie.maintenance import ReadOnlyMode
 from quorumlog.bookie.reads import Reads, Respond, describe
 from quorumlog.bookie.storage import LedgerStorage
+from quorumlog.bookie.suspicion import settle
 from quorumlog.errors import BKError, Status
 from quorumlog.proto.codec import (
     AddFlag,
@@ -226,9 +227,13 @@ class Requests:
             journal.append(master_key_record(ledger_id, key), None)
         if count == 1:
             data = self._storage.add_one(st, blob, size, entry_id)
+            first = last = entry_id
         else:
-            data = self._storage.add_entries(st, entries, sizes, entry_ids, max(entry_ids))
+            first, last = min(entry_ids), max(entry_ids)
+            data = self._storage.add_entries(st, entries, sizes, entry_ids, last)
             lac = max(lacs)
+        if st.suspect:  # a recovery writing again what a damaged journal batch held
+            settle(self._storage, st, first, last)
         if lac > st.lac:
             st.lac = lac
             if ledger_id in self._polls:
@@ -237,7 +242,7 @@ class Requests:
         counters.add_requests += 1
         counters.add_entries += count
         journal.append(
-            add_record(ledger_id, data),
+            add_record(ledger_id, data, first, last),
             (respond, AddResponse(request.request_id, _OK, ledger_id, count)),
         )
 

@@ -17,9 +17,11 @@ from quorumlog.bookie.bookie import Bookie, BookieStartError
 from quorumlog.bookie.entry_log import list_log_ids
 from quorumlog.errors import Status
 from quorumlog.proto.codec import (
+    AddFlag,
     AddRequest,
     DeleteLedgerRequest,
     FenceRequest,
+    ReadFlag,
     ReadLacRequest,
     ReadRequest,
     WriteLacRequest,
@@ -288,7 +290,7 @@ def test_torn_tail_is_cut_off_and_the_bookie_starts(driver):
     blobs = _journal_with_records(driver, 30, 5)
     path = _last_journal_file(driver.config)
     good_size = path.stat().st_size
-    parts, _ = journal_mod.add_record(30, b"\x00" * 300)
+    parts, _, _ = journal_mod.add_record(30, b"\x00" * 300)
     torn = b"".join(parts)[:150]  # a write that a crash cut short
     with open(path, "ab") as f:
         f.write(torn)
@@ -303,22 +305,82 @@ def test_torn_tail_is_cut_off_and_the_bookie_starts(driver):
     run(scenario())
 
 
-def test_bad_checksum_in_the_last_record_is_a_torn_tail(driver):
+def test_r17_a_bad_checksum_in_the_last_acknowledged_record_is_unknown_never_absent(driver):
+    """The last synced batch's add record loses a bit. The file alone cannot tell that
+    from a torn write, but the batch's manifest says which entries it held: the entry is
+    answered as an I/O error (unknown, R8), never "no such entry", across restarts, until
+    a recovery add writes it again."""
     blobs = _journal_with_records(driver, 31, 5)
     path = _last_journal_file(driver.config)
     data = bytearray(path.read_bytes())
     last_record_size = journal_mod.add_record(31, b"x")[1] - 1 + len(blobs[-1]) + 8
-    # The last record ends with its checksum, after the last blob (a PAD record may
-    # follow it, up to a block boundary, when the journal is written directly).
+    # The last record ends with its checksum, after the last blob (the batch's manifest,
+    # and a PAD record when the journal is written directly, follow it).
     last_record_end = data.rfind(blobs[-1]) + len(blobs[-1]) + 4
     data[last_record_end - 2] ^= 0xFF  # inside the last record's checksum
     path.write_bytes(bytes(data))
+    cut_at = last_record_end - last_record_size
 
     async def scenario():
         bookie = await driver.start()
-        assert bookie.replay_report.truncated == [(path, last_record_end - last_record_size)]
-        read = await driver.call(ReadRequest(0, 31, 0, 10))
-        assert read.entries == blobs[:4]  # the damaged last record is gone
+        assert bookie.replay_report.truncated == [(path, cut_at)]
+        assert bookie.replay_report.suspect == [(31, 4, 4)]
+        # The cut bytes were moved aside, not destroyed.
+        aside = path.with_name(f"{path.name}.torn-{cut_at}")
+        assert aside.read_bytes() == bytes(data[cut_at:])
+        for _ in range(2):  # the suspicion outlives a restart (and the journal file)
+            read = await driver.call(ReadRequest(0, 31, 0, 10))
+            assert read.status == Status.OK and read.entries == blobs[:4]
+            assert (await driver.call(ReadRequest(0, 31, 4))).status == Status.IO_ERROR
+            fencing = ReadRequest(0, 31, 4, flags=ReadFlag.FENCE, master_key=KEY)
+            assert (await driver.call(fencing)).status == Status.IO_ERROR
+            assert (await driver.call(ReadLacRequest(0, 31))).status == Status.IO_ERROR
+            await driver.restart()
+        # Entries the batch never held are absent as before.
+        assert (await driver.call(ReadRequest(0, 31, 5))).status == Status.NO_SUCH_ENTRY
+        # Recovery writes the entry again (the ledger was fenced by the fencing read).
+        rewrite = AddRequest(0, 31, KEY, [blobs[4]], flags=AddFlag.RECOVERY)
+        assert (await driver.call(rewrite)).status == Status.OK
+        assert (await driver.call(ReadRequest(0, 31, 4))).entries == blobs[4:]
+        lac = await driver.call(ReadLacRequest(0, 31))
+        assert (lac.status, lac.lac, lac.last_entry_id) == (Status.OK, 3, 4)
+        await driver.restart()
+        assert driver.bookie.state(31).suspect is None  # settled for good
+        assert not list(driver.config.data_dir.glob("suspect-*"))
+        assert (await driver.call(ReadRequest(0, 31, 0, 10))).entries == blobs
+        await driver.close()
+
+    run(scenario())
+
+
+def _flip_bit_in(path, record: bytes, at: int) -> None:
+    """Flip one bit of the last copy of ``record`` in the journal file, ``at`` bytes into it."""
+    data = bytearray(path.read_bytes())
+    start = data.rfind(record)
+    assert start > 0, "record not in the journal"
+    data[start + at] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("direct_io", [True, False], ids=["direct", "page-cache"])
+def test_r17_r7_a_flipped_bit_in_an_acknowledged_fence_keeps_the_ledger_fenced(
+    make_driver, direct_io
+):
+    """The FENCE record of the journal's last synced batch loses one bit: replay must not
+    take it for a torn write and bring the ledger back unfenced (issue 21, B1)."""
+    driver = make_driver(journal_direct_io=direct_io)
+
+    async def scenario():
+        await driver.start()
+        assert (await driver.call(add(34, [blob(34, 0)]))).status == Status.OK
+        assert (await driver.call(FenceRequest(0, 34, KEY))).status == Status.OK  # synced
+        await driver.crash()
+        fence = b"".join(journal_mod.fence_record(34)[0])
+        _flip_bit_in(_last_journal_file(driver.config), fence, 7)  # in the ledger id
+        await driver.start()
+        late = await driver.call(add(34, [blob(34, 1)]))
+        assert late.status == Status.FENCED  # R7: the fence survives the restart
+        assert (await driver.call(ReadRequest(0, 34, 0))).entries == [blob(34, 0)]
         await driver.close()
 
     run(scenario())

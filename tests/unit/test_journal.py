@@ -134,17 +134,20 @@ def test_damage_at_the_end_of_a_file_followed_by_a_later_file_is_in_the_middle(t
     write_journal(tmp_path, records, file_max_bytes=1000)
     first = tmp_path / jm.journal_file_name(jm.list_journal_ids(tmp_path)[0])
     data = bytearray(first.read_bytes())
-    data[-2] ^= 0xFF  # the last record of the first file
+    # The last record of the first file, before the manifest that closes its last batch.
+    manifest_size = len(jm.manifest_record(bytes(8), jm.summarize([jm.lac_record(1, 0)])))
+    size = jm.lac_record(1, 0)[1]
+    damaged_at = len(data) - manifest_size - size
+    data[damaged_at + size - 2] ^= 0xFF
     first.write_bytes(bytes(data))
     with pytest.raises(jm.JournalCorruptionError) as info:
         scan_all(tmp_path)
     assert info.value.path == first
-    size = jm.lac_record(1, 0)[1]
-    assert info.value.offset == len(data) - size
+    assert info.value.offset == damaged_at
     assert "followed by valid records" in info.value.message
     scanned, report = scan_all(tmp_path, skip=True)
     assert len(scanned) == 99  # all but the damaged one
-    assert report.skipped == [(first, len(data) - size, len(data))]
+    assert report.skipped == [(first, damaged_at, len(data))]
 
 
 def test_scan_starts_at_the_mark(tmp_path):
