@@ -26,12 +26,13 @@ loop's clock; files go through a :class:`~quorumlog.bookie.fileops.FileOps`.
 
 With direct I/O (the default where the filesystem allows it) batches are written
 around the page cache (``O_DIRECT``): a write must cover whole blocks, so each batch
-is copied into an aligned staging buffer behind the bytes already in the file's last,
-partial block, followed by a PAD record up to the block's end, and written over that
-block (the same bytes again, then the new ones: a torn write of it leaves either
-copy of the old bytes). The next batch starts where the PAD did and writes over it.
-A file therefore always ends in whole records: a crash or a rollover leaves a PAD
-last, never zeros that replay would take for a torn tail or for damage.
+is copied into an aligned staging buffer, followed by a PAD record up to its last
+block's end, and written from the block after the previous batch's (the header's
+block is filled by a PAD when the file is created). No write covers a block of an
+earlier batch, so a write cut by a power loss cannot damage synced data, even on a
+device whose sector writes are not atomic. A file therefore always ends in whole
+records: a crash or a rollover leaves a PAD last, never zeros that replay would
+take for a torn tail or for damage.
 
 The mark (:attr:`Journal.mark`) is the position after the last batch written:
 every record before it was queued, hence applied to ledger storage, before the
@@ -341,15 +342,27 @@ def list_journal_ids(directory: Path, ops: FileOps = REAL_FILES) -> list[int]:
 
 
 def create_journal_file(
-    directory: Path, file_id: int, salt: bytes | None = None, ops: FileOps = REAL_FILES
+    directory: Path,
+    file_id: int,
+    salt: bytes | None = None,
+    ops: FileOps = REAL_FILES,
+    block_bytes: int = 0,
 ) -> int:
-    """Create a new journal file with its header, durable (file and directory entry)."""
+    """Create a new journal file with its header, durable (file and directory entry).
+
+    With ``block_bytes`` (direct writes), a PAD record fills the header's block, so that
+    the first batch starts on a block of its own and never writes over the header."""
     if salt is None:
         salt = os.urandom(SALT_SIZE)
     path = directory / journal_file_name(file_id)
     fd = ops.create_append(path)
     try:
-        ops.write(fd, _FILE_HEADER.pack(JOURNAL_MAGIC, file_id, salt))
+        header = _FILE_HEADER.pack(JOURNAL_MAGIC, file_id, salt)
+        if block_bytes:
+            header += pad_record(block_bytes - FILE_HEADER_SIZE)
+        written = 0
+        while written < len(header):
+            written += ops.write(fd, header[written:])
         ops.fsync(fd)
         ops.fsync_directory(directory)
     except BaseException:
@@ -650,10 +663,15 @@ def _file_salt(
     if magic == JOURNAL_MAGIC and header_id == file_id:
         return bytes(salt)
     # The header is synced before any record is written: a bad one with nothing after it
-    # is a creation cut short (a start or a rollover whose header sync failed, or a power
-    # loss before it), which never held a record, wherever the file stands; anything
-    # else is damage.
-    if _NONZERO.search(buf, FILE_HEADER_SIZE) is None:
+    # (but the PAD that fills its block, for direct writes) is a creation cut short (a
+    # start or a rollover whose header sync failed, or a power loss before it), which
+    # never held a record, wherever the file stands; anything else is damage.
+    header_only = _NONZERO.search(buf, FILE_HEADER_SIZE) is None or (
+        end == _PAGE_BYTES
+        and _record_at(buf, memoryview(buf), FILE_HEADER_SIZE, end)[0] == end - FILE_HEADER_SIZE
+        and buf[FILE_HEADER_SIZE + 4] == RECORD_PAD
+    )
+    if header_only:
         if last_file:
             log.warning("journal %s: incomplete file header; removing the file", path)
             ops.unlink(path)
@@ -717,15 +735,15 @@ class Journal:
         self.direct_io = direct_io
         self._direct_fd: int | None = None  # the current file's, for direct writes
         self._stage: mmap.mmap | None = None  # page-aligned staging buffer (direct writes)
-        self._tail = b""  # direct writes: the current file's bytes in its last block
         self._salt = b""  # the current file's
+        self._records_from = FILE_HEADER_SIZE  # where the current file's first batch goes
         # The first file exists (header durable) before any record is queued, so a
         # checkpoint mark can always name an existing file.
         self._open_file(first_file_id)
         self._unsynced = False
         # Writer side: where the next batch goes. Read on the loop as the mark (a tuple
         # is replaced whole, so the loop never sees half of one).
-        self._mark = (first_file_id, FILE_HEADER_SIZE)
+        self._mark = (first_file_id, self._records_from)
         self._queue: collections.deque[tuple[list[bytes], int, Done | None, Fact]] = (
             collections.deque()
         )
@@ -866,7 +884,7 @@ class Journal:
         max_file = self.file_max_bytes
         piece_overhead = BATCH_MARKER_SIZE + 2 * _MANIFEST_OVERHEAD
         file_used = self._mark[1] + piece_overhead
-        has_records = self._mark[1] > FILE_HEADER_SIZE
+        has_records = self._mark[1] > self._records_from
         pieces: list[tuple[list[bytes], Summary]] = []
         parts: list[bytes] = [b"", b""]  # the marker and the manifest, written last
         summary: Summary = {}
@@ -880,7 +898,7 @@ class Journal:
                 pieces.append((parts, summary))
                 parts = [b"", b""]
                 summary = {}
-                file_used = FILE_HEADER_SIZE + piece_overhead
+                file_used = self._records_from + piece_overhead
             parts += rec_parts
             file_used += size
             ledger_id, kind, a, b, key = fact
@@ -942,7 +960,8 @@ class Journal:
         self._on_batch(dones, size, error)
 
     def _write_piece(self, parts: list[bytes]) -> int:
-        """Write a batch's parts; returns the bytes written (all of them, or it raises)."""
+        """Write a batch's parts (all of them, or it raises); returns how far the file's
+        end moved (their size, and the PAD after them when written directly)."""
         if self._direct_fd is not None:
             return self._write_direct(self._direct_fd, parts)
         size = sum(map(len, parts))
@@ -958,34 +977,34 @@ class Journal:
         return size
 
     def _write_direct(self, fd: int, parts: list[bytes]) -> int:
-        """Write the parts around the page cache, over the file's last partial block."""
-        tail = self._tail
+        """Write the parts around the page cache, from the block after the last batch's,
+        with a PAD record to the end of their last block; returns the bytes written.
+
+        A batch never writes over a block of the batch before it: on a device whose
+        sector writes are not atomic, a write cut by a power loss damages only blocks of
+        a batch that was never synced, so never acknowledged."""
         size = sum(map(len, parts))
-        used = len(tail) + size
-        pad = -used % _PAGE_BYTES
+        pad = -size % _PAGE_BYTES
         if pad < RECORD_OVERHEAD:
             pad += _PAGE_BYTES
-        padded = used + pad
+        padded = size + pad
         if self._stage is None or len(self._stage) < padded:
             if self._stage is not None:
                 self._stage.close()
             # Sized for a full batch at once, so it is allocated (and faulted in) rarely.
             self._stage = mmap.mmap(-1, max(padded, _STAGE_MIN_BYTES))
-        start = self._mark[1] - len(tail)
+        start = self._mark[1]
         with memoryview(self._stage) as view:
-            view[: len(tail)] = tail
-            position = len(tail)
+            position = 0
             for part in parts:
                 view[position : position + len(part)] = part
                 position += len(part)
-            view[used:padded] = pad_record(pad)
+            view[size:padded] = pad_record(pad)
             written = 0
             while written < padded:
                 written += self._ops.pwrite(fd, view[written:padded], start + written)
-            kept = (start + used) % _PAGE_BYTES
-            self._tail = bytes(view[used - kept : used])
         self._unsynced = True
-        return size
+        return padded
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -1024,10 +1043,13 @@ class Journal:
 
     def _open_file(self, file_id: int) -> None:
         salt = os.urandom(SALT_SIZE)
-        self._fd = create_journal_file(self.directory, file_id, salt, self._ops)
+        # Direct writes start each batch on a block of its own, the first one after the
+        # header's block (which a PAD record fills).
+        block = _PAGE_BYTES if self.direct_io else 0
+        self._fd = create_journal_file(self.directory, file_id, salt, self._ops, block)
         self._salt = salt
         self._marker = batch_marker(salt)
-        self._tail = _FILE_HEADER.pack(JOURNAL_MAGIC, file_id, salt)
+        self._records_from = block or FILE_HEADER_SIZE
         if self.direct_io:
             path = self.directory / journal_file_name(file_id)
             try:
@@ -1055,7 +1077,7 @@ class Journal:
             self._drop_synced_pages(1)  # the whole file is synced before it is left
         self._close_file()
         self._open_file(file_id)
-        self._mark = (file_id, FILE_HEADER_SIZE)
+        self._mark = (file_id, self._records_from)
         self._cache_kept_from = 0
 
 

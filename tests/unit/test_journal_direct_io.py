@@ -1,11 +1,12 @@
-"""The journal written around the page cache (O_DIRECT): whole blocks only, the last
-partial block written again with each batch and a PAD record after it; every record
-replays, whether the journal was closed, rolled over or crashed, and where the
-filesystem has no direct I/O the journal falls back with a warning."""
+"""The journal written around the page cache (O_DIRECT): whole blocks only, each batch
+from a block of its own with a PAD record after it; every record replays, whether the
+journal was closed, rolled over or crashed, and where the filesystem has no direct I/O
+the journal falls back with a warning."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import shutil
@@ -95,7 +96,21 @@ def test_direct_batches_are_whole_blocks_and_every_record_replays(tmp_path: Path
     assert report.truncated is None  # the file ends in a whole PAD record
     (path,) = tmp_path.glob("*.jnl")
     size = path.stat().st_size
-    assert size % BLOCK_BYTES == 0 and journal.mark[1] + jm.RECORD_OVERHEAD <= size
+    assert size % BLOCK_BYTES == 0 and journal.mark[1] == size  # the next batch's block
+
+
+def test_no_direct_write_covers_a_block_of_an_earlier_batch(tmp_path: Path) -> None:
+    """On a device whose sector writes are not atomic, a write cut by a power loss may
+    damage every block it covers: a batch must never write over a synced one (nor over
+    the file's header), so each starts on a block of its own."""
+    ops = DirectRecordingFiles()
+    records, blobs = _records(60)
+    _write(tmp_path, ops, records, file_max_bytes=1 << 30)
+    assert len(ops.direct_writes) > 8
+    assert ops.direct_writes[0][0] == BLOCK_BYTES  # the header's block is its own
+    for (offset, length), (next_offset, _) in itertools.pairwise(ops.direct_writes):
+        assert next_offset == offset + length
+    assert _replay(tmp_path)[0] == blobs
 
 
 def test_rolled_over_files_end_in_whole_records_so_replay_reads_them_all(
@@ -168,3 +183,20 @@ def test_a_checkpoint_mark_inside_a_pad_record_replays_from_the_pad_s_end(
     report = jm.ScanReport()
     assert list(jm.scan(tmp_path, (1, pad_at + 100), False, report)) == []
     assert report.truncated is None
+
+
+def test_a_bad_header_with_only_its_block_s_pad_after_it_is_a_creation_cut_short(
+    tmp_path: Path,
+) -> None:
+    """A direct journal file's header block holds the header and a PAD record; a creation
+    cut short may leave the PAD and not the header. No batch was ever in it: replay removes
+    the last file, as it removes a bare incomplete header."""
+    os.close(jm.create_journal_file(tmp_path, 1, ops=DirectRecordingFiles(), block_bytes=4096))
+    path = tmp_path / jm.journal_file_name(1)
+    data = bytearray(path.read_bytes())
+    assert len(data) == BLOCK_BYTES
+    data[:8] = bytes(8)  # the magic never reached the disk
+    path.write_bytes(bytes(data))
+    blobs, report = _replay(tmp_path)
+    assert blobs == [] and report.truncated == [(path, 0)]
+    assert not path.exists()
