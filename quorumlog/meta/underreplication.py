@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from quorumlog.errors import (
@@ -100,10 +101,14 @@ def _decode(ledger_id: int, data: bytes, version: int) -> Mark:
 
 
 class UnderReplicationManager:
-    """The marks, locks and switches of autorecovery on one metadata store."""
+    """The marks, locks and switches of autorecovery on one metadata store.
 
-    def __init__(self, store: MetadataStore) -> None:
+    ``clock`` gives the wall-clock seconds that marks record (``marked_ms``); the
+    simulator passes its virtual clock."""
+
+    def __init__(self, store: MetadataStore, *, clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.clock = clock
 
     # ------------------------------------------------------------ marks
 
@@ -119,7 +124,7 @@ class UnderReplicationManager:
                 current = await self.get(ledger_id)
             except NoNodeError:
                 try:
-                    await self.store.create(path, _encode(wanted, int(time.time() * 1000)))
+                    await self.store.create(path, _encode(wanted, int(self.clock() * 1000)))
                     return True
                 except NodeExistsError:
                     continue  # marked meanwhile: merge into it
@@ -244,7 +249,7 @@ class UnderReplicationManager:
             return None
 
     async def request_audit(self) -> None:
-        await self._put(AUDIT_REQUEST_PATH, str(int(time.time() * 1000)).encode())
+        await self._put(AUDIT_REQUEST_PATH, str(int(self.clock() * 1000)).encode())
 
     async def last_audit(self) -> dict[str, object] | None:
         try:

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -164,11 +164,14 @@ class Auditor:
         *,
         rng: random.Random | None = None,
         stats: AuditorStats | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.bk = bk
         self.identifier = identifier
         self.config = config or AuditorConfig()
-        self.marks = UnderReplicationManager(bk.store)
+        # Wall-clock seconds, for marks and audit summaries (the simulator's is virtual).
+        self.clock = clock
+        self.marks = UnderReplicationManager(bk.store, clock=clock)
         self.tracker = LossTracker()
         # Given by the daemon, the counts go on across its sessions (its metrics).
         self.stats = stats if stats is not None else AuditorStats()
@@ -327,7 +330,7 @@ class Auditor:
 
     async def audit_all(self, available: set[str]) -> dict[str, object]:
         """The periodic check: audit a sample of the closed ledgers, mark what is bad."""
-        started = time.time()
+        started = self.clock()
         ids = await self.bk.ledgers.list_ledger_ids()
         closed = []
         for ledger_id in ids:
@@ -354,7 +357,7 @@ class Auditor:
         summary: dict[str, object] = {
             "auditor": self.identifier,
             "started_ms": int(started * 1000),
-            "elapsed_ms": int((time.time() - started) * 1000),
+            "elapsed_ms": int((self.clock() - started) * 1000),
             "ledgers": len(ids),
             "closed": len(closed),
             "audited": len(chosen),

@@ -28,6 +28,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -97,11 +98,14 @@ class ReplicationWorker:
         *,
         rng: random.Random | None = None,
         stats: WorkerStats | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.bk = bk
         self.identifier = identifier
         self.config = config or WorkerConfig()
-        self.marks = UnderReplicationManager(bk.store)
+        # Wall-clock seconds, which marks record too (the simulator's is virtual).
+        self.clock = clock
+        self.marks = UnderReplicationManager(bk.store, clock=clock)
         # Given by the daemon, the counts go on across its sessions (its metrics).
         self.stats = stats if stats is not None else WorkerStats()
         self.rng = rng or random.Random()
@@ -185,7 +189,7 @@ class ReplicationWorker:
             mark = await self.marks.get(ledger_id)
         except NoNodeError:
             return True  # another worker finished it between the listing and the claim
-        close_open = grace_over(mark, int(time.time() * 1000), self.config.open_ledger_grace_s)
+        close_open = grace_over(mark, int(self.clock() * 1000), self.config.open_ledger_grace_s)
         done = True
         for bookie in mark.bookies:
             result = await replicate_ledger(
@@ -204,7 +208,7 @@ class ReplicationWorker:
                         "ledger %d: last fragment left to its writer for %.0f s more",
                         ledger_id,
                         self.config.open_ledger_grace_s
-                        - (time.time() * 1000 - mark.marked_ms) / 1000,
+                        - (self.clock() * 1000 - mark.marked_ms) / 1000,
                     )
                 else:
                     self.stats.ledgers_failed += 1

@@ -117,6 +117,18 @@ def test_open_ledger_grace_period() -> None:
     assert grace_over(mark, now_ms=40_000, grace_s=30)
 
 
+def test_marks_record_the_time_of_the_clock_given() -> None:
+    """The simulator runs autorecovery on its virtual clock: a mark's time, and so the
+    worker's grace period, come from the clock the manager (and the worker) are given."""
+
+    async def main() -> None:
+        marks = UnderReplicationManager(MemoryStore(MemoryTree()), clock=lambda: 12.5)
+        assert await marks.mark(7, [A])
+        assert (await marks.get(7)).marked_ms == 12_500
+
+    asyncio.run(main())
+
+
 class SlowAuditorReads(MemoryStore):
     """A session whose reads of the auditor's node take a while (a slow store)."""
 
