@@ -17,7 +17,12 @@ real store does, when given :class:`MetadataFaults` (``store.faults``):
 - a partition from the store: every operation fails after a timeout, unapplied;
 - stale reads (:class:`StaleReads`, ``store.stale``): the session's server lags, as a
   ZooKeeper follower may, and its reads show the tree as it was when the server last
-  caught up, until ``sync()`` or a write of the session's own.
+  caught up, until ``sync()`` or a write of the session's own whose answer it got (a
+  write whose reply was lost may be missing from its next reads: a client that lost
+  its connection may reconnect to a server that has not applied it yet, which
+  ZooKeeper allows, since the client never saw it); its watch events may
+  come late too (``watch_delay_ms``), always in order and before the session reads
+  the change they report, as ZooKeeper promises.
 
 Without stale reads every session reads the one tree, which is linearizable already:
 ``sync()`` then changes nothing.
@@ -103,13 +108,27 @@ class MetadataFaults:
 class StaleReads:
     """A session whose server lags the others (a ZooKeeper follower behind the quorum):
     its reads see the tree as it was when that server last caught up. It catches up at
-    ``sync()``, at a write of the session's own (a server applies every write before it,
-    in order, before it answers), at a watch event it delivers, and, at each read, with
-    ``catch_up_probability``: drawn from ``rng``, a generator of its own."""
+    ``sync()``, at a write of the session's own that is answered (a server applies every
+    write before it, in order, before it answers; a write whose reply is lost leaves the
+    view as it was), at a watch event it delivers, at a read of a view older than
+    ``max_lag_s``, and, at each read, with ``catch_up_probability``: drawn from ``rng``,
+    a generator of its own.
+
+    With ``watch_delay_ms``, the server is late with watch events too: the first event
+    after it last caught up comes up to that many milliseconds late, and the server
+    then catches up and sends every event held so far, in order. Whenever it catches
+    up (a read, a sync, a write), it sends the events it held before it answers, so
+    that the session sees an event before it can read the change (ZooKeeper's order).
+    """
 
     rng: random.Random
     catch_up_probability: float = 0.2
+    watch_delay_ms: float = 0.0
+    # A server at most this far behind: a read on a view older than this catches up
+    # first (None: no bound, a server that may lag for as long as chance says).
+    max_lag_s: float | None = None
     stale_reads: int = 0  # reads answered from a view older than the tree
+    late_events: int = 0  # watch events held back by the lagging server
 
 
 class _MemoryWatch(Watch):
@@ -161,6 +180,10 @@ class MemoryStore(MetadataStore):
         self.stale: StaleReads | None = None
         self._view: dict[str, _Node] | None = None  # what a lagging server shows
         self._view_at = 0  # the tree's change count when the view was taken
+        self._view_time = 0.0  # and the loop's time then
+        # Watch events a lagging server holds back (StaleReads.watch_delay_ms), in order.
+        self._held_events: list[tuple[_MemoryWatch, WatchEvent]] = []
+        self._held_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ faults
 
@@ -203,7 +226,14 @@ class MemoryStore(MetadataStore):
         if stale is None:
             return self.tree.nodes
         view = self._view
-        if view is None or stale.rng.random() < stale.catch_up_probability:
+        if (
+            view is None
+            or stale.rng.random() < stale.catch_up_probability
+            or (
+                stale.max_lag_s is not None
+                and self._loop.time() - self._view_time > stale.max_lag_s
+            )
+        ):
             return self._catch_up()
         if self._view_at != self.tree.changes:
             stale.stale_reads += 1
@@ -211,13 +241,38 @@ class MemoryStore(MetadataStore):
 
     def _catch_up(self) -> dict[str, _Node]:
         """This session's server applies every write so far (a copy: later writes to
-        the tree do not reach the view)."""
+        the tree do not reach the view), and sends the watch events it held first."""
+        if self._held_events:
+            self._send_held_events()
         self._view = {
             path: _Node(node.data, node.version, node.owner, node.sequence)
             for path, node in self.tree.nodes.items()
         }
         self._view_at = self.tree.changes
+        self._view_time = self._loop.time()
         return self._view
+
+    def _event(self, watch: _MemoryWatch, event: WatchEvent) -> None:
+        """A watch of this session fired: its server sends the event now, or, lagging,
+        holds it until it catches up."""
+        stale = self.stale
+        if stale is None or not stale.watch_delay_ms:
+            watch.loop.call_soon(_deliver, watch, event)
+            return
+        stale.late_events += 1
+        self._held_events.append((watch, event))
+        if self._held_timer is None:
+            delay_s = stale.rng.uniform(0, stale.watch_delay_ms) / 1000
+            self._held_timer = self._loop.call_later(delay_s, self._catch_up)
+
+    def _send_held_events(self) -> None:
+        held, self._held_events = self._held_events, []
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        for watch, event in held:
+            if watch.active:
+                watch.callback(event)
 
     def _caught_up(self) -> None:
         if self.stale is not None:
@@ -238,9 +293,9 @@ class MemoryStore(MetadataStore):
             if not watch.active:
                 continue
             if not watch.children and watch.path == path:
-                watch.loop.call_soon(_deliver, watch, WatchEvent(kind, path))
+                watch.session._event(watch, WatchEvent(kind, path))
             elif watch.children and watch.path == parent and kind is not EventType.CHANGED:
-                watch.loop.call_soon(_deliver, watch, WatchEvent(EventType.CHILDREN, parent))
+                watch.session._event(watch, WatchEvent(EventType.CHILDREN, parent))
 
     # ------------------------------------------------------------ operations
 
@@ -281,9 +336,11 @@ class MemoryStore(MetadataStore):
         await self._gate("create", path)
         try:
             created = self._create(path, bytes(data), ephemeral, sequential, make_parents)
-        finally:
+        except MetadataError:
             self._caught_up()  # a server applies the writes before its answer
+            raise
         await self._reply("create", created, True)
+        self._caught_up()
         return created
 
     def _create(
@@ -316,9 +373,11 @@ class MemoryStore(MetadataStore):
         await self._gate("set", path)
         try:
             new_version = self._set(path, bytes(data), version)
-        finally:
+        except MetadataError:
             self._caught_up()  # a server applies the writes before its answer
+            raise
         await self._reply("set", path, True)
+        self._caught_up()
         return new_version
 
     def _set(self, path: str, data: bytes, version: int) -> int:
@@ -340,9 +399,11 @@ class MemoryStore(MetadataStore):
         await self._gate("delete", path)
         try:
             self._delete(path, version)
-        finally:
+        except MetadataError:
             self._caught_up()  # a server applies the writes before its answer
+            raise
         await self._reply("delete", path, True)
+        self._caught_up()
 
     def _delete(self, path: str, version: int) -> None:
         nodes = self.tree.nodes
