@@ -50,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m quorumlog.testing.model",
         description="Explore every interleaving of a small world around the real core "
         "state machines and check the protocol's rules in every state.",
+        allow_abbrev=False,
     )
     world = p.add_argument_group("the world")
     world.add_argument("--shape", type=_shape, default=None, help="E,Qw,Qa (default 3,2,2)")
