@@ -212,8 +212,14 @@ def decide_fragment(
     ledger_id: int, first_entry_id: int, bookies: tuple[str, ...], current: LedgerView
 ) -> Decision:
     """R5: the new fragment, unless the metadata already has it (an earlier attempt was
-    applied) or the ledger is no longer OPEN (a recovery started, or it was closed)."""
-    if (first_entry_id, bookies) in current.ensembles:
+    applied) or the ledger is no longer OPEN (a recovery started, or it was closed).
+
+    The fragment counts as the writer's own only while the ledger is OPEN: a recovery
+    that replaced the same bookie may have recorded the very same fragment (both pick
+    from the same writable bookies), and a writer taking it for its own would send to a
+    bookie no one fenced and confirm past the recovered end. Not OPEN is a refusal,
+    which after an unknown outcome leaves the writer's change unresolved (R13)."""
+    if current.state == OPEN and (first_entry_id, bookies) in current.ensembles:
         return Settled()
     if current.state != OPEN:
         return Refused(
