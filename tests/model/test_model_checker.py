@@ -152,20 +152,36 @@ def test_r13_an_update_decides_first_on_the_metadata_its_client_holds():
     ]
 
 
-def test_r2_a_bookie_that_crashed_keeps_its_entries_and_answers_nothing():
-    cfg = WorldConfig(entries=1, recovery=False, close=False, drops=0, delays=0)
+def test_r5_a_bookie_that_crashes_is_replaced_and_the_entry_confirmed_on_the_new_one():
+    cfg = WorldConfig(
+        entries=1,
+        recovery=False,
+        close=False,
+        drops=0,
+        bookie_failures=1,
+        metadata_losses=0,
+        delays=0,
+        reorders=None,
+    )
     steps = replay(
         cfg,
         [
             "writer adds entry 0",
             "deliver add [0] -> A (slot 0 gen 0)",
-            "deliver add [0] -> B (slot 1 gen 0)",
+            "crash B: add [0] -> B (slot 1 gen 0) times out",
+            "choose X1 for writer's slot 1",
+            "metadata: writer's update writes fragment 0: A,X1,C",
+            "deliver add [0] -> X1 (slot 1 gen 2)",
         ],
     )
+    crashed = steps[3].world
+    assert not crashed.bookie("B").alive and not crashed.bookie("B").entries
+    assert crashed.confirmed == ()  # held: B failed, its replacement not recorded yet
     world = steps[-1].world
     assert world.confirmed == (0,)
-    assert [name for name, _ in world.actions()] == []
-    assert world.bookie("A").entries and world.bookie("B").entries
+    assert world.view.ensembles == ((0, ("A", "X1", "C")),)
+    assert [name for name, _ in world.actions()] == []  # nothing left to happen
+    assert not check(world)
 
 
 # ------------------------------------------------------------------ the checker has teeth
@@ -198,7 +214,7 @@ def test_r8_a_planted_bug_is_found_and_its_trace_replays(monkeypatch):
 
 def test_r13_states_are_told_apart_by_the_state_machines_fields():
     """Two worlds that differ only inside the writer (one acknowledgement) differ."""
-    cfg = WorldConfig(entries=1, recovery=False, close=False, delays=0)
+    cfg = WorldConfig(entries=1, recovery=False, close=False, delays=0, reorders=None)
     start = replay(cfg, ["writer adds entry 0"])[-1].world
     one = replay(cfg, ["writer adds entry 0", "deliver add [0] -> A (slot 0 gen 0)"])[-1].world
     assert isinstance(one, World) and one.key() != start.key()

@@ -8,9 +8,10 @@ differently at some step, so the trace stops there (or runs to its end with ever
 rule held); every continuation from that state is then explored, and the rules must
 hold in all of them.
 
-P2 and P3 were found on 9f27dc5 (before their fixes), P1 on 2b39da7 with only P1's
-fix taken out (on 9f27dc5 the same world meets P3 first; the trace breaks R8 there
-too), P4 on 2b39da7 and on the fixes under way after it.
+P1, P2 and P3 were found on 9f27dc5, before their fixes (P1 in a world narrowed so
+that P3 and P4 cannot come first: the recovery makes one ensemble change and the two
+clients never choose the same spare; the same search finds it on 2b39da7 with only
+P1's fix taken out); P4 on 2b39da7 and on the fixes under way after it.
 """
 
 from __future__ import annotations
@@ -93,7 +94,14 @@ def test_p1_r13_a_refusal_after_an_unknown_outcome_confirms_nothing_from_the_old
 # it; the ledger is CLOSED at -1 with entry 0 confirmed (R6), and a tailing reader
 # learns LAC 0 (R4).
 P2_WORLD = WorldConfig(
-    entries=2, cancels=1, recovery=False, drops=0, bookie_failures=0, metadata_losses=0, delays=0
+    entries=2,
+    cancels=1,
+    recovery=False,
+    drops=0,
+    bookie_failures=0,
+    metadata_losses=0,
+    delays=0,
+    reorders=None,
 )
 P2_TRACE = """
 writer adds entry 0
@@ -263,7 +271,9 @@ def test_p3_r8_a_second_replacement_keeps_confirmed_entries_with_striping():
 # confirms 1 (on X1 and C); the recovery closes at 0 (R6, R4). Nothing in the metadata
 # tells the writer's write from the recovery's: a fragment found after an unknown
 # outcome, on a ledger that is no longer OPEN, does not prove the writer wrote it.
-P4_WORLD = WorldConfig(entries=2, reorders=1, delays=0)
+P4_WORLD = WorldConfig(
+    entries=2, spares=1, drops=1, bookie_failures=1, metadata_losses=1, delays=0, reorders=1
+)
 P4_TRACE = """
 writer adds entry 0
 writer adds entry 1

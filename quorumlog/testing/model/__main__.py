@@ -79,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
         "--reorders",
         type=_reorders,
         default=default.reorders,
-        help="messages delivered before an older one; 'any' (the default): no bound",
+        help="messages delivered before an older one (default 1); 'any': no bound",
     )
     world.add_argument("--cancels", type=int, default=default.cancels, help="adds given up")
     world.add_argument("--no-recovery", action="store_true", help="no recovery starts")

@@ -130,9 +130,9 @@ class WorldConfig:
     recovery: bool = True  # a recovery may start, at any point
     close: bool = True  # the owner may close the handle, at any point
     cancels: int = 0  # adds the owner may give up (still tracked by the core)
-    delays: int = 1  # replies (bookies' and the store's) that may be held back
+    delays: int = 0  # replies (bookies' and the store's) that may be held back
     # Messages delivered before an older one still in flight; None: any order at all.
-    reorders: int | None = None
+    reorders: int | None = 1
     # Whether the writer and the recovery may choose the same spare (False narrows the
     # world: a placement that never hands one bookie to two clients).
     shared_spares: bool = True
