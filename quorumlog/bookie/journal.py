@@ -45,11 +45,15 @@ looks for the next BATCH marker, or a MANIFEST record, which carry the file's
 salt and so cannot be forged by an entry. Damage with no later batch in the last
 file lies in the last batch: torn by a crash before its sync (its pages may have
 reached the disk in any order), or synced, acknowledged and then damaged (a
-flipped bit); the file cannot tell which. So the batch's manifests decide: one
-bit cannot damage both, so if neither is whole the batch was torn before its
-sync and held nothing acknowledged; if one is, replay yields it, and the caller
-keeps what it proves (fences, keys, explicit LACs, deletes) and answers the
-entries it names that were not read back as unknown, never as absent (R17).
+flipped bit); the file cannot tell which. So the batch's manifests decide, on the
+rule of one fault per batch: one bit cannot damage both, and a bit that damages a
+record leaves the closing manifest whole. If neither is whole, or only the leading
+one while records after it are damaged, the batch was torn before its sync and held
+nothing acknowledged; replay yields the leading one (as RECORD_UNCLOSED_MANIFEST)
+for the facts it proves (fences, keys, explicit LACs, deletes: safe to apply even
+if never acknowledged). If the closing one is whole, replay yields every whole one,
+and the caller keeps what they prove and answers the entries they name that were
+not read back as unknown, never as absent (R17).
 Either way the file is cut at the damage, its tail's bytes kept beside it.
 Damage followed by a later batch, or in a file followed by another file, is
 damage to synced, acknowledged data: replay refuses
@@ -98,6 +102,9 @@ RECORD_DELETE = 5
 RECORD_BATCH = 6
 RECORD_PAD = 7
 RECORD_MANIFEST = 8
+# Not stored: what :func:`scan` yields for the leading manifest of a damaged last batch
+# whose closing manifest is not whole (see there).
+RECORD_UNCLOSED_MANIFEST = 0x100 | RECORD_MANIFEST
 RECORD_TYPES = frozenset(
     (
         RECORD_ADD,
@@ -531,8 +538,9 @@ def scan(
     in the last batch of the last file yields the payload of every intact manifest of
     that batch (type RECORD_MANIFEST, the payload after the salt, for
     :func:`decode_manifest`) before its tail is cut: what the batch held, which may have
-    been acknowledged. Cuts torn tails off (their bytes are moved aside; with
-    ``defer_cuts`` they are only listed in ``report.pending_cuts``, for
+    been acknowledged; or, when its closing manifest is not whole, its leading one as
+    RECORD_UNCLOSED_MANIFEST: a batch torn before its sync. Cuts torn tails off (their
+    bytes are moved aside; with ``defer_cuts`` they are only listed in ``report.pending_cuts``, for
     :func:`cut_torn_tails`); raises JournalCorruptionError for damage to synced data,
     unless ``skip_corruption``.
     """
@@ -591,11 +599,18 @@ def scan(
                 # batch whose bits changed since; the file cannot tell. The batch's
                 # manifests (one leads it, one closes it: one flipped bit leaves one of
                 # them whole) say what it held. With neither, it was torn before its sync.
-                proofs = [lead] if lead >= 0 else []
-                proofs += _manifests_after(buf, view, pos, end, salt)
+                # One fault per batch: if the damage is in a record, the closing manifest
+                # is whole; if it is the closing manifest, every record before it was
+                # read. So a batch whose closing manifest is not whole, while records of
+                # it could not be read, was torn before its sync: its leading manifest
+                # proves its facts (safe to apply), but none of its entries was
+                # acknowledged, so none is suspect.
+                closing = _manifests_after(buf, view, pos, end, salt)
+                proofs = ([lead] if lead >= 0 else []) + closing
+                kind = RECORD_MANIFEST if closing else RECORD_UNCLOSED_MANIFEST
                 for at in proofs:
                     manifest_size = _record_at(buf, view, at, end)[0]
-                    yield RECORD_MANIFEST, view[at + 5 + SALT_SIZE : at + manifest_size - 4]
+                    yield kind, view[at + 5 + SALT_SIZE : at + manifest_size - 4]
                 if proofs:
                     report.manifests = [*(report.manifests or []), (path, pos)]
                 log.error(
@@ -607,6 +622,10 @@ def scan(
                     f"the batch's manifest at offset {proofs[0]} says what it held, which "
                     f"may have been acknowledged: what it proves is kept, and the entries "
                     f"it names that replay could not read are answered as unknown"
+                    if closing
+                    else f"only the batch's leading manifest (offset {lead}) is whole, so it "
+                    f"was torn by a crash before its sync: what the manifest proves is "
+                    f"kept, and nothing in it was acknowledged"
                     if proofs
                     else "no manifest of the batch is whole, so it was torn by a crash "
                     "before its sync and nothing in it was acknowledged",

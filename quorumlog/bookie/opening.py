@@ -198,8 +198,9 @@ def replay(
         journal_dir, storage.mark, skip_corruption, report, ops, defer_cuts=True
     )
     for kind, payload in records:
-        if kind == journal_mod.RECORD_MANIFEST:
-            _apply_manifest(storage, payload, report)
+        if kind == journal_mod.RECORD_MANIFEST or kind == journal_mod.RECORD_UNCLOSED_MANIFEST:
+            # Only a batch closed by its manifest may have been acknowledged.
+            _apply_manifest(storage, payload, report, kind == journal_mod.RECORD_MANIFEST)
             continue
         ledger_id = journal_mod.decode_ledger(payload)
         st = states.get(ledger_id)
@@ -257,9 +258,12 @@ def replay(
         )
 
 
-def _apply_manifest(storage: LedgerStorage, payload: memoryview, report: ScanReport) -> None:
+def _apply_manifest(
+    storage: LedgerStorage, payload: memoryview, report: ScanReport, entries_suspect: bool
+) -> None:
     """Apply what a damaged batch's manifest proves: changes safe to apply even if they
-    were never acknowledged (each was asked for), and its entries as unknown."""
+    were never acknowledged (each was asked for), and, with ``entries_suspect`` (the
+    batch may have been acknowledged), its entries as unknown."""
     states = storage.states
     for facts in journal_mod.decode_manifest(payload):
         ledger_id = facts.ledger_id
@@ -279,7 +283,7 @@ def _apply_manifest(storage: LedgerStorage, payload: memoryview, report: ScanRep
             storage.mark_dirty(st)
         if facts.explicit_lac is not None:
             raise_explicit_lac(storage, st, facts.explicit_lac)
-        if facts.last_entry_id < 0:
+        if facts.last_entry_id < 0 or not entries_suspect:
             continue
         recorded = suspicion.note(storage, st, facts.first_entry_id, facts.last_entry_id)
         if recorded is not None and (ledger_id, *recorded) not in (report.suspect or []):

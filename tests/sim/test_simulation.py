@@ -29,14 +29,7 @@ FIRST_SEED = int(os.environ.get("QUORUMLOG_SIM_FIRST_SEED", "0"))
 # (the rule broken, words of the violation). A seed that shows one is let through here
 # (and printed); each has a deterministic reproduction marked xfail(strict=True)
 # elsewhere, which fails once the defect is fixed, so that it leaves this list.
-KNOWN_DEFECTS: list[tuple[str, str, str]] = [
-    (
-        "R8-final",
-        "is neither readable nor known missing",
-        "a torn, unacknowledged last journal batch leaves its entries unknown for ever "
-        "(R17): with Qa = 1 no recovery can close the ledger (seed 6467)",
-    ),
-]
+KNOWN_DEFECTS: list[tuple[str, str, str]] = []
 
 
 def _known(violations: list[Violation]) -> str | None:
@@ -120,18 +113,13 @@ def test_seed_12734_a_flip_in_the_last_synced_journal_batch_keeps_confirmed_entr
     assert not violations, violations
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a torn journal batch that was never acknowledged is answered as unknown for "
-    "ever (R17), so with Qa = 1 no recovery can decide its entries; fixed, this passes and "
-    "must lose its mark (and KNOWN_DEFECTS its entry)",
-)
 def test_seed_6467_a_torn_unacknowledged_journal_batch_leaves_the_ledger_recoverable() -> None:
     """E=3 Qw=2 Qa=1. Bookie 10.0.0.3 lost power in the middle of writing a journal batch
     (entries 34-83 of ledger 1) that it had not synced, so not acknowledged; replay found
-    the batch's first manifest whole and its records torn, and answers those entries as
-    unknown (I/O error). Entry 78's other holder says it has no such entry, one answer
-    short of the two "missing" needs with Qw=2, Qa=1, and every recovery, the checker's
-    too, fails: the ledger can never be closed, though no synced byte was lost."""
+    the batch's leading manifest whole, records after it torn and no closing manifest.
+    It used to answer those entries as unknown (I/O error): entry 78's other holder said
+    it had no such entry, one answer short of the two "missing" needs with Qw=2, Qa=1,
+    and every recovery failed. One fault per batch: a flip in a record leaves the
+    closing manifest whole, so the batch was torn and its entries are absent."""
     violations = check_run(run_seed(6467))
     assert not violations, violations

@@ -98,8 +98,10 @@ def scan(directory: Path) -> tuple[list[tuple[int, bytes]], jm.ScanReport]:
     return [(k, bytes(p)) for k, p in jm.scan(directory, None, False, report)], report
 
 
-def manifests(records: list[tuple[int, bytes]]) -> list[list[jm.LedgerFacts]]:
-    return [jm.decode_manifest(p) for k, p in records if k == jm.RECORD_MANIFEST]
+def manifests(
+    records: list[tuple[int, bytes]], kind: int = jm.RECORD_MANIFEST
+) -> list[list[jm.LedgerFacts]]:
+    return [jm.decode_manifest(p) for k, p in records if k == kind]
 
 
 LAST_BATCH = [
@@ -155,7 +157,11 @@ def test_r17_one_damaged_manifest_leaves_the_other(tmp_path: Path) -> None:
         copy.write_bytes(data)
         flip(copy, damaged + 9)
         records, report = scan(tmp_path / str(damaged))
-        assert manifests(records) == [LAST_FACTS]
+        # Damage in the closing manifest: every record before it was read back, and
+        # the leading one still proves the batch's facts.
+        kind = jm.RECORD_MANIFEST if damaged == lead else jm.RECORD_UNCLOSED_MANIFEST
+        assert manifests(records, kind) == [LAST_FACTS]
+        assert len([k for k, _ in records if k in (jm.RECORD_MANIFEST, kind)]) == 1
         assert report.truncated == [(copy, damaged)]
 
 
@@ -186,6 +192,30 @@ def test_a_batch_torn_with_neither_manifest_is_cut_and_proves_nothing(tmp_path: 
     path.write_bytes(bytes(data))
     records, report = scan(tmp_path)
     assert manifests(records) == [] and report.manifests is None
+    assert report.truncated and path.stat().st_size == report.truncated[0][1]
+
+
+def test_a_batch_torn_after_its_leading_manifest_proves_facts_and_no_suspects(
+    tmp_path: Path,
+) -> None:
+    """A crash before the batch's sync: only its first page (its marker and leading
+    manifest) reached the disk. One fault per batch: a flipped bit in a record would
+    have left the closing manifest whole, so the batch was torn and its entries were
+    never acknowledged; the leading manifest's facts (a fence) still hold."""
+    big = [jm.fence_record(7), *(adds(7, range(n, n + 10)) for n in range(0, 600, 10))]
+    write_batches(tmp_path, [[adds(7, range(1000, 1005))], big], direct=False)
+    path = the_file(tmp_path)
+    data = bytearray(path.read_bytes())
+    marker = data.rfind(jm.batch_marker(bytes(data[16:24])))
+    page = 4096
+    kept_to = (marker // page + 2) * page  # the batch's first page (or two) reached it
+    assert data.find(jm.manifest_record(bytes(data[16:24]), jm.summarize(big))) < kept_to
+    data[kept_to:] = bytes(len(data) - kept_to)
+    path.write_bytes(bytes(data))
+    records, report = scan(tmp_path)
+    assert manifests(records) == []
+    (facts,) = manifests(records, jm.RECORD_UNCLOSED_MANIFEST)
+    assert facts == [jm.LedgerFacts(7, 0, 599, fenced=True)]
     assert report.truncated and path.stat().st_size == report.truncated[0][1]
 
 
@@ -264,6 +294,46 @@ def test_r17_a_delete_settles_the_suspect_entries(driver) -> None:
         await driver.close()
 
     run(scenario())
+
+
+def test_r17_a_batch_torn_after_its_leading_manifest_leaves_no_unknown_entries(
+    driver,
+) -> None:
+    """Entries 1-40 of ledger 47 go in one batch; only the page (or two) holding its
+    marker and leading manifest reach the disk (what a crash before the batch's sync
+    leaves). Nothing of the batch was acknowledged, so its entries are absent, not
+    unknown: a recovery with Qa = 1 must be able to close the ledger."""
+    page = 4096
+
+    async def scenario():
+        await driver.start()
+        assert (await driver.call(AddRequest(0, 47, KEY, [blob(47, 0)]))).status == Status.OK
+        blobs = [blob(47, e) + bytes(1000) for e in range(1, 41)]
+        assert (await driver.call(AddRequest(0, 47, KEY, blobs))).status == Status.OK
+        await driver.crash()
+
+    run(scenario())
+    path = last_file(driver)
+    data = bytearray(path.read_bytes())
+    marker = data.rfind(jm.batch_marker(bytes(data[16:24])))
+    lead = marker + jm.BATCH_MARKER_SIZE
+    lead_end = lead + 8 + int.from_bytes(data[lead : lead + 4], "big")
+    kept_to = -(-lead_end // page) * page
+    assert kept_to + page < len(data)  # the batch goes on past the pages kept
+    data[kept_to:] = bytes(len(data) - kept_to)
+    path.write_bytes(bytes(data))
+
+    async def after():
+        bookie = await driver.start()
+        assert bookie.replay_report.suspect is None
+        assert (await driver.call(ReadRequest(0, 47, 0))).status == Status.OK
+        for entry_id in (1, 20, 40):
+            answer = await driver.call(ReadRequest(0, 47, entry_id))
+            assert answer.status == Status.NO_SUCH_ENTRY, entry_id
+        assert not list(driver.config.data_dir.glob("suspect-*"))
+        await driver.close()
+
+    run(after())
 
 
 @pytest.mark.parametrize("copy", ["a", "b"])
