@@ -103,6 +103,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "leader writes its budget into each record (default %(default)s)",
     )
     serve.add_argument(
+        "--verify-every-records",
+        type=int,
+        default=1_000,
+        help="the leader logs its outcome of the records applied since the last check once "
+        "this many wait, and every replica compares its own (docs/DB.md, 'Replicas "
+        "compared'; 0 with --verify-every-s 0: never; default %(default)s)",
+    )
+    serve.add_argument(
+        "--verify-every-s",
+        type=float,
+        default=1.0,
+        help="... or this long after the last check, when any record waits (default %(default)s)",
+    )
+    serve.add_argument(
         "--read-threads",
         type=positive_int,
         default=DEFAULT_READERS,
@@ -276,6 +290,8 @@ async def _serve(
         statement_steps=args.statement_steps,
         read_threads=args.read_threads,
         read_steps=args.read_steps,
+        verify_every_records=max(0, args.verify_every_records),
+        verify_every_s=max(0.0, args.verify_every_s),
     )
     replica = Replica(bk, config)
     api = DbHttpApi(

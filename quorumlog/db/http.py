@@ -403,6 +403,11 @@ class DbHttpApi:
                     "db_size": replica.machine.size_bytes(),
                 },
                 "failure": replica.failure,
+                # The last record whose outcome here matched the leader's (a VERIFY).
+                "verified_position": (
+                    None if replica.machine.verified is None else str(replica.machine.verified)
+                ),
+                "diverged": replica.diverged is not None,
                 "snapshots_taken": replica.snapshots_taken,
                 "restores": replica.restores,
             },

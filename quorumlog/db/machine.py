@@ -24,6 +24,10 @@ changes and the same per-statement errors on every replica, whatever its history
   environment (its disk full or failing, a corrupt file, no memory) stops it,
   raising :class:`ReplicaStorageError`: after a SQLITE_FULL the disk is probed, since
   a statement also gets one when its AUTOINCREMENT counter is used up.
+- Replicas are compared, not trusted to agree: each keeps the outcome of every
+  record it applies (:func:`outcome_digest`: each statement's error, the rows
+  changed); the leader logs a VERIFY record with its own at intervals, and a replica
+  whose outcome of a record differs raises :class:`ReplicaDivergedError` naming it.
 """
 
 from __future__ import annotations
@@ -60,7 +64,9 @@ __all__ = [
     "DEFAULT_READ_STEPS",
     "DEFAULT_STATEMENT_STEPS",
     "EXECUTE",
+    "VERIFY",
     "DbRecord",
+    "ReplicaDivergedError",
     "ReplicaStorageError",
     "StateMachine",
     "StatementResult",
@@ -71,6 +77,10 @@ __all__ = [
 RECORD_FORMAT = 1
 EXECUTE = "execute"
 BARRIER = "barrier"
+VERIFY = "verify"
+# Outcomes kept for records not verified yet: past this many, the oldest are given up
+# (left unverified) rather than held without bound while no VERIFY comes.
+MAX_UNVERIFIED = 100_000
 
 # The budget of one statement in SQLite VM steps when its record names none (about 2
 # to 3 s of one core). Part of the record format: every replica applies a record with
@@ -103,6 +113,11 @@ class ReplicaStorageError(BKError):
     """The local SQLite file failed (not the statement): this replica must stop."""
 
 
+class ReplicaDivergedError(ReplicaStorageError):
+    """This replica's outcome of a record differs from the leader's: its file no longer
+    holds what the others hold. It must stop serving (restore it from a snapshot)."""
+
+
 class _TransactionEnded(Exception):
     """A statement's failure ended the whole SQLite transaction (a conflict clause, ``OR
     ROLLBACK`` or ``RAISE(ROLLBACK)``, a budget's stop, an AUTOINCREMENT counter used
@@ -116,8 +131,9 @@ class _NeedsStatementKeys(Exception):
 
 @dataclass(frozen=True, slots=True)
 class DbRecord:
-    """One log record: a write request (statements, whether they form one transaction)
-    or a barrier (nothing to change: a strong read proves leadership with it).
+    """One log record: a write request (statements, whether they form one transaction),
+    a barrier (nothing to change: a strong read proves leadership with it), or a
+    verification (``checks``: the leader's outcome of earlier records, by position).
 
     A write request also carries the leader's choices, so that every replica computes
     what the leader computed: ``now_ms``, its clock (ms since the Unix epoch), is
@@ -134,10 +150,13 @@ class DbRecord:
     now_ms: int | None = None
     seed: int | None = None
     steps: int | None = None
+    checks: tuple[tuple[Position, str], ...] = ()
 
     def encode(self) -> bytes:
         """The record as JSON (the change stream's format, read by Spark as it is)."""
         body: dict[str, object] = {"v": RECORD_FORMAT, "kind": self.kind}
+        if self.kind == VERIFY:
+            body["checks"] = [[p.ledger_id, p.entry_id, d] for p, d in self.checks]
         if self.kind == EXECUTE:
             body["tx"] = self.transaction
             body["stmts"] = [[s.sql, s.params] for s in self.statements]
@@ -165,6 +184,15 @@ class DbRecord:
         kind = raw.get("kind")
         if kind == BARRIER:
             return cls(BARRIER)
+        if kind == VERIFY:
+            try:
+                checks = tuple(
+                    (Position(int(ledger_id), int(entry_id)), str(digest))
+                    for ledger_id, entry_id, digest in raw.get("checks", [])
+                )
+            except (ValueError, TypeError) as exc:
+                raise BadRequestError(f"not a verification record: {exc}") from None
+            return cls(VERIFY, checks=checks)
         if kind != EXECUTE:
             raise BadRequestError(f"unknown record kind {kind!r}")
         raw_statements = raw.get("stmts", [])
@@ -478,6 +506,28 @@ def _is_text(value: object, *words: str) -> bool:
     return type(value) is str and value.isascii() and value.lower() in words
 
 
+def outcome_digest(statements: int, errors: Iterable[str], rows_changed: int) -> str:
+    """What applying a record did, in 8 hex digits: how many statements ran, each
+    failure's message (in order), and the rows the statements that succeeded changed.
+    A follower applies records with ``executemany`` and builds no per-statement
+    results, so only what both ways know goes in: the same file and record give the
+    same digest on every replica (R19); a replica whose file differs gives another as
+    soon as a record changes, or fails on, a row that differs."""
+    h = hashlib.blake2b(b"%d/%d" % (statements, rows_changed), digest_size=4)
+    for error in errors:
+        h.update(b"\x00")
+        h.update(error.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def _outcome_of(results: Sequence[StatementResult]) -> str:
+    return outcome_digest(
+        len(results),
+        [r.error for r in results if r.error is not None],
+        sum(r.rows_affected or 0 for r in results if r.error is None),
+    )
+
+
 def _stamp(now_ms: int) -> str:
     """``now_ms`` as SQLite reads a time: ``YYYY-MM-DD HH:MM:SS.SSS``, UTC (a text time
     keeps the milliseconds of 'now' exactly)."""
@@ -559,11 +609,59 @@ class StateMachine:
         self._conn.set_authorizer(self._authorize)
         self._conn.set_progress_handler(self._progress, PROGRESS_STEPS)
         self._readers = _ReaderPool(self.path, readers, read_steps)
+        # The outcome of each record applied since the last VERIFY (in log order), and
+        # of the records run ahead, whose positions are not known yet.
+        self._outcomes: dict[Position, str] = {}
+        self._outcomes_ahead: list[str] = []
+        # The last record whose outcome a VERIFY confirmed (None: none since start).
+        self.verified: Position | None = None
 
     @property
     def applied(self) -> Position | None:
         """The position of the last record applied (None before the first)."""
         return self._applied
+
+    def unverified(self, after: Position | None, limit: int) -> list[tuple[Position, str]]:
+        """Up to ``limit`` outcomes of records past ``after`` not verified yet, in log
+        order: what the leader's next VERIFY record carries."""
+        out: list[tuple[Position, str]] = []
+        for position, digest in self._outcomes.items():
+            if after is None or position > after:
+                out.append((position, digest))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def _note_outcome(self, position: Position, digest: str) -> None:
+        outcomes = self._outcomes
+        outcomes[position] = digest
+        if len(outcomes) > MAX_UNVERIFIED:
+            del outcomes[next(iter(outcomes))]
+
+    def _verify(self, position: Position, record: DbRecord) -> None:
+        """Compare the leader's outcomes in VERIFY ``record`` (at ``position``) with this
+        replica's; raises ReplicaDivergedError at the first that differs. Records this
+        replica did not apply since it started (before a restart, or restored from a
+        snapshot) are passed over."""
+        outcomes = self._outcomes
+        for checked, theirs in record.checks:
+            ours = outcomes.get(checked)
+            if ours is None:
+                continue
+            if ours != theirs:
+                raise ReplicaDivergedError(
+                    f"database {self.path}: the record at {checked} had another outcome "
+                    f"here than on the leader (outcome {ours}, the leader's {theirs}; "
+                    f"verified by the record at {position}): this replica's file has "
+                    f"diverged from the others since the record verified before it "
+                    f"({self.verified}); it stops serving. Restore it from a snapshot "
+                    f"(remove its file and restart it)"
+                )
+            self.verified = checked
+        if record.checks:
+            last = record.checks[-1][0]
+            for applied in [p for p in outcomes if p <= last]:
+                del outcomes[applied]
 
     def close(self) -> None:
         """Close the file; waits for the reads running (each within its budget)."""
@@ -610,14 +708,20 @@ class StateMachine:
         grouped = len(fresh) > 1
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for _position, record in fresh:
+            # Outcomes are noted as records run: a VERIFY later in the group checks them.
+            # Should the group be undone, each record is applied again and noted again.
+            for position, record in fresh:
+                if record.kind == VERIFY:
+                    self._verify(position, record)
                 if record.kind != EXECUTE:
                     results.append([])
                 elif quick:
-                    self._run_quietly(record, grouped=grouped)
+                    self._note_outcome(position, self._run_quietly(record, grouped=grouped))
                     results.append([])
                 else:
-                    results.append(self._run_writes(record, grouped=grouped))
+                    done = self._run_writes(record, grouped=grouped)
+                    self._note_outcome(position, _outcome_of(done))
+                    results.append(done)
             last = fresh[-1][0]
             conn.execute(
                 f"INSERT OR REPLACE INTO {APPLIED_TABLE} (id, ledger_id, entry_id) "
@@ -663,12 +767,20 @@ class StateMachine:
         :meth:`apply_group` once their positions are known). Nothing is committed
         until :meth:`commit_ahead`; readers see none of it before."""
         conn = self._conn
+        self._outcomes_ahead = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            return [
-                self._run_writes(record, grouped=True) if record.kind == EXECUTE else []
-                for record in records
-            ]
+            out: list[list[StatementResult]] = []
+            for record in records:
+                if record.kind == EXECUTE:
+                    done = self._run_writes(record, grouped=True)
+                    self._outcomes_ahead.append(_outcome_of(done))
+                    out.append(done)
+                else:
+                    # A VERIFY is checked when applied with its position (commit_ahead).
+                    self._outcomes_ahead.append("")
+                    out.append([])
+            return out
         except _TransactionEnded:
             self._roll_back()
             return None
@@ -678,12 +790,24 @@ class StateMachine:
                 raise
             raise ReplicaStorageError(f"database {self.path}: cannot apply: {exc}") from exc
 
-    def commit_ahead(self, last: Position) -> None:
-        """Commit what :meth:`execute_ahead` ran, its last record at ``last``."""
+    def commit_ahead(self, positions: Sequence[Position], records: Sequence[DbRecord]) -> None:
+        """Commit what :meth:`execute_ahead` ran (``records``, found at ``positions``)."""
+        last = positions[-1]
         if self._applied is not None and last <= self._applied:
             self.abandon_ahead()
             raise ReplicaStorageError(f"database {self.path}: {last} is applied already")
         conn = self._conn
+        try:
+            for position, record, digest in zip(
+                positions, records, self._outcomes_ahead, strict=False
+            ):
+                if record.kind == VERIFY:
+                    self._verify(position, record)
+                elif digest:
+                    self._note_outcome(position, digest)
+        except ReplicaDivergedError:
+            self._roll_back()
+            raise
         try:
             conn.execute(
                 f"INSERT OR REPLACE INTO {APPLIED_TABLE} (id, ledger_id, entry_id) "
@@ -697,12 +821,13 @@ class StateMachine:
                 f"database {self.path}: cannot commit the records up to {last}: {exc}"
             ) from exc
         self._applied = last
+        self._outcomes_ahead = []
 
     def abandon_ahead(self) -> None:
         """Roll back what :meth:`execute_ahead` ran (some append was not confirmed)."""
         self._roll_back()
 
-    def _run_quietly(self, record: DbRecord, *, grouped: bool) -> None:
+    def _run_quietly(self, record: DbRecord, *, grouped: bool) -> str:
         """Apply ``record`` without results: runs of one batchable statement text (an
         INSERT of many rows) in one ``executemany``, the whole record in one savepoint.
         If every statement succeeds, the file is what running them one by one gives;
@@ -713,11 +838,14 @@ class StateMachine:
         are at least any one statement's): a run that reaches it is run statement by
         statement, each against the budget alone. random() and randomblob() cannot
         tell which statement of a run calls them: such a run goes that way too.
+
+        Returns the record's outcome (:func:`outcome_digest`).
         """
         conn = self._conn
         statements = record.statements
         self._enter_record(record)
         conn.execute("SAVEPOINT quick")
+        rows_changed = 0
         try:
             start = 0
             while start < len(statements):
@@ -729,9 +857,13 @@ class StateMachine:
                 self._begin_statement(start, keyless=end - start > 1)
                 try:
                     if end - start > 1:
-                        self._writes.executemany(sql, [s.params for s in statements[start:end]])
+                        writes = self._writes
+                        writes.executemany(sql, [s.params for s in statements[start:end]])
+                        # The sum over the run: each statement's own, as alone.
+                        rows_changed += max(writes.rowcount, 0)
                     else:
-                        self._run_one(self._writes, statements[start])
+                        alone = self._run_one(self._writes, statements[start])
+                        rows_changed += alone.rows_affected or 0
                 finally:
                     self._end_statement()
                 start = end
@@ -744,9 +876,9 @@ class StateMachine:
                 raise _TransactionEnded from exc
             conn.execute("ROLLBACK TO quick")
             conn.execute("RELEASE quick")
-            self._run_writes(record, grouped=grouped)
-            return
+            return _outcome_of(self._run_writes(record, grouped=grouped))
         conn.execute("RELEASE quick")
+        return outcome_digest(len(statements), (), rows_changed)
 
     def _run_writes(self, record: DbRecord, *, grouped: bool) -> list[StatementResult]:
         conn = self._conn

@@ -48,7 +48,9 @@ from quorumlog.db.machine import (
     DEFAULT_READERS,
     DEFAULT_STATEMENT_STEPS,
     EXECUTE,
+    VERIFY,
     DbRecord,
+    ReplicaDivergedError,
     ReplicaStorageError,
     StateMachine,
     StatementResult,
@@ -170,6 +172,13 @@ class ReplicaConfig:
     # read statement within ``read_steps`` steps.
     read_threads: int = DEFAULT_READERS
     read_steps: int = DEFAULT_READ_STEPS
+    # The leader logs a VERIFY record with its outcome of the records applied since the
+    # last one (docs/DB.md, "Replicas compared") once this many are waiting, or this
+    # long after the last one when any is (0 for both: never). Each carries at most
+    # ``verify_max_records`` outcomes.
+    verify_every_records: int = 1_000
+    verify_every_s: float = 1.0
+    verify_max_records: int = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +236,11 @@ class Replica:
         self._pending_added = asyncio.Event()
         self._last_read_records = 0
         self._taking_writes = False
+        # Why this replica stopped serving: its copy differs from the leader's.
+        self.diverged: str | None = None
+        # The last record whose outcome this leader sent in a VERIFY, and when.
+        self._verify_sent: Position | None = None
+        self._verify_sent_s = time.monotonic()
 
     # ------------------------------------------------------------ public
 
@@ -336,6 +350,8 @@ class Replica:
 
     def query(self, statements: list[Statement]) -> list[StatementResult]:
         """Run read-only statements on this replica's file, on the calling thread."""
+        if self.diverged is not None:
+            raise ReplicaDivergedError(self.diverged)
         for _ in range(3):
             machine = self.machine
             try:
@@ -453,7 +469,8 @@ class Replica:
             if results is None:  # a statement's failure ended the transaction: as before
                 answers = await self._apply_group(list(zip(positions, records, strict=True)))
             else:
-                await self._on_sqlite(functools.partial(machine.commit_ahead, positions[-1]))
+                commit = functools.partial(machine.commit_ahead, positions, records)
+                await self._on_sqlite(commit)
                 self._applied_event.set()
                 self.records_since_snapshot += len(group)
                 answers = list(results)
@@ -581,6 +598,8 @@ class Replica:
                     await self._follow(the_log, election)
         except Exception as exc:  # a storage failure: stop taking part, say why
             self.failure = str(exc)
+            if isinstance(exc, ReplicaDivergedError):
+                self.diverged = str(exc)
             self._taking_writes = False
             log.exception("database %s: replica stopped", self.config.name)
             # Leave the election: a replica that cannot apply must not keep the lead
@@ -674,6 +693,7 @@ class Replica:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.config.check_interval_ms / 1000)
                 self._maybe_snapshot(the_log)
+                await self._maybe_verify()
         except ReplicaStorageError:
             raise
         except BKError as exc:
@@ -696,6 +716,30 @@ class Replica:
             log.info("database %s: no longer leading", self.config.name)
         if self.failure is not None:
             raise ReplicaStorageError(self.failure)
+
+    async def _maybe_verify(self) -> None:
+        """Log a VERIFY record with this leader's outcomes of the records not verified
+        yet, when enough wait or enough time went by. Every replica (this one too)
+        compares them with its own when it applies the record."""
+        config = self.config
+        if config.verify_every_records <= 0 and config.verify_every_s <= 0:
+            return
+        machine, sent = self.machine, self._verify_sent
+        if sent is not None and machine.applied is not None and sent > machine.applied:
+            sent = self._verify_sent = None  # a snapshot restored meanwhile
+        waiting = await self._on_sqlite(
+            functools.partial(machine.unverified, sent, max(1, config.verify_max_records))
+        )
+        if not waiting:
+            return
+        elapsed_s = time.monotonic() - self._verify_sent_s
+        due_by_count = 0 < config.verify_every_records <= len(waiting)
+        if not due_by_count and not (0 < config.verify_every_s <= elapsed_s):
+            return
+        self._verify_sent, self._verify_sent_s = waiting[-1][0], time.monotonic()
+        # Applied in its turn like any record; nobody waits for its answer.
+        submitted = asyncio.ensure_future(self._submit(DbRecord(VERIFY, checks=tuple(waiting))))
+        submitted.add_done_callback(_consume)
 
     async def _drain(self, applier: asyncio.Task[None]) -> None:
         for _ in range(100_000):
@@ -742,6 +786,13 @@ class Replica:
 def _expire(answer: asyncio.Future[WriteAnswer], timeout_s: float) -> None:
     if not answer.done():
         answer.set_exception(TimeoutError(f"no answer within {timeout_s} s"))
+
+
+def _consume(future: asyncio.Future[WriteAnswer]) -> None:
+    if not future.cancelled():
+        exc = future.exception()
+        if exc is not None and not isinstance(exc, BKError | TimeoutError):
+            log.error("database: a VERIFY record failed: %r", exc)
 
 
 def _observe(future: asyncio.Future[Position]) -> None:

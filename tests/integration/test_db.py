@@ -519,3 +519,71 @@ def test_r19_poison_records_leave_every_replica_serving_and_a_replay_equal(
     finally:
         for replica in replicas:
             replica.stop()
+
+
+def test_d7_a_replica_whose_copy_diverged_stops_serving_and_names_the_record(
+    cluster3: LocalCluster, tmp_path: Path
+) -> None:
+    """A follower's file is changed behind its back (one row deleted while it was
+    stopped). The next write changes one row fewer there: the leader's next VERIFY
+    record shows it, and that follower stops serving, naming the record, while the
+    others keep serving and report the position they verified."""
+    base = tmp_path / "db"
+    replicas = [DbProcess(cluster3.metadata_uri, f"v{i}", base) for i in range(3)]
+    try:
+        leader = wait_ready(replicas)
+        created = http(
+            leader.addr,
+            "/db/execute",
+            ["CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)"]
+            + [f"INSERT INTO t(v) VALUES ('{v}')" for v in "abcde"],
+        )
+        assert created[0] == 200, created
+        first = created[1]["position"]
+        tampered = next(r for r in replicas if r is not leader)
+        status, answer = http(tampered.addr, f"/db/query?min_position={first}&q=SELECT+1")
+        assert status == 200, answer
+        tampered.stop()
+        with sqlite3.connect(tampered.sqlite_path) as raw:
+            raw.execute("DELETE FROM t WHERE v = 'c'")
+        raw.close()
+        index = replicas.index(tampered)
+        tampered = replicas[index] = DbProcess(
+            cluster3.metadata_uri, tampered.node_id, base, port=tampered.port
+        )
+        status, answer = http(leader.addr, "/db/execute", ["UPDATE t SET v = v || '!'"])
+        assert status == 200 and answer["results"][0]["rows_affected"] == 5, answer
+        changed = answer["position"]
+        deadline = time.monotonic() + 60
+        store: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                store = http(tampered.addr, "/status")[1]["store"]
+                if store["diverged"]:
+                    break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"the changed copy was not noticed: {store}")
+        assert f"the record at {changed} had another outcome" in store["failure"], store
+        assert not store["ready"]
+        status, answer = http(tampered.addr, "/db/query?level=none&q=SELECT+count(*)+FROM+t")
+        assert status != 200 and "diverged" in json.dumps(answer), (status, answer)
+        for replica in replicas:
+            if replica is tampered:
+                continue
+            status, answer = http(
+                replica.addr, f"/db/query?min_position={changed}&level=none&q=SELECT+v+FROM+t"
+            )
+            assert status == 200 and len(answer["results"][0]["values"]) == 5, answer
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                verified = http(replica.addr, "/status")[1]["store"]["verified_position"]
+                if verified is not None and verified == changed:
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError(f"{replica.node_id} verified only up to {verified}")
+            assert http(replica.addr, "/readyz")[0] == 200
+    finally:
+        for replica in replicas:
+            replica.stop()

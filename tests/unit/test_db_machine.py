@@ -4,6 +4,7 @@ the state machine's exactly-once application (a local SQLite file, no network)."
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +13,15 @@ from typing import TYPE_CHECKING, cast
 import pytest
 from support import poll_until_async
 
-from quorumlog.db.machine import BARRIER, EXECUTE, DbRecord, StateMachine, StatementResult
+from quorumlog.db.machine import (
+    BARRIER,
+    EXECUTE,
+    VERIFY,
+    DbRecord,
+    ReplicaDivergedError,
+    StateMachine,
+    StatementResult,
+)
 from quorumlog.db.replica import (
     NotLeaderError,
     Replica,
@@ -276,7 +285,7 @@ def test_records_run_ahead_commit_as_applied_and_leave_nothing_when_abandoned(
     assert (
         ahead.query([Statement("SELECT name FROM sqlite_master WHERE name = 't'")])[0].values == []
     )
-    ahead.commit_ahead(Position(2, 3))
+    ahead.commit_ahead([p for p, _ in positioned], records)
     assert ahead.applied == Position(2, 3) and ahead.dump() == applied.dump()
     more = DbRecord(EXECUTE, (Statement(ROW, ["d"]),))
     assert ahead.execute_ahead([more]) is not None
@@ -444,3 +453,92 @@ def test_a_database_keeps_its_legacy_log_and_new_ones_get_db_slash_name() -> Non
         return fresh, legacy, await resolve_log_name(bk, "both")
 
     assert asyncio.run(resolved()) == ("db/new", "db.old", "db/both")
+
+
+# ---------------------------------------------------------------- D7: replicas compared
+
+_D7_RECORDS = [
+    DbRecord(EXECUTE, (Statement("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT UNIQUE)"),)),
+    # One INSERT text many times: a follower runs it with executemany.
+    DbRecord(EXECUTE, tuple(Statement("INSERT INTO t(v) VALUES (?)", [v]) for v in "abcde")),
+    # A statement that fails among others, and one in a transaction that fails.
+    DbRecord(
+        EXECUTE,
+        (
+            Statement("INSERT INTO t(v) VALUES ('f')"),
+            Statement("INSERT INTO t(v) VALUES ('a')"),
+            Statement("UPDATE t SET v = v || '!' WHERE v > 'c'"),
+        ),
+    ),
+    DbRecord(
+        EXECUTE,
+        (Statement("DELETE FROM t WHERE v = 'b'"), Statement("INSERT INTO nope VALUES (1)")),
+        True,
+    ),
+    DbRecord(BARRIER),
+    DbRecord(EXECUTE, (Statement("DELETE FROM t WHERE v < 'c'"),)),
+]
+
+
+def _positioned(first_entry_id: int = 0) -> list[tuple[Position, DbRecord]]:
+    return [(Position(3, first_entry_id + n), r) for n, r in enumerate(_D7_RECORDS)]
+
+
+def test_d7_every_way_of_applying_a_record_gives_the_same_outcome(tmp_path: Path) -> None:
+    """A leader runs records ahead with results, a follower applies them quietly (with
+    executemany), one applied record by record: each keeps the same outcome of each."""
+    positioned = _positioned()
+    leader = StateMachine(tmp_path / "leader.sqlite")
+    assert leader.execute_ahead([r for _, r in positioned]) is not None
+    leader.commit_ahead([p for p, _ in positioned], [r for _, r in positioned])
+    follower = StateMachine(tmp_path / "follower.sqlite")
+    follower.apply_group(positioned, results_wanted=False)
+    alone = StateMachine(tmp_path / "alone.sqlite")
+    for position, record in positioned:
+        alone.apply(position, record)
+    outcomes = leader.unverified(None, 100)
+    # Every write record has one (the barrier none), and they tell records apart.
+    assert [p for p, _ in outcomes] == [p for p, r in positioned if r.kind == EXECUTE]
+    assert len({d for _, d in outcomes}) == len(outcomes)
+    assert follower.unverified(None, 100) == outcomes == alone.unverified(None, 100)
+    assert leader.unverified(outcomes[1][0], 2) == outcomes[2:4]
+
+
+def test_d7_a_replica_whose_file_differs_stops_at_the_first_record_it_applies_otherwise(
+    tmp_path: Path,
+) -> None:
+    leader = StateMachine(tmp_path / "leader.sqlite")
+    follower = StateMachine(tmp_path / "follower.sqlite")
+    positioned = _positioned()
+    for machine in (leader, follower):
+        machine.apply_group(positioned[:2], results_wanted=machine is leader)
+    # The follower's file changes under it (a hand edit, a bug, a disk that lies).
+    follower.close()
+    with sqlite3.connect(tmp_path / "follower.sqlite") as raw:
+        raw.execute("DELETE FROM t WHERE v = 'd'")
+    follower = StateMachine(tmp_path / "follower.sqlite")
+    leader.apply_group(positioned[2:])
+    checks = tuple(leader.unverified(None, 100))
+    verify = DbRecord.decode(DbRecord(VERIFY, checks=checks).encode())
+    assert verify.checks == checks
+    leader.apply(Position(3, 50), verify)
+    assert leader.verified == checks[-1][0] and leader.unverified(None, 100) == []
+    # The follower reads the records and the VERIFY at once: one group.
+    with pytest.raises(ReplicaDivergedError) as raised:
+        follower.apply_group([*positioned[2:], (Position(3, 50), verify)], results_wanted=False)
+    # Records 0 and 1 agree (applied before the edit); record 2 updates one row fewer.
+    assert "the record at 3:2 had another outcome" in str(raised.value)
+    assert "verified by the record at 3:50" in str(raised.value)
+    assert follower.applied == Position(3, 1)  # nothing of the group was kept
+
+
+def test_d7_records_applied_before_a_restart_are_passed_over(tmp_path: Path) -> None:
+    leader = StateMachine(tmp_path / "leader.sqlite")
+    leader.apply_group(_positioned())
+    follower = StateMachine(tmp_path / "follower.sqlite")
+    follower.apply_group(_positioned())
+    follower.close()
+    follower = StateMachine(tmp_path / "follower.sqlite")  # nothing kept of them
+    verify = DbRecord(VERIFY, checks=tuple(leader.unverified(None, 100)))
+    follower.apply(Position(3, 50), verify)
+    assert follower.verified is None and follower.applied == Position(3, 50)

@@ -5,6 +5,7 @@ commit order, each a JSON object::
 
     {"v": 1, "kind": "execute", "tx": false, "stmts": [[sql, params], ...]}
     {"v": 1, "kind": "barrier"}                       (a strong read; changes nothing)
+    {"v": 1, "kind": "verify", "checks": [...]}       (replicas compared; changes nothing)
 
 with the statements as every replica applied them (non-deterministic calls already
 replaced by the leader's values). The table at ``--out`` has one row per statement:
