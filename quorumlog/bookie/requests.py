@@ -40,6 +40,8 @@ from quorumlog.proto.codec import (
     BookieInfoResponse,
     DeleteLedgerRequest,
     FenceRequest,
+    LedgerKeyRequest,
+    LedgerKeyResponse,
     ReadFlag,
     ReadLacRequest,
     ReadRequest,
@@ -93,6 +95,7 @@ class Requests:
             WriteLacRequest: changes.on_write_lac,
             DeleteLedgerRequest: changes.on_delete,
             BookieInfoRequest: self._on_info,
+            LedgerKeyRequest: self._on_ledger_key,
         }
         self._fence = changes.fence
         # One set of counters for the journal, the adds and the reads (server metrics).
@@ -148,6 +151,15 @@ class Requests:
             self._fence(request, respond, self._reads.read_after_fence)
             return
         self._reads.read(request, respond)
+
+    def _on_ledger_key(self, request: LedgerKeyRequest, respond: Respond) -> None:
+        """The ledger's master key as stored at its first write (R10), for re-replication
+        of a ledger whose password its repairer was not given (docs/SECURITY.md)."""
+        st = self._states.get(request.ledger_id)
+        if st is None or st.deleted or st.master_key is None:
+            respond(error_response(request, Status.NO_SUCH_LEDGER))
+            return
+        respond(LedgerKeyResponse(request.request_id, _OK, request.ledger_id, st.master_key))
 
     def _on_info(self, request: BookieInfoRequest, respond: Respond) -> None:
         usage = disk_usage(self._storage.data_dir)

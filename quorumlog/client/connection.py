@@ -59,6 +59,8 @@ from quorumlog.proto.codec import (
     FenceRequest,
     FenceResponse,
     FrameDecoder,
+    LedgerKeyRequest,
+    LedgerKeyResponse,
     Op,
     ReadLacRequest,
     ReadLacResponse,
@@ -100,6 +102,7 @@ _ANSWERS: dict[type, tuple[type, Op]] = {
     DeleteLedgerRequest: (StatusResponse, Op.DELETE_LEDGER),
     BookieInfoRequest: (BookieInfoResponse, Op.BOOKIE_INFO),
     AuthRequest: (AuthResponse, Op.AUTH),
+    LedgerKeyRequest: (LedgerKeyResponse, Op.LEDGER_KEY),
 }
 _ANSWER_OPS: dict[type, Op] = {
     AddResponse: Op.ADD,
@@ -108,6 +111,7 @@ _ANSWER_OPS: dict[type, Op] = {
     FenceResponse: Op.FENCE,
     BookieInfoResponse: Op.BOOKIE_INFO,
     AuthResponse: Op.AUTH,
+    LedgerKeyResponse: Op.LEDGER_KEY,
 }
 
 

@@ -77,15 +77,28 @@ log = logging.getLogger(__name__)
 
 class LedgerRecovery:
     def __init__(
-        self, client: BookKeeper, metadata: LedgerMetadata, version: int, password: bytes
+        self,
+        client: BookKeeper,
+        metadata: LedgerMetadata,
+        version: int,
+        password: bytes,
+        *,
+        key: bytes | None = None,
     ) -> None:
+        """``key``: the ledger's master key, when its password is not known (a repair
+        that got the key from a bookie): MAC digests are then not checked, the entries
+        found are written back byte for byte all the same."""
         self._client = client
         self._pool = client.pool
         self._config = client.config
         self.metadata = metadata
         self.version = version
-        self._codec = EntryCodec(metadata.digest_type, password)
-        self._master_key = master_key(password)
+        if key is None:
+            self._codec = EntryCodec(metadata.digest_type, password)
+            self._master_key = master_key(password)
+        else:
+            self._codec = EntryCodec(metadata.digest_type, mac_unchecked=True)
+            self._master_key = key
         self._machine = LedgerRecoveryMachine(
             metadata.ledger_id,
             metadata.ensemble_size,

@@ -49,6 +49,7 @@ class Op(enum.IntEnum):
     DELETE_LEDGER = 6
     BOOKIE_INFO = 7
     AUTH = 8
+    LEDGER_KEY = 9
 
 
 class AddFlag(enum.IntFlag):
@@ -146,6 +147,16 @@ class BookieInfoRequest:
 
 
 @dataclass(slots=True)
+class LedgerKeyRequest:
+    """Ask a bookie for a ledger's master key (R10), as it stored it at the ledger's
+    first write: how re-replication copies a ledger whose password it was not given.
+    Only the ``bookie`` and ``admin`` roles may send it (docs/SECURITY.md)."""
+
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(slots=True)
 class AuthRequest:
     """The first request of a connection to a bookie that checks credentials: the bookie
     answers it before it reads anything else (docs/SECURITY.md)."""
@@ -226,6 +237,22 @@ class BookieInfoResponse:
 
 
 @dataclass(slots=True)
+class LedgerKeyResponse:
+    """``master_key``: the ledger's, when ``status`` is OK (else zeros)."""
+
+    request_id: int
+    status: int
+    ledger_id: int
+    master_key: bytes = _NO_KEY
+
+    def __repr__(self) -> str:  # the key lets its holder write the ledger: never logged
+        return (
+            f"LedgerKeyResponse(request_id={self.request_id}, status={self.status}, "
+            f"ledger_id={self.ledger_id})"
+        )
+
+
+@dataclass(slots=True)
 class AuthResponse:
     """``roles``: the granted roles' bits (AUTH_ROLE_BITS), 0 when refused or when the
     bookie checks nothing; ``reason``: why it refused, for the operator (no secret)."""
@@ -245,6 +272,7 @@ Request = (
     | DeleteLedgerRequest
     | BookieInfoRequest
     | AuthRequest
+    | LedgerKeyRequest
 )
 Response = (
     AddResponse
@@ -254,6 +282,7 @@ Response = (
     | StatusResponse
     | BookieInfoResponse
     | AuthResponse
+    | LedgerKeyResponse
 )
 Message = Request | Response
 
@@ -272,6 +301,7 @@ _STATUS_RESP = struct.Struct(">hQ")
 _INFO_RESP = struct.Struct(">hBqq")
 _AUTH_REQ = struct.Struct(">BBH")  # auth version, mechanism, credential length
 _AUTH_RESP = struct.Struct(">hBH")  # status, role bits, reason length
+_LEDGER_KEY_RESP = struct.Struct(f">hQ{MASTER_KEY_SIZE}s")  # status, ledger, key
 
 # What an ADD frame's length field counts besides its entry blobs, which must stay within
 # the peer's max_frame_size_bytes: the header after the length prefix and the fixed body,
@@ -394,6 +424,12 @@ def _encode_parts(m: Message) -> list[bytes]:
         reason = m.reason.encode("utf-8")[:MAX_AUTH_REASON_BYTES]
         body_b = _AUTH_RESP.pack(m.status, m.roles, len(reason)) + reason
         return [_header(Op.AUTH | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
+    if isinstance(m, LedgerKeyRequest):
+        body_b = _LEDGER.pack(m.ledger_id)
+        return [_header(Op.LEDGER_KEY, m.request_id, len(body_b)), body_b]
+    if isinstance(m, LedgerKeyResponse):
+        body_b = _LEDGER_KEY_RESP.pack(m.status, m.ledger_id, m.master_key)
+        return [_header(Op.LEDGER_KEY | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
     raise LocalProtocolError(f"not a protocol message: {type(m).__name__}")
 
 
@@ -414,6 +450,8 @@ def error_response(request: Request, status: Status) -> Response:
         return StatusResponse(rid, Op.DELETE_LEDGER, status, request.ledger_id)
     if isinstance(request, AuthRequest):
         return AuthResponse(rid, status)
+    if isinstance(request, LedgerKeyRequest):
+        return LedgerKeyResponse(rid, status, request.ledger_id)
     return BookieInfoResponse(rid, status, False, 0, 0)
 
 
@@ -515,6 +553,10 @@ def decode_message(op: int, request_id: int, body: memoryview) -> Message:
             return DeleteLedgerRequest(request_id, ledger_id, key)
         if kind is Op.AUTH:
             return _decode_auth_request(request_id, body, name)
+        if kind is Op.LEDGER_KEY:
+            (ledger_id,) = _fixed(_LEDGER, body, name)
+            _check_ids(ledger_id, op_name=name)
+            return LedgerKeyRequest(request_id, ledger_id)
         if len(body) != 0:
             raise ProtocolError(f"{name}: unexpected body of {len(body)} bytes")
         return BookieInfoRequest(request_id)
@@ -538,6 +580,9 @@ def decode_message(op: int, request_id: int, body: memoryview) -> Message:
         return StatusResponse(request_id, kind, status, ledger_id)
     if kind is Op.AUTH:
         return _decode_auth_response(request_id, body, name)
+    if kind is Op.LEDGER_KEY:
+        status, ledger_id, key = _fixed(_LEDGER_KEY_RESP, body, name)
+        return LedgerKeyResponse(request_id, status, ledger_id, key)
     status, read_only, free, total = _fixed(_INFO_RESP, body, name)
     return BookieInfoResponse(request_id, status, bool(read_only), free, total)
 

@@ -83,10 +83,16 @@ class DecodedEntry(NamedTuple):
 class EntryCodec:
     """Builds and verifies entry blobs for one ledger's digest type and password."""
 
-    __slots__ = ("_crc32c", "_digest", "_digest_size", "_hmac_key", "digest_type")
+    __slots__ = ("_crc32c", "_digest", "_digest_size", "_hmac_key", "_unchecked", "digest_type")
 
-    def __init__(self, digest_type: DigestType, password: bytes = b"") -> None:
+    def __init__(
+        self, digest_type: DigestType, password: bytes = b"", *, mac_unchecked: bool = False
+    ) -> None:
+        """``mac_unchecked``: the password is not known (re-replication given only the
+        ledger's master key): MAC digests are not checked, only each blob's header and
+        size, and such a codec cannot build blobs. CRC digests need no password."""
         self.digest_type = DigestType(digest_type)
+        self._unchecked = mac_unchecked and self.digest_type is DigestType.MAC
         self._digest_size = self.digest_type.digest_size
         self._hmac_key = mac_key(password)
         if self.digest_type is DigestType.DUMMY:
@@ -107,6 +113,8 @@ class EntryCodec:
 
     def encode(self, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
         """The blob for one entry: header, digest, payload."""
+        if self._unchecked:
+            raise ValueError("no MAC digest can be computed without the ledger's password")
         header = _pack_header(ledger_id, entry_id, lac, length)
         if self._crc32c:
             digest = _pack_u32(_crc(payload, _crc(header)))
@@ -125,8 +133,10 @@ class EntryCodec:
         got_ledger, got_entry, lac, length = ENTRY_HEADER.unpack(header)
         mv = memoryview(blob)
         payload = mv[ENTRY_HEADER_SIZE + size :]
-        expected = self._digest(header, payload)
-        if expected != blob[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + size]:
+        if (
+            not self._unchecked
+            and self._digest(header, payload) != blob[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + size]
+        ):
             raise DigestMismatchError(
                 f"ledger {ledger_id} entry {entry_id}: digest mismatch ({self.digest_type.name})"
             )
@@ -168,7 +178,10 @@ class EntryCodec:
                     == _U32.unpack_from(blob, ENTRY_HEADER_SIZE)[0]
                 )
             else:
-                sound = digest(blob[:ENTRY_HEADER_SIZE], payload) == blob[ENTRY_HEADER_SIZE:start]
+                sound = (
+                    self._unchecked
+                    or digest(blob[:ENTRY_HEADER_SIZE], payload) == blob[ENTRY_HEADER_SIZE:start]
+                )
             if not sound or got_ledger != ledger_id or got_entry != entry_id:
                 return payloads, largest_lac, self._mismatch(blob, ledger_id, entry_id)
             if lac > largest_lac:

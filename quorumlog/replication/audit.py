@@ -48,7 +48,7 @@ from quorumlog.proto.codec import (
     Response,
 )
 from quorumlog.proto.entry import EntryCodec
-from quorumlog.replication.metadata import check_password
+from quorumlog.replication.metadata import check_password, password_fits
 from quorumlog.replication.plan import slot_runs
 from quorumlog.replication.report import LedgerAudit, digest_reason, status_name
 
@@ -67,6 +67,7 @@ async def audit_ledger(
     ledger_id: int,
     *,
     password: bytes = b"",
+    any_password: bool = False,
     entries_per_read: int = ENTRIES_PER_READ_DEFAULT,
     reads_in_flight: int = READS_IN_FLIGHT_DEFAULT,
     request_timeout_ms: int | None = None,
@@ -75,7 +76,9 @@ async def audit_ledger(
     0..LAC (open), reading each bookie directly; never fences.
 
     ``password`` is needed for MAC digests (and must match the ledger's, else
-    UnauthorizedError). ``request_timeout_ms`` (default: the client's
+    UnauthorizedError); with ``any_password`` (the auditor's way: it audits every
+    ledger), a ledger whose password is another is audited without checking MAC
+    digests (other digests need no password). ``request_timeout_ms`` (default: the client's
     ``read_timeout_ms``) bounds each request; a bookie that does not answer in time
     is unreachable. Raises NoSuchLedgerError for an unknown ledger and
     MetadataError when its metadata cannot be read; bookie failures are results,
@@ -87,8 +90,15 @@ async def audit_ledger(
         )
     started = time.monotonic()
     timeout_ms = request_timeout_ms or bk.config.read_timeout_ms
-    metadata = await _read_metadata(bk, ledger_id, password)
-    run = _AuditRun(bk, metadata, password, entries_per_read, reads_in_flight, timeout_ms)
+    metadata = await _read_metadata(bk, ledger_id)
+    if not any_password:
+        check_password(metadata, password)
+    codec = (
+        EntryCodec(metadata.digest_type, password)
+        if password_fits(metadata, password)
+        else EntryCodec(metadata.digest_type, mac_unchecked=True)
+    )
+    run = _AuditRun(bk, metadata, codec, entries_per_read, reads_in_flight, timeout_ms)
     if metadata.is_closed:
         last = metadata.last_entry_id
     else:
@@ -96,7 +106,7 @@ async def audit_ledger(
         # An ensemble change or a close between the two reads would put entries up to
         # that LAC in fragments the first read did not have. Metadata only moves
         # forward, so the second read describes every entry up to the LAC.
-        metadata = await _read_metadata(bk, ledger_id, password)
+        metadata = await _read_metadata(bk, ledger_id)
         if metadata.is_closed:
             last = metadata.last_entry_id
         run.metadata = metadata
@@ -121,7 +131,7 @@ async def audit_ledger(
     )
 
 
-async def _read_metadata(bk: BookKeeper, ledger_id: int, password: bytes) -> LedgerMetadata:
+async def _read_metadata(bk: BookKeeper, ledger_id: int) -> LedgerMetadata:
     timeout_s = bk.config.metadata_session_timeout_ms / 1000
     try:
         metadata, _ = await asyncio.wait_for(bk.ledgers.read(ledger_id), timeout_s)
@@ -129,7 +139,6 @@ async def _read_metadata(bk: BookKeeper, ledger_id: int, password: bytes) -> Led
         raise MetadataError(
             f"ledger {ledger_id}: metadata not read within {timeout_s:.1f} s"
         ) from None
-    check_password(metadata, password)
     return metadata
 
 
@@ -158,7 +167,7 @@ class _AuditRun:
         self,
         bk: BookKeeper,
         metadata: LedgerMetadata,
-        password: bytes,
+        codec: EntryCodec,
         entries_per_read: int,
         reads_in_flight: int,
         timeout_ms: int,
@@ -167,7 +176,7 @@ class _AuditRun:
         self._max_bytes = bk.config.read_batch_max_bytes
         self.metadata = metadata
         self._ledger_id = metadata.ledger_id
-        self._codec = EntryCodec(metadata.digest_type, password)
+        self._codec = codec
         self._entries_per_read = entries_per_read
         self._reads_in_flight = reads_in_flight
         self._timeout_ms = timeout_ms

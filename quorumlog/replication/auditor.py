@@ -344,7 +344,9 @@ class Auditor:
         marked, failed = 0, 0
         for ledger_id in chosen:
             try:
-                audit = await audit_ledger(self.bk, ledger_id, password=self.config.password)
+                audit = await audit_ledger(
+                    self.bk, ledger_id, password=self.config.password, any_password=True
+                )
             except NoSuchLedgerError:
                 continue
             except BKError as exc:

@@ -1,5 +1,6 @@
-"""Ledger metadata for replication: bounded reads, the password check, and the
-compare-and-set that puts a replacement bookie into a fragment's ensemble.
+"""Ledger metadata for replication: bounded reads, the password check (or the master
+key from the bookies when the password is not known), and the compare-and-set that puts
+a replacement bookie into a fragment's ensemble.
 
 The swap runs only once the replacement holds every entry of the fragment, and on
 the metadata as re-read: a concurrent close, ensemble change or other recovery is
@@ -14,12 +15,13 @@ import hashlib
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from quorumlog.errors import MetadataError, UnauthorizedError
+from quorumlog.errors import BKError, MetadataError, Status, UnauthorizedError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.ledgers import Done, MetadataConflictsError
-from quorumlog.proto.entry import master_key
+from quorumlog.proto.codec import LedgerKeyRequest, LedgerKeyResponse
+from quorumlog.proto.entry import EntryCodec, master_key
 from quorumlog.replication.plan import Fragment
-from quorumlog.replication.report import FragmentStatus
+from quorumlog.replication.report import FragmentStatus, status_name
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -47,9 +49,69 @@ async def read_ledger_metadata(bk: BookKeeper, ledger_id: int) -> tuple[LedgerMe
 def check_password(md: LedgerMetadata, password: bytes) -> None:
     """UnauthorizedError unless ``password`` is the ledger's (R10); the metadata keeps
     a hash of the master key, not the password."""
-    expected = hashlib.sha256(master_key(password)).hexdigest()
-    if md.password_digest and md.password_digest != expected:
+    if not password_fits(md, password):
         raise UnauthorizedError(f"ledger {md.ledger_id}: wrong password")
+
+
+def password_fits(md: LedgerMetadata, password: bytes) -> bool:
+    return not md.password_digest or md.password_digest == _key_digest(master_key(password))
+
+
+def _key_digest(key: bytes) -> str:
+    return hashlib.sha256(key).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerAccess:
+    """What a repair needs to write a ledger's copies: its master key (R10) and a codec
+    to check what it reads. ``password`` is None when the key came from a bookie: then
+    a MAC digest cannot be checked (only each blob's header and size), and the blobs
+    go on byte for byte, their digests intact for every reader that has the password."""
+
+    key: bytes
+    codec: EntryCodec
+    password: bytes | None
+
+
+async def ledger_access(
+    bk: BookKeeper, md: LedgerMetadata, password: bytes, skip: frozenset[str] = frozenset()
+) -> LedgerAccess:
+    """How to write ``md``'s ledger: with ``password`` when it is the ledger's, else with
+    the master key a bookie of its ensembles holds (LEDGER_KEY; docs/SECURITY.md), asked
+    of each bookie in turn but those in ``skip`` (lost ones), and believed only when it
+    hashes to the digest the metadata keeps: a bookie cannot hand out a wrong key.
+    UnauthorizedError when no bookie gives it (none holds the ledger, or its token does
+    not allow the request: a ``bookie`` or ``admin`` role is needed)."""
+    if password_fits(md, password):
+        return LedgerAccess(master_key(password), EntryCodec(md.digest_type, password), password)
+    asked: list[str] = []
+    reasons: list[str] = []
+    for _, ensemble in md.ensembles:
+        for address in ensemble:
+            if address in skip or address in asked:
+                continue
+            asked.append(address)
+            try:
+                answer = await bk.pool.request(
+                    address, LedgerKeyRequest(0, md.ledger_id), bk.config.read_timeout_ms
+                )
+            except BKError as exc:
+                reasons.append(f"{address}: {exc.message}")
+                continue
+            if not isinstance(answer, LedgerKeyResponse) or answer.status != Status.OK:
+                status = getattr(answer, "status", None)
+                what = status_name(status) if isinstance(status, int) else type(answer).__name__
+                reasons.append(f"{address}: {what}")
+                continue
+            if _key_digest(answer.master_key) != md.password_digest:
+                reasons.append(f"{address}: a key that is not the ledger's")
+                continue
+            codec = EntryCodec(md.digest_type, mac_unchecked=True)
+            return LedgerAccess(answer.master_key, codec, None)
+    raise UnauthorizedError(
+        f"ledger {md.ledger_id}: the password given is not the ledger's, and no bookie "
+        f"gave its master key ({'; '.join(reasons) or 'no bookie to ask'})"
+    )
 
 
 async def swap_replacement(

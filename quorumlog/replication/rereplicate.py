@@ -64,7 +64,7 @@ from quorumlog.errors import (
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.ledgers import LEDGERS_PATH
-from quorumlog.proto.entry import EntryCodec, master_key
+from quorumlog.proto.entry import EntryCodec
 from quorumlog.replication.copy import (
     CHUNK_BYTES_DEFAULT,
     COPIES_IN_FLIGHT_DEFAULT,
@@ -75,7 +75,8 @@ from quorumlog.replication.copy import (
     all_or_cancel,
 )
 from quorumlog.replication.metadata import (
-    check_password,
+    LedgerAccess,
+    ledger_access,
     metadata_call,
     read_ledger_metadata,
     swap_replacement,
@@ -364,7 +365,9 @@ class _Run:
     ) -> None:
         ledger_id = md.ledger_id
         result.state = md.state.value
-        check_password(md, password)
+        # The password given, or the master key from a bookie (H1): a repair heals every
+        # ledger whatever its password.
+        access = await ledger_access(self.bk, md, password, frozenset({self.lost, *self.down}))
         if not md.is_closed and skip_open_ledgers:
             result.outcome, result.references_bookie = LedgerOutcome.SKIPPED_OPEN, True
             return
@@ -373,10 +376,9 @@ class _Run:
             await self._plan_ledger(result, md, close_first)
             return
         if close_first:
-            md = await self._close_by_recovery(ledger_id, password)
+            md = await self._close_by_recovery(ledger_id, access)
             result.state = md.state.value
-        codec = EntryCodec(md.digest_type, password)
-        key = master_key(password)
+        codec, key = access.codec, access.key
         failed = False
         for _ in range(_PASSES_MAX):
             # The last fragment of a ledger that is not closed is open-ended: its
@@ -421,19 +423,24 @@ class _Run:
             else:
                 result.fragments.append(await self._plan(md, fragment))
 
-    async def _close_by_recovery(self, ledger_id: int, password: bytes) -> LedgerMetadata:
+    async def _close_by_recovery(self, ledger_id: int, access: LedgerAccess) -> LedgerMetadata:
         """BookKeeper's recover on an open ledger whose last fragment names the bookie:
         fence, recover and close it (R7, R8), then recover it whole."""
         timeout_s = max(
             60.0, 4 * (self.config.fence_timeout_ms + self.config.read_timeout_ms) / 1000
         )
         try:
-            handle = await asyncio.wait_for(self.bk.open_ledger(ledger_id, password), timeout_s)
+            if access.password is not None:
+                opening = self.bk.open_ledger(ledger_id, access.password)
+                handle = await asyncio.wait_for(opening, timeout_s)
+                await handle.close()
+            else:
+                recovering = self.bk.recover_ledger_with_key(ledger_id, access.key)
+                await asyncio.wait_for(recovering, timeout_s)
         except TimeoutError:
             raise RereplicationError(
                 f"ledger {ledger_id}: recovery to close it did not end within {timeout_s:.0f} s"
             ) from None
-        await handle.close()
         md, _ = await read_ledger_metadata(self.bk, ledger_id)
         return md
 

@@ -2,7 +2,8 @@
 
 BookKeeper's roles, kept small: ``client`` does ledger operations (adds, reads, fences,
 LACs, bookie info); ``bookie`` is what re-replication and autorecovery present (reads,
-fences, *recovery* adds that copy entries, bookie info; never a writer's plain add);
+fences, *recovery* adds that copy entries, bookie info, and a ledger's master key, which
+those need for a ledger whose password they were not given; never a writer's plain add);
 ``admin`` may do everything, and alone deletes ledgers (the HTTP admin API also keeps GC,
 decommission and the read-only switch to it). A token may carry several roles.
 """
@@ -18,6 +19,7 @@ from quorumlog.proto.codec import (
     BookieInfoRequest,
     DeleteLedgerRequest,
     FenceRequest,
+    LedgerKeyRequest,
     ReadLacRequest,
     ReadRequest,
     Request,
@@ -34,6 +36,7 @@ class Role(enum.StrEnum):
 _LEDGER_USERS = frozenset({Role.CLIENT, Role.ADMIN})
 _READERS = frozenset({Role.CLIENT, Role.BOOKIE, Role.ADMIN})
 _ADMIN_ONLY = frozenset({Role.ADMIN})
+_REPAIRERS = frozenset({Role.BOOKIE, Role.ADMIN})
 
 
 def required_roles(request: Request) -> frozenset[Role]:
@@ -48,6 +51,9 @@ def required_roles(request: Request) -> frozenset[Role]:
         return _LEDGER_USERS
     if isinstance(request, DeleteLedgerRequest):
         return _ADMIN_ONLY
+    if isinstance(request, LedgerKeyRequest):
+        # A client holds its own ledgers' passwords; every ledger's key is for repairs.
+        return _REPAIRERS
     # A request kind this table does not name yet: admin only (fail closed: a kind added
     # to the protocol stays refused to clients and bookies until it is given its roles).
     return _ADMIN_ONLY

@@ -51,6 +51,7 @@ from quorumlog.proto.codec import (
     BookieInfoResponse,
     FenceResponse,
     FrameDecoder,
+    LedgerKeyResponse,
     ReadFlag,
     ReadLacResponse,
     ReadRequest,
@@ -79,6 +80,7 @@ _RESPONSE_TYPES = (
     StatusResponse,
     BookieInfoResponse,
     AuthResponse,
+    LedgerKeyResponse,
 )
 # A TLS ClientHello record starts so; a frame's length prefix never does.
 _TLS_HANDSHAKE_PREFIX = b"\x16\x03"

@@ -725,3 +725,54 @@ def test_the_autorecovery_admin_api_answers_and_its_metrics_follow_the_marks(
         assert status == 404 and "no bookie" in error["error"], (path, error)
     status, error, _ = http(port, "/heartbeat", method="POST", body={})
     assert status == 405 and "error" in error
+
+
+def test_h1_ledgers_with_passwords_heal_with_no_password_given(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """Closed 3/3/2 ledgers, each with its own password (CRC32C and MAC digests), and
+    an open one whose writer went idle, all naming one bookie, which is killed for good.
+    The daemon is given no password: it takes each ledger's master key from a bookie
+    that holds it (checked against the hash the metadata keeps) and heals every ledger,
+    the open one after its grace, never logging a wrong password."""
+    from quorumlog.proto.entry import DigestType
+
+    uri = cluster5.metadata_uri
+    with BookKeeper(uri) as bk:
+        set_delay(bk, DELAY_S)
+        passwords: dict[int, bytes] = {}
+        for n in range(8):
+            password = b"secret-%d" % n
+            digest = DigestType.MAC if n % 4 == 3 else DigestType.CRC32C
+            ledger_id = write_closed(bk, 50, password=password, digest_type=digest)
+            passwords[ledger_id] = password
+
+        async def open_and_idle() -> int:
+            lh = await bk.aio.create_ledger(3, 3, 2, password=b"open-one")
+            await asyncio.gather(*(lh.append(payload(lh.ledger_id, i)) for i in range(20)))
+            return lh.ledger_id
+
+        open_id = bk.run(open_and_idle())
+        passwords[open_id] = b"open-one"
+        index = victim(bk, cluster5, [open_id])
+        lost = cluster5.bookies[index].address
+        named = {i for i in passwords if lost in bk.ledger_metadata(i).all_bookies()}
+        assert open_id in named and len(named) >= 2
+        daemon = Daemon(uri, tmp_path / "ar-h1")
+        daemons.append(daemon)
+        cluster5.kill(index)
+        poll_until(
+            lambda: not any(lost in bk.ledger_metadata(i).all_bookies() for i in named),
+            timeout_s=DELAY_S + REPAIR_BOUND_S,
+            interval_s=0.5,
+            what="every ledger with a password off the killed bookie",
+        )
+        poll_until(lambda: not marks(bk), timeout_s=60, interval_s=0.5, what="marks cleared")
+        assert bk.ledger_metadata(open_id).is_closed  # fenced and closed after its grace
+        for ledger_id, password in passwords.items():
+            result = bk.run(audit_ledger(bk.aio, ledger_id, password=password))  # type: ignore[arg-type]
+            assert result.healthy, result.summary()
+            count = 20 if ledger_id == open_id else 50
+            data = [e.data for e in bk.open_ledger(ledger_id, password).read_entries(0, count - 1)]
+            assert data == [payload(ledger_id, i) for i in range(count)]
+        assert "wrong password" not in daemon.err.read_text() + daemon.out.read_text()

@@ -21,6 +21,7 @@ from quorumlog.proto.codec import (
     BookieInfoRequest,
     DeleteLedgerRequest,
     FenceRequest,
+    LedgerKeyRequest,
     ReadFlag,
     ReadLacRequest,
     ReadRequest,
@@ -167,6 +168,7 @@ def test_auth_review_the_role_table_is_the_documented_one_and_fails_closed():
         WriteLacRequest: (WriteLacRequest(1, 1, key, 0), ledger_users),
         DeleteLedgerRequest: (DeleteLedgerRequest(1, 1, key), {Role.ADMIN}),
         BookieInfoRequest: (BookieInfoRequest(1), every),
+        LedgerKeyRequest: (LedgerKeyRequest(1, 1), {Role.BOOKIE, Role.ADMIN}),
     }
     # Every request kind of the protocol but AUTH (answered before any role) is listed.
     assert set(typing.get_args(Request)) - {AuthRequest} == set(table)

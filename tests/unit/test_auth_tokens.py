@@ -20,6 +20,7 @@ from quorumlog.proto.codec import (
     DeleteLedgerRequest,
     FenceRequest,
     FrameDecoder,
+    LedgerKeyRequest,
     ReadRequest,
     WriteLacRequest,
     encode,
@@ -131,13 +132,14 @@ def test_auth_roles_permit_what_docs_security_md_lists():
         "write lac": WriteLacRequest(1, 1, KEY, 0),
         "delete": DeleteLedgerRequest(1, 1, KEY),
         "info": BookieInfoRequest(1),
+        "ledger key": LedgerKeyRequest(1, 1),
     }
     allowed = {
         role: sorted(name for name, r in table.items() if permitted(r, [role])) for role in Role
     }
     assert allowed == {
         Role.CLIENT: ["add", "fence", "info", "read", "recovery add", "write lac"],
-        Role.BOOKIE: ["fence", "info", "read", "recovery add"],
+        Role.BOOKIE: ["fence", "info", "ledger key", "read", "recovery add"],
         Role.ADMIN: sorted(table),
     }
 

@@ -21,6 +21,8 @@ from quorumlog.proto import (
     FenceRequest,
     FenceResponse,
     FrameDecoder,
+    LedgerKeyRequest,
+    LedgerKeyResponse,
     Op,
     ReadFlag,
     ReadLacRequest,
@@ -54,6 +56,9 @@ def sample_messages():
         StatusResponse(6, Op.DELETE_LEDGER, 1, 7),
         BookieInfoRequest(8),
         BookieInfoResponse(8, 0, True, 10, 20),
+        LedgerKeyRequest(9, 7),
+        LedgerKeyResponse(9, 0, 7, KEY),
+        LedgerKeyResponse(10, 2, 7),
     ]
 
 

@@ -31,6 +31,8 @@ from quorumlog.proto import (
     FenceRequest,
     FenceResponse,
     FrameDecoder,
+    LedgerKeyRequest,
+    LedgerKeyResponse,
     Op,
     ReadFlag,
     ReadLacRequest,
@@ -308,6 +310,30 @@ CASES: list[tuple[str, object, bytes]] = [
             "05",  # uint8 role bits: client (1) | bookie (4)
             "0007",  # uint16 reason length
             "65787069726564",  # the reason, UTF-8
+        ),
+    ),
+    (
+        "ledger key request",
+        LedgerKeyRequest(REQUEST_ID, LEDGER),
+        h(
+            "00000012",  # uint32 length of the rest: 10 + 8
+            V1,
+            "09",  # uint8 op LEDGER_KEY
+            RID,
+            LEDGER_HEX,  # uint64 ledger
+        ),
+    ),
+    (
+        "ledger key response",
+        LedgerKeyResponse(REQUEST_ID, Status.OK, LEDGER, KEY),
+        h(
+            "00000028",  # uint32 length of the rest: 10 + 30
+            V1,
+            "89",  # uint8 op LEDGER_KEY | 0x80
+            RID,
+            "0000",  # int16 status OK
+            LEDGER_HEX,  # uint64 ledger
+            KEY_HEX,  # 20 bytes master key
         ),
     ),
 ]
