@@ -42,10 +42,11 @@ import mmap
 import re
 import struct
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate, repeat
 from operator import add
 from pathlib import Path
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -101,6 +102,63 @@ def log_holds_records(path: Path, ops: FileOps = REAL_FILES) -> bool:
                 return True
             position += len(padding)
         return False
+    finally:
+        ops.close(fd)
+
+
+class LogRecord(NamedTuple):
+    """One record of an entry log as it lies there (:func:`log_records`): its offset and
+    blob; ``padding`` for a record of zeros that fills a direct write to a block's end;
+    ``damage`` (and no blob) for a record that is cut short or fails its checksum."""
+
+    offset: int
+    blob: bytes
+    padding: bool = False
+    damage: str = ""
+
+
+def log_header(path: Path, ops: FileOps = REAL_FILES) -> tuple[int | None, str]:
+    """The log id an entry log's header names, or None and why it is not whole."""
+    fd = ops.open_read(path)
+    try:
+        head = ops.pread(fd, LOG_HEADER_SIZE, 0)
+    finally:
+        ops.close(fd)
+    if len(head) < LOG_HEADER_SIZE:
+        return None, f"shorter ({len(head)} bytes) than its header"
+    magic, log_id = _FILE_HEADER.unpack(head)
+    if magic != LOG_MAGIC:
+        return None, f"bad magic {magic!r}"
+    return int(log_id), ""
+
+
+def log_records(
+    path: Path, ops: FileOps = REAL_FILES, start: int = LOG_HEADER_SIZE
+) -> Iterator[LogRecord]:
+    """Every record of an entry log file from ``start`` (a record's offset), in order,
+    padding included, each checked by its CRC32C, for tools that show a log; reads one
+    record at a time and writes nothing. A damaged record ends it (an entry log has no
+    marker to find the next record by): it is yielded with ``damage`` set."""
+    size = ops.size(path)
+    fd = ops.open_read(path)
+    try:
+        position = start
+        while position < size:
+            head = ops.pread(fd, RECORD_HEADER_SIZE, position)
+            if len(head) < RECORD_HEADER_SIZE:
+                yield LogRecord(position, b"", damage="a record header cut short")
+                return
+            blob_size, crc = RECORD_HEADER.unpack(head)
+            blob = ops.pread(fd, blob_size, position + RECORD_HEADER_SIZE)
+            if len(blob) < blob_size:
+                yield LogRecord(position, b"", damage=f"a record of {blob_size} bytes cut short")
+                return
+            if crc32c(blob) != crc:
+                yield LogRecord(position, b"", damage="checksum mismatch")
+                return
+            padding = blob_size < DIRECT_IO_ALIGNMENT and blob == bytes(blob_size)
+            yield LogRecord(position, blob, padding)
+            position += RECORD_HEADER_SIZE + blob_size
     finally:
         ops.close(fd)
 

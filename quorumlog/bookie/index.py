@@ -176,8 +176,15 @@ class LedgerIndex:
 
     grow_when_full = False
 
-    def __init__(self, directory: Path, map_size_bytes: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directory: Path, map_size_bytes: int, *, read_only: bool = False) -> None:
+        """``read_only``: for tools that read a stopped bookie's index (the shell's
+        ``lastmark``, ``bookieinfo``): nothing is created or written, LMDB's lock file
+        included, so the caller must make sure no bookie runs on the directory."""
+        if read_only:
+            if not (directory / "data.mdb").is_file():
+                raise BookieIOError(f"index {directory}: no index here (no data.mdb)")
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
         try:
             self._env = lmdb.open(
                 str(directory),
@@ -187,17 +194,20 @@ class LedgerIndex:
                 metasync=True,
                 readahead=False,
                 max_readers=64,
+                readonly=read_only,
+                lock=not read_only,
             )
         except lmdb.Error as exc:
             raise BookieIOError(f"index {directory}: cannot open LMDB: {exc}") from exc
         self.directory = directory
+        create = not read_only
         try:
-            self._entries = self._env.open_db(b"entries")
-            self._ledgers = self._env.open_db(b"ledgers")
-            self._counts = self._env.open_db(b"counts")
-            self._logs = self._env.open_db(b"logs")
-            self._meta = self._env.open_db(b"meta")
-            self._usage = self._env.open_db(b"usage")
+            self._entries = self._env.open_db(b"entries", create=create)
+            self._ledgers = self._env.open_db(b"ledgers", create=create)
+            self._counts = self._env.open_db(b"counts", create=create)
+            self._logs = self._env.open_db(b"logs", create=create)
+            self._meta = self._env.open_db(b"meta", create=create)
+            self._usage = self._env.open_db(b"usage", create=create)
             self._check_format()
         except lmdb.Error as exc:
             self._env.close()

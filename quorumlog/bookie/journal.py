@@ -712,6 +712,68 @@ def _file_salt(
     return None
 
 
+# ---------------------------------------------------------------- inspection
+
+RECORD_NAMES = {
+    RECORD_ADD: "ADD",
+    RECORD_MASTER_KEY: "MASTER_KEY",
+    RECORD_FENCE: "FENCE",
+    RECORD_LAC: "LAC",
+    RECORD_DELETE: "DELETE",
+    RECORD_BATCH: "BATCH",
+    RECORD_PAD: "PAD",
+    RECORD_MANIFEST: "MANIFEST",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """One record of a journal file as it lies there (:func:`file_records`): its offset,
+    type (``RECORD_*``) and payload; or, with ``damage`` set (type 0), the bytes from a
+    damaged record to the next batch marker (or the file's end), and why."""
+
+    offset: int
+    kind: int
+    payload: memoryview
+    damage: str = ""
+
+
+def file_header(buf: bytes, file_id: int) -> tuple[bytes | None, str]:
+    """The salt of a journal file's header, or None and why the header is not whole."""
+    if len(buf) >= FILE_HEADER_SIZE and buf[:8] == _OLD_MAGIC:
+        return None, "written in an older journal format (no batch markers)"
+    if len(buf) < FILE_HEADER_SIZE:
+        return None, f"shorter ({len(buf)} bytes) than its header"
+    magic, header_id, salt = _FILE_HEADER.unpack_from(buf)
+    if magic != JOURNAL_MAGIC:
+        return None, f"bad magic {bytes(magic)!r}"
+    if header_id != file_id:
+        return None, f"its header names file id {header_id}"
+    return bytes(salt), ""
+
+
+def file_records(buf: bytes, salt: bytes) -> Iterator[FileRecord]:
+    """Every record of one journal file's bytes (its header whole, see :func:`file_header`),
+    in order, batch markers, manifests and padding included, for tools that show a
+    journal: replay is :func:`scan`. Damage is reported as one :class:`FileRecord`
+    reaching to the next batch marker, where reading goes on (never inside the damaged
+    bytes, as in replay); nothing is written."""
+    view = memoryview(buf)
+    end = len(buf)
+    marker = batch_marker(salt)
+    pos = FILE_HEADER_SIZE
+    while pos < end:
+        size, why = _record_at(buf, view, pos, end)
+        if size:
+            yield FileRecord(pos, buf[pos + 4], view[pos + 5 : pos + size - 4])
+            pos += size
+            continue
+        found = buf.find(marker, pos + 1)
+        resume = found if found >= 0 else end
+        yield FileRecord(pos, 0, view[pos:resume], why)
+        pos = resume
+
+
 # ---------------------------------------------------------------- writer
 
 Done = tuple[Callable[[Any], None], Any]  # called as done[0](done[1]) on the loop

@@ -17,6 +17,8 @@
     quorumlog shell triggeraudit
     quorumlog shell decommissionbookie BOOKIE [--password TEXT]
     quorumlog shell gc [--http HOST:PORT ...] [--minor] [--json]
+    quorumlog shell readjournal|readlog|listfilesondisc|lastmark|bookieinfo|cookie_get ...
+        (a stopped bookie's files, read-only: quorumlog.commands.bookie_files)
 
 Every failure is one line on stderr and a non-zero exit status, never a traceback.
 """
@@ -34,7 +36,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from quorumlog.commands import gc_trigger, security_options
+from quorumlog.bookie.errors import BookieStartError
+from quorumlog.commands import bookie_files, gc_trigger, security_options
 from quorumlog.errors import BKError
 
 if TYPE_CHECKING:
@@ -126,6 +129,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
             "gc", help="garbage collection and compaction now, through each bookie's admin API"
         )
     )
+    bookie_files.add_commands(commands)
     shell.set_defaults(func=run)
 
 
@@ -179,6 +183,17 @@ def run(args: argparse.Namespace) -> int:
         "decommissionbookie": _decommissionbookie,
         "gc": _gc,
     }
+    offline = args.shell_command in bookie_files.OFFLINE_COMMANDS or (
+        args.shell_command == "cookie_get" and args.bookie is None
+    )
+    if offline:
+        # A stopped bookie's files: no metadata store needed.
+        try:
+            return bookie_files.run(args)
+        except (BKError, BookieStartError, OSError, ValueError) as exc:
+            print(f"quorumlog shell {args.shell_command}: {exc}", file=sys.stderr)
+            return 1
+    handlers["cookie_get"] = bookie_files.cookie_get
     handler = handlers[args.shell_command]
     loop = new_event_loop()
     try:
