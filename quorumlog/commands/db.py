@@ -373,13 +373,17 @@ def run_backup(args: argparse.Namespace) -> int:
         request = urllib.request.Request(url, headers=_auth_headers())
         with urllib.request.urlopen(request, timeout=300) as r:
             data = r.read()
-            position = r.headers.get("X-Quorumlog-Position", "")
+            position = r.headers.get("X-Quorumlog-Position")
     except (OSError, ValueError) as exc:
         print(f"quorumlog db backup: {args.addr}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     with open(args.out, "wb") as out:
         out.write(data)
-    print(f"{args.out}: {len(data)} bytes, applied position {position}")
+    if position is None:  # a server that does not say
+        where = "applied position unknown (the server sent none)"
+    else:
+        where = f"applied position {position or 'none (nothing applied yet)'}"
+    print(f"{args.out}: {len(data)} bytes, {where}")
     return EXIT_OK
 
 

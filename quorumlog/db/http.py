@@ -32,6 +32,10 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "DbHttpApi"]
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # below a log entry's frame limit (8 MiB)
 FORWARDED_HEADER = "X-Quorumlog-Forwarded"
+POSITION_HEADER = "X-Quorumlog-Position"  # the applied position a backup holds
+# Headers of the leader's answer a follower relays with it: what the answer is (a
+# backup is a SQLite file or SQL text, not JSON) and the position it holds.
+_RELAYED_HEADERS = ("Content-Type", POSITION_HEADER)
 _MIN_POSITION_WAIT_S_DEFAULT = 10.0
 _LEVELS = ("none", "weak", "strong", "linearizable")
 _LEADER_CACHE_S = 1.0
@@ -269,9 +273,9 @@ class DbHttpApi:
                 text = await answer.read()
                 if answer.status == 503:
                     self._leader_cache = None
-                return web.Response(
-                    body=text, status=answer.status, content_type="application/json"
-                )
+                relayed = {k: answer.headers[k] for k in _RELAYED_HEADERS if k in answer.headers}
+                relayed.setdefault("Content-Type", "application/json")
+                return web.Response(body=text, status=answer.status, headers=relayed)
         except (aiohttp.ClientError, TimeoutError) as exc:
             self._leader_cache = None
             return self._error(request, 503, f"leader {leader} unreachable: {exc}")
@@ -349,13 +353,14 @@ class DbHttpApi:
     async def _backup(self, request: web.Request) -> web.StreamResponse:
         """This replica's file (``?fmt=sql``: as SQL text), a consistent copy; the applied
         position it holds is in the ``X-Quorumlog-Position`` header. Forwarded to the
-        leader unless ``level=none`` (rqlite backs up on the leader)."""
+        leader unless ``level=none`` (rqlite backs up on the leader); the follower relays
+        the leader's file with its content type and position header."""
         level = request.query.get("level", "weak").lower()
         if level != "none" and not self.replica.is_leader:
             return await self._forward(request, b"")
         # On a thread: a copy of a large file must not hold up the replica's loop.
         data, position = await asyncio.to_thread(copy_file, self.replica.sqlite_path)
-        headers = {"X-Quorumlog-Position": "" if position is None else str(position)}
+        headers = {POSITION_HEADER: "" if position is None else str(position)}
         if request.query.get("fmt") == "sql":
             text = "\n".join(await asyncio.to_thread(dump_sql, data)) + "\n"
             return web.Response(text=text, headers=headers, content_type="application/sql")

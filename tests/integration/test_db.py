@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from support import port_for_a_child
 
+from quorumlog.log.position import Position
 from quorumlog.server.local_cluster import LocalCluster
 
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -344,7 +346,21 @@ def test_db_backup_and_restore_through_the_log(replicas: list[DbProcess], tmp_pa
     leader = wait_ready(replicas)
     follower = next(r for r in replicas if r is not leader)
     rows = [["INSERT INTO notes(body) VALUES (?)", f"note {i}"] for i in range(20)]
-    assert http(follower.addr, "/db/execute", ["CREATE TABLE notes (body TEXT)", *rows])[0] == 200
+    status, written = http(follower.addr, "/db/execute", ["CREATE TABLE notes (body TEXT)", *rows])
+    assert status == 200, written
+    committed = Position.parse(written["position"])
+    # Through a follower, the backup is the leader's file with what the leader says of
+    # it: its type and the position it holds, never a JSON type and no position.
+    for query, content_type in (("", "application/octet-stream"), ("?fmt=sql", "application/sql")):
+        with urllib.request.urlopen(f"http://{follower.addr}/db/backup{query}", timeout=60) as r:
+            assert r.status == 200
+            assert r.headers.get_content_type() == content_type, query
+            assert Position.parse(r.headers["X-Quorumlog-Position"]) >= committed, query
+            body = r.read()
+        if query:
+            assert "CREATE TABLE notes" in body.decode() and "note 19" in body.decode()
+        else:
+            assert body.startswith(b"SQLite format 3\x00")
     backup = tmp_path / "backup.sqlite"
     command = [sys.executable, "-m", "quorumlog", "db"]
     done = subprocess.run(
@@ -354,6 +370,11 @@ def test_db_backup_and_restore_through_the_log(replicas: list[DbProcess], tmp_pa
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
+    printed = re.search(r"applied position (\d+:\d+)$", done.stdout.strip())
+    assert printed is not None, done.stdout
+    assert Position.parse(printed.group(1)) >= committed
+    with contextlib.closing(sqlite3.connect(backup)) as copy:
+        assert copy.execute("SELECT count(*) FROM notes").fetchone() == (20,)
     assert http(leader.addr, "/db/execute", ["DROP TABLE notes"])[0] == 200
     done = subprocess.run(
         [*command, "restore", "--addr", follower.addr, str(backup)],
