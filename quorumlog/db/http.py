@@ -39,6 +39,7 @@ _RELAYED_HEADERS = ("Content-Type", POSITION_HEADER)
 _MIN_POSITION_WAIT_S_DEFAULT = 10.0
 _LEVELS = ("none", "weak", "strong", "linearizable")
 _LEADER_CACHE_S = 1.0
+_PROBE_S = 2.0  # how long /nodes waits for each replica's answer
 _WRITE_TIMEOUT_S_DEFAULT = 30.0
 _READ = "read"
 _WRITE = "write"
@@ -132,6 +133,7 @@ class DbHttpApi:
         self.app.router.add_get("/db/backup", self._backup)
         self.app.router.add_get("/status", self._status)
         self.app.router.add_get("/nodes", self._nodes)
+        self.app.router.add_route("DELETE", "/remove", self._remove)
         self.app.router.add_get("/readyz", self._readyz)
 
     async def start(self, host: str, port: int) -> int:
@@ -367,6 +369,7 @@ class DbHttpApi:
         return web.Response(body=data, headers=headers, content_type="application/octet-stream")
 
     async def _members_json(self) -> list[dict[str, Any]]:
+        """The replicas in the election (the leader first), each taken as reachable."""
         try:
             members = await self.replica.members()
         except BKError:
@@ -383,11 +386,79 @@ class DbHttpApi:
             for node_id, api, leads in members
         ]
 
-    async def _nodes(self, request: web.Request) -> web.StreamResponse:
+    async def _probe(self, node: dict[str, Any]) -> None:
+        """Ask a replica's API whether it answers (any HTTP answer, an authentication
+        refusal included, is an answer); set ``reachable``, and ``error`` when not."""
+        if node["id"] == self.replica.config.node_id:
+            return
+        assert self._session is not None
+        started = time.perf_counter()
+        try:
+            if not node["api_addr"]:
+                raise ValueError("no API address recorded")
+            async with self._session.get(
+                f"{node['api_addr']}/readyz", timeout=aiohttp.ClientTimeout(total=_PROBE_S)
+            ) as answer:
+                await answer.read()
+            node["time"] = time.perf_counter() - started
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            node["reachable"] = False
+            node["error"] = str(exc) or type(exc).__name__
+
+    async def _nodes_json(self) -> list[dict[str, Any]]:
+        """Every replica the database recorded, up or down, as rqlite lists them: those
+        in the election first (the leader first), then the others (not in the election:
+        stopped, or gone for good); each probed, ``reachable`` false for one that does
+        not answer."""
         nodes = await self._members_json()
+        try:
+            recorded = await self.replica.recorded_nodes()
+        except BKError:
+            recorded = []
+        known = {n["id"] for n in nodes}
+        for node_id, api in recorded:
+            if node_id not in known:
+                nodes.append(
+                    {
+                        "id": node_id,
+                        "api_addr": api,
+                        "addr": api,
+                        "reachable": True,
+                        "leader": False,
+                        "voter": True,
+                    }
+                )
+        await asyncio.gather(*(self._probe(n) for n in nodes))
+        return nodes
+
+    async def _nodes(self, request: web.Request) -> web.StreamResponse:
+        nodes = await self._nodes_json()
         if request.query.get("ver") == "2":
             return self._reply(request, {"nodes": nodes})
         return self._reply(request, {n["id"]: n for n in nodes})
+
+    async def _remove(self, request: web.Request) -> web.StreamResponse:
+        """rqlite's ``DELETE /remove`` with ``{"id": NODE}``: forget a replica that is gone
+        for good, so that ``/nodes`` stops listing it as unreachable. A replica still in
+        the election is refused (stop it first)."""
+        try:
+            body = loads_json(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            return self._error(request, 400, f"malformed JSON body: {exc}")
+        node_id = body.get("id") if isinstance(body, dict) else None
+        if not isinstance(node_id, str) or not node_id:
+            return self._error(request, 400, 'the body must be {"id": "<node id>"}')
+        try:
+            running = {member[0] for member in await self.replica.members()}
+            if node_id in running:
+                return self._error(
+                    request, 400, f"replica {node_id} is running (in the election): stop it first"
+                )
+            if not await self.replica.forget_node(node_id):
+                return self._error(request, 404, f"no replica {node_id} recorded")
+        except BKError as exc:
+            return self._error(request, 503, exc.message)
+        return self._reply(request, {})
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
         replica = self.replica

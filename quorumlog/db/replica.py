@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import quote
 
 from quorumlog.db.machine import (
     BARRIER,
@@ -57,11 +58,11 @@ from quorumlog.db.machine import (
 )
 from quorumlog.db.snapshot import list_snapshots, read_snapshot, take_snapshot
 from quorumlog.db.sql import BadRequestError, Statement, rewrite_all_for_replay
-from quorumlog.errors import BKError
+from quorumlog.errors import BKError, NodeExistsError, NoNodeError
 from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogFencedError, NoSuchLogError
 from quorumlog.log.log import open_log
-from quorumlog.log.metadata import read_log
+from quorumlog.log.metadata import log_node_name, read_log
 from quorumlog.log.position import Position
 from quorumlog.log.position import Record as LogRecord
 from quorumlog.recipes.election import LeaderElection
@@ -104,6 +105,17 @@ def log_name_of(name: str) -> str:
 def legacy_log_name_of(name: str) -> str:
     """The log of a database created before log names could hold '/': it keeps it."""
     return f"db.{name}"
+
+
+# Every replica a database ever had, persistent (rqlite lists a replica that is down as
+# unreachable, not as gone): /dbnodes/<log node name>/<node id, escaped> holds its
+# identifier, {"id": ..., "api": ...}.
+NODES_PATH = "/dbnodes"
+
+
+def nodes_path_of(log_name: str) -> str:
+    """The metadata node under which a database's replicas are recorded."""
+    return f"{NODES_PATH}/{log_node_name(log_name)}"
 
 
 def election_group_of(name: str) -> str:
@@ -268,7 +280,22 @@ class Replica:
             session_timeout_ms=self.config.session_timeout_ms,
         )
         await self._election.start()
+        await self._record_node()
         self._task = asyncio.create_task(self._run(), name=f"db {self.config.name}")
+
+    async def _record_node(self) -> None:
+        """Record this replica among the database's (persistent, its address kept up to
+        date), so that ``/nodes`` lists it while it is down. Best effort: a store that
+        fails here fails the replica's own work soon enough, and says so there."""
+        path = f"{nodes_path_of(self.log_name)}/{quote(self.config.node_id, safe='')}"
+        data = self.identifier.encode()
+        try:
+            try:
+                await self.bk.store.create(path, data)
+            except NodeExistsError:
+                await self.bk.store.set(path, data)
+        except BKError as exc:
+            log.warning("db %s: could not record replica %s: %s", self.config.name, path, exc)
 
     async def close(self) -> None:
         self._stop.set()
@@ -299,6 +326,39 @@ class Replica:
             except (ValueError, KeyError, TypeError):
                 out.append((identifier, "", index == 0))
         return out
+
+    async def recorded_nodes(self) -> list[tuple[str, str]]:
+        """``(node id, HTTP address)`` of every replica this database has recorded, up
+        or down (:data:`NODES_PATH`), in node-id order."""
+        store = self.bk.store
+        parent = nodes_path_of(self.log_name)
+        try:
+            names = await store.children(parent)
+        except NoNodeError:
+            return []
+        out = []
+        for name in names:
+            try:
+                raw = json.loads((await store.get(f"{parent}/{name}")).data)
+                out.append((str(raw["id"]), str(raw["api"])))
+            except NoNodeError:
+                continue  # removed meanwhile
+            except (ValueError, KeyError, TypeError):
+                log.warning(
+                    "db %s: unreadable replica record %s/%s", self.config.name, parent, name
+                )
+        return out
+
+    async def forget_node(self, node_id: str) -> bool:
+        """Remove a replica's record, so that ``/nodes`` no longer lists it (rqlite's
+        ``/remove``); False if there was none. The caller makes sure it is not running:
+        a running replica records itself again when it starts."""
+        path = f"{nodes_path_of(self.log_name)}/{quote(node_id, safe='')}"
+        try:
+            await self.bk.store.delete(path)
+        except NoNodeError:
+            return False
+        return True
 
     async def execute(
         self,

@@ -81,10 +81,11 @@ def _loggable(request: web.Request) -> str:
 
 def db_api_roles(request: web.Request) -> frozenset[Role] | None:
     """The database's API: readiness is open (load balancers), a backup (the whole
-    database) takes ``admin``, statements and status take ``client`` (or ``admin``)."""
+    database) and forgetting a replica (``/remove``) take ``admin``, statements and
+    status take ``client`` (or ``admin``)."""
     if request.path == "/readyz":
         return None
-    return ADMIN_ONLY if request.path == "/db/backup" else CLIENTS
+    return ADMIN_ONLY if request.path in ("/db/backup", "/remove") else CLIENTS
 
 
 def admin_api_roles(request: web.Request) -> frozenset[Role] | None:

@@ -431,6 +431,68 @@ def test_db_commands_status_nodes_shell(replicas: list[DbProcess]) -> None:
         connection.close()
 
 
+def test_db_nodes_lists_a_stopped_replica_as_unreachable(replicas: list[DbProcess]) -> None:
+    leader = wait_ready(replicas)
+    stopped, killed = [r for r in replicas if r is not leader]
+    everyone = {r.node_id for r in replicas}
+    status, nodes = http(leader.addr, "/nodes")
+    assert status == 200 and set(nodes) == everyone, nodes
+    assert all(node["reachable"] for node in nodes.values()), nodes
+
+    stopped.stop()  # SIGTERM by pid: it leaves the election at once
+    assert stopped.process.returncode is not None
+    for replica in (leader, killed):
+        status, nodes = http(replica.addr, "/nodes")
+        assert status == 200 and set(nodes) == everyone, nodes
+        assert nodes[stopped.node_id]["reachable"] is False and nodes[stopped.node_id]["error"]
+        assert nodes[stopped.node_id]["leader"] is False
+        assert nodes[stopped.node_id]["api_addr"] == f"http://{stopped.addr}"
+        assert nodes[leader.node_id]["reachable"] and nodes[leader.node_id]["leader"]
+        assert nodes[killed.node_id]["reachable"] and not nodes[killed.node_id]["leader"]
+    status, listed = http(leader.addr, "/nodes?ver=2")
+    assert {n["id"]: n["reachable"] for n in listed["nodes"]} == {
+        leader.node_id: True,
+        stopped.node_id: False,
+        killed.node_id: True,
+    }
+
+    # kill -9: its election node outlives it until its session expires; still unreachable.
+    killed.kill()
+    done = subprocess.run(
+        [sys.executable, "-m", "quorumlog", "db", "nodes", "--addr", leader.addr],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    nodes = json.loads(done.stdout)
+    assert {n: v["reachable"] for n, v in nodes.items()} == {
+        leader.node_id: True,
+        stopped.node_id: False,
+        killed.node_id: False,
+    }
+
+    # rqlite's DELETE /remove forgets a replica gone for good; a running one is refused.
+    def remove(node_id: str) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            f"http://{leader.addr}/remove",
+            data=json.dumps({"id": node_id}).encode(),
+            method="DELETE",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    status, answer = remove(leader.node_id)
+    assert status == 400 and "running" in answer["error"], answer
+    assert remove(stopped.node_id)[0] == 200
+    assert remove(stopped.node_id)[0] == 404
+    status, nodes = http(leader.addr, "/nodes")
+    assert set(nodes) == {leader.node_id, killed.node_id}, nodes
+
+
 def test_db_two_databases_share_one_cluster(cluster3: LocalCluster, tmp_path: Path) -> None:
     groups = {
         name: [
