@@ -138,6 +138,11 @@ def _add_autorecovery_commands(commands: argparse._SubParsersAction) -> None:  #
         "listunderreplicated", help="list the ledgers marked under-replicated, with lost bookies"
     )
     listur.add_argument("--json", action="store_true", help="one JSON object per line")
+    listur.add_argument(
+        "--lost",
+        action="store_true",
+        help="list instead the ledgers recorded lost: entries with no copy left anywhere",
+    )
     commands.add_parser("whoisauditor", help="print the autorecovery auditor's identifier")
     ar = commands.add_parser("autorecovery", help="enable, disable or show autorecovery")
     ar.add_argument("action", choices=["enable", "disable", "status"])
@@ -403,6 +408,13 @@ async def _listunderreplicated(bk, args: argparse.Namespace) -> int:  # type: ig
     from quorumlog.meta.underreplication import UnderReplicationManager
 
     marks = UnderReplicationManager(bk.store)
+    if args.lost:
+        for lost in await marks.lost_ledgers():
+            if args.json:
+                print(json.dumps(lost.to_dict(), sort_keys=True))
+            else:
+                print(f"{lost.ledger_id}\tLOST on {', '.join(lost.bookies)}: {lost.reason}")
+        return 0
     for mark in await marks.list_marks():
         owner = await marks.lock_owner(mark.ledger_id)
         if args.json:

@@ -23,10 +23,11 @@ worker that dies goes with its session.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from quorumlog.errors import (
@@ -46,6 +47,9 @@ DELAY_PATH = f"{ROOT}/lostBookieRecoveryDelay"
 AUDITOR_PATH = f"{ROOT}/auditor"
 AUDIT_REQUEST_PATH = f"{ROOT}/auditrequest"
 LAST_AUDIT_PATH = f"{ROOT}/lastaudit"
+# Ledgers with entries of which no copy is left (one node each, JSON): reported once
+# and never retried, until the ledger is deleted or its bookies come back.
+LOST_PATH = f"{ROOT}/lost"
 # The leader election group of the auditor candidates (/election/<group>).
 AUDITOR_ELECTION_GROUP = "autorecovery-auditor"
 
@@ -98,6 +102,25 @@ def _decode(ledger_id: int, data: bytes, version: int) -> Mark:
             f"under-replication mark of ledger {ledger_id}: bad data ({exc})"
         ) from None
     return Mark(ledger_id, bookies, marked_ms, version)
+
+
+@dataclass(frozen=True, slots=True)
+class LostLedger:
+    """A ledger some of whose entries have no copy left on any bookie."""
+
+    ledger_id: int
+    bookies: tuple[str, ...]  # the lost bookies whose copies cannot be replaced
+    reason: str
+    lost_ms: int
+    version: int = -1  # of its node, for a compare-and-set
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ledger_id": self.ledger_id,
+            "bookies": list(self.bookies),
+            "reason": self.reason,
+            "lost_ms": self.lost_ms,
+        }
 
 
 class UnderReplicationManager:
@@ -171,6 +194,71 @@ class UnderReplicationManager:
         except MetadataVersionError:
             return False
         return True
+
+    # ------------------------------------------------------------ lost ledgers
+
+    async def record_lost(self, ledger_id: int, bookies: Iterable[str], reason: str) -> bool:
+        """Record ``ledger_id`` as lost with ``bookies`` (merged into a record there is:
+        its mark is the caller's to clear); True when it was not recorded before."""
+        path = f"{LOST_PATH}/{ledger_id}"
+        wanted = set(bookies)
+        for _ in range(_CAS_ATTEMPTS):
+            current = await self.lost_ledger(ledger_id)
+            body: dict[str, object] = {
+                "bookies": sorted(wanted | set(current.bookies if current else ())),
+                "reason": (current.reason if current else reason)[:4000],
+                "lost_ms": current.lost_ms if current else int(self.clock() * 1000),
+            }
+            data = json.dumps(body, sort_keys=True).encode()
+            if current is None:
+                try:
+                    await self.store.create(path, data)
+                    return True
+                except NodeExistsError:
+                    continue
+            if wanted <= set(current.bookies):
+                return False
+            try:
+                await self.store.set(path, data, current.version)
+                return False
+            except (MetadataVersionError, NoNodeError):
+                continue
+        raise MetadataError(f"ledger {ledger_id}: recording it lost kept conflicting; try again")
+
+    async def lost_ledger(self, ledger_id: int) -> LostLedger | None:
+        try:
+            node = await self.store.get(f"{LOST_PATH}/{ledger_id}")
+        except NoNodeError:
+            return None
+        try:
+            body = json.loads(node.data)
+            return LostLedger(
+                ledger_id,
+                tuple(body["bookies"]),
+                str(body["reason"]),
+                int(body["lost_ms"]),
+                node.version,
+            )
+        except (ValueError, KeyError, TypeError):
+            raise MetadataError(f"{LOST_PATH}/{ledger_id}: not a lost-ledger record") from None
+
+    async def lost_ledgers(self) -> list[LostLedger]:
+        """Every ledger recorded lost, by id."""
+        try:
+            names = await self.store.children(LOST_PATH)
+        except NoNodeError:
+            return []
+        found = []
+        for ledger_id in sorted(int(n) for n in names if n.isdigit()):
+            lost = await self.lost_ledger(ledger_id)
+            if lost is not None:
+                found.append(lost)
+        return found
+
+    async def forget_lost(self, ledger_id: int) -> None:
+        """Drop the record (the ledger was deleted, or its bookies came back)."""
+        with contextlib.suppress(NoNodeError):
+            await self.store.delete(f"{LOST_PATH}/{ledger_id}")
 
     # ------------------------------------------------------------ locks
 

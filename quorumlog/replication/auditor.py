@@ -257,6 +257,7 @@ class Auditor:
                     available = new_available
                     index = await self._read_index()
                     next_index = now + self.config.bookie_check_interval_s
+                    await self._tidy_lost(index)
                 self.stats.bookie_checks += 1
                 self.tracker.observe(lost_bookies(index, available), now)
                 due = self.tracker.due(now, delay_s)
@@ -316,7 +317,10 @@ class Auditor:
 
     async def _mark_lost(self, index: Mapping[str, set[int]], due: set[str]) -> None:
         marked = 0
+        recorded = await self._tidy_lost(index)
         for ledger_id, bookies in sorted(marks_for_lost(index, due).items()):
+            if set(bookies) <= recorded.get(ledger_id, set()):
+                continue  # no copy left to make: reported lost once already
             if await self.marks.mark(ledger_id, bookies):
                 marked += 1
         if marked:
@@ -327,6 +331,18 @@ class Auditor:
             )
         self.stats.ledgers_marked += marked
         self.stats.lost_marked |= due
+
+    async def _tidy_lost(self, index: Mapping[str, set[int]]) -> dict[int, set[str]]:
+        """The ledgers recorded lost, by id, with their lost bookies; records of ledgers
+        that no longer name those bookies (deleted, or repaired by hand) are dropped."""
+        recorded: dict[int, set[str]] = {}
+        for lost in await self.marks.lost_ledgers():
+            still = {b for b in lost.bookies if lost.ledger_id in index.get(b, set())}
+            if still:
+                recorded[lost.ledger_id] = still
+            else:
+                await self.marks.forget_lost(lost.ledger_id)
+        return recorded
 
     async def audit_all(self, available: set[str]) -> dict[str, object]:
         """The periodic check: audit a sample of the closed ledgers, mark what is bad."""
@@ -354,6 +370,9 @@ class Auditor:
                 log.warning("auditor: ledger %d could not be audited: %s", ledger_id, exc)
                 continue
             bad = bookies_to_repair(audit, available)
+            recorded = await self.marks.lost_ledger(ledger_id)
+            if recorded is not None and set(bad) <= set(recorded.bookies):
+                continue  # reported lost already: nothing left to copy from
             if bad and await self.marks.mark(ledger_id, bad):
                 marked += 1
         summary: dict[str, object] = {

@@ -49,6 +49,12 @@ class RereplicationError(BKError):
     """A fragment could not be re-replicated (e.g. no intact copy of an entry is left)."""
 
 
+class EntriesLostError(RereplicationError):
+    """No copy of an entry is left anywhere: every other bookie of its write set said it
+    has none, or is gone (registered neither writable nor read-only). Trying again
+    cannot help; the ledger is reported lost (docs/OPERATIONS.md)."""
+
+
 class ReplacementFailed(BKError):
     """The replacement bookie failed mid-copy: try another one."""
 
@@ -110,6 +116,8 @@ class FragmentCopier:
         self._target = target
         self._out = out
         self._rotation = 0
+        # Per entry, the replicas that said they hold none of it.
+        self._absent: dict[int, set[str]] = {}
         # Average blob size for chunk sizing; the ledger length gives a first guess.
         overhead = ENTRY_HEADER_SIZE + md.digest_type.digest_size
         if md.is_closed and md.last_entry_id >= 0 and md.length > 0:
@@ -222,7 +230,7 @@ class FragmentCopier:
             for first, last in todo:
                 replica = self._choose_replica(first, last, failed.get(first, set()))
                 if replica is None:
-                    raise self._unreadable(first, reasons.get(first, []))
+                    raise await self._unreadable(first, reasons.get(first, []))
                 request = ReadRequest(
                     0,
                     self._ledger_id,
@@ -283,9 +291,11 @@ class FragmentCopier:
                 entry_id += 1
         elif status in (Status.OK, Status.NO_SUCH_ENTRY):
             fail(first, "no such entry")
+            self._absent.setdefault(first, set()).add(replica)
         elif status == Status.NO_SUCH_LEDGER:
             for entry_id in range(first, last + 1):
                 fail(entry_id, "no such ledger")
+                self._absent.setdefault(entry_id, set()).add(replica)
         elif status == Status.IO_ERROR:
             # R9: the bookie found its own record damaged.
             reason = "bookie could not read it (I/O error)"
@@ -294,16 +304,31 @@ class FragmentCopier:
         else:
             self._run.down.setdefault(replica, f"answered READ with {status_name(status)}")
 
-    def _unreadable(self, entry_id: int, reasons: list[str]) -> RereplicationError:
+    async def _unreadable(self, entry_id: int, reasons: list[str]) -> RereplicationError:
         holders = [self._fragment.ensemble[i] for i in self._replicas(entry_id)]
         detail = "; ".join(reasons[-4:]) or "every other replica is down"
         down = [b for b in holders if b in self._run.down]
         if down and not reasons:
             detail = "; ".join(f"{b}: {self._run.down[b]}" for b in down)
-        return RereplicationError(
+        message = (
             f"ledger {self._ledger_id} entry {entry_id}: no intact copy on "
             f"{', '.join(holders) or 'any other bookie'} ({detail})"
         )
+        # Lost for good only when no holder can still have it: each said it has none
+        # (a bookie never calls absent what it may have acknowledged, R17), or is gone.
+        # One unreachable but registered, or one that found its copy damaged, may yet
+        # serve it: that is tried again later.
+        absent = self._absent.get(entry_id, set())
+        unsure = [b for b in holders if b not in absent]
+        if unsure and not down:
+            return RereplicationError(message)
+        if unsure:
+            bk = self._run.bk
+            registered = set(await bk.registry.writable_bookies())
+            registered |= set(await bk.registry.readonly_bookies())
+            if any(b in registered or b not in down for b in unsure):
+                return RereplicationError(message)
+        return EntriesLostError(f"{message}: no copy is left")
 
     # ------------------------------------------------------------ writing
 

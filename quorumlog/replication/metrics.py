@@ -82,9 +82,15 @@ class AutoRecoveryCollector(Collector):
             ),
             (
                 "ledger_repair_failures_total",
-                "Repairs that failed (no replacement bookie, a failed copy, a wrong "
-                "password); the ledger is tried again after the backoff.",
+                "Repairs that failed (no replacement bookie, a failed copy, no bookie "
+                "giving the ledger's key); the ledger is tried again after the backoff.",
                 w.ledgers_failed,
+            ),
+            (
+                "ledgers_lost_total",
+                "Ledgers found with entries of which no copy is left on any bookie: "
+                "recorded lost once, never retried.",
+                w.ledgers_lost,
             ),
             (
                 "copied_fragments_total",

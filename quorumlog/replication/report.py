@@ -194,6 +194,7 @@ class LedgerOutcome(enum.Enum):
     DELETED = "deleted"  # gone before or during the run: nothing to recover
     UNAFFECTED = "unaffected"  # asked for explicitly, but it never named the bookie
     FAILED = "failed"  # some fragment could not be recovered (see the errors)
+    LOST = "lost"  # some entry has no copy left anywhere: reported, not retried
 
 
 class FragmentStatus(enum.Enum):
@@ -204,6 +205,7 @@ class FragmentStatus(enum.Enum):
     LEFT_TO_WRITER = "left-to-writer"  # last fragment of a ledger that is not closed
     REPLACED_CONCURRENTLY = "replaced-concurrently"  # someone else replaced the bookie
     FAILED = "failed"
+    LOST = "lost"  # an entry has no copy left: no other bookie holds it
 
 
 @dataclass(kw_only=True)
@@ -337,7 +339,12 @@ class RecoveryReport:
 
     @property
     def failed(self) -> list[LedgerReplication]:
-        return [r for r in self.ledgers if r.outcome is LedgerOutcome.FAILED]
+        return [r for r in self.ledgers if r.outcome in (LedgerOutcome.FAILED, LedgerOutcome.LOST)]
+
+    @property
+    def lost(self) -> list[LedgerReplication]:
+        """Ledgers with entries of which no copy is left (reported, never retried)."""
+        return [r for r in self.ledgers if r.outcome is LedgerOutcome.LOST]
 
     @property
     def still_referencing(self) -> list[LedgerReplication]:

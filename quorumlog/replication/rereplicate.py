@@ -69,6 +69,7 @@ from quorumlog.replication.copy import (
     CHUNK_BYTES_DEFAULT,
     COPIES_IN_FLIGHT_DEFAULT,
     ENTRIES_PER_CHUNK_DEFAULT,
+    EntriesLostError,
     FragmentCopier,
     ReplacementFailed,
     RereplicationError,
@@ -389,14 +390,18 @@ class _Run:
             for fragment in work:
                 done = await self._fragment(md, fragment, codec, key)
                 result.fragments.append(done)
-                failed = failed or done.status is FragmentStatus.FAILED
+                failed = failed or done.status in (FragmentStatus.FAILED, FragmentStatus.LOST)
             md, _ = await read_ledger_metadata(self.bk, ledger_id)
             if failed:
                 break
         result.state = md.state.value
         left = fragments_naming(md, self.lost)
         result.references_bookie = bool(left)
-        if failed:
+        lost = [f for f in result.fragments if f.status is FragmentStatus.LOST]
+        if lost:
+            result.outcome = LedgerOutcome.LOST
+            result.error = "entries with no copy left: " + "; ".join(f.error for f in lost)
+        elif failed:
             result.outcome = LedgerOutcome.FAILED
             result.error = "some fragment could not be recovered; run again once fixed"
         elif left:
@@ -499,6 +504,9 @@ class _Run:
                 break
             else:
                 errors.append(f"gave up after {self.replacement_attempts} replacement(s)")
+        except EntriesLostError as exc:
+            out.status = FragmentStatus.LOST
+            errors.append(exc.message)
         except (RereplicationError, UnauthorizedError, MetadataError) as exc:
             out.status = FragmentStatus.FAILED
             errors.append(exc.message)

@@ -17,8 +17,11 @@ change (R5) replaces a failed bookie by itself. Only when the mark is older than
 ``open_ledger_grace_s`` and the last fragment still names the lost bookie does the
 worker fence and close the ledger (open with recovery, R7/R8: the writer loses it),
 as BookKeeper's ``openLedgerRereplicationGracePeriod`` does, and then repair it whole.
-A ledger that cannot be repaired now (no replacement bookie, a wrong password, a
-failed copy) is retried after ``retry_backoff_s``; the mark stays.
+A ledger that cannot be repaired now (no replacement bookie, no bookie that gives its
+master key, a failed copy) is retried after ``retry_backoff_s``; the mark stays. A ledger
+with entries of which no copy is left anywhere (every other holder said it has none, or
+is gone) is recorded lost (``/underreplication/lost``) and logged once, at ERROR, and its
+mark is cleared: it is never retried, so it does not hold up the others.
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ class WorkerStats:
     ledgers_repaired: int = 0
     ledgers_deferred: int = 0
     ledgers_failed: int = 0
+    # Ledgers found with entries of which no copy is left: recorded once, not retried.
+    ledgers_lost: int = 0
     fragments_copied: int = 0
     entries_copied: int = 0
     bytes_copied: int = 0
@@ -200,6 +205,20 @@ class ReplicationWorker:
                 close_open_ledgers=close_open,
             )
             self._count(result)
+            if result.outcome is LedgerOutcome.LOST:
+                # Trying again cannot help: report it once, loudly, and stop spending
+                # work on it (the auditor leaves recorded ledgers unmarked).
+                if await self.marks.record_lost(ledger_id, [bookie], result.error):
+                    self.stats.ledgers_lost += 1
+                    log.error(
+                        "autorecovery: ledger %d is LOST: %s. No bookie holds these entries "
+                        "any more; the ledger is no longer retried (shell "
+                        "listunderreplicated --lost lists it). Bring back a bookie that "
+                        "held them, or delete the ledger",
+                        ledger_id,
+                        result.error,
+                    )
+                continue
             if result.outcome not in _DONE:
                 done = False
                 if result.outcome is LedgerOutcome.OPEN:

@@ -776,3 +776,64 @@ def test_h1_ledgers_with_passwords_heal_with_no_password_given(
             data = [e.data for e in bk.open_ledger(ledger_id, password).read_entries(0, count - 1)]
             assert data == [payload(ledger_id, i) for i in range(count)]
         assert "wrong password" not in daemon.err.read_text() + daemon.out.read_text()
+
+
+def test_h2_a_ledger_whose_only_copies_are_lost_is_reported_once_and_not_retried(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """Both bookies of a 2/2/2 ledger are lost for good: no copy of its entries is left.
+    The daemon reports it once, at ERROR, records it lost and clears its mark, so the
+    under-replicated count returns to zero and no work is spent on it again; a 3/3/2
+    ledger on the same two bookies and a third heals from that third one."""
+    uri = cluster5.metadata_uri
+    with BookKeeper(uri) as bk:
+        set_delay(bk, 1)
+        first, second = cluster5.bookies[0].address, cluster5.bookies[1].address
+        third = cluster5.bookies[2].address
+
+        async def write(shape: tuple[int, int, int], ensemble: tuple[str, ...]) -> int:
+            lh = await bk.aio.create_ledger(*shape, ensemble_bookies=ensemble)
+            await asyncio.gather(*(lh.append(payload(lh.ledger_id, i)) for i in range(30)))
+            await lh.close()
+            return lh.ledger_id
+
+        doomed = bk.run(write((2, 2, 2), (first, second)))
+        healable = bk.run(write((3, 3, 2), (first, second, third)))
+        daemon = Daemon(uri, tmp_path / "ar-h2")
+        daemons.append(daemon)
+        cluster5.kill(0)
+        cluster5.kill(1)
+        poll_until(
+            lambda: not ({first, second} & set(bk.ledger_metadata(healable).all_bookies())),
+            timeout_s=DELAY_S + REPAIR_BOUND_S,
+            interval_s=0.5,
+            what="the ledger with a copy left healed",
+        )
+        manager = UnderReplicationManager(bk.aio.store)
+        poll_until(
+            lambda: [x.ledger_id for x in bk.run(manager.lost_ledgers())] == [doomed],
+            timeout_s=60,
+            interval_s=0.5,
+            what="the ledger with no copy left recorded lost",
+        )
+        poll_until(lambda: not marks(bk), timeout_s=60, interval_s=0.5, what="marks cleared")
+        # Several backoffs and bookie checks later: not marked again, not retried, and
+        # reported once.
+        holds_for(lambda: not marks(bk), duration_s=8, what="no mark comes back", interval_s=0.5)
+        (lost,) = bk.run(manager.lost_ledgers())
+        assert set(lost.bookies) <= {first, second} and "no copy is left" in lost.reason
+        log_text = daemon.err.read_text() + daemon.out.read_text()
+        assert log_text.count(f"ledger {doomed} is LOST") == 1, log_text[-3000:]
+        listed = shell(uri, "listunderreplicated", "--lost")
+        assert listed.returncode == 0 and f"{doomed}\tLOST on" in listed.stdout, listed
+        assert [e.data for e in bk.open_ledger(healable).read_entries(0, 29)] == [
+            payload(healable, i) for i in range(30)
+        ]
+        # Deleting the ledger drops the record at the auditor's next look.
+        bk.delete_ledger(doomed)
+        poll_until(
+            lambda: not bk.run(manager.lost_ledgers()),
+            timeout_s=60,
+            interval_s=0.5,
+            what="the record of a deleted ledger dropped",
+        )
