@@ -125,6 +125,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "(0: none; default: %(default)s)",
     )
     p.add_argument(
+        "--journal-file-max-bytes",
+        type=int,
+        default=_DEFAULTS.journal_file_max_bytes,
+        help="size at which the journal goes on in a new file (default: %(default)s)",
+    )
+    p.add_argument(
+        "--checkpoint-interval-ms",
+        type=int,
+        default=_DEFAULTS.checkpoint_interval_ms,
+        help="time between checkpoints, which make entry logs and the index durable so "
+        "that the journal before them can go (default: %(default)s)",
+    )
+    p.add_argument(
+        "--index-map-size-bytes",
+        type=int,
+        default=_DEFAULTS.index_map_size_bytes,
+        help="most the index (LMDB map) may grow to; a full one makes the bookie "
+        "read-only and grows at the next start (default: %(default)s)",
+    )
+    p.add_argument(
         "--gc-interval-ms",
         type=int,
         default=_SERVER_DEFAULTS.gc_interval_ms,
@@ -268,6 +288,9 @@ def _configs(args: argparse.Namespace) -> tuple[BookieConfig, ServerConfig, str]
         disk_usage_lwm_threshold=min(_DEFAULTS.disk_usage_lwm_threshold, args.disk_usage_threshold),
         reserved_space_bytes=args.reserved_space_bytes,
         entry_log_max_bytes=args.entry_log_max_bytes,
+        checkpoint_interval_ms=args.checkpoint_interval_ms,
+        journal_file_max_bytes=args.journal_file_max_bytes,
+        index_map_size_bytes=args.index_map_size_bytes,
         minor_compaction_threshold=args.minor_compaction_threshold,
         minor_compaction_interval_ms=args.minor_compaction_interval_ms,
         major_compaction_threshold=args.major_compaction_threshold,
