@@ -28,6 +28,13 @@ A new log's directory entry is fsynced when it is created, before any index
 entry can name it, and a new log's id is above every id in the directory and in
 the index: an id is never given to two logs, so a location can never name a
 record of another log.
+
+Descriptors are bounded (issue B3), and running out of them stops nothing for good:
+the directory is synced through a descriptor held from the start, so a checkpoint
+never needs a new one, and it releases the writers of the logs it synced; a log
+that cannot be created for want of descriptors (``EMFILE``) is not rotated to, the
+current one goes on past ``max_bytes`` until a checkpoint has released some; a
+reader that cannot open a log closes the least recently read ones first.
 """
 
 from __future__ import annotations
@@ -292,6 +299,12 @@ class EntryLogger:
         self.max_read_fds = max(1, max_read_fds)
         self.direct_io = direct_io
         self._direct_fds: dict[int, int] = {}  # log id -> descriptor for direct writes
+        # Held for the logger's life: syncing the directory never needs a descriptor
+        # more, so a process out of them still checkpoints (and so releases some).
+        self._dir_fd = ops.open_directory(directory)
+        # A new log could not be created for want of descriptors: the current one goes
+        # on past max_bytes until the next checkpoint has released some.
+        self._rotation_blocked = False
         self.current_id = max([0, *list_log_ids(directory, ops), *known_ids]) + 1
         # The write buffer is allocated at its full size and filled up to _fill: appends
         # copy into it once, where a growing bytearray was reallocated (and its new pages
@@ -321,8 +334,11 @@ class EntryLogger:
         self._rewritten: list[Chunk] = []  # written again; the loop forgets them
         self.write_error: OSError | None = None
         self.sync_error: OSError | None = None  # sticky
-        self._directory_sync_pending = False  # a new log's name not yet made durable
-        self._create(self.current_id, strict=True)
+        try:
+            self._create(self.current_id, strict=True)
+        except BaseException:
+            ops.close(self._dir_fd)
+            raise
 
     # ------------------------------------------------------------ writing
 
@@ -346,21 +362,8 @@ class EntryLogger:
         # Once per log, not per entry: without it a power loss may forget the log
         # while a checkpoint has made the index point into it.
         try:
-            self.ops.fsync_directory(self.directory)
+            self.ops.fsync(self._dir_fd)
         except OSError as exc:
-            if exc.errno in _OUT_OF_DESCRIPTORS and not strict:
-                # The directory could not even be opened: nothing was synced and nothing
-                # lost, so this is not a sticky sync failure. The next checkpoint syncs
-                # the directory before it passes (sync), and fails until it can.
-                self._directory_sync_pending = True
-                log.warning(
-                    "entry log %s: could not open the directory to sync it after creating "
-                    "log %d (%s); the next checkpoint tries again",
-                    self.directory,
-                    log_id,
-                    exc,
-                )
-                return
             self._sync_failed(exc, f"fsync of the directory after creating log {log_id}")
             if strict:
                 del self._fds[log_id]
@@ -375,6 +378,17 @@ class EntryLogger:
         try:
             self._direct_fds[log_id] = self.ops.open_direct_write(self._path(log_id))
         except OSError as exc:
+            if exc.errno in _OUT_OF_DESCRIPTORS:
+                # Not the filesystem's doing: this log is written through the page cache
+                # (its read-write descriptor), the next ones directly again.
+                log.warning(
+                    "entry log %s: no descriptor for direct writes of log %d (%s); "
+                    "writing it through the page cache",
+                    self.directory,
+                    log_id,
+                    exc,
+                )
+                return
             # tmpfs and some other filesystems refuse O_DIRECT: correct either way.
             log.warning(
                 "entry log %s: direct I/O is not available here (%s); writing through "
@@ -425,10 +439,30 @@ class EntryLogger:
             self._spare.append(buffer)
 
     def _rotate(self) -> None:
+        if self._rotation_blocked:
+            return
         self.flush()
-        if self._synced_end < self._end:
-            self._unsynced.add(self.current_id)
-        self._create(self.current_id + 1, strict=False)
+        previous, unsynced = self.current_id, self._synced_end < self._end
+        try:
+            self._create(previous + 1, strict=False)
+        except OSError as exc:
+            if exc.errno not in _OUT_OF_DESCRIPTORS:
+                raise
+            # Nothing was created (the open is _create's first step): the add goes on
+            # in the current log, whose writers a checkpoint never releases.
+            self._rotation_blocked = True
+            log.warning(
+                "entry log %s: cannot create log %d (%s); log %d goes on past %d bytes "
+                "until a checkpoint has released descriptors",
+                self.directory,
+                previous + 1,
+                exc,
+                previous,
+                self.max_bytes,
+            )
+            return
+        if unsynced:
+            self._unsynced.add(previous)
         if self.on_rotate is not None:
             self.on_rotate()
 
@@ -586,14 +620,6 @@ class EntryLogger:
                 f"entry log {self.directory}: an earlier sync failed ({self.sync_error}); "
                 f"the pages it covered may be lost, so no checkpoint can pass it"
             )
-        if self._directory_sync_pending:
-            try:
-                self.ops.fsync_directory(self.directory)
-            except OSError as exc:
-                if exc.errno not in _OUT_OF_DESCRIPTORS:
-                    self._sync_failed(exc, "fsync of the directory")
-                raise
-            self._directory_sync_pending = False
         with self._lock:
             rewrite, self._rewrite = self._rewrite, []
         for n, (entry, fd) in enumerate(rewrite):
@@ -650,10 +676,16 @@ class EntryLogger:
         if fd is not None:
             readers.move_to_end(log_id)
             return fd
-        try:
-            fd = self.ops.open_read(self._path(log_id))
-        except OSError as exc:
-            raise BookieIOError(f"entry log {self._path(log_id)}: cannot open: {exc}") from exc
+        while True:
+            try:
+                fd = self.ops.open_read(self._path(log_id))
+                break
+            except OSError as exc:
+                if exc.errno in _OUT_OF_DESCRIPTORS and readers:
+                    # Out of descriptors: give up the least recently read log's first.
+                    self.ops.close(readers.popitem(last=False)[1])
+                    continue
+                raise BookieIOError(f"entry log {self._path(log_id)}: cannot open: {exc}") from exc
         readers[log_id] = fd
         while len(readers) > self.max_read_fds:
             _, oldest = readers.popitem(last=False)
@@ -663,7 +695,9 @@ class EntryLogger:
     def release_rotated(self) -> None:
         """On the loop after a checkpoint (done or failed): close the writers of rotated
         logs whose bytes are synced and of which no chunk is in flight or waits to be
-        written again. Reads of them reopen through the bounded readers."""
+        written again. Reads of them reopen through the bounded readers. A rotation
+        that found no descriptor is tried again at the next append past max_bytes."""
+        self._rotation_blocked = False
         current = self.current_id
         busy = {chunk[0] for chunk in self._pending} | self._unsynced | {current}
         with self._lock:
@@ -771,6 +805,9 @@ class EntryLogger:
             for fd in fds.values():
                 self.ops.close(fd)
             fds.clear()
+        if self._dir_fd >= 0:
+            self.ops.close(self._dir_fd)
+            self._dir_fd = -1
 
     @property
     def end_offset(self) -> int:

@@ -59,6 +59,11 @@ class FileOps:
         finally:
             os.close(fd)
 
+    def open_directory(self, directory: Path) -> int:
+        """A descriptor of ``directory`` whose :meth:`fsync` makes its entries durable
+        (held by whoever must sync it with no descriptor to spare)."""
+        return os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
     def unlink(self, path: Path) -> None:
         os.unlink(path)
 

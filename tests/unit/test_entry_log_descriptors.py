@@ -1,15 +1,18 @@
 """Entry logs hold a bounded number of file descriptors (issue B3): a rotated log's
 writers are closed once it is synced, and older logs are read through a small set of
-descriptors, the least recently used closed first."""
+descriptors, the least recently used closed first. Running out of descriptors stops
+nothing for good: the log goes on, checkpoints pass, readers make room."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 from support import append_blobs
 
 from quorumlog.bookie.entry_log import EntryLogger
+from quorumlog.bookie.fileops import FileOps
 
 LOGS = 60
 
@@ -34,10 +37,11 @@ def test_b3_descriptors_stay_bounded_over_many_logs_written_and_read(tmp_path: P
             where += append_blobs(logger, [3000, 3000], flush_every=1)
             _checkpoint(logger)
         assert logger.current_id >= LOGS
-        assert _open_descriptors() - before <= 2 + 8  # the current log's two, the readers
+        # The directory, the current log's two, the readers.
+        assert _open_descriptors() - before <= 3 + 8
         for log_id, offset, blob in where:  # every log read again, in order
             assert logger.read(log_id, offset, len(blob)) == blob
-        assert _open_descriptors() - before <= 2 + 8
+        assert _open_descriptors() - before <= 3 + 8
     finally:
         logger.close()
     assert _open_descriptors() == before
@@ -77,38 +81,91 @@ def test_b3_a_bookie_raises_its_soft_open_files_limit_to_the_hard_one() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_b3_a_directory_that_cannot_be_opened_is_synced_later_not_a_sticky_failure(
+class OutOfDescriptors(FileOps):
+    """Real files, but no new descriptor while ``exhausted``: every open fails EMFILE."""
+
+    exhausted = False
+
+    def _check(self, path: Path) -> None:
+        if self.exhausted:
+            raise OSError(errno.EMFILE, "Too many open files", str(path))
+
+    def create(self, path: Path) -> int:
+        self._check(path)
+        return super().create(path)
+
+    def open_read(self, path: Path) -> int:
+        self._check(path)
+        return super().open_read(path)
+
+    def open_direct_write(self, path: Path) -> int:
+        self._check(path)
+        return super().open_direct_write(path)
+
+    def open_directory(self, directory: Path) -> int:
+        self._check(directory)
+        return super().open_directory(directory)
+
+    def fsync_directory(self, directory: Path) -> None:
+        self._check(directory)
+        super().fsync_directory(directory)
+
+
+def test_b3_out_of_descriptors_the_current_log_goes_on_and_checkpoints_still_pass(
     tmp_path: Path,
 ) -> None:
-    import errno
-
-    from quorumlog.bookie.fileops import FileOps
-
-    class OutOfDescriptorsOnce(FileOps):
-        failures = 0
-
-        def fsync_directory(self, directory: Path) -> None:
-            if self.failures:
-                self.failures -= 1
-                raise OSError(errno.EMFILE, "Too many open files")
-            super().fsync_directory(directory)
-
-    ops = OutOfDescriptorsOnce()
+    """Was: the new log's open failed the add (EMFILE), and every checkpoint failed to
+    open the directory to sync it while the rotated logs it would have released held
+    the descriptors: adds refused for good."""
+    ops = OutOfDescriptors()
     logger = EntryLogger(tmp_path, max_bytes=8192, write_buffer_bytes=4096, ops=ops)
     try:
-        ops.failures = 2  # the rotation's sync, then the first checkpoint's
-        where = append_blobs(logger, [3000, 3000, 3000], flush_every=1)
-        assert logger.sync_error is None  # not sticky: the bookie stays writable
-        unsynced = logger.take_unsynced()
-        try:
-            logger.sync(unsynced)
-            raise AssertionError("the checkpoint passed an unsynced directory")
-        except OSError as exc:
-            assert exc.errno == errno.EMFILE
-        logger.requeue_unsynced(unsynced)
-        assert logger.sync_error is None
-        logger.sync(logger.take_unsynced())  # the next checkpoint syncs it and passes
+        first = logger.current_id
+        ops.exhausted = True
+        where = append_blobs(logger, [3000] * 6, flush_every=1)  # about 18 KiB
+        assert logger.current_id == first  # no new log, no failed append
+        assert logger.end_offset > logger.max_bytes
+        _checkpoint(logger)  # the directory is synced through the descriptor held
+        assert logger.sync_error is None and logger.write_error is None
+        ops.exhausted = False
+        where += append_blobs(logger, [3000], flush_every=1)
+        assert logger.current_id == first + 1  # rotation tried again after the checkpoint
+        _checkpoint(logger)
         for log_id, offset, blob in where:
             assert logger.read(log_id, offset, len(blob)) == blob
+    finally:
+        logger.close()
+
+
+def test_b3_a_reader_out_of_descriptors_closes_the_least_recently_read_logs(
+    tmp_path: Path,
+) -> None:
+    class FewReaders(FileOps):
+        """Opens for reading fail with EMFILE while two readers are open."""
+
+        logger: EntryLogger | None = None
+
+        def open_read(self, path: Path) -> int:
+            if self.logger is not None and len(self.logger._read_fds) >= 2:
+                raise OSError(errno.EMFILE, "Too many open files", str(path))
+            return super().open_read(path)
+
+    ops = FewReaders()
+    logger = EntryLogger(tmp_path, max_bytes=8192, write_buffer_bytes=4096, ops=ops)
+    try:
+        where = []
+        for _ in range(5):
+            where += append_blobs(logger, [3000, 3000], flush_every=1)
+            _checkpoint(logger)
+        older = {}
+        for log_id, offset, blob in where:
+            if log_id != logger.current_id:
+                older.setdefault(log_id, (offset, blob))
+        assert len(older) >= 4
+        ops.logger = logger
+        for _ in range(2):  # every log read twice, each open closing an older reader
+            for log_id, (offset, blob) in older.items():
+                assert logger.read(log_id, offset, len(blob)) == blob
+                assert log_id in logger._read_fds and len(logger._read_fds) <= 2
     finally:
         logger.close()

@@ -296,6 +296,7 @@ class SimFiles(FileOps):
         self._fds: dict[int, _Inode] = {}
         self._next_fd = 3
         self._direct: set[int] = set()  # descriptors opened for direct writes
+        self._directories: dict[int, Path] = {}  # descriptors of directories
 
     def _live(self) -> SimDisk:
         if not self.alive:
@@ -390,7 +391,19 @@ class SimFiles(FileOps):
         self._inode(fd)  # the simulated disk has no page cache to drop
 
     def fsync(self, fd: int) -> None:
+        directory = self._directories.get(fd)
+        if directory is not None:
+            self._live()
+            self.fsync_directory(directory)
+            return
         self.fdatasync(fd)
+
+    def open_directory(self, directory: Path) -> int:
+        self._live()._dir(directory)  # it exists
+        fd = self._next_fd
+        self._next_fd += 1
+        self._directories[fd] = directory
+        return fd
 
     def fsync_directory(self, directory: Path) -> None:
         disk = self._live()
@@ -408,6 +421,8 @@ class SimFiles(FileOps):
 
     def close(self, fd: int) -> None:
         self._live()
+        if self._directories.pop(fd, None) is not None:
+            return
         if self._fds.pop(fd, None) is None:
             raise OSError(errno.EBADF, "Bad file descriptor (simulated)")
         self._direct.discard(fd)
