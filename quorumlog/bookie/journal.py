@@ -66,6 +66,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import errno
 import functools
 import logging
 import mmap
@@ -127,6 +128,8 @@ _LEDGER_LAC = struct.Struct(">Qq")
 RECORD_OVERHEAD = _HEAD.size + _CRC.size  # bytes around a payload
 _NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")
 _NONZERO = re.compile(rb"[^\x00]")
+# A failed open for want of descriptors: nothing was created, try again later.
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 BATCH_MARKER_SIZE = _HEAD.size + SALT_SIZE + _CRC.size
 # A manifest: the salt, then per ledger of the batch its facts (ledger id, lowest and
 # highest entry id added or -1, flags), the explicit LAC (flag LAC) and the master key
@@ -354,11 +357,14 @@ def create_journal_file(
     salt: bytes | None = None,
     ops: FileOps = REAL_FILES,
     block_bytes: int = 0,
+    directory_fd: int | None = None,
 ) -> int:
     """Create a new journal file with its header, durable (file and directory entry).
 
     With ``block_bytes`` (direct writes), a PAD record fills the header's block, so that
-    the first batch starts on a block of its own and never writes over the header."""
+    the first batch starts on a block of its own and never writes over the header. With
+    ``directory_fd`` (the directory, held open) the directory is synced through it, so
+    the file's own descriptor is the only one this needs."""
     if salt is None:
         salt = os.urandom(SALT_SIZE)
     path = directory / journal_file_name(file_id)
@@ -371,7 +377,10 @@ def create_journal_file(
         while written < len(header):
             written += ops.write(fd, header[written:])
         ops.fsync(fd)
-        ops.fsync_directory(directory)
+        if directory_fd is None:
+            ops.fsync_directory(directory)
+        else:
+            ops.fsync(directory_fd)
     except BaseException:
         ops.close(fd)
         raise
@@ -818,9 +827,17 @@ class Journal:
         self._stage: mmap.mmap | None = None  # page-aligned staging buffer (direct writes)
         self._salt = b""  # the current file's
         self._records_from = FILE_HEADER_SIZE  # where the current file's first batch goes
+        # Held for the journal's life: a new file needs no descriptor but its own, and
+        # one that cannot be had (EMFILE) leaves the journal in its current file.
+        self._dir_fd = ops.open_directory(directory)
+        self._file_refused = 0  # the file id a rollover last found no descriptor for
         # The first file exists (header durable) before any record is queued, so a
         # checkpoint mark can always name an existing file.
-        self._open_file(first_file_id)
+        try:
+            self._open_file(first_file_id)
+        except BaseException:
+            ops.close(self._dir_fd)
+            raise
         self._unsynced = False
         # Writer side: where the next batch goes. Read on the loop as the mark (a tuple
         # is replaced whole, so the loop never sees half of one).
@@ -899,12 +916,12 @@ class Journal:
         """Close the file of a journal that was never started."""
         if self._thread is None and self._jobs is None:
             with contextlib.suppress(OSError):
-                self._close_file()
+                self._close_files()
 
     async def close(self) -> None:
         """Write and sync what is queued, deliver its completions, stop the thread."""
         if self._thread is None and self._jobs is None:
-            self._close_file()
+            self._close_files()
             return
         self._stopping = True
         self._wake.set()
@@ -939,7 +956,7 @@ class Journal:
 
     def _stop_writing(self, loop: asyncio.AbstractEventLoop) -> None:
         with contextlib.suppress(OSError):
-            self._close_file()
+            self._close_files()
         with contextlib.suppress(RuntimeError):  # the loop was closed under us
             loop.call_soon_threadsafe(self._finish)
 
@@ -1127,7 +1144,9 @@ class Journal:
         # Direct writes start each batch on a block of its own, the first one after the
         # header's block (which a PAD record fills).
         block = _PAGE_BYTES if self.direct_io else 0
-        self._fd = create_journal_file(self.directory, file_id, salt, self._ops, block)
+        self._fd = create_journal_file(
+            self.directory, file_id, salt, self._ops, block, self._dir_fd
+        )
         self._salt = salt
         self._marker = batch_marker(salt)
         self._records_from = block or FILE_HEADER_SIZE
@@ -1136,6 +1155,17 @@ class Journal:
             try:
                 self._direct_fd = self._ops.open_direct_write(path)
             except OSError as exc:
+                if exc.errno in _OUT_OF_DESCRIPTORS:
+                    # Not the filesystem's doing: this file is written through the page
+                    # cache (appended after its header's block), the next ones directly.
+                    log.warning(
+                        "journal %s: no descriptor for direct writes of file %d (%s); "
+                        "writing it through the page cache",
+                        self.directory,
+                        file_id,
+                        exc,
+                    )
+                    return
                 # tmpfs and some other filesystems refuse O_DIRECT: correct either way.
                 log.warning(
                     "journal %s: direct I/O is not available here (%s); writing through "
@@ -1153,11 +1183,48 @@ class Journal:
         finally:
             self._ops.close(self._fd)
 
+    def _close_files(self) -> None:
+        """The current file's descriptors and the directory's (the journal is done)."""
+        try:
+            self._close_file()
+        finally:
+            if self._dir_fd >= 0:
+                self._ops.close(self._dir_fd)
+                self._dir_fd = -1
+
     def _next_file(self, file_id: int) -> None:
-        if self.remove_pages_from_cache and self.sync_enabled and self._direct_fd is None:
-            self._drop_synced_pages(1)  # the whole file is synced before it is left
-        self._close_file()
-        self._open_file(file_id)
+        """Go on in file ``file_id``, created now; or, when no descriptor can be had for
+        it (EMFILE), in the current file, past ``file_max_bytes``: the next batch that
+        finds the file full tries again. Out of descriptors is no failure of the disk,
+        and nothing is created then (the open fails before it creates the file)."""
+        current = (self._fd, self._direct_fd, self._salt, self._marker, self._records_from)
+        self._direct_fd = None
+        try:
+            self._open_file(file_id)
+        except BaseException as exc:
+            self._fd, self._direct_fd, self._salt, self._marker, self._records_from = current
+            if not isinstance(exc, OSError) or exc.errno not in _OUT_OF_DESCRIPTORS:
+                raise
+            if self._file_refused != file_id:  # once, not at every batch meanwhile
+                self._file_refused = file_id
+                log.warning(
+                    "journal %s: cannot create file %d (%s); file %d goes on past %d "
+                    "bytes until it can",
+                    self.directory,
+                    file_id,
+                    exc,
+                    self._mark[0],
+                    self.file_max_bytes,
+                )
+            return
+        new = (self._fd, self._direct_fd)
+        self._fd, self._direct_fd = current[0], current[1]
+        try:
+            if self.remove_pages_from_cache and self.sync_enabled and self._direct_fd is None:
+                self._drop_synced_pages(1)  # the whole file is synced before it is left
+            self._close_file()
+        finally:
+            self._fd, self._direct_fd = new
         self._mark = (file_id, self._records_from)
         self._cache_kept_from = 0
 

@@ -4,6 +4,7 @@ handling of torn tails and damage in the middle."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from pathlib import Path
 
@@ -210,3 +211,68 @@ def test_large_records_written_as_parts_round_trip(tmp_path, ops):
     assert report.truncated is None
     if isinstance(ops, ShortWrites):
         assert ops.part_writes >= 1
+
+
+class NoNewFiles(FileOps):
+    """Real files; while ``exhausted``, every open fails for want of descriptors."""
+
+    exhausted = False
+
+    def create_append(self, path: Path) -> int:
+        if self.exhausted:
+            raise OSError(errno.EMFILE, "Too many open files", str(path))
+        return super().create_append(path)
+
+    def fsync_directory(self, directory: Path) -> None:
+        if self.exhausted:
+            raise OSError(errno.EMFILE, "Too many open files", str(directory))
+        super().fsync_directory(directory)
+
+
+def test_b3_out_of_descriptors_the_journal_goes_on_in_its_file_and_rolls_over_later(
+    tmp_path: Path,
+) -> None:
+    """Was: the rollover's new file (or the open of the directory to sync it) failed
+    with EMFILE, and the journal failed for good: every later add IO_ERROR, the
+    bookie read-only until a restart."""
+    ops = NoNewFiles()
+
+    async def scenario() -> tuple[list[BaseException | None], list[int]]:
+        journal = jm.Journal(
+            tmp_path,
+            1,
+            sync=True,
+            max_group_wait_ms=0.0,
+            max_batch_bytes=1 << 20,
+            max_batch_records=1000,
+            file_max_bytes=1000,
+            ops=ops,
+        )
+        errors: list[BaseException | None] = []
+        files: list[int] = []  # the current file after each batch
+        batch_done = asyncio.Event()
+
+        def on_batch(dones: list[jm.Done], size: int, error: BaseException | None) -> None:
+            errors.append(error)
+            batch_done.set()
+
+        journal.start(asyncio.get_running_loop(), on_batch)
+        for n in range(60):
+            ops.exhausted = 20 <= n < 40
+            batch_done.clear()
+            journal.append(jm.lac_record(1, n), (lambda _: None, n))
+            await batch_done.wait()  # one record a batch: each may roll over
+            files.append(journal.mark[0])
+        await journal.close()
+        return errors, files
+
+    errors, files = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert errors == [None] * 60
+    assert files[19] > files[0]  # rolled over before
+    assert set(files[20:40]) == {files[19]}  # not while out of descriptors
+    stretched = tmp_path / jm.journal_file_name(files[19])
+    assert stretched.stat().st_size > 1000
+    assert files[-1] > files[19]  # and again after
+    scanned, report = scan_all(tmp_path)
+    assert [jm.decode_ledger_lac(memoryview(p))[1] for _, p in scanned] == list(range(60))
+    assert report.truncated is None
