@@ -6,9 +6,10 @@ or refused with an I/O error, and never called absent (R2, R7, R9, R17):
 - the open-files limit (``RLIMIT_NOFILE``) exhausted by entry-log rotations (B3);
 - an index (LMDB map) that fills (B5);
 - a flipped bit in each kind of stored record of a stopped bookie: the journal's last
-  synced batch (B1), an entry-log record, an index value (B2); and a ledger recovery
-  by a client that needs the damaged bookie's answer never closes the ledger short
-  (R8), on both metadata drivers.
+  synced batch (B1), an entry-log record, an index value: an entry's location, a
+  fenced ledger's state (B2); and a ledger recovery by a client that needs the
+  damaged bookie's answer never closes the ledger short (R8), on both metadata
+  drivers.
 
 The full disk on a real small filesystem is tests/faults/test_bookie_full_filesystem.py.
 """
@@ -57,12 +58,14 @@ def _blob(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
     return make_entry(ledger_id, entry_id, payload, lac=entry_id - 1)
 
 
-async def _add_all(address: str, ledger_id: int, blobs: Sequence[bytes]) -> list[int]:
+async def _add_all(
+    address: str, ledger_id: int, blobs: Sequence[bytes], key: bytes = KEY
+) -> list[int]:
     """Every blob as its own add, pipelined on one connection; the statuses, in order."""
     client = await RawClient.connect(address)
     try:
         answers = await asyncio.gather(
-            *(client.send(AddRequest(0, ledger_id, KEY, [blob])) for blob in blobs)
+            *(client.send(AddRequest(0, ledger_id, key, [blob])) for blob in blobs)
         )
     finally:
         await client.close()
@@ -459,6 +462,52 @@ def test_r9_a_flipped_bit_in_an_entry_log_or_the_index_is_an_io_error_never_abse
         assert statuses[damaged_entry] == Status.IO_ERROR
         assert {s for e, s in statuses.items() if e != damaged_entry} == {Status.OK}
         assert lac_status == Status.OK and late_add == Status.OK
+
+
+@pytest.mark.parametrize("metadata_uri", ["sqlite"], indirect=True)
+def test_r7_r17_a_flipped_bit_in_a_fenced_ledgers_state_in_the_index_never_unfences_it(
+    metadata_uri: str, tmp_path: Path
+) -> None:
+    ledger_id, other_ledger = 13, 14
+    blobs = {e: _blob(ledger_id, e) for e in range(5)}
+    others = {e: _blob(other_ledger, e) for e in range(5)}
+    with _cluster(metadata_uri, tmp_path / "cluster", 1) as cluster:
+        address = cluster.addresses[0]
+        run(_adds_then_fence(address, ledger_id, blobs))
+        other_key = master_key(b"another ledger")
+        added = run(_add_all(address, other_ledger, list(others.values()), other_key))
+        assert added == [Status.OK] * 5
+        assert cluster.stop(0) == 0  # its close checkpoints the states into the index
+        # The ledger state's value holds the master key: one bit of it flips, in every
+        # copy of the page the file still has.
+        index_file = cluster.bookies[0].data_dir / "index" / "data.mdb"
+        data = index_file.read_bytes()
+        copies, at = [], data.find(KEY)
+        while at >= 0:
+            copies.append(at)
+            at = data.find(KEY, at + 1)
+        assert copies
+        for at in copies:
+            _flip_bit(index_file, at + 7)
+        assert cluster.restart(0) == address
+        # The state is unknown, not gone: every request of the ledger is an I/O error,
+        # so its fence is never lost and nothing of it is answered absent.
+        statuses, lac_status, late_add = run(_ledger_answers(address, ledger_id, blobs))
+        _never_absent(statuses, "after a flip in the ledger's state")
+        assert late_add == Status.IO_ERROR  # never OK: the writer stays fenced out
+        assert lac_status == Status.IO_ERROR
+
+        async def fence_again() -> Status:
+            client = await RawClient.connect(address)
+            try:
+                return Status((await client.fence(ledger_id, KEY)).status)
+            finally:
+                await client.close()
+
+        assert run(fence_again()) == Status.IO_ERROR
+        # The rest of the bookie serves on.
+        statuses = run(_read_statuses(address, other_ledger, others))
+        assert set(statuses.values()) == {Status.OK}, statuses
 
 
 # ---------------------------------------------------------------- recovery (R8)
