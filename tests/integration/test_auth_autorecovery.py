@@ -1,6 +1,7 @@
 """Autorecovery against bookies that check tokens, on both metadata drivers: the daemon
-presents a ``bookie`` token (reads, fences, recovery adds; never a writer's add) and
-re-replicates a killed bookie's ledger; the ledger reads back whole with a client token.
+presents a ``bookie`` token (reads, fences, recovery adds, ledger keys; never a writer's
+add) and re-replicates a killed bookie's ledger made with a password it was not given;
+the ledger reads back whole with a client token, which may not ask for ledger keys.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from tls_certs import HMAC_SECRET, write_hmac_key
 
 from quorumlog.aio import BookKeeper
 from quorumlog.client.config import ClientConfig
+from quorumlog.errors import Status
 from quorumlog.meta.underreplication import UnderReplicationManager
+from quorumlog.proto.codec import LedgerKeyRequest, LedgerKeyResponse
 from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
 from quorumlog.security import Role, issue_token
 from quorumlog.server.local_cluster import LocalCluster
@@ -54,6 +57,10 @@ def test_auth_autorecovery_with_a_bookie_token_re_replicates_a_killed_bookies_le
                     await lh.add_entry(b"entry-%d" % i)
                 await lh.close()
                 lost = (await bk.ledger_metadata(lh.ledger_id)).ensembles[0][1][0]
+                # A client token may not ask a bookie for a ledger's master key (H1).
+                asked = await bk.pool.request(lost, LedgerKeyRequest(0, lh.ledger_id), 5_000)
+                assert isinstance(asked, LedgerKeyResponse), asked
+                assert asked.status == Status.UNAUTHORIZED and asked.master_key == bytes(20)
                 cluster.kill([b.address for b in cluster.bookies].index(lost))
 
                 config = AutoRecoveryConfig(
@@ -62,7 +69,7 @@ def test_auth_autorecovery_with_a_bookie_token_re_replicates_a_killed_bookies_le
                     token_file=str(bookie_token),
                 )
                 config.auditor.bookie_check_interval_s = 1.0
-                config.auditor.password = config.worker.password = b"pw"
+                # No password: the bookie token fetches the ledger's key from a bookie.
                 daemon = AutoRecovery(metadata_uri, config)
                 task = asyncio.get_running_loop().create_task(daemon.run())
                 try:
