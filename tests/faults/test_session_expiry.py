@@ -14,13 +14,19 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import holds_for, poll_until, port_for_a_child, run, start_quorumlog, stop_process
+from support import (
+    CuttableLink,
+    holds_for,
+    poll_until,
+    port_for_a_child,
+    run,
+    start_quorumlog,
+    stop_process,
+)
 
 from quorumlog.errors import NoNodeError
 from quorumlog.meta.bookies import BookieRegistry
@@ -34,87 +40,6 @@ pytestmark = pytest.mark.zookeeper
 # Short sessions (the test ZooKeeper's tickTime is 100 ms): expiry takes about a second.
 SESSION_TIMEOUT_MS = 1000
 _chroots = itertools.count(1)
-
-
-class CuttableLink:
-    """A TCP forwarder from a local port to ``target`` that can be cut and healed.
-
-    A cut is a partition: nothing crosses in either direction (bytes in flight are
-    dropped), connections stay open but silent, new ones are accepted and hear nothing.
-    A heal lets new connections through; the silent ones are reset, as the peers'
-    timeouts would have ended them.
-    """
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self.target = (target_host, target_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
-        self._silent: set[socket.socket] = set()
-        self._cut = False
-        self._closed = False
-        self._accepting = threading.Thread(target=self._accept, daemon=True)
-        self._accepting.start()
-
-    def cut(self) -> None:
-        with self._lock:
-            self._cut = True
-            self._silent, self._open = self._open, set()
-
-    def heal(self) -> None:
-        with self._lock:
-            self._cut = False
-            silent, self._silent = self._silent, set()
-        for sock in silent:
-            _close(sock)
-
-    def close(self) -> None:
-        self._closed = True
-        with self._lock:
-            doomed = self._open | self._silent
-        for sock in doomed:
-            _close(sock)
-        _close(self._listener)
-        self._accepting.join(5)
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                if self._cut:  # accepted, then silence
-                    self._silent.add(client)
-                    continue
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                _close(client)
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                self._open |= {client, upstream}
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := source.recv(65536):
-                with self._lock:
-                    if self._cut:
-                        continue  # lost in the partition
-                sink.sendall(chunk)
-        _close(source)
-        _close(sink)
-
-
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        sock.close()
 
 
 @pytest.fixture
