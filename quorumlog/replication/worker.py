@@ -21,7 +21,9 @@ A ledger that cannot be repaired now (no replacement bookie, no bookie that give
 master key, a failed copy) is retried after ``retry_backoff_s``; the mark stays. A ledger
 with entries of which no copy is left anywhere (every other holder said it has none, or
 is gone) is recorded lost (``/underreplication/lost``) and logged once, at ERROR, and its
-mark is cleared: it is never retried, so it does not hold up the others.
+mark is cleared: it is never retried, so it does not hold up the others. A ledger
+deleted while it is being repaired is given up at once (logged once) and its mark
+cleared: nothing goes on copying it.
 """
 
 from __future__ import annotations
@@ -196,6 +198,7 @@ class ReplicationWorker:
             return True  # another worker finished it between the listing and the claim
         close_open = grace_over(mark, int(self.clock() * 1000), self.config.open_ledger_grace_s)
         done = True
+        deleted = False
         for bookie in mark.bookies:
             result = await replicate_ledger(
                 self.bk,
@@ -205,6 +208,15 @@ class ReplicationWorker:
                 close_open_ledgers=close_open,
             )
             self._count(result)
+            if result.outcome is LedgerOutcome.DELETED:
+                # Gone, maybe mid-copy (apache/bookkeeper#3316): nothing is left to copy
+                # for any of its bookies. Said once, and the mark is cleared below.
+                deleted, done = True, True
+                log.info(
+                    "ledger %d: deleted while being repaired: given up, its mark is cleared",
+                    ledger_id,
+                )
+                break
             if result.outcome is LedgerOutcome.LOST:
                 # Trying again cannot help: report it once, loudly, and stop spending
                 # work on it (the auditor leaves recorded ledgers unmarked).
@@ -238,7 +250,8 @@ class ReplicationWorker:
             return False
         if await self.marks.clear(ledger_id, mark.version):
             self.stats.ledgers_repaired += 1
-            log.info("ledger %d: re-replicated (%s)", ledger_id, ", ".join(mark.bookies))
+            if not deleted:
+                log.info("ledger %d: re-replicated (%s)", ledger_id, ", ".join(mark.bookies))
             return True
         # Marked again while we worked: the next pass repairs the bookies added.
         self._wake.set()

@@ -837,3 +837,106 @@ def test_h2_a_ledger_whose_only_copies_are_lost_is_reported_once_and_not_retried
             interval_s=0.5,
             what="the record of a deleted ledger dropped",
         )
+
+
+def copy_under_way(
+    bk: BookKeeper, cluster: LocalCluster, ledgers: list[int], lost: str
+) -> tuple[int, str] | None:
+    """A ledger that still names ``lost`` while a bookie outside its ensembles already
+    holds its first entry (copied in part, not swapped yet), and that bookie."""
+    for ledger_id in ledgers:
+        try:
+            md = bk.ledger_metadata(ledger_id)
+        except BKError:
+            continue  # deleted
+        if lost not in md.all_bookies():
+            continue
+        for other in sorted(set(cluster.addresses) - md.all_bookies()):
+            if has_entry(bk, other, ledger_id, 0):
+                return ledger_id, other
+    return None
+
+
+def index_of(cluster: LocalCluster, address: str) -> int:
+    return next(b.index for b in cluster.bookies if b.address == address)
+
+
+def daemon_log(daemon: Daemon) -> str:
+    return daemon.err.read_text() + daemon.out.read_text()
+
+
+def test_h2_a_ledger_deleted_mid_repair_is_given_up_once_and_copied_no_more(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """apache/bookkeeper#3316: a ledger deleted while it is being re-replicated must not
+    be re-replicated for ever. A 20 MB ledger with a password is caught mid-copy (its
+    replacement holds its first entries, the metadata still names the lost bookie; the
+    replacement is held still for the moment of the delete, so the copy cannot finish
+    first) and deleted with its password. The worker gives it up as deleted, once; its
+    mark goes, nothing is recorded lost, the daemon's copy counters stop, and a second
+    ledger on the lost bookie heals."""
+    uri = cluster5.metadata_uri
+    started = time.monotonic()
+    with BookKeeper(uri) as bk:
+        set_delay(bk, 0)
+        ensemble = tuple(cluster5.addresses[:3])
+        lost = ensemble[0]
+        password = b"deleted-mid-repair"
+        doomed = write_closed(bk, 20_000, size=1000, password=password, ensemble_bookies=ensemble)
+        kept = write_closed(bk, 2_000, size=1000, ensemble_bookies=ensemble)
+        daemon = Daemon(uri, tmp_path / "ar-del", "--http-port", "0", "--ledgers-in-flight", "1")
+        daemons.append(daemon)
+        cluster5.kill(0)
+        found: list[tuple[int, str]] = []
+
+        def doomed_copied_in_part() -> bool:
+            under_way = copy_under_way(bk, cluster5, [doomed], lost)
+            if under_way is not None:
+                found.append(under_way)
+            return under_way is not None
+
+        poll_until(doomed_copied_in_part, timeout_s=60, interval_s=0.005, what="a copy under way")
+        target = index_of(cluster5, found[0][1])
+        cluster5.pause(target)
+        try:
+            assert lost in bk.ledger_metadata(doomed).all_bookies()  # not swapped yet
+            bk.delete_ledger(doomed, password)
+        finally:
+            cluster5.resume(target)
+        deleted_at = time.monotonic()
+        poll_until(lambda: not marks(bk), timeout_s=REPAIR_BOUND_S, interval_s=0.5, what="marks")
+        poll_until(
+            lambda: not naming(bk, lost), timeout_s=REPAIR_BOUND_S, interval_s=0.5, what="healed"
+        )
+        settled_s = time.monotonic() - deleted_at
+        assert doomed not in bk.list_ledgers()
+
+        def copied() -> tuple[float, float, float]:
+            metrics = scrape(daemon.admin_port)[1]
+            return (
+                metrics["quorumlog_autorecovery_copied_entries_total"],
+                metrics["quorumlog_autorecovery_copied_bytes_total"],
+                metrics["quorumlog_autorecovery_copied_fragments_total"],
+            )
+
+        counted = copied()
+        # Past several backoffs (1 s) and worker polls (5 s): no mark, no copying.
+        holds_for(
+            lambda: not marks(bk) and copied() == counted,
+            duration_s=7,
+            interval_s=0.5,
+            what="nothing copied any more",
+        )
+        manager = UnderReplicationManager(bk.aio.store)
+        assert not bk.run(manager.lost_ledgers())
+        text = daemon_log(daemon)
+        assert text.count(f"ledger {doomed}: deleted while being repaired") == 1, text[-3000:]
+        assert f"ledger {doomed}: re-replicated" not in text
+        assert f"ledger {doomed} is LOST" not in text
+        assert_fully_replicated(bk, kept)
+        data = [e.data for e in bk.open_ledger(kept).read_entries(0, 1999)]
+        assert data == [payload(kept, i, 1000) for i in range(2000)]
+    print(
+        f"deleted mid-copy: settled {settled_s:.1f} s after the delete; "
+        f"test {time.monotonic() - started:.1f} s"
+    )
