@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import holders, holds_for, plant_forged_entry, poll_until, shell
+from support import CuttableLink, holders, holds_for, plant_forged_entry, poll_until, shell
 from test_admin_http import http
 from test_metrics import assert_dashboard_names_exported, scrape
 
@@ -936,7 +937,195 @@ def test_h2_a_ledger_deleted_mid_repair_is_given_up_once_and_copied_no_more(
         assert_fully_replicated(bk, kept)
         data = [e.data for e in bk.open_ledger(kept).read_entries(0, 1999)]
         assert data == [payload(kept, i, 1000) for i in range(2000)]
+        # What reached the replacement is a spare copy of a ledger that no longer
+        # exists: its garbage collection drops it (restarted with a short interval; a
+        # long delay, so that the restart is not taken for a loss).
+        set_delay(bk, 600)
+        assert has_entry(bk, found[0][1], doomed, 0)
+        cluster5.restart(target, extra_args=["--gc-interval-ms", "500"])
+        poll_until(
+            lambda: not has_entry(bk, found[0][1], doomed, 0),
+            timeout_s=30,
+            interval_s=0.5,
+            what="the spare copy dropped by the replacement's garbage collection",
+        )
     print(
         f"deleted mid-copy: settled {settled_s:.1f} s after the delete; "
+        f"test {time.monotonic() - started:.1f} s"
+    )
+
+
+def test_h2_a_bookie_back_mid_copy_leaves_every_ledger_whole(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """apache/bookkeeper#2766: the lost bookie comes back (same address, same data)
+    while its ledgers are being copied off it. Three 10 MB ledgers on it, repaired one
+    at a time: as soon as a copy is under way its replacement is held still (SIGSTOP,
+    well within its session) while the lost bookie restarts, so the bookie is back in
+    the middle of that copy, with the other ledgers not yet done. Every repair
+    finishes (a copy is whole before its compare-and-set) or the ledger keeps the
+    bookie: either way the marks return to zero, no lock is left, nothing is marked
+    again, and every ledger is fully replicated and reads back."""
+    uri = cluster5.metadata_uri
+    started = time.monotonic()
+    count = 10_000
+    with BookKeeper(uri) as bk:
+        set_delay(bk, 0)
+        ensemble = tuple(cluster5.addresses[:3])
+        lost = ensemble[0]
+        ledgers = [write_closed(bk, count, size=1000, ensemble_bookies=ensemble) for _ in range(3)]
+        daemons.append(Daemon(uri, tmp_path / "ar-back", "--ledgers-in-flight", "1"))
+        cluster5.kill(0)
+        found: list[tuple[int, str]] = []
+
+        def under_way() -> bool:
+            copying = copy_under_way(bk, cluster5, ledgers, lost)
+            if copying is not None:
+                found.append(copying)
+            return copying is not None
+
+        poll_until(under_way, timeout_s=60, interval_s=0.005, what="a copy under way")
+        copying, target = found[0]
+        cluster5.pause(index_of(cluster5, target))
+        try:
+            cluster5.restart(0)
+            back_at = time.monotonic()
+            # Back mid-copy: that ledger (and any not done yet) still names it.
+            still = naming(bk, lost)
+        finally:
+            cluster5.resume(index_of(cluster5, target))
+        assert copying in still
+        poll_until(lambda: lost in bk.list_bookies(), timeout_s=30, what="registered again")
+        poll_until(lambda: not marks(bk), timeout_s=REPAIR_BOUND_S, interval_s=0.5, what="marks")
+        settled_s = time.monotonic() - back_at
+        manager = UnderReplicationManager(bk.aio.store)
+        assert all(bk.run(manager.lock_owner(i)) is None for i in ledgers)
+        # The auditor sees the bookie available: nothing is marked again.
+        holds_for(lambda: not marks(bk), duration_s=3, interval_s=0.5, what="no new marks")
+        for ledger_id in ledgers:
+            md = bk.ledger_metadata(ledger_id)
+            assert md.is_closed and md.last_entry_id == count - 1
+            for _, bookies in md.ensembles:
+                assert len(set(bookies)) == 3
+            assert_fully_replicated(bk, ledger_id)
+            reader = bk.open_ledger(ledger_id)
+            data = [e.data for e in reader.read_entries(0, count - 1)]
+            assert data == [payload(ledger_id, i, 1000) for i in range(count)]
+        moved = [i for i in ledgers if lost not in bk.ledger_metadata(i).all_bookies()]
+    print(
+        f"bookie back with {len(still)} of {len(ledgers)} ledgers still naming it; "
+        f"{len(moved)} moved off it; marks cleared {settled_s:.1f} s after its return; "
+        f"test {time.monotonic() - started:.1f} s"
+    )
+
+
+def expire_sqlite_sessions_of(uri: str, pid: int) -> int:
+    """End every session of process ``pid`` in an embedded store as the store itself does
+    once a session is past its expiry (the next heartbeat of another process): the
+    session row and its ephemeral nodes go, with their change events. How many went."""
+    from quorumlog.meta.sqlite_store import _delete_session, _Txn, db_path_from_uri
+
+    conn = sqlite3.connect(db_path_from_uri(uri), isolation_level=None, timeout=10)
+    try:
+        with _Txn(conn):
+            ids = [i for (i,) in conn.execute("SELECT id FROM sessions WHERE pid = ?", (pid,))]
+            for session_id in ids:
+                _delete_session(conn, session_id)
+    finally:
+        conn.close()
+    return len(ids)
+
+
+def test_h2_a_metadata_session_lost_mid_repair_does_not_stop_the_repair(
+    cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """apache/bookkeeper#2471: the replication worker's metadata session is lost while
+    it copies. On ZooKeeper the daemon reaches the store through a link that is cut
+    mid-copy (bookies and the test are not cut) until ZooKeeper expires its sessions,
+    then healed. On the embedded store, which has no server to cut, the daemon's
+    sessions are ended mid-copy as the store ends one past its expiry. The store drops
+    the dead session's lock, the daemon notices and starts again with a new session,
+    and the repair completes: no ledger names the lost bookie, the marks return to
+    zero, no lock is left, every ledger is whole."""
+    uri = cluster5.metadata_uri
+    started = time.monotonic()
+    count = 20_000
+    link: CuttableLink | None = None
+    daemon_uri = uri
+    if uri.startswith("zk://"):
+        server, chroot = uri[len("zk://") :].split("/", 1)
+        host, port = server.rsplit(":", 1)
+        link = CuttableLink(host, int(port))
+        daemon_uri = f"zk://127.0.0.1:{link.port}/{chroot}"
+    try:
+        with BookKeeper(uri) as bk:
+            set_delay(bk, 0)
+            ensemble = tuple(cluster5.addresses[:3])
+            lost = ensemble[0]
+            ledgers = [
+                write_closed(bk, count, size=1000, ensemble_bookies=ensemble) for _ in range(4)
+            ]
+            daemon = Daemon(daemon_uri, tmp_path / "ar-blip", "--ledgers-in-flight", "1")
+            daemons.append(daemon)
+            manager = UnderReplicationManager(bk.aio.store)
+            cluster5.kill(0)
+            held: list[int] = []
+
+            def copying_under_lock() -> bool:
+                under_way = copy_under_way(bk, cluster5, ledgers, lost)
+                if under_way is None:
+                    return False
+                if bk.run(manager.lock_owner(under_way[0])) != daemon.identifier:
+                    return False
+                held.append(under_way[0])
+                return True
+
+            poll_until(copying_under_lock, timeout_s=60, interval_s=0.005, what="a copy under way")
+            blip_at = time.monotonic()
+            if link is not None:
+                link.cut()
+            else:
+                assert expire_sqlite_sessions_of(uri, daemon.process.pid) >= 1
+            try:
+                assert naming(bk, lost), "every ledger was repaired before the blip"
+                # The dead session's lock is dropped by the store, not kept.
+                poll_until(
+                    lambda: bk.run(manager.lock_owner(held[0])) is None,
+                    timeout_s=30,
+                    interval_s=0.1,
+                    what="the dead session's lock dropped",
+                )
+            finally:
+                if link is not None:
+                    link.heal()
+            poll_until(
+                lambda: "session lost" in daemon.err.read_text(),
+                timeout_s=30,
+                interval_s=0.2,
+                what="the daemon notices its lost session",
+            )
+            poll_until(
+                lambda: not naming(bk, lost),
+                timeout_s=REPAIR_BOUND_S,
+                interval_s=0.5,
+                what="repaired after the blip",
+            )
+            poll_until(lambda: not marks(bk), timeout_s=60, interval_s=0.5, what="marks")
+            repaired_s = time.monotonic() - blip_at
+            assert all(bk.run(manager.lock_owner(i)) is None for i in ledgers)
+            assert daemon.process.poll() is None
+            for ledger_id in ledgers:
+                md = bk.ledger_metadata(ledger_id)
+                assert md.is_closed and md.last_entry_id == count - 1
+                for _, bookies in md.ensembles:
+                    assert len(set(bookies)) == 3
+                assert_fully_replicated(bk, ledger_id)
+                data = [e.data for e in bk.open_ledger(ledger_id).read_entries(0, 999)]
+                assert data == [payload(ledger_id, i, 1000) for i in range(1000)]
+    finally:
+        if link is not None:
+            link.close()
+    print(
+        f"session lost mid-copy: repaired {repaired_s:.1f} s after the blip; "
         f"test {time.monotonic() - started:.1f} s"
     )
