@@ -399,6 +399,10 @@ class _Run:
         result.references_bookie = bool(left)
         lost = [f for f in result.fragments if f.status is FragmentStatus.LOST]
         if lost:
+            # A ledger deleted while it was copied reads as lost (its copies are being
+            # purged): only a read after a sync (R18) can call it lost rather than gone.
+            await metadata_call(self.bk, self.bk.store.sync(LEDGERS_PATH), "sync")
+            await read_ledger_metadata(self.bk, ledger_id)  # NoSuchLedgerError: deleted
             result.outcome = LedgerOutcome.LOST
             result.error = "entries with no copy left: " + "; ".join(f.error for f in lost)
         elif failed:
