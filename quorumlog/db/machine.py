@@ -862,7 +862,7 @@ class StateMachine:
                         # The sum over the run: each statement's own, as alone.
                         rows_changed += max(writes.rowcount, 0)
                     else:
-                        alone = self._run_one(self._writes, statements[start])
+                        alone = self._run_one(self._writes, statements[start], self._changes)
                         rows_changed += alone.rows_affected or 0
                 finally:
                     self._end_statement()
@@ -934,7 +934,7 @@ class StateMachine:
         the record's budget."""
         self._begin_statement(index, keyless=False)
         try:
-            return self._run_one(self._writes, statement)
+            return self._run_one(self._writes, statement, self._changes)
         finally:
             self._end_statement()
 
@@ -993,7 +993,15 @@ class StateMachine:
         return None
 
     @staticmethod
-    def _run_one(on: sqlite3.Connection | sqlite3.Cursor, statement: Statement) -> StatementResult:
+    def _run_one(
+        on: sqlite3.Connection | sqlite3.Cursor,
+        statement: Statement,
+        changes: Callable[[], int] | None = None,
+    ) -> StatementResult:
+        """Run one statement. ``changes`` (on the write connection) gives SQLite's count
+        of the rows the last statement changed, for those Python does not count."""
+        connection = on if isinstance(on, sqlite3.Connection) else on.connection
+        before = connection.total_changes
         cursor = on.execute(statement.sql, statement.params)
         result = StatementResult()
         if cursor.description is not None:
@@ -1001,7 +1009,12 @@ class StateMachine:
             result.columns = [d[0] for d in cursor.description]
             result.types = _types(rows, len(result.columns))
             result.values = rows
-        result.rows_affected = max(cursor.rowcount, 0)
+        counted = cursor.rowcount
+        if counted < 0 and changes is not None and connection.total_changes != before:
+            # Python counts rows only after a first word INSERT, UPDATE, DELETE or
+            # REPLACE; a WITH ... INSERT changed rows too, and SQLite knows how many.
+            counted = changes()
+        result.rows_affected = max(counted, 0)
         if cursor.lastrowid and result.rows_affected and inserts_rows(statement.sql):
             result.last_insert_id = cursor.lastrowid
         return result
@@ -1031,6 +1044,15 @@ class StateMachine:
         self._user = False
         self._tick_limit = _UNLIMITED
         self._keyless = False
+
+    def _changes(self) -> int:
+        """SQLite's count of the rows the statement just run changed (the machine's own
+        question: not one a statement may ask, so not checked)."""
+        user, self._user = self._user, False
+        try:
+            return int(self._conn.execute("SELECT changes()").fetchone()[0])
+        finally:
+            self._user = user
 
     def _authorize(
         self, action: int, arg1: str | None, arg2: str | None, db: str | None, _trigger: str | None

@@ -542,3 +542,33 @@ def test_d7_records_applied_before_a_restart_are_passed_over(tmp_path: Path) -> 
     verify = DbRecord(VERIFY, checks=tuple(leader.unverified(None, 100)))
     follower.apply(Position(3, 50), verify)
     assert follower.verified is None and follower.applied == Position(3, 50)
+
+
+def test_with_insert_and_update_report_rows_affected_and_last_insert_id(tmp_path: Path) -> None:
+    """Python's sqlite3 counts rows only for statements whose first word is INSERT,
+    UPDATE, DELETE or REPLACE; a WITH ... INSERT changes rows all the same."""
+    machine = StateMachine(tmp_path / "r.sqlite")
+    try:
+        statements = (
+            Statement("CREATE TABLE t (id INTEGER PRIMARY KEY, v)"),
+            Statement(
+                "WITH n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 3) "
+                "INSERT INTO t(v) SELECT x FROM n"
+            ),
+            Statement(
+                "WITH m(k) AS (SELECT 2) UPDATE t SET v = v * 10 WHERE v >= (SELECT k FROM m)"
+            ),
+            Statement("WITH m(k) AS (SELECT 1) DELETE FROM t WHERE v = (SELECT k FROM m)"),
+            Statement("WITH m(k) AS (SELECT 1) SELECT count(*) FROM t, m"),
+            Statement("WITH m(k) AS (SELECT 7) INSERT INTO t(v) SELECT k FROM m RETURNING id"),
+        )
+        results = machine.apply(Position(1, 0), DbRecord(EXECUTE, statements))
+        assert results is not None
+        assert [r.error for r in results] == [None] * 6
+        assert [r.rows_affected for r in results[1:4]] == [3, 2, 1]
+        assert results[1].last_insert_id == 3
+        assert results[2].last_insert_id is None  # an UPDATE inserts nothing
+        assert results[4].rows_affected == 0 and results[4].values == [[2]]
+        assert results[5].rows_affected == 1 and results[5].last_insert_id == 4
+    finally:
+        machine.close()
