@@ -22,7 +22,7 @@ from aiohttp import web
 from quorumlog.db.machine import StatementResult, loads_json
 from quorumlog.db.replica import NotLeaderError, Replica
 from quorumlog.db.snapshot import copy_file, dump_sql
-from quorumlog.db.sql import BadRequestError, Statement, is_read_only, parse_statements
+from quorumlog.db.sql import BadRequestError, Statement, parse_statements
 from quorumlog.errors import BKError, InvalidArgumentError
 from quorumlog.log.position import Position
 from quorumlog.security.http import bearer_middleware, db_api_roles
@@ -300,7 +300,8 @@ class DbHttpApi:
         except BadRequestError as exc:
             return self._error(request, 400, exc.message)
         if kind is None:
-            kind = _READ if all(is_read_only(s.sql) for s in statements) else _WRITE
+            # SQLite's verdict on this replica's schema, not the statements' words.
+            kind = _READ if await self.replica.read_only(statements) else _WRITE
         if kind == _WRITE and request.method != "POST":
             return self._error(request, 405, "writes are POSTed")
         body = await request.read() if request.method == "POST" else b""

@@ -53,6 +53,7 @@ from quorumlog.db.sql import (
     Params,
     Statement,
     batchable,
+    explained,
     inserts_rows,
 )
 from quorumlog.errors import BKError
@@ -1170,6 +1171,15 @@ class StateMachine:
         finally:
             self._readers.release(reader)
 
+    def read_only(self, statements: list[Statement]) -> bool:
+        """Whether every statement only reads, by SQLite's verdict (:meth:`_Reader.read_only`),
+        on one of the pool's connections."""
+        reader = self._readers.acquire()
+        try:
+            return all(reader.read_only(s) for s in statements)
+        finally:
+            self._readers.release(reader)
+
     def dump(self) -> list[str]:
         """The file's contents as SQL text (``iterdump``), for comparing replicas."""
         conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
@@ -1253,8 +1263,34 @@ class _Reader:
                 conn.execute("COMMIT")
         return results
 
+    def read_only(self, statement: Statement) -> bool:
+        """SQLite's own verdict on whether ``statement`` only reads, with
+        ``sqlite3_stmt_readonly``'s rules: it is compiled (``EXPLAIN``, which runs
+        nothing) against this replica's schema, and it writes if its program opens a
+        write transaction or vacuums, checkpoints or changes the journal mode.
+        False when it cannot be compiled here (a table this replica does not have yet):
+        the leader then runs it, as a write."""
+        try:
+            rows = self.conn.execute(
+                "EXPLAIN " + explained(statement.sql), statement.params
+            ).fetchall()
+        except (sqlite3.Error, OverflowError, ValueError):
+            return False
+        for row in rows:
+            opcode = row[1]
+            if opcode == "Transaction" and row[3] != 0:
+                return False
+            if opcode in _WRITING_OPCODES:
+                return False
+        return True
+
     def close(self) -> None:
         self.conn.close()
+
+
+# Opcodes that make a statement a writer in sqlite3_stmt_readonly's sense (besides a
+# Transaction opcode that opens a write transaction).
+_WRITING_OPCODES = frozenset({"Vacuum", "JournalMode", "Checkpoint"})
 
 
 class _ReaderPool:

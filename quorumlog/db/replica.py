@@ -427,6 +427,12 @@ class Replica:
         loop = self._loop or asyncio.get_running_loop()
         return await loop.run_in_executor(self._reads, self.query, statements)
 
+    async def read_only(self, statements: list[Statement]) -> bool:
+        """Whether every statement only reads, by SQLite's verdict on this replica's
+        schema (``sqlite3_stmt_readonly``'s rules), on a read thread."""
+        loop = self._loop or asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reads, self.machine.read_only, statements)
+
     def _open_machine(self) -> StateMachine:
         config = self.config
         return StateMachine(

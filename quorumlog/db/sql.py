@@ -27,8 +27,8 @@ __all__ = [
     "Param",
     "Statement",
     "batchable",
+    "explained",
     "inserts_rows",
-    "is_read_only",
     "parse_statements",
     "rewrite_all_for_replay",
     "rewrite_for_replay",
@@ -198,21 +198,24 @@ def first_word(sql: str) -> str:
     return ""
 
 
-def is_read_only(sql: str) -> bool:
-    """Whether a statement only reads, judged by its words (as a unified request needs
-    before running anything): SELECT, EXPLAIN, VALUES, a WITH that writes nothing, and
-    PRAGMA without an assignment."""
-    words = [t.text.upper() for t in _tokens(sql) if t.kind == "word"]
-    if not words:
-        return False
-    head = words[0]
-    if head in ("SELECT", "EXPLAIN", "VALUES"):
-        return True
-    if head == "WITH":
-        return not any(w in ("INSERT", "UPDATE", "DELETE", "REPLACE") for w in words)
-    if head == "PRAGMA":
-        return "=" not in sql and "(" not in sql
-    return False
+def explained(sql: str) -> str:
+    """``sql`` without a leading ``EXPLAIN`` or ``EXPLAIN QUERY PLAN``: SQLite judges an
+    explained statement read-only or not as the statement itself
+    (``sqlite3_stmt_readonly``)."""
+    tokens = _tokens(sql)
+    sig = _significant(tokens)
+    if not sig or tokens[sig[0]].text.upper() != "EXPLAIN":
+        return sql
+    rest = 1
+    if (
+        len(sig) > 2
+        and tokens[sig[1]].text.upper() == "QUERY"
+        and tokens[sig[2]].text.upper() == "PLAN"
+    ):
+        rest = 3
+    if rest >= len(sig):
+        return sql
+    return "".join(t.text for t in tokens[sig[rest] :])
 
 
 # Statements up to this length are analysed once per text: a program sends the same

@@ -34,7 +34,6 @@ from quorumlog.db.sql import (
     BadRequestError,
     Choices,
     Statement,
-    is_read_only,
     parse_statements,
     rewrite_for_replay,
 )
@@ -113,10 +112,43 @@ def test_rewrite_refuses_what_cannot_replay(sql: str) -> None:
         rewrite(sql)
 
 
-def test_is_read_only() -> None:
-    assert is_read_only("SELECT 1") and is_read_only("  with x as (select 1) select * from x")
-    assert not is_read_only("INSERT INTO t VALUES (1)")
-    assert not is_read_only("WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x")
+@pytest.mark.parametrize(
+    ("sql", "params", "reads"),
+    [
+        ("SELECT 1", [], True),
+        ("  with x as (select 1) select * from x", [], True),
+        ("SELECT * FROM t WHERE a = ?", [1], True),
+        ("SELECT * FROM t WHERE a = :a", {"a": 1}, True),
+        # words that looked like writes to a judge of words
+        ("WITH c(n) AS (SELECT 1) SELECT replace('ab', 'a', 'b') FROM c", [], True),
+        ('SELECT "update", "delete" FROM (SELECT 1 AS "update", 2 AS "delete")', [], True),
+        ("PRAGMA table_info(t)", [], True),
+        ("PRAGMA user_version", [], True),
+        ("EXPLAIN QUERY PLAN SELECT * FROM t", [], True),
+        # writes, whatever their first word
+        ("INSERT INTO t VALUES (1)", [], False),
+        ("WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x", [], False),
+        ("WITH x AS (SELECT 1) UPDATE t SET a = (SELECT * FROM x)", [], False),
+        ("REPLACE INTO t VALUES (2)", [], False),
+        ("PRAGMA user_version = 3", [], False),
+        ("CREATE TABLE u (b)", [], False),
+        ("EXPLAIN DELETE FROM t", [], False),  # as the statement explained
+        ("VACUUM", [], False),
+        ("SELECT 1; DELETE FROM t", [], False),  # several statements: the leader's
+        ("SELECT * FROM not_here_yet", [], False),  # not compiled here: the leader's
+    ],
+)
+def test_read_only_is_sqlites_verdict_not_the_first_word(
+    tmp_path: Path, sql: str, params: list[object] | dict[str, object], reads: bool
+) -> None:
+    machine = StateMachine(tmp_path / "r.sqlite")
+    try:
+        machine.apply(Position(1, 0), DbRecord(EXECUTE, (Statement("CREATE TABLE t (a)"),)))
+        assert machine.read_only([Statement(sql, params)]) is reads  # type: ignore[arg-type]
+        if reads:
+            assert machine.read_only([Statement("SELECT 1"), Statement("DELETE FROM t")]) is False
+    finally:
+        machine.close()
 
 
 def test_records_apply_exactly_once_and_failures_repeat_identically(tmp_path: Path) -> None:
