@@ -1,9 +1,12 @@
 """rqlite's HTTP API over a :class:`~quorumlog.db.replica.Replica` (aiohttp).
 
-Endpoints: ``/db/execute``, ``/db/query``, ``/db/request``, ``/status``, ``/nodes``,
-``/readyz``. A follower sends writes (and weak/strong reads) on to the leader as a
-proxy, as rqlite 8 does by default; with ``?redirect`` it answers 301 with the
-leader's address instead. docs/DB.md has the details and the status codes.
+Endpoints: ``/db/execute``, ``/db/query``, ``/db/request``, ``/db/backup``, ``/status``,
+``/nodes``, ``/readyz``, ``/remove``, ``/leader``. Every query parameter an endpoint does
+not take, and every rqlite endpoint not offered, is answered 400 naming it (docs/DB.md
+has the table of rqlite's, one by one). A follower sends writes (and weak/strong
+reads) on to the leader as a proxy, as rqlite 8 does by default; with ``?redirect`` it
+answers 301 with the leader's address instead. docs/DB.md has the details and the
+status codes.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import ssl
 import time
 from typing import Any
@@ -45,6 +49,87 @@ _READ = "read"
 _WRITE = "write"
 
 
+# Every query parameter each endpoint takes (docs/DB.md, "rqlite's parameters and
+# endpoints"): any other is answered 400 naming it, never silently ignored.
+_OUTPUT_PARAMS = frozenset({"pretty", "timings", "associative", "blob_array", "raft_index"})
+_WRITE_PARAMS = _OUTPUT_PARAMS | {"transaction", "timeout", "redirect"}
+_READ_PARAMS = _OUTPUT_PARAMS | {
+    "q",
+    "level",
+    "min_position",
+    "redirect",
+    "timeout",
+    "linearizable_timeout",
+    "freshness",
+    "freshness_strict",
+}
+_ACCEPTED_PARAMS: dict[str, frozenset[str]] = {
+    "/db/execute": _WRITE_PARAMS,
+    "/db/query": _READ_PARAMS,
+    "/db/request": _WRITE_PARAMS | _READ_PARAMS,
+    "/db/backup": frozenset({"fmt", "level", "redirect"}),
+    "/status": frozenset({"pretty"}),
+    "/nodes": frozenset({"pretty", "ver", "nonvoters", "timeout"}),
+    "/readyz": frozenset({"noleader"}),
+    "/remove": frozenset({"pretty"}),
+    "/leader": frozenset({"pretty"}),
+}
+_QUEUED = (
+    "queued writes are not offered: a write is answered once its record is confirmed "
+    "in the log (send many statements in one request instead)"
+)
+# rqlite's parameters this API does not offer, and why: answered 400 naming them.
+REFUSED_PARAMS: dict[str, str] = {
+    "queue": _QUEUED,
+    "wait": _QUEUED,
+    "db_timeout": (
+        "statements are bounded by budgets of SQLite's steps (--statement-steps, "
+        "--read-steps), the same verdict on every replica, not by a clock"
+    ),
+    "qualify_columns": "columns are named as SQLite names them (the table is not known here)",
+    "sync": "a replica is ready once it follows the log; use min_position to wait for a write",
+    "compress": "backups are not compressed here (compress the answer's bytes yourself)",
+    "vacuum": "backups are SQLite's online backup of the file, not vacuumed",
+    "tables": "a backup holds the whole database",
+}
+_NO_LOAD = (
+    "loading is done through the leader and the log by `quorumlog db restore` "
+    "(a SQLite file sent as SQL write requests)"
+)
+_NO_MEMBERSHIP = (
+    "a replica joins by starting `quorumlog db serve` with the database's --metadata and "
+    "--name (the election), not through this API"
+)
+# rqlite's endpoints this API does not offer, and why: answered 400 naming them.
+REFUSED_ENDPOINTS: dict[str, str] = {
+    "/db/load": _NO_LOAD,
+    "/boot": _NO_LOAD,
+    "/join": _NO_MEMBERSHIP,
+    "/notify": _NO_MEMBERSHIP,
+    "/snapshot": (
+        "the leader snapshots on its own triggers (--snapshot-every, "
+        "--snapshot-every-bytes, --snapshot-every-s)"
+    ),
+    "/debug/vars": "Go's expvar: see /status",
+    "/debug/pprof": "Go's profiler: profile the Python process with py-spy",
+}
+
+
+def _param_refusal(path: str, names: Any) -> str:
+    """Why a request to ``path`` with these query parameter names is refused ("" when
+    it is not)."""
+    accepted = _ACCEPTED_PARAMS.get(path)
+    if accepted is None:
+        return ""
+    for name in names:
+        if name in accepted:
+            continue
+        if name in REFUSED_PARAMS:
+            return f"parameter {name} is not supported: {REFUSED_PARAMS[name]}"
+        return f"unknown parameter {name} for {path}"
+    return ""
+
+
 def _flag(request: web.Request, name: str) -> bool:
     """rqlite's flags are present (``?pretty``) or given a value (``?pretty=true``)."""
     if name not in request.query:
@@ -58,13 +143,22 @@ def _json_value(value: object) -> object:
     return value
 
 
-def _result_json(result: StatementResult, *, associative: bool, timings: bool) -> dict[str, Any]:
+def _json_value_blob_array(value: object) -> object:
+    if isinstance(value, bytes):
+        return list(value)
+    return value
+
+
+def _result_json(
+    result: StatementResult, *, associative: bool, timings: bool, blob_array: bool = False
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if result.error is not None:
         out["error"] = result.error
         return out
     if result.columns is not None:
-        values = [[_json_value(v) for v in row] for row in result.values or []]
+        convert = _json_value_blob_array if blob_array else _json_value
+        values = [[convert(v) for v in row] for row in result.values or []]
         types = result.types or []
         if associative:
             out["types"] = dict(zip(result.columns, types, strict=False))
@@ -83,20 +177,57 @@ def _result_json(result: StatementResult, *, associative: bool, timings: bool) -
     return out
 
 
-def _timeout_s(request: web.Request) -> float:
-    """rqlite's ``timeout`` (``10s``, ``500ms`` or seconds); 30 s by default."""
-    text = request.query.get("timeout", "").strip().lower()
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go duration (``2m``, ``1h30m``, ``1.5s``, ``500ms``, ``0``) as
+    rqlite's parameters take them, or a bare number of seconds; BadRequestError for
+    anything else (never a default in its place)."""
+    raw = text.strip()
     try:
-        if text.endswith("ms"):
-            value = float(text[:-2]) / 1000
-        elif text.endswith("s"):
-            value = float(text[:-1])
-        else:
-            value = float(text) if text else _WRITE_TIMEOUT_S_DEFAULT
+        return float(raw)  # a bare number: seconds
     except ValueError:
-        raise BadRequestError(f"bad timeout {text!r}: use e.g. 10s or 500ms") from None
+        pass
+    at, total = 0, 0.0
+    for match in _DURATION_PART.finditer(raw):
+        if match.start() != at:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        at = match.end()
+    if at == 0 or at != len(raw):
+        raise BadRequestError(f"bad duration {text!r}: use e.g. 2m, 1s, 500ms or 1h30m")
+    return total
+
+
+def _duration_param(request: web.Request, name: str, default: float | None) -> float | None:
+    """The query parameter ``name`` as a positive duration in seconds (``default`` when
+    absent)."""
+    if name not in request.query:
+        return default
+    try:
+        value = parse_duration(request.query[name])
+    except BadRequestError as exc:
+        raise BadRequestError(f"parameter {name}: {exc.message}") from None
     if value <= 0:
-        raise BadRequestError(f"bad timeout {text!r}: must be positive")
+        raise BadRequestError(f"parameter {name}: {request.query[name]!r} must be positive")
+    return value
+
+
+def _timeout_s(request: web.Request) -> float:
+    """rqlite's ``timeout`` (a Go duration, or seconds); 30 s by default."""
+    value = _duration_param(request, "timeout", _WRITE_TIMEOUT_S_DEFAULT)
+    assert value is not None
     return value
 
 
@@ -125,7 +256,7 @@ class DbHttpApi:
         self._runner: web.AppRunner | None = None
         checks = [] if token_verifier is None else [bearer_middleware(token_verifier, db_api_roles)]
         self.app = web.Application(
-            client_max_size=max_body_bytes, middlewares=[*checks, self._errors]
+            client_max_size=max_body_bytes, middlewares=[*checks, self._errors, self._params]
         )
         self.app.router.add_route("*", "/db/execute", self._execute)
         self.app.router.add_route("*", "/db/query", self._query)
@@ -135,6 +266,10 @@ class DbHttpApi:
         self.app.router.add_get("/nodes", self._nodes)
         self.app.router.add_route("DELETE", "/remove", self._remove)
         self.app.router.add_get("/readyz", self._readyz)
+        self.app.router.add_get("/leader", self._leader)
+        self.app.router.add_post("/leader", self._step_down)
+        for path in REFUSED_ENDPOINTS:
+            self.app.router.add_route("*", path, self._refused_endpoint)
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: a free port); the port."""
@@ -175,6 +310,19 @@ class DbHttpApi:
         except web.HTTPMethodNotAllowed:
             return self._error(request, 405, f"method {request.method} not allowed here")
 
+    @web.middleware
+    async def _params(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Every query parameter is one the endpoint takes, or the answer is 400 naming it."""
+        refusal = _param_refusal(request.path, request.query.keys())
+        if refusal:
+            return self._error(request, 400, refusal)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _refused_endpoint(self, request: web.Request) -> web.StreamResponse:
+        reason = REFUSED_ENDPOINTS[request.path]
+        return self._error(request, 400, f"endpoint {request.path} is not supported: {reason}")
+
     def _reply(self, request: web.Request, body: object, status: int = 200) -> web.Response:
         if _flag(request, "pretty"):
             data = json.dumps(body, indent=4).encode()
@@ -203,6 +351,15 @@ class DbHttpApi:
         raw = await request.read()
         if len(raw) > self.max_body_bytes:
             raise web.HTTPRequestEntityTooLarge(max_size=self.max_body_bytes, actual_size=len(raw))
+        if request.content_type == "text/plain":
+            # rqlite's other body: the SQL itself, one statement string.
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError as exc:
+                raise BadRequestError(f"a text/plain body must be UTF-8: {exc}") from None
+            if not text.strip():
+                raise BadRequestError("empty statement")
+            return [Statement(text, [])]
         try:
             # NaN and integers past 64 bits are read, then refused below with a clearer
             # message; a malformed body gets json's error.
@@ -217,11 +374,16 @@ class DbHttpApi:
         results: list[StatementResult],
         started: float,
         position: Position | None = None,
+        applied: Position | None = None,
     ) -> web.Response:
         associative = _flag(request, "associative")
         timings = _flag(request, "timings")
+        blob_array = _flag(request, "blob_array")
         body: dict[str, Any] = {
-            "results": [_result_json(r, associative=associative, timings=timings) for r in results]
+            "results": [
+                _result_json(r, associative=associative, timings=timings, blob_array=blob_array)
+                for r in results
+            ]
         }
         if timings:
             body["time"] = time.perf_counter() - started
@@ -229,6 +391,11 @@ class DbHttpApi:
             # Beyond rqlite: where the write was committed and which leader answered it.
             body["position"] = str(position)
             body["node"] = self.replica.config.node_id
+        if _flag(request, "raft_index"):
+            # rqlite's log index is a number; this log's position is LEDGER:ENTRY: a
+            # write's own record, or for a read the last record applied where it ran.
+            shown = position if position is not None else applied
+            body["raft_index"] = None if shown is None else str(shown)
         return self._reply(request, body)
 
     # ------------------------------------------------------------ leader
@@ -262,7 +429,9 @@ class DbHttpApi:
         if _flag(request, "redirect"):
             raise web.HTTPMovedPermanently(location=target)
         assert self._session is not None
-        headers = {FORWARDED_HEADER: "1", "Content-Type": "application/json"}
+        # The body goes on as it came: JSON, or text/plain SQL.
+        content_type = request.headers.get("Content-Type", "application/json")
+        headers = {FORWARDED_HEADER: "1", "Content-Type": content_type}
         if "Authorization" in request.headers:  # the leader checks the same token
             headers["Authorization"] = request.headers["Authorization"]
         try:
@@ -326,8 +495,16 @@ class DbHttpApi:
                         f"write not confirmed within {timeout_s} s: it may or may not be applied",
                     )
                 return self._answer(request, answer.results, started, answer.position)
+            freshness_s = _duration_param(request, "freshness", None)
+            strict = _flag(request, "freshness_strict")
+            if strict and freshness_s is None:
+                return self._error(request, 400, "freshness_strict needs freshness (a duration)")
             level = request.query.get("level", "weak").lower()
+            if level == "auto":
+                level = "weak"  # rqlite's auto: none on a read-only node; every replica here votes
             if level not in _LEVELS:
+                # rqlite reads an unknown level as weak; a misspelt strong must not
+                # silently become weaker.
                 return self._error(request, 400, f"unknown read level {level!r}")
             if "min_position" in request.query:
                 try:
@@ -344,8 +521,37 @@ class DbHttpApi:
                 if not replica.is_leader:
                     return await self._forward(request, body)
                 if level in ("strong", "linearizable"):
-                    await replica.barrier()
-            return self._answer(request, await replica.read(statements), started)
+                    timeout_s = _timeout_s(request)
+                    if level == "linearizable":
+                        timeout_s = (
+                            _duration_param(request, "linearizable_timeout", timeout_s) or timeout_s
+                        )
+                    try:
+                        await replica.barrier(timeout_s)
+                    except TimeoutError:
+                        return self._error(
+                            request,
+                            503,
+                            f"{level} read: the lead not confirmed in {timeout_s} s",
+                        )
+            elif freshness_s is not None:
+                # rqlite's freshness: a read served here, by a follower, only if it
+                # was in contact with the log (strict: held all of it) that recently.
+                age = replica.staleness_s(strict=strict)
+                if age is None or age > freshness_s:
+                    what = (
+                        "held every confirmed record" if strict else "was in contact with the log"
+                    )
+                    since = "never" if age is None else f"{age:.3f} s ago"
+                    return self._error(
+                        request,
+                        503,
+                        f"stale read: this replica last {what} {since}, "
+                        f"over the freshness of {freshness_s} s",
+                    )
+            applied = replica.applied
+            results = await replica.read(statements)
+            return self._answer(request, results, started, applied=applied)
         except BadRequestError as exc:
             return self._error(request, 400, exc.message)
         except NotLeaderError as exc:
@@ -387,7 +593,7 @@ class DbHttpApi:
             for node_id, api, leads in members
         ]
 
-    async def _probe(self, node: dict[str, Any]) -> None:
+    async def _probe(self, node: dict[str, Any], probe_s: float = _PROBE_S) -> None:
         """Ask a replica's API whether it answers (any HTTP answer, an authentication
         refusal included, is an answer); set ``reachable``, and ``error`` when not."""
         if node["id"] == self.replica.config.node_id:
@@ -398,7 +604,7 @@ class DbHttpApi:
             if not node["api_addr"]:
                 raise ValueError("no API address recorded")
             async with self._session.get(
-                f"{node['api_addr']}/readyz", timeout=aiohttp.ClientTimeout(total=_PROBE_S)
+                f"{node['api_addr']}/readyz", timeout=aiohttp.ClientTimeout(total=probe_s)
             ) as answer:
                 await answer.read()
             node["time"] = time.perf_counter() - started
@@ -406,7 +612,7 @@ class DbHttpApi:
             node["reachable"] = False
             node["error"] = str(exc) or type(exc).__name__
 
-    async def _nodes_json(self) -> list[dict[str, Any]]:
+    async def _nodes_json(self, probe_s: float = _PROBE_S) -> list[dict[str, Any]]:
         """Every replica the database recorded, up or down, as rqlite lists them: those
         in the election first (the leader first), then the others (not in the election:
         stopped, or gone for good); each probed, ``reachable`` false for one that does
@@ -429,11 +635,16 @@ class DbHttpApi:
                         "voter": True,
                     }
                 )
-        await asyncio.gather(*(self._probe(n) for n in nodes))
+        await asyncio.gather(*(self._probe(n, probe_s) for n in nodes))
         return nodes
 
     async def _nodes(self, request: web.Request) -> web.StreamResponse:
-        nodes = await self._nodes_json()
+        try:
+            probe_s = _duration_param(request, "timeout", _PROBE_S)
+        except BadRequestError as exc:
+            return self._error(request, 400, exc.message)
+        # ?nonvoters: every replica here votes (in the election), so all are listed.
+        nodes = await self._nodes_json(probe_s or _PROBE_S)
         if request.query.get("ver") == "2":
             return self._reply(request, {"nodes": nodes})
         return self._reply(request, {n["id"]: n for n in nodes})
@@ -493,15 +704,39 @@ class DbHttpApi:
         }
         return self._reply(request, body)
 
+    async def _leader(self, request: web.Request) -> web.StreamResponse:
+        """rqlite's ``GET /leader``: the replica that leads now (503 when none does)."""
+        leader = next((n for n in await self._members_json() if n["leader"]), None)
+        if leader is None:
+            return self._error(request, 503, "leader not found")
+        return self._reply(
+            request,
+            {
+                "leader": {
+                    "id": leader["id"],
+                    "api_addr": leader["api_addr"],
+                    "addr": leader["addr"],
+                }
+            },
+        )
+
+    async def _step_down(self, request: web.Request) -> web.StreamResponse:
+        return self._error(
+            request,
+            400,
+            "POST /leader (stepdown) is not supported: the lead moves when the leader "
+            "stops or loses its session (stop its `quorumlog db serve`)",
+        )
+
     async def _readyz(self, request: web.Request) -> web.StreamResponse:
         nodes = await self._members_json()
-        leader_ok = any(n["leader"] for n in nodes)
+        noleader = _flag(request, "noleader")
+        leader_ok = noleader or any(n["leader"] for n in nodes)
         store_ok = self.replica.failure is None
-        lines = [
-            "[+]node ok",
-            f"[{'+' if leader_ok else '-'}]leader ok",
-            f"[{'+' if store_ok else '-'}]store ok",
-        ]
+        lines = ["[+]node ok"]
+        if not noleader:  # rqlite's ?noleader: ready without a leader
+            lines.append(f"[{'+' if leader_ok else '-'}]leader ok")
+        lines.append(f"[{'+' if store_ok else '-'}]store ok")
         status = 200 if leader_ok and store_ok else 503
         return web.Response(text="\n".join(lines) + "\n", status=status)
 

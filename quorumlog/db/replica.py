@@ -253,6 +253,10 @@ class Replica:
         # The last record whose outcome this leader sent in a VERIFY, and when.
         self._verify_sent: Position | None = None
         self._verify_sent_s = time.monotonic()
+        # A follower's last contact with the log, and the last time its copy held every
+        # record confirmed then (loop times; rqlite's freshness and freshness_strict).
+        self._contact_s: float | None = None
+        self._caught_up_s: float | None = None
 
     # ------------------------------------------------------------ public
 
@@ -390,11 +394,6 @@ class Replica:
         )
         return await self._submit(record, timeout_s)
 
-    async def barrier(self) -> Position:
-        """Append an empty record and wait until it is applied here: proves this replica
-        was still the log's writer after the call began (a strong read's first step)."""
-        return (await self._submit(DbRecord(BARRIER))).position
-
     async def wait_applied(self, position: Position, timeout_s: float) -> bool:
         """Wait until ``position`` is applied here; False after ``timeout_s``."""
         loop = asyncio.get_running_loop()
@@ -407,6 +406,26 @@ class Replica:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._applied_event.wait(), remaining)
         return True
+
+    def staleness_s(self, *, strict: bool) -> float | None:
+        """How old this replica's copy may be, in seconds: 0 on the leader (it writes
+        the log); on a follower, the time since it was last in contact with the log
+        (its bookies answered and its ledger was still the one written) or, ``strict``,
+        since its copy last held every record confirmed then. None: never yet."""
+        if self._taking_writes:
+            return 0.0
+        since = self._caught_up_s if strict else self._contact_s
+        if since is None:
+            return None
+        loop = self._loop or asyncio.get_running_loop()
+        return max(0.0, loop.time() - since)
+
+    def _note_reader(self, reader: LogReader) -> None:
+        """What the follower's reader learnt of the log, once every record it returned
+        is applied."""
+        self._contact_s = reader.contact_s
+        if reader.buffered == 0:
+            self._caught_up_s = reader.caught_up_s
 
     def query(self, statements: list[Statement]) -> list[StatementResult]:
         """Run read-only statements on this replica's file, on the calling thread."""
@@ -432,6 +451,12 @@ class Replica:
         schema (``sqlite3_stmt_readonly``'s rules), on a read thread."""
         loop = self._loop or asyncio.get_running_loop()
         return await loop.run_in_executor(self._reads, self.machine.read_only, statements)
+
+    async def barrier(self, timeout_s: float | None = None) -> Position:
+        """Append an empty record and wait until it is applied here (within
+        ``timeout_s``): proves this replica was still the log's writer after the call
+        began (a strong read's first step)."""
+        return (await self._submit(DbRecord(BARRIER), timeout_s)).position
 
     def _open_machine(self) -> StateMachine:
         config = self.config
@@ -720,6 +745,8 @@ class Replica:
                 record = await reader.read_next(timeout_ms=self.config.check_interval_ms)
                 if record is not None:
                     await self._apply_read(reader, record)
+                self._note_reader(reader)
+                if record is not None:
                     await self._between_follower_reads()
         except ReplicaStorageError:
             raise  # the local file failed: this replica stops (``_run``)

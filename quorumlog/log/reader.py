@@ -73,6 +73,12 @@ class LogReader:
         self._closed = False
         self._last_look = self._loop.time()
         self.records_read = 0
+        # Loop times of the last answer of a bookie, of the metadata store, and of the
+        # last step that learnt that nothing confirmed lay beyond what it had fetched.
+        self._bookie_s: float | None = None
+        self._store_s: float | None = None
+        self._frontier_s: float | None = None
+        self._news_s: float | None = None  # the last step that fetched new entries
 
     async def _open(self) -> None:
         """Read the list and check the start position (called by :meth:`Log.open_reader`)."""
@@ -102,6 +108,40 @@ class LogReader:
     @property
     def name(self) -> str:
         return self._log.name
+
+    @property
+    def buffered(self) -> int:
+        """How many records were fetched and not yet returned."""
+        return len(self._buffer)
+
+    def _listed_s(self) -> float | None:
+        """By when the ledger read was known to be the one written: the metadata store
+        answered (a new writer's ledger would be listed there), or new entries came
+        from it while it was open (its writer was still adding them: a new writer
+        fences a ledger before it writes its own)."""
+        known = [t for t in (self._store_s, self._news_s) if t is not None]
+        return max(known) if known else None
+
+    @property
+    def contact_s(self) -> float | None:
+        """The loop time by which the reader was last in contact with the log: its
+        bookies answered, and the ledger read was still the one written (see
+        :meth:`_listed_s`). None before it was. A reader cut off from the bookies or
+        the store stops moving it on."""
+        listed = self._listed_s()
+        if self._bookie_s is None or listed is None:
+            return None
+        return min(self._bookie_s, listed)
+
+    @property
+    def caught_up_s(self) -> float | None:
+        """The loop time at which this reader had fetched every record confirmed then:
+        once the records fetched are all returned and handled, the reader's copy is no
+        older than this. None before it knew."""
+        listed = self._listed_s()
+        if self._frontier_s is None or listed is None:
+            return None
+        return min(self._frontier_s, listed)
 
     # ------------------------------------------------------------ reading
 
@@ -218,6 +258,9 @@ class LogReader:
         if entry_id <= limit:
             last = min(limit, entry_id + self._log.config.read_batch_entries - 1)
             entries = await handle.read_entries(entry_id, last)
+            self._bookie_s = self._loop.time()
+            if not md.is_closed:  # its writer was still adding them
+                self._news_s = self._bookie_s
             for entry in entries:
                 self._buffer.append(Record(Position(ledger_id, entry.entry_id), entry.data))
             self._next = Position(ledger_id, entry_id + len(entries))
@@ -238,7 +281,11 @@ class LogReader:
         if wait_ms <= 0:
             # No time to wait (read_next(0)): ask the bookies for their LAC once, so
             # that what they confirmed since is readable now.
-            return await handle.read_last_add_confirmed() >= entry_id
+            lac = await handle.read_last_add_confirmed()
+            self._bookie_s = now = self._loop.time()
+            if lac < entry_id:
+                self._frontier_s = now
+            return lac >= entry_id
         poll = asyncio.ensure_future(
             handle.read_last_add_confirmed_and_entry(entry_id, max(1, int(wait_ms)))
         )
@@ -253,10 +300,16 @@ class LogReader:
                 await poll
             await self._look_again(forced=True)  # the list or the ledger changed
             return True
-        _, entry = poll.result()  # a BKError here is handled by read_next
+        lac, entry = poll.result()  # a BKError here is handled by read_next
+        self._bookie_s = now = self._loop.time()
+        if entry is None:
+            self._frontier_s = now  # nothing confirmed beyond what is fetched
         if entry is not None and self._next == Position(handle.ledger_id, entry_id):
             self._buffer.append(Record(Position(handle.ledger_id, entry_id), entry.data))
             self._next = Position(handle.ledger_id, entry_id + 1)
+            self._news_s = now
+            if lac <= entry_id:
+                self._frontier_s = now  # the entry fetched was the last confirmed
             return True
         if entry is None:
             # No news within the poll: now and then, look at the ledger and the list
@@ -281,6 +334,7 @@ class LogReader:
         except NoSuchLedgerError:
             self._list_stale = True
             await self._drop_handle()
+        self._store_s = self._loop.time()
 
     async def _wait(self, deadline: float | None) -> bool:
         """Wait for a change of the list (or of the ledger), at most ``long_poll_ms``;
@@ -307,6 +361,7 @@ class LogReader:
         self._list_stale = False
         try:
             self._metadata, _ = await read_log(self._log.store, self._log.name)
+            self._store_s = self._loop.time()
         except NoSuchLogError:
             raise NoSuchLogError(
                 f"log {self._log.name} was deleted (reader at {self._next})"
