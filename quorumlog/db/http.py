@@ -26,7 +26,12 @@ from aiohttp import web
 from quorumlog.db.machine import StatementResult, loads_json
 from quorumlog.db.replica import NotLeaderError, Replica
 from quorumlog.db.snapshot import copy_file, dump_sql
-from quorumlog.db.sql import BadRequestError, Statement, parse_statements
+from quorumlog.db.sql import (
+    BadRequestError,
+    Statement,
+    parse_statements,
+    several_statements_refusal,
+)
 from quorumlog.errors import BKError, InvalidArgumentError
 from quorumlog.log.position import Position
 from quorumlog.security.http import bearer_middleware, db_api_roles
@@ -468,6 +473,10 @@ class DbHttpApi:
             statements = await self._statements(request)
         except BadRequestError as exc:
             return self._error(request, 400, exc.message)
+        for statement in statements:
+            refusal = ";" in statement.sql and several_statements_refusal(statement)
+            if refusal:
+                return self._error(request, 400, refusal)
         if kind is None:
             # SQLite's verdict on this replica's schema, not the statements' words.
             kind = _READ if await self.replica.read_only(statements) else _WRITE

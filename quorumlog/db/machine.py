@@ -55,6 +55,7 @@ from quorumlog.db.sql import (
     batchable,
     explained,
     inserts_rows,
+    split_sql,
 )
 from quorumlog.errors import BKError
 from quorumlog.log.position import Position
@@ -142,7 +143,9 @@ class DbRecord:
     randomblob(); ``steps`` is the budget of each statement in SQLite VM steps, when
     not :data:`DEFAULT_STATEMENT_STEPS`. A record logged before they were carried has
     none (``now_ms`` None): it is applied with the Unix epoch as 'now', an empty seed
-    and no budget, as it was applied then.
+    and no budget, as it was applied then. ``split``: a statement string holding
+    several statements runs them all (rqlite's); a record logged before that was
+    offered has no mark, and such a string fails as it did then.
     """
 
     kind: str
@@ -152,6 +155,7 @@ class DbRecord:
     seed: int | None = None
     steps: int | None = None
     checks: tuple[tuple[Position, str], ...] = ()
+    split: bool = False
 
     def encode(self) -> bytes:
         """The record as JSON (the change stream's format, read by Spark as it is)."""
@@ -166,6 +170,8 @@ class DbRecord:
                 body["seed"] = self.seed or 0
             if self.steps is not None:
                 body["steps"] = self.steps
+            if self.split:
+                body["split"] = True
             if not all(_orjson_keeps(s.params) for s in self.statements):
                 return json.dumps(body, separators=(",", ":")).encode()
         try:
@@ -213,7 +219,15 @@ class DbRecord:
         now_ms, seed, steps = (_int_field(raw, name) for name in ("now", "seed", "steps"))
         if steps is not None and steps < 1:
             raise BadRequestError(f"not a budget of steps: {steps}")
-        return cls(EXECUTE, stmts, bool(raw.get("tx", False)), now_ms, seed, steps)
+        return cls(
+            EXECUTE,
+            stmts,
+            bool(raw.get("tx", False)),
+            now_ms,
+            seed,
+            steps,
+            split=raw.get("split") is True,
+        )
 
 
 def _int_field(raw: dict[str, Any], name: str) -> int | None:
@@ -603,6 +617,7 @@ class StateMachine:
         self._statement_index = 0
         self._calls = 0
         self._keyless = False
+        self._split = False  # the record's: several statements in a string all run
         # SQLite's own date and time functions, fed the record's time for 'now'.
         self._clock = sqlite3.connect(":memory:", check_same_thread=False)
         self._max_blob_bytes = self._conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
@@ -863,7 +878,9 @@ class StateMachine:
                         # The sum over the run: each statement's own, as alone.
                         rows_changed += max(writes.rowcount, 0)
                     else:
-                        alone = self._run_one(self._writes, statements[start], self._changes)
+                        alone = self._run_one(
+                            self._writes, statements[start], self._changes, split=self._split
+                        )
                         rows_changed += alone.rows_affected or 0
                 finally:
                     self._end_statement()
@@ -935,7 +952,7 @@ class StateMachine:
         the record's budget."""
         self._begin_statement(index, keyless=False)
         try:
-            return self._run_one(self._writes, statement, self._changes)
+            return self._run_one(self._writes, statement, self._changes, split=self._split)
         finally:
             self._end_statement()
 
@@ -998,12 +1015,23 @@ class StateMachine:
         on: sqlite3.Connection | sqlite3.Cursor,
         statement: Statement,
         changes: Callable[[], int] | None = None,
+        *,
+        split: bool = True,
     ) -> StatementResult:
         """Run one statement. ``changes`` (on the write connection) gives SQLite's count
-        of the rows the last statement changed, for those Python does not count."""
+        of the rows the last statement changed, for those Python does not count. With
+        ``split``, a string of several statements runs them all, in order; its result
+        is its last statement's (a failure of any fails the string)."""
         connection = on if isinstance(on, sqlite3.Connection) else on.connection
+        sql = statement.sql
+        if split and ";" in sql:
+            *before_last, sql = split_sql(sql)
+            for piece in before_last:
+                earlier = on.execute(piece, statement.params)
+                if earlier.description is not None:
+                    earlier.fetchall()
         before = connection.total_changes
-        cursor = on.execute(statement.sql, statement.params)
+        cursor = on.execute(sql, statement.params)
         result = StatementResult()
         if cursor.description is not None:
             rows = [list(r) for r in cursor.fetchall()]
@@ -1016,13 +1044,14 @@ class StateMachine:
             # REPLACE; a WITH ... INSERT changed rows too, and SQLite knows how many.
             counted = changes()
         result.rows_affected = max(counted, 0)
-        if cursor.lastrowid and result.rows_affected and inserts_rows(statement.sql):
+        if cursor.lastrowid and result.rows_affected and inserts_rows(sql):
             result.last_insert_id = cursor.lastrowid
         return result
 
     # ------------------------------------------------------------ a record's context
 
     def _enter_record(self, record: DbRecord) -> None:
+        self._split = record.split
         if record.now_ms is None:  # logged before records carried the leader's choices
             self._now_ms, self._seed, self._record_ticks = 0, b"", _UNLIMITED
             return
@@ -1270,18 +1299,17 @@ class _Reader:
         write transaction or vacuums, checkpoints or changes the journal mode.
         False when it cannot be compiled here (a table this replica does not have yet):
         the leader then runs it, as a write."""
-        try:
-            rows = self.conn.execute(
-                "EXPLAIN " + explained(statement.sql), statement.params
-            ).fetchall()
-        except (sqlite3.Error, OverflowError, ValueError):
-            return False
-        for row in rows:
-            opcode = row[1]
-            if opcode == "Transaction" and row[3] != 0:
+        for piece in split_sql(statement.sql):
+            try:
+                rows = self.conn.execute("EXPLAIN " + explained(piece), statement.params).fetchall()
+            except (sqlite3.Error, OverflowError, ValueError):
                 return False
-            if opcode in _WRITING_OPCODES:
-                return False
+            for row in rows:
+                opcode = row[1]
+                if opcode == "Transaction" and row[3] != 0:
+                    return False
+                if opcode in _WRITING_OPCODES:
+                    return False
         return True
 
     def close(self) -> None:

@@ -57,7 +57,13 @@ from quorumlog.db.machine import (
     StatementResult,
 )
 from quorumlog.db.snapshot import list_snapshots, read_snapshot, take_snapshot
-from quorumlog.db.sql import BadRequestError, Statement, rewrite_all_for_replay
+from quorumlog.db.sql import (
+    BadRequestError,
+    Statement,
+    rewrite_all_for_replay,
+    several_statements_refusal,
+    split_sql,
+)
 from quorumlog.errors import BKError, NodeExistsError, NoNodeError
 from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogFencedError, NoSuchLogError
@@ -384,6 +390,13 @@ class Replica:
         now_ms = time.time_ns() // 1_000_000
         steps = self.config.statement_steps
         rewritten = rewrite_all_for_replay(statements, now=_EPOCH + timedelta(milliseconds=now_ms))
+        several = False
+        for statement in rewritten:
+            if ";" in statement.sql and len(split_sql(statement.sql)) > 1:
+                refusal = several_statements_refusal(statement)
+                if refusal:
+                    raise BadRequestError(refusal)
+                several = True
         record = DbRecord(
             EXECUTE,
             rewritten,
@@ -391,6 +404,7 @@ class Replica:
             now_ms=now_ms,
             seed=secrets.randbits(63),
             steps=None if steps == DEFAULT_STATEMENT_STEPS else steps,
+            split=several,
         )
         return await self._submit(record, timeout_s)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import re
 import secrets
+import sqlite3
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ __all__ = [
     "parse_statements",
     "rewrite_all_for_replay",
     "rewrite_for_replay",
+    "split_sql",
 ]
 
 Param = int | float | str | None
@@ -225,6 +227,55 @@ _CACHED_SQL_CHARS = 4096
 _CACHED_STATEMENTS = 4096
 
 
+def _split(sql: str) -> tuple[str, ...]:
+    pieces: list[str] = []
+    start = 0
+    at = 0
+    for token in _tokens(sql):
+        at += len(token.text)
+        # A ';' outside strings, comments and quoted names ends a statement if SQLite
+        # says so (not inside a trigger's BEGIN ... END).
+        if token.text == ";" and sqlite3.complete_statement(sql[start:at]):
+            piece = sql[start:at]
+            if any(t.kind not in ("space", "comment") and t.text != ";" for t in _tokens(piece)):
+                pieces.append(piece)  # not an empty statement (";;")
+            start = at
+    rest = sql[start:]
+    if any(t.kind not in ("space", "comment") for t in _tokens(rest)):
+        pieces.append(rest)
+    elif pieces:
+        pieces[-1] += rest
+    return tuple(pieces) or (sql,)
+
+
+_split_cached = functools.lru_cache(maxsize=_CACHED_STATEMENTS)(_split)
+
+
+def split_sql(sql: str) -> tuple[str, ...]:
+    """The statements of one SQL string, in order (``"INSERT ...; UPDATE ..."`` is two;
+    a trigger's body stays in its CREATE TRIGGER). One piece for most strings; a
+    string with nothing but spaces and comments is itself. What ends a statement is
+    SQLite's ``sqlite3_complete``, so the split depends on the text and SQLite alone."""
+    if ";" not in sql:
+        return (sql,)
+    return _split(sql) if len(sql) > _CACHED_SQL_CHARS else _split_cached(sql)
+
+
+def several_statements_refusal(statement: Statement) -> str:
+    """Why ``statement`` cannot run as sent ("" when it can): several statements in one
+    string share named parameters, but positional ones would have to be dealt out."""
+    if (
+        statement.params
+        and isinstance(statement.params, list)
+        and len(split_sql(statement.sql)) > 1
+    ):
+        return (
+            "positional parameters with several statements in one string: send each "
+            "statement with its own parameters, or use named parameters"
+        )
+    return ""
+
+
 def _inserts(sql: str) -> bool:
     words = [t.text.upper() for t in _tokens(sql) if t.kind == "word"]
     if not words:
@@ -247,7 +298,12 @@ def inserts_rows(sql: str) -> bool:
 
 def _batchable(sql: str) -> bool:
     words = [t.text.upper() for t in _tokens(sql) if t.kind == "word"]
-    return bool(words) and words[0] in _BATCHABLE_FIRST_WORDS and "RETURNING" not in words
+    return (
+        bool(words)
+        and words[0] in _BATCHABLE_FIRST_WORDS
+        and "RETURNING" not in words
+        and len(split_sql(sql)) == 1
+    )
 
 
 _BATCHABLE_FIRST_WORDS = frozenset({"INSERT", "REPLACE", "UPDATE", "DELETE"})

@@ -289,6 +289,27 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
     with urllib.request.urlopen(request, timeout=30) as reply:
         answer = json.loads(reply.read())
     assert "error" not in answer["results"][0] and "position" in answer, answer
+    # several statements in one string all run, on every replica (the last one's result)
+    request = urllib.request.Request(
+        f"http://{follower.addr}/db/execute",
+        data=b"CREATE TABLE veg (n TEXT); INSERT INTO veg VALUES ('leek');\n"
+        b"INSERT INTO veg VALUES ('kale'); -- the end",
+        headers={"Content-Type": "text/plain"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        answer = json.loads(reply.read())
+    assert answer["results"] == [{"last_insert_id": 2, "rows_affected": 1}], answer
+    for replica in replicas:
+        status, rows = http(
+            replica.addr,
+            f"/db/query?min_position={answer['position']}&level=none",
+            ["SELECT count(*) FROM veg; SELECT n FROM veg ORDER BY n"],
+        )
+        assert status == 200 and rows["results"][0]["values"] == [["kale"], ["leek"]], rows
+    status, answer = http(
+        follower.addr, "/db/execute", [["INSERT INTO veg VALUES (?); SELECT ?", 1, 2]]
+    )
+    assert status == 400 and "several statements" in answer["error"], answer
     # /db/request: SQLite decides; a WITH ... INSERT is a write with its counts
     status, answer = http(
         follower.addr,

@@ -36,6 +36,8 @@ from quorumlog.db.sql import (
     Statement,
     parse_statements,
     rewrite_for_replay,
+    several_statements_refusal,
+    split_sql,
 )
 from quorumlog.log.errors import LogFencedError
 from quorumlog.log.metadata import create_log_if_absent
@@ -134,7 +136,7 @@ def test_rewrite_refuses_what_cannot_replay(sql: str) -> None:
         ("CREATE TABLE u (b)", [], False),
         ("EXPLAIN DELETE FROM t", [], False),  # as the statement explained
         ("VACUUM", [], False),
-        ("SELECT 1; DELETE FROM t", [], False),  # several statements: the leader's
+        ("SELECT 1; DELETE FROM t", [], False),  # several statements, one writing
         ("SELECT * FROM not_here_yet", [], False),  # not compiled here: the leader's
     ],
 )
@@ -604,3 +606,60 @@ def test_with_insert_and_update_report_rows_affected_and_last_insert_id(tmp_path
         assert results[5].rows_affected == 1 and results[5].last_insert_id == 4
     finally:
         machine.close()
+
+
+def test_several_statements_in_one_string_all_run_on_every_replica(tmp_path: Path) -> None:
+    """rqlite runs every statement of a string; the string is one result (its last
+    statement's), all or nothing; records logged before keep failing as they did."""
+    several = (
+        Statement("CREATE TABLE a (x); INSERT INTO a VALUES (1);\nINSERT INTO a VALUES (2); "),
+        Statement("INSERT INTO a VALUES (:v); UPDATE a SET x = x * 10 WHERE x < :v", {"v": 3}),
+        Statement("INSERT INTO a VALUES (4); INSERT INTO nowhere VALUES (5)"),
+        Statement(
+            "CREATE TRIGGER tr AFTER INSERT ON a BEGIN UPDATE a SET x = x + 1 WHERE x = 6; END;"
+            " INSERT INTO a VALUES (6)"
+        ),
+    )
+    record = DbRecord.decode(DbRecord(EXECUTE, several, split=True).encode())
+    assert record.split
+    leader = StateMachine(tmp_path / "leader.sqlite")
+    follower = StateMachine(tmp_path / "follower.sqlite")
+    old = StateMachine(tmp_path / "old.sqlite")
+    try:
+        results = leader.apply(Position(1, 0), record)
+        assert results is not None
+        assert [r.error for r in results[:2]] == [None, None]
+        assert (results[0].rows_affected, results[0].last_insert_id) == (1, 2)
+        assert results[1].rows_affected == 2 and results[1].last_insert_id is None
+        assert results[2].error is not None and "nowhere" in results[2].error
+        assert results[3].error is None
+        assert follower.apply(Position(1, 0), record, results_wanted=False) == []
+        # several reads in one string: the last one's rows
+        (read,) = leader.query([Statement("SELECT count(*) FROM a; SELECT min(x) FROM a")])
+        assert read.values == [[3]]
+        assert leader.read_only([Statement("SELECT 1; SELECT x FROM a")])
+        assert not leader.read_only([Statement("SELECT 1; DELETE FROM a")])
+        assert leader.dump() == follower.dump()
+        assert sorted(
+            v for (v,) in leader.query([Statement("SELECT x FROM a")])[0].values or []
+        ) == [
+            3,
+            7,
+            10,
+            20,
+        ]
+        # the same record logged without the mark: one statement at a time, as then
+        unmarked = old.apply(Position(1, 0), DbRecord(EXECUTE, several))
+        assert unmarked is not None
+        assert all(r.error is not None for r in unmarked)
+    finally:
+        for machine in (leader, follower, old):
+            machine.close()
+
+
+def test_positional_parameters_with_several_statements_are_refused() -> None:
+    assert several_statements_refusal(Statement("SELECT ?; SELECT ?", [1, 2]))
+    assert not several_statements_refusal(Statement("SELECT :a; SELECT :a", {"a": 1}))
+    assert not several_statements_refusal(Statement("SELECT ?;", [1]))
+    assert split_sql("SELECT ';'; SELECT 2 -- ;") == ("SELECT ';';", " SELECT 2 -- ;")
+    assert split_sql("SELECT 1;;SELECT 2") == ("SELECT 1;", "SELECT 2")
