@@ -47,6 +47,8 @@ from typing import Any
 
 import orjson
 
+from quorumlog.db.decltypes import DeclaredTypes
+from quorumlog.db.decltypes import available as decltypes_available
 from quorumlog.db.sql import (
     APPLIED_TABLE,
     BadRequestError,
@@ -1242,6 +1244,8 @@ class _Reader:
         self._stopped = False
         self.conn.set_authorizer(self._authorize)
         self.conn.set_progress_handler(self._progress, PROGRESS_STEPS)
+        # rqlite's types are the columns' declared types (SQLite's), where it can tell.
+        self._declared = DeclaredTypes(path) if decltypes_available() else None
 
     def _authorize(
         self, action: int, arg1: str | None, arg2: str | None, db: str | None, _trigger: str | None
@@ -1269,6 +1273,11 @@ class _Reader:
         results: list[StatementResult] = []
         conn.execute("BEGIN")
         try:
+            schema_version = (
+                None
+                if self._declared is None
+                else int(conn.execute("PRAGMA schema_version").fetchone()[0])
+            )
             for statement in statements:
                 started = time.perf_counter()
                 self._user, self._refusal, self._ticks, self._stopped = True, "", 0, False
@@ -1276,6 +1285,8 @@ class _Reader:
                     result = StateMachine._run_one(conn, statement)
                     result.rows_affected = None
                     result.last_insert_id = None
+                    if result.columns is not None and schema_version is not None:
+                        self._declare_types(result, statement, schema_version)
                 except (sqlite3.Error, OverflowError, ValueError) as exc:
                     message = (
                         _budget_message(self._limit * PROGRESS_STEPS)
@@ -1291,6 +1302,26 @@ class _Reader:
             if conn.in_transaction:
                 conn.execute("COMMIT")
         return results
+
+    def _declare_types(
+        self, result: StatementResult, statement: Statement, schema_version: int
+    ) -> None:
+        """``result.types`` from the columns' declared types. A column without one (an
+        expression, a column declared with no type) gets its values' storage class if
+        they all have the same one, else "" (a client converting by type must not be
+        told ``real`` for a column that also holds text)."""
+        assert self._declared is not None and result.columns is not None
+        declared = self._declared.of(split_sql(statement.sql)[-1], schema_version)
+        if declared is None or len(declared) != len(result.columns):
+            return
+        rows = result.values or []
+        types = []
+        for index, name in enumerate(declared):
+            if not name:
+                classes = {_type_of(row[index]) for row in rows if row[index] is not None}
+                name = classes.pop() if len(classes) == 1 else ""
+            types.append(name)
+        result.types = types
 
     def read_only(self, statement: Statement) -> bool:
         """SQLite's own verdict on whether ``statement`` only reads, with
@@ -1314,6 +1345,8 @@ class _Reader:
 
     def close(self) -> None:
         self.conn.close()
+        if self._declared is not None:
+            self._declared.close()
 
 
 # Opcodes that make a statement a writer in sqlite3_stmt_readonly's sense (besides a

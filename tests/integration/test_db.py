@@ -421,6 +421,13 @@ def test_db_pyrqlite_and_sqlalchemy_clients(replicas: list[DbProcess]) -> None:
         assert cursor.fetchall() == [("ada", 36), ("bob", 20), ("cy", 30)]
         cursor.execute("SELECT count(*) FROM people WHERE age > ?", (25,))
         assert cursor.fetchone()[0] == 2
+        # columns holding values of several types: pyrqlite converts by the declared
+        # type (a column typed by its first value, real, failed on the text after it)
+        cursor.execute("CREATE TABLE mixed (id INTEGER PRIMARY KEY, label TEXT, anything, b BLOB)")
+        cursor.execute("INSERT INTO mixed(label, anything, b) VALUES (?, ?, X'0102')", (7, 1.5))
+        cursor.execute("INSERT INTO mixed(label, anything, b) VALUES (?, ?, NULL)", ("x", "b"))
+        cursor.execute("SELECT label, anything, b FROM mixed ORDER BY id", consistency="strong")
+        assert cursor.fetchall() == [("7", 1.5, b"\x01\x02"), ("x", "b", None)]
     finally:
         connection.close()
 

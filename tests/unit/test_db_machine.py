@@ -663,3 +663,45 @@ def test_positional_parameters_with_several_statements_are_refused() -> None:
     assert not several_statements_refusal(Statement("SELECT ?;", [1]))
     assert split_sql("SELECT ';'; SELECT 2 -- ;") == ("SELECT ';';", " SELECT 2 -- ;")
     assert split_sql("SELECT 1;;SELECT 2") == ("SELECT 1;", "SELECT 2")
+
+
+def test_query_types_are_the_columns_declared_types(tmp_path: Path) -> None:
+    """rqlite's types are the declared types (pyrqlite picks converters by them): a
+    column declared TEXT holding a number is still text; one without a declared type
+    gets its values' storage class when they share one, else nothing."""
+    from quorumlog.db.decltypes import available
+
+    assert available()  # the SQLite Python links to is found in this process
+    machine = StateMachine(tmp_path / "r.sqlite")
+    try:
+        machine.apply(
+            Position(1, 0),
+            DbRecord(
+                EXECUTE,
+                (
+                    Statement("CREATE TABLE m (id INTEGER PRIMARY KEY, t TEXT, d DATETIME, x)"),
+                    Statement("INSERT INTO m VALUES (1, 42, '2026-01-01', 1.5)"),
+                    Statement("INSERT INTO m VALUES (2, 'a', 7, 'b')"),
+                ),
+            ),
+        )
+        (result,) = machine.query([Statement("SELECT id, t, d, x, count(*) OVER () AS n FROM m")])
+        assert result.types == ["integer", "text", "datetime", "", "integer"]
+        (result,) = machine.query([Statement("SELECT x, x || '' FROM m WHERE id = 1")])
+        assert result.types == ["real", "text"]
+        (result,) = machine.query(
+            [Statement("SELECT 1; SELECT t AS renamed FROM m WHERE id = :i", {"i": 2})]
+        )
+        assert result.types == ["text"] and result.values == [["a"]]
+        # a table made again with other types: the new schema's
+        machine.apply(
+            Position(1, 1),
+            DbRecord(
+                EXECUTE,
+                (Statement("DROP TABLE m"), Statement("CREATE TABLE m (id BLOB, t REAL)")),
+            ),
+        )
+        (result,) = machine.query([Statement("SELECT id, t FROM m")])
+        assert result.types == ["blob", "real"]
+    finally:
+        machine.close()
