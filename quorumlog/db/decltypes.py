@@ -63,12 +63,22 @@ def _library() -> ctypes.CDLL | None:
     lib.sqlite3_column_decltype.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.sqlite3_column_decltype.restype = ctypes.c_char_p
     lib.sqlite3_finalize.argtypes = [ctypes.c_void_p]
+    if hasattr(lib, "sqlite3_column_table_name"):  # SQLITE_ENABLE_COLUMN_METADATA
+        lib.sqlite3_column_table_name.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.sqlite3_column_table_name.restype = ctypes.c_char_p
     return lib
 
 
 def available() -> bool:
     """Whether declared types can be read in this process (see the module's note)."""
     return _library() is not None
+
+
+def tables_available() -> bool:
+    """Whether the table each result column comes from can be told (SQLite built with
+    column metadata, as Debian's is)."""
+    lib = _library()
+    return lib is not None and hasattr(lib, "sqlite3_column_table_name")
 
 
 class DeclaredTypes:
@@ -96,6 +106,13 @@ class DeclaredTypes:
         column that is an expression), compiled against the schema of
         ``schema_version`` (the reader's ``PRAGMA schema_version``: a connection that
         saw an older schema is opened again). None when it cannot be told."""
+        described = self.describe(sql, schema_version)
+        return None if described is None else described[0]
+
+    def describe(self, sql: str, schema_version: int) -> tuple[list[str], list[str]] | None:
+        """The declared types (as :meth:`of`) and the tables (the table a column is
+        read from, "" for an expression; all "" without column metadata) of the
+        result columns of ``sql``; None when they cannot be told."""
         lib = _library()
         if lib is None:
             return None
@@ -115,11 +132,14 @@ class DeclaredTypes:
         try:
             if not statement:
                 return None
-            out = []
+            types, tables = [], []
+            named = hasattr(lib, "sqlite3_column_table_name")
             for index in range(lib.sqlite3_column_count(statement)):
                 declared = lib.sqlite3_column_decltype(statement, index)
-                out.append(declared.decode("utf-8", "replace").lower() if declared else "")
-            return out
+                types.append(declared.decode("utf-8", "replace").lower() if declared else "")
+                table = lib.sqlite3_column_table_name(statement, index) if named else None
+                tables.append(table.decode("utf-8", "replace") if table else "")
+            return types, tables
         finally:
             lib.sqlite3_finalize(statement)
 

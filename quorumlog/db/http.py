@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from quorumlog.db import decltypes
 from quorumlog.db.machine import StatementResult, loads_json
 from quorumlog.db.replica import NotLeaderError, Replica
 from quorumlog.db.snapshot import copy_file, dump_sql
@@ -67,6 +68,7 @@ _READ_PARAMS = _OUTPUT_PARAMS | {
     "linearizable_timeout",
     "freshness",
     "freshness_strict",
+    "qualify_columns",
 }
 _ACCEPTED_PARAMS: dict[str, frozenset[str]] = {
     "/db/execute": _WRITE_PARAMS,
@@ -91,7 +93,6 @@ REFUSED_PARAMS: dict[str, str] = {
         "statements are bounded by budgets of SQLite's steps (--statement-steps, "
         "--read-steps), the same verdict on every replica, not by a clock"
     ),
-    "qualify_columns": "columns are named as SQLite names them (the table is not known here)",
     "sync": "a replica is ready once it follows the log; use min_position to wait for a write",
     "compress": "backups are not compressed here (compress the answer's bytes yourself)",
     "vacuum": "backups are SQLite's online backup of the file, not vacuumed",
@@ -486,6 +487,10 @@ class DbHttpApi:
         replica = self.replica
         try:
             if kind == _WRITE:
+                if "qualify_columns" in request.query:
+                    return self._error(
+                        request, 400, "parameter qualify_columns applies to reads, not writes"
+                    )
                 if not replica.is_leader:
                     return await self._forward(request, body)
                 timeout_s = _timeout_s(request)
@@ -559,7 +564,17 @@ class DbHttpApi:
                         f"over the freshness of {freshness_s} s",
                     )
             applied = replica.applied
-            results = await replica.read(statements)
+            if _flag(request, "qualify_columns"):
+                if not decltypes.tables_available():
+                    return self._error(
+                        request,
+                        400,
+                        "parameter qualify_columns is not available: this SQLite does not "
+                        "tell which table a column comes from",
+                    )
+                results = await replica.read(statements, qualify_columns=True)
+            else:
+                results = await replica.read(statements)
             return self._answer(request, results, started, applied=applied)
         except BadRequestError as exc:
             return self._error(request, 400, exc.message)

@@ -1192,13 +1192,16 @@ class StateMachine:
 
     # ------------------------------------------------------------ reads
 
-    def query(self, statements: list[Statement]) -> list[StatementResult]:
+    def query(
+        self, statements: list[Statement], *, qualify_columns: bool = False
+    ) -> list[StatementResult]:
         """Run read-only statements on one snapshot of the committed data, on one of the
         pool's connections. A statement that tries to write fails with SQLite's
-        read-only error; one over the read budget is stopped."""
+        read-only error; one over the read budget is stopped. ``qualify_columns``: a
+        column read from a table is named ``table.column``."""
         reader = self._readers.acquire()
         try:
-            return reader.run(statements)
+            return reader.run(statements, qualify_columns=qualify_columns)
         finally:
             self._readers.release(reader)
 
@@ -1268,7 +1271,9 @@ class _Reader:
         self._stopped = True
         return 1
 
-    def run(self, statements: list[Statement]) -> list[StatementResult]:
+    def run(
+        self, statements: list[Statement], *, qualify_columns: bool = False
+    ) -> list[StatementResult]:
         conn = self.conn
         results: list[StatementResult] = []
         conn.execute("BEGIN")
@@ -1286,7 +1291,7 @@ class _Reader:
                     result.rows_affected = None
                     result.last_insert_id = None
                     if result.columns is not None and schema_version is not None:
-                        self._declare_types(result, statement, schema_version)
+                        self._declare_types(result, statement, schema_version, qualify_columns)
                 except (sqlite3.Error, OverflowError, ValueError) as exc:
                     message = (
                         _budget_message(self._limit * PROGRESS_STEPS)
@@ -1304,16 +1309,26 @@ class _Reader:
         return results
 
     def _declare_types(
-        self, result: StatementResult, statement: Statement, schema_version: int
+        self,
+        result: StatementResult,
+        statement: Statement,
+        schema_version: int,
+        qualify_columns: bool = False,
     ) -> None:
         """``result.types`` from the columns' declared types. A column without one (an
         expression, a column declared with no type) gets its values' storage class if
         they all have the same one, else "" (a client converting by type must not be
         told ``real`` for a column that also holds text)."""
         assert self._declared is not None and result.columns is not None
-        declared = self._declared.of(split_sql(statement.sql)[-1], schema_version)
-        if declared is None or len(declared) != len(result.columns):
+        described = self._declared.describe(split_sql(statement.sql)[-1], schema_version)
+        if described is None or len(described[0]) != len(result.columns):
             return
+        declared, tables = described
+        if qualify_columns:  # rqlite's: "table.column" for a column read from a table
+            result.columns = [
+                f"{table}.{name}" if table else name
+                for table, name in zip(tables, result.columns, strict=True)
+            ]
         rows = result.values or []
         types = []
         for index, name in enumerate(declared):

@@ -441,24 +441,30 @@ class Replica:
         if reader.buffered == 0:
             self._caught_up_s = reader.caught_up_s
 
-    def query(self, statements: list[Statement]) -> list[StatementResult]:
-        """Run read-only statements on this replica's file, on the calling thread."""
+    def query(
+        self, statements: list[Statement], *, qualify_columns: bool = False
+    ) -> list[StatementResult]:
+        """Run read-only statements on this replica's file, on the calling thread
+        (``qualify_columns``: columns read from a table named ``table.column``)."""
         if self.diverged is not None:
             raise ReplicaDivergedError(self.diverged)
         for _ in range(3):
             machine = self.machine
             try:
-                return machine.query(statements)
+                return machine.query(statements, qualify_columns=qualify_columns)
             except ReplicaStorageError:
                 if self.machine is machine:  # not replaced (by a snapshot) meanwhile
                     raise
-        return self.machine.query(statements)
+        return self.machine.query(statements, qualify_columns=qualify_columns)
 
-    async def read(self, statements: list[Statement]) -> list[StatementResult]:
+    async def read(
+        self, statements: list[Statement], *, qualify_columns: bool = False
+    ) -> list[StatementResult]:
         """:meth:`query` on one of the replica's read threads: a long read holds up
         neither the event loop (appends, answers, applying the log) nor other reads."""
         loop = self._loop or asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reads, self.query, statements)
+        call = functools.partial(self.query, statements, qualify_columns=qualify_columns)
+        return await loop.run_in_executor(self._reads, call)
 
     async def read_only(self, statements: list[Statement]) -> bool:
         """Whether every statement only reads, by SQLite's verdict on this replica's

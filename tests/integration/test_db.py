@@ -332,6 +332,13 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
     assert [row[1] for row in answer["results"][0]["values"]] == ["id", "name"]
     assert answer["results"][1]["values"] == [["g1"], ["g2"], ["g3"]]
     assert Position.parse(answer["raft_index"]) >= Position.parse(written)
+    status, answer = http(
+        follower.addr,
+        f"/db/query?level=none&min_position={written}&qualify_columns",
+        ["SELECT f.name, count(*) AS n FROM fruit f"],
+    )
+    assert status == 200 and answer["results"][0]["columns"] == ["fruit.name", "n"], answer
+    assert answer["results"][0]["types"] == ["text", "integer"], answer
     # level=auto is weak (forwarded to the leader); an unknown level is refused
     status, answer = http(follower.addr, "/db/query?level=auto&q=SELECT+count(*)+FROM+fruit")
     assert status == 200 and answer["results"][0]["values"] == [[3]], answer

@@ -79,9 +79,12 @@ class StubReplica:
     async def read_only(self, statements: list[Statement]) -> bool:
         return all(s.sql.startswith("SELECT") for s in statements)
 
-    async def read(self, statements: list[Statement]) -> list[StatementResult]:
+    async def read(
+        self, statements: list[Statement], *, qualify_columns: bool = False
+    ) -> list[StatementResult]:
+        columns = ["t.b", "t.s"] if qualify_columns else ["b", "s"]
         return [
-            StatementResult(columns=["b", "s"], types=["blob", "text"], values=[[b"\x01\xff", "x"]])
+            StatementResult(columns=columns, types=["blob", "text"], values=[[b"\x01\xff", "x"]])
             for _ in statements
         ]
 
@@ -263,10 +266,14 @@ def test_db_http_output_flags() -> None:
                 ("POST", "/db/execute?raft_index&timings", ["INSERT INTO t VALUES (1)"]),
                 ("POST", "/db/request?raft_index", "SELECT b FROM t"),  # text/plain SQL
                 ("POST", "/db/execute?pretty", "INSERT INTO t VALUES (1)"),
+                ("GET", "/db/query?q=SELECT+b&qualify_columns", None),
+                ("POST", "/db/request?qualify_columns", ["INSERT INTO t VALUES (1)"]),
             ],
         )
     )
-    assert [status for status, _ in answers] == [200] * 6, answers
+    assert [status for status, _ in answers] == [200] * 7 + [400], answers
+    assert answers[6][1]["results"][0]["columns"] == ["t.b", "t.s"]
+    assert "qualify_columns" in answers[7][1]["error"]
     assert answers[0][1]["results"][0]["values"] == [["Af8=", "x"]]
     assert answers[1][1]["results"][0]["values"] == [[[1, 255], "x"]]
     assert answers[2][1]["raft_index"] == "7:3"  # the last record applied where it read

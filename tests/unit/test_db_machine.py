@@ -689,6 +689,12 @@ def test_query_types_are_the_columns_declared_types(tmp_path: Path) -> None:
         assert result.types == ["integer", "text", "datetime", "", "integer"]
         (result,) = machine.query([Statement("SELECT x, x || '' FROM m WHERE id = 1")])
         assert result.types == ["real", "text"]
+        # rqlite's qualify_columns: a column read from a table is named table.column
+        (result,) = machine.query(
+            [Statement("SELECT a.id, b.t AS bt, 1 AS one FROM m a JOIN m b ON a.id = b.id")],
+            qualify_columns=True,
+        )
+        assert result.columns == ["m.id", "m.bt", "one"]
         (result,) = machine.query(
             [Statement("SELECT 1; SELECT t AS renamed FROM m WHERE id = :i", {"i": 2})]
         )
