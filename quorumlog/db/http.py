@@ -745,12 +745,25 @@ class DbHttpApi:
         )
 
     async def _step_down(self, request: web.Request) -> web.StreamResponse:
-        return self._error(
-            request,
-            400,
-            "POST /leader (stepdown) is not supported: the lead moves when the leader "
-            "stops or loses its session (stop its `quorumlog db serve`)",
-        )
+        """rqlite's ``POST /leader``: the leader gives the lead up to the next replica
+        in line (forwarded to it from a follower). Naming the next leader is not
+        offered: a body is refused."""
+        body = await request.read()
+        if body.strip() not in (b"", b"{}"):
+            return self._error(
+                request,
+                400,
+                "POST /leader takes no body: the next replica in the election's line "
+                "leads (choosing it is not supported)",
+            )
+        if not self.replica.is_leader:
+            return await self._forward(request, body)
+        try:
+            if not await self.replica.step_down():
+                return self._error(request, 503, "this replica no longer leads")
+        except BKError as exc:
+            return self._error(request, 503, exc.message)
+        return self._reply(request, {})
 
     async def _readyz(self, request: web.Request) -> web.StreamResponse:
         nodes = await self._members_json()

@@ -283,15 +283,34 @@ class Replica:
         self._loop = asyncio.get_running_loop()
         self.log_name = await resolve_log_name(self.bk, self.config.name)
         self._log = await open_log(self.bk, self.log_name, self.config.log_config)
-        self._election = LeaderElection(
+        self._election = self._new_election()
+        await self._election.start()
+        await self._record_node()
+        self._task = asyncio.create_task(self._run(), name=f"db {self.config.name}")
+
+    def _new_election(self) -> LeaderElection:
+        return LeaderElection(
             self.bk,
             election_group_of(self.config.name),
             identifier=self.identifier,
             session_timeout_ms=self.config.session_timeout_ms,
         )
-        await self._election.start()
-        await self._record_node()
-        self._task = asyncio.create_task(self._run(), name=f"db {self.config.name}")
+
+    async def step_down(self) -> bool:
+        """Give the lead up (rqlite's ``POST /leader``): join the election again at the
+        back of the line, then leave the place that leads, so that the next replica in
+        line takes the lead (this one again if it is alone). Writes not yet answered
+        fail as on any loss of the lead (their outcome unknown). False if this
+        replica does not lead."""
+        old = self._election
+        if old is None or not old.is_leader or not self._taking_writes:
+            return False
+        new = self._new_election()
+        await new.start()  # in line before the old place goes: never out of the election
+        self._election = new
+        self._taking_writes = False  # no write is taken from now on
+        await old.close()
+        return True
 
     async def _record_node(self) -> None:
         """Record this replica among the database's (persistent, its address kept up to
@@ -698,11 +717,13 @@ class Replica:
 
     async def _run(self) -> None:
         assert self._election is not None and self._log is not None
-        election, the_log = self._election, self._log
+        the_log = self._log
         try:
             for _ in range(1 << 62):  # each turn leads or follows for a while
                 if self._stop.is_set():
                     break
+                election = self._election  # a new one after a step down
+                assert election is not None
                 if election.is_leader:
                     await self._lead(the_log, election)
                 else:
@@ -716,7 +737,8 @@ class Replica:
             # Leave the election: a replica that cannot apply must not keep the lead
             # (or its place in line) from the others.
             with contextlib.suppress(BKError, TimeoutError):
-                await asyncio.wait_for(election.close(), 5)
+                if self._election is not None:
+                    await asyncio.wait_for(self._election.close(), 5)
 
     def _start(self) -> Position | None:
         applied = self.machine.applied

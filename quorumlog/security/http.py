@@ -81,10 +81,12 @@ def _loggable(request: web.Request) -> str:
 
 def db_api_roles(request: web.Request) -> frozenset[Role] | None:
     """The database's API: readiness is open (load balancers), a backup (the whole
-    database) and forgetting a replica (``/remove``) take ``admin``, statements and
-    status take ``client`` (or ``admin``)."""
+    database), forgetting a replica (``/remove``) and a leader's step down (``POST
+    /leader``) take ``admin``, statements and status take ``client`` (or ``admin``)."""
     if request.path == "/readyz":
         return None
+    if request.path == "/leader" and request.method == "POST":  # a step down
+        return ADMIN_ONLY
     return ADMIN_ONLY if request.path in ("/db/backup", "/remove") else CLIENTS
 
 

@@ -343,12 +343,12 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
     status, answer = http(follower.addr, "/db/query?level=auto&q=SELECT+count(*)+FROM+fruit")
     assert status == 200 and answer["results"][0]["values"] == [[3]], answer
     assert http(follower.addr, "/db/query?level=strog&q=SELECT+1")[0] == 400
-    # /leader names the leader from any replica; no stepdown
+    # /leader names the leader from any replica; a step down names no successor
     for replica in replicas:
         status, answer = http(replica.addr, "/leader")
         assert status == 200 and answer["leader"]["id"] == leader.node_id, answer
-    status, answer = http(follower.addr, "/leader", raw=b"")
-    assert status == 400 and "stepdown" in answer["error"]
+    status, answer = http(follower.addr, "/leader", {"id": follower.node_id})
+    assert status == 400 and "no body" in answer["error"], answer
     # freshness: a follower cut off from the log (every bookie stopped) refuses reads
     # asked with a freshness bound once it is over it, and serves them again after
     fresh = "/db/query?level=none&q=SELECT+count(*)+FROM+fruit&freshness=3s"
@@ -370,6 +370,38 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
         for i in range(3):
             cluster3.resume(i)
     _poll_status(follower.addr, strict, 200, timeout_s=60)
+
+
+def test_db_leader_steps_down_to_the_next_replica(replicas: list[DbProcess]) -> None:
+    """rqlite's POST /leader, asked of a follower: the leader gives the lead up, another
+    replica takes it, and nothing acknowledged is lost."""
+    leader = wait_ready(replicas)
+    follower = next(r for r in replicas if r is not leader)
+    status, answer = http(
+        leader.addr, "/db/execute", ["CREATE TABLE t (a)", "INSERT INTO t VALUES (1)"]
+    )
+    assert status == 200, answer
+    status, answer = http(follower.addr, "/leader", raw=b"")
+    assert status == 200, answer
+    deadline = time.monotonic() + 60
+    while True:  # another replica takes writes, and the election names it
+        successor = wait_ready(replicas)
+        status, answer = http(follower.addr, "/leader")
+        if successor is not leader and answer["leader"]["id"] == successor.node_id:
+            break
+        assert time.monotonic() < deadline, (status, answer)
+        time.sleep(0.2)
+    # the old leader follows and forwards; every replica has both writes
+    status, answer = http(leader.addr, "/db/execute", ["INSERT INTO t VALUES (2)"])
+    assert status == 200 and answer["node"] == successor.node_id, answer
+    for replica in replicas:
+        status, rows = http(
+            replica.addr,
+            f"/db/query?min_position={answer['position']}&q=SELECT+a+FROM+t+ORDER+BY+a",
+        )
+        assert status == 200 and rows["results"][0]["values"] == [[1], [2]], rows
+    status, state = http(leader.addr, "/status")
+    assert state["store"]["role"] == "follower"
 
 
 def test_db_bad_input_gets_rqlite_status_codes_and_stores_nothing(
