@@ -69,6 +69,7 @@ _READ_PARAMS = _OUTPUT_PARAMS | {
     "freshness",
     "freshness_strict",
     "qualify_columns",
+    "db_timeout",
 }
 _ACCEPTED_PARAMS: dict[str, frozenset[str]] = {
     "/db/execute": _WRITE_PARAMS,
@@ -90,8 +91,8 @@ REFUSED_PARAMS: dict[str, str] = {
     "queue": _QUEUED,
     "wait": _QUEUED,
     "db_timeout": (
-        "statements are bounded by budgets of SQLite's steps (--statement-steps, "
-        "--read-steps), the same verdict on every replica, not by a clock"
+        "writes are bounded by a budget of SQLite's steps (--statement-steps), the "
+        "same verdict on every replica, not by a clock (db_timeout bounds reads)"
     ),
     "sync": "a replica is ready once it follows the log; use min_position to wait for a write",
     "compress": "backups are not compressed here (compress the answer's bytes yourself)",
@@ -487,10 +488,11 @@ class DbHttpApi:
         replica = self.replica
         try:
             if kind == _WRITE:
-                if "qualify_columns" in request.query:
-                    return self._error(
-                        request, 400, "parameter qualify_columns applies to reads, not writes"
-                    )
+                for name in ("qualify_columns", "db_timeout"):
+                    if name in request.query:
+                        return self._error(
+                            request, 400, f"parameter {name} applies to reads, not writes"
+                        )
                 if not replica.is_leader:
                     return await self._forward(request, body)
                 timeout_s = _timeout_s(request)
@@ -564,15 +566,19 @@ class DbHttpApi:
                         f"over the freshness of {freshness_s} s",
                     )
             applied = replica.applied
-            if _flag(request, "qualify_columns"):
-                if not decltypes.tables_available():
-                    return self._error(
-                        request,
-                        400,
-                        "parameter qualify_columns is not available: this SQLite does not "
-                        "tell which table a column comes from",
-                    )
-                results = await replica.read(statements, qualify_columns=True)
+            qualify = _flag(request, "qualify_columns")
+            if qualify and not decltypes.tables_available():
+                return self._error(
+                    request,
+                    400,
+                    "parameter qualify_columns is not available: this SQLite does not "
+                    "tell which table a column comes from",
+                )
+            db_timeout_s = _duration_param(request, "db_timeout", None)
+            if qualify or db_timeout_s is not None:
+                results = await replica.read(
+                    statements, qualify_columns=qualify, timeout_s=db_timeout_s
+                )
             else:
                 results = await replica.read(statements)
             return self._answer(request, results, started, applied=applied)

@@ -1193,15 +1193,19 @@ class StateMachine:
     # ------------------------------------------------------------ reads
 
     def query(
-        self, statements: list[Statement], *, qualify_columns: bool = False
+        self,
+        statements: list[Statement],
+        *,
+        qualify_columns: bool = False,
+        timeout_s: float | None = None,
     ) -> list[StatementResult]:
         """Run read-only statements on one snapshot of the committed data, on one of the
         pool's connections. A statement that tries to write fails with SQLite's
-        read-only error; one over the read budget is stopped. ``qualify_columns``: a
-        column read from a table is named ``table.column``."""
+        read-only error; one over the read budget (or ``timeout_s``) is stopped.
+        ``qualify_columns``: a column read from a table is named ``table.column``."""
         reader = self._readers.acquire()
         try:
-            return reader.run(statements, qualify_columns=qualify_columns)
+            return reader.run(statements, qualify_columns=qualify_columns, timeout_s=timeout_s)
         finally:
             self._readers.release(reader)
 
@@ -1245,6 +1249,8 @@ class _Reader:
         self._refusal = ""
         self._ticks = 0
         self._stopped = False
+        self._deadline: float | None = None
+        self._timed_out = False
         self.conn.set_authorizer(self._authorize)
         self.conn.set_progress_handler(self._progress, PROGRESS_STEPS)
         # rqlite's types are the columns' declared types (SQLite's), where it can tell.
@@ -1266,14 +1272,23 @@ class _Reader:
         if not self._user:
             return 0
         self._ticks += 1
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            self._timed_out = True
+            return 1
         if self._ticks < self._limit:
             return 0
         self._stopped = True
         return 1
 
     def run(
-        self, statements: list[Statement], *, qualify_columns: bool = False
+        self,
+        statements: list[Statement],
+        *,
+        qualify_columns: bool = False,
+        timeout_s: float | None = None,
     ) -> list[StatementResult]:
+        """Run the statements in one read transaction; each within the read budget of
+        steps and, with ``timeout_s`` (rqlite's ``db_timeout``), that much time."""
         conn = self.conn
         results: list[StatementResult] = []
         conn.execute("BEGIN")
@@ -1286,6 +1301,8 @@ class _Reader:
             for statement in statements:
                 started = time.perf_counter()
                 self._user, self._refusal, self._ticks, self._stopped = True, "", 0, False
+                self._timed_out = False
+                self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
                 try:
                     result = StateMachine._run_one(conn, statement)
                     result.rows_affected = None
@@ -1293,14 +1310,16 @@ class _Reader:
                     if result.columns is not None and schema_version is not None:
                         self._declare_types(result, statement, schema_version, qualify_columns)
                 except (sqlite3.Error, OverflowError, ValueError) as exc:
-                    message = (
-                        _budget_message(self._limit * PROGRESS_STEPS)
-                        if self._stopped
-                        else _refused_message(exc, self._refusal)
-                    )
+                    if self._timed_out:
+                        message = f"query timed out: over the db_timeout of {timeout_s} s"
+                    elif self._stopped:
+                        message = _budget_message(self._limit * PROGRESS_STEPS)
+                    else:
+                        message = _refused_message(exc, self._refusal)
                     result = StatementResult(error=message)
                 finally:
                     self._user = False
+                    self._deadline = None
                 result.time_s = time.perf_counter() - started
                 results.append(result)
         finally:

@@ -461,28 +461,41 @@ class Replica:
             self._caught_up_s = reader.caught_up_s
 
     def query(
-        self, statements: list[Statement], *, qualify_columns: bool = False
+        self,
+        statements: list[Statement],
+        *,
+        qualify_columns: bool = False,
+        timeout_s: float | None = None,
     ) -> list[StatementResult]:
         """Run read-only statements on this replica's file, on the calling thread
-        (``qualify_columns``: columns read from a table named ``table.column``)."""
+        (``qualify_columns``: columns read from a table named ``table.column``;
+        ``timeout_s``: each statement stopped past it)."""
         if self.diverged is not None:
             raise ReplicaDivergedError(self.diverged)
         for _ in range(3):
             machine = self.machine
             try:
-                return machine.query(statements, qualify_columns=qualify_columns)
+                return machine.query(
+                    statements, qualify_columns=qualify_columns, timeout_s=timeout_s
+                )
             except ReplicaStorageError:
                 if self.machine is machine:  # not replaced (by a snapshot) meanwhile
                     raise
-        return self.machine.query(statements, qualify_columns=qualify_columns)
+        return self.machine.query(statements, qualify_columns=qualify_columns, timeout_s=timeout_s)
 
     async def read(
-        self, statements: list[Statement], *, qualify_columns: bool = False
+        self,
+        statements: list[Statement],
+        *,
+        qualify_columns: bool = False,
+        timeout_s: float | None = None,
     ) -> list[StatementResult]:
         """:meth:`query` on one of the replica's read threads: a long read holds up
         neither the event loop (appends, answers, applying the log) nor other reads."""
         loop = self._loop or asyncio.get_running_loop()
-        call = functools.partial(self.query, statements, qualify_columns=qualify_columns)
+        call = functools.partial(
+            self.query, statements, qualify_columns=qualify_columns, timeout_s=timeout_s
+        )
         return await loop.run_in_executor(self._reads, call)
 
     async def read_only(self, statements: list[Statement]) -> bool:

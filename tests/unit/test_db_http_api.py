@@ -69,6 +69,7 @@ class StubReplica:
         self.barrier_timeouts: list[float | None] = []
         self.write_timeouts: list[float | None] = []
         self.barrier_takes_s = 0.0
+        self.read_timeouts: list[float | None] = []
 
     async def members(self) -> list[tuple[str, str, bool]]:
         return [("a", "http://127.0.0.1:1", self.leads)]
@@ -80,8 +81,13 @@ class StubReplica:
         return all(s.sql.startswith("SELECT") for s in statements)
 
     async def read(
-        self, statements: list[Statement], *, qualify_columns: bool = False
+        self,
+        statements: list[Statement],
+        *,
+        qualify_columns: bool = False,
+        timeout_s: float | None = None,
     ) -> list[StatementResult]:
+        self.read_timeouts.append(timeout_s)
         columns = ["t.b", "t.s"] if qualify_columns else ["b", "s"]
         return [
             StatementResult(columns=columns, types=["blob", "text"], values=[[b"\x01\xff", "x"]])
@@ -216,11 +222,15 @@ def test_db_http_levels_and_read_bounds() -> None:
                 ("POST", "/db/execute?timeout=2m", ["INSERT INTO t VALUES (1)"]),
                 ("POST", "/db/execute?timeout=1h30m", ["INSERT INTO t VALUES (1)"]),
                 ("POST", "/db/execute?timeout=0s", ["INSERT INTO t VALUES (1)"]),
+                ("GET", "/db/query?db_timeout=2s&q=SELECT+1", None),
+                ("POST", "/db/request?db_timeout=2s", ["INSERT INTO t VALUES (1)"]),
             ],
         )
     )
     statuses = [status for status, _ in answers]
-    assert statuses == [200, 200, 400, 200, 503, 200, 400, 200, 200, 400], answers
+    assert statuses == [200, 200, 400, 200, 503, 200, 400, 200, 200, 400, 200, 400], answers
+    assert "db_timeout" in answers[11][1]["error"]
+    assert replica.read_timeouts[-1] == 2.0
     assert "strng" in answers[2][1]["error"]
     assert "timeout" in answers[6][1]["error"] and "timeout" in answers[9][1]["error"]
     assert replica.barrier_timeouts == [120.0, 0.05, 1.0]  # auto is weak: no barrier

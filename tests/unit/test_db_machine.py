@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -709,5 +710,24 @@ def test_query_types_are_the_columns_declared_types(tmp_path: Path) -> None:
         )
         (result,) = machine.query([Statement("SELECT id, t FROM m")])
         assert result.types == ["blob", "real"]
+    finally:
+        machine.close()
+
+
+def test_db_timeout_stops_a_long_read(tmp_path: Path) -> None:
+    """rqlite's db_timeout on reads: a statement running past it is stopped with that
+    error (well before the read budget); a quick one is not."""
+    machine = StateMachine(tmp_path / "r.sqlite")
+    try:
+        runaway = Statement(
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+        )
+        started = time.monotonic()
+        quick, slow = machine.query([Statement("SELECT 1"), runaway], timeout_s=0.2)
+        assert quick.values == [[1]] and quick.error is None
+        assert slow.error is not None and "db_timeout of 0.2 s" in slow.error
+        assert time.monotonic() - started < 1.5
+        (again,) = machine.query([Statement("SELECT 2")])  # the next read has no bound
+        assert again.values == [[2]]
     finally:
         machine.close()
