@@ -50,6 +50,7 @@ _MIN_POSITION_WAIT_S_DEFAULT = 10.0
 _LEVELS = ("none", "weak", "strong", "linearizable")
 _LEADER_CACHE_S = 1.0
 _PROBE_S = 2.0  # how long /nodes waits for each replica's answer
+_SYNC_S_DEFAULT = 5.0  # how long /readyz?sync waits
 _WRITE_TIMEOUT_S_DEFAULT = 30.0
 _READ = "read"
 _WRITE = "write"
@@ -78,7 +79,7 @@ _ACCEPTED_PARAMS: dict[str, frozenset[str]] = {
     "/db/backup": frozenset({"fmt", "level", "redirect"}),
     "/status": frozenset({"pretty"}),
     "/nodes": frozenset({"pretty", "ver", "nonvoters", "timeout"}),
-    "/readyz": frozenset({"noleader"}),
+    "/readyz": frozenset({"noleader", "sync", "timeout"}),
     "/remove": frozenset({"pretty"}),
     "/leader": frozenset({"pretty"}),
 }
@@ -94,7 +95,6 @@ REFUSED_PARAMS: dict[str, str] = {
         "writes are bounded by a budget of SQLite's steps (--statement-steps), the "
         "same verdict on every replica, not by a clock (db_timeout bounds reads)"
     ),
-    "sync": "a replica is ready once it follows the log; use min_position to wait for a write",
     "compress": "backups are not compressed here (compress the answer's bytes yourself)",
     "vacuum": "backups are SQLite's online backup of the file, not vacuumed",
     "tables": "a backup holds the whole database",
@@ -772,6 +772,10 @@ class DbHttpApi:
         return self._reply(request, {})
 
     async def _readyz(self, request: web.Request) -> web.StreamResponse:
+        try:
+            sync_s = _duration_param(request, "timeout", _SYNC_S_DEFAULT) or _SYNC_S_DEFAULT
+        except BadRequestError as exc:
+            return web.Response(text=exc.message + "\n", status=400)
         nodes = await self._members_json()
         noleader = _flag(request, "noleader")
         leader_ok = noleader or any(n["leader"] for n in nodes)
@@ -780,7 +784,13 @@ class DbHttpApi:
         if not noleader:  # rqlite's ?noleader: ready without a leader
             lines.append(f"[{'+' if leader_ok else '-'}]leader ok")
         lines.append(f"[{'+' if store_ok else '-'}]store ok")
-        status = 200 if leader_ok and store_ok else 503
+        sync_ok = True
+        if _flag(request, "sync"):
+            # rqlite's ?sync: this replica's copy caught up with the log since the
+            # request came (within ``timeout``, 5 s by default).
+            sync_ok = store_ok and await self.replica.wait_synced(sync_s)
+            lines.append(f"[{'+' if sync_ok else '-'}]sync ok")
+        status = 200 if leader_ok and store_ok and sync_ok else 503
         return web.Response(text="\n".join(lines) + "\n", status=status)
 
 

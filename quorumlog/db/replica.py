@@ -453,6 +453,22 @@ class Replica:
         loop = self._loop or asyncio.get_running_loop()
         return max(0.0, loop.time() - since)
 
+    async def wait_synced(self, timeout_s: float) -> bool:
+        """Wait until this replica's copy held every record confirmed in the log at some
+        moment after the call began (rqlite's ``/readyz?sync``); False after
+        ``timeout_s``. The leader is synced at once."""
+        loop = self._loop or asyncio.get_running_loop()
+        since = loop.time()
+        deadline = since + timeout_s
+        while not self._taking_writes:
+            caught_up = self._caught_up_s
+            if caught_up is not None and caught_up >= since:
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
     def _note_reader(self, reader: LogReader) -> None:
         """What the follower's reader learnt of the log, once every record it returned
         is applied."""

@@ -275,7 +275,7 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
     leader = wait_ready(replicas)
     follower = next(r for r in replicas if r is not leader)
     # rqlite's parameters this API does not offer are refused by name, nothing logged
-    for path in ("/db/execute?queue", "/db/execute?wait=true", "/db/query?db_timeout=1s"):
+    for path in ("/db/execute?queue", "/db/execute?wait=true", "/db/execute?db_timeout=1s"):
         status, answer = http(follower.addr, path, ["CREATE TABLE never (a)"])
         assert status == 400 and path.split("?")[1].split("=")[0] in answer["error"], answer
     status, answer = http(follower.addr, "/db/load", raw=b"x")
@@ -360,6 +360,9 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
     try:
         answer = _poll_status(follower.addr, fresh, 503, timeout_s=30)
         assert "stale read" in answer["error"], answer
+        # nor can it tell it caught up with the log: not ready with ?sync
+        status, text = http(follower.addr, "/readyz?sync&timeout=1s")
+        assert status == 503 and "[-]sync ok" in text, text
         assert http(follower.addr, strict)[0] == 503
         # without a bound it serves what it has, as level none does
         status, answer = http(follower.addr, "/db/query?level=none&q=SELECT+count(*)+FROM+fruit")
@@ -370,6 +373,8 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
         for i in range(3):
             cluster3.resume(i)
     _poll_status(follower.addr, strict, 200, timeout_s=60)
+    status, text = http(follower.addr, "/readyz?sync")
+    assert status == 200 and "[+]sync ok" in text, text
 
 
 def test_db_leader_steps_down_to_the_next_replica(replicas: list[DbProcess]) -> None:

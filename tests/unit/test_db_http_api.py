@@ -70,6 +70,8 @@ class StubReplica:
         self.write_timeouts: list[float | None] = []
         self.barrier_takes_s = 0.0
         self.read_timeouts: list[float | None] = []
+        self.sync_timeouts: list[float] = []
+        self.synced = True
 
     async def members(self) -> list[tuple[str, str, bool]]:
         return [("a", "http://127.0.0.1:1", self.leads)]
@@ -107,6 +109,10 @@ class StubReplica:
 
     def staleness_s(self, *, strict: bool) -> float | None:
         return self.staleness[strict]
+
+    async def wait_synced(self, timeout_s: float) -> bool:
+        self.sync_timeouts.append(timeout_s)
+        return self.synced
 
 
 async def _ask(replica: StubReplica, requests: list[tuple[str, str, Any]]) -> list[tuple[int, Any]]:
@@ -312,6 +318,15 @@ def test_db_http_nodes_and_readiness() -> None:
         "leader": {"id": "a", "api_addr": "http://127.0.0.1:1", "addr": "http://127.0.0.1:1"}
     }
     assert answers[3][1] == answers[4][1]  # every replica votes: nonvoters lists the same
+    # ?sync: caught up with the log since the request came, within timeout (5 s)
+    sync = [("GET", "/readyz?sync", None), ("GET", "/readyz?sync&timeout=250ms", None)]
+    answers = run(_ask(replica, sync))
+    assert [status for status, _ in answers] == [200, 200] and "[+]sync ok" in answers[0][1]
+    replica.synced = False
+    answers = run(_ask(replica, [*sync, ("GET", "/readyz?sync&timeout=later", None)]))
+    assert [status for status, _ in answers] == [503, 503, 400], answers
+    assert "[-]sync ok" in answers[0][1]
+    assert replica.sync_timeouts == [5.0, 0.25, 5.0, 0.25]
     replica.leads = False  # no leader
     answers = run(_ask(replica, requests[:3]))
     assert [status for status, _ in answers] == [503, 200, 503], answers
