@@ -22,6 +22,9 @@ __all__ = ["DeclaredTypes", "available"]
 _SQLITE_OK = 0
 _OPEN_READONLY = 0x00000001
 _OPEN_URI = 0x00000040
+# Statement texts up to this length are remembered, this many of them per connection.
+_KNOWN_SQL_CHARS = 4096
+_KNOWN_STATEMENTS = 512
 
 
 @cache
@@ -89,6 +92,8 @@ class DeclaredTypes:
         self._path = path
         self._db: ctypes.c_void_p | None = None
         self._schema_version: int | None = None
+        # What each statement text gave, under the schema compiled against.
+        self._known: dict[str, tuple[list[str], list[str]]] = {}
 
     def _open(self) -> ctypes.c_void_p | None:
         lib = _library()
@@ -118,6 +123,9 @@ class DeclaredTypes:
             return None
         if self._db is not None and self._schema_version != schema_version:
             self.close()
+        known = self._known.get(sql)
+        if known is not None:
+            return known
         if self._db is None:
             self._db = self._open()
             self._schema_version = schema_version
@@ -139,6 +147,10 @@ class DeclaredTypes:
                 types.append(declared.decode("utf-8", "replace").lower() if declared else "")
                 table = lib.sqlite3_column_table_name(statement, index) if named else None
                 tables.append(table.decode("utf-8", "replace") if table else "")
+            if len(sql) <= _KNOWN_SQL_CHARS:
+                if len(self._known) >= _KNOWN_STATEMENTS:
+                    self._known.clear()
+                self._known[sql] = (types, tables)
             return types, tables
         finally:
             lib.sqlite3_finalize(statement)
@@ -149,3 +161,4 @@ class DeclaredTypes:
             lib.sqlite3_close_v2(self._db)
         self._db = None
         self._schema_version = None
+        self._known.clear()
