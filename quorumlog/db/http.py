@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import re
 import ssl
@@ -26,7 +27,7 @@ from aiohttp import web
 from quorumlog.db import decltypes
 from quorumlog.db.machine import StatementResult, loads_json
 from quorumlog.db.replica import NotLeaderError, Replica
-from quorumlog.db.snapshot import copy_file, dump_sql
+from quorumlog.db.snapshot import copy_file, dump_sql, vacuumed
 from quorumlog.db.sql import (
     BadRequestError,
     Statement,
@@ -76,7 +77,7 @@ _ACCEPTED_PARAMS: dict[str, frozenset[str]] = {
     "/db/execute": _WRITE_PARAMS,
     "/db/query": _READ_PARAMS,
     "/db/request": _WRITE_PARAMS | _READ_PARAMS,
-    "/db/backup": frozenset({"fmt", "level", "redirect"}),
+    "/db/backup": frozenset({"fmt", "level", "redirect", "compress", "vacuum", "tables"}),
     "/status": frozenset({"pretty"}),
     "/nodes": frozenset({"pretty", "ver", "nonvoters", "timeout"}),
     "/readyz": frozenset({"noleader", "sync", "timeout"}),
@@ -95,9 +96,6 @@ REFUSED_PARAMS: dict[str, str] = {
         "writes are bounded by a budget of SQLite's steps (--statement-steps), the "
         "same verdict on every replica, not by a clock (db_timeout bounds reads)"
     ),
-    "compress": "backups are not compressed here (compress the answer's bytes yourself)",
-    "vacuum": "backups are SQLite's online backup of the file, not vacuumed",
-    "tables": "a backup holds the whole database",
 }
 _NO_LOAD = (
     "loading is done through the leader and the log by `quorumlog db restore` "
@@ -595,15 +593,39 @@ class DbHttpApi:
         leader unless ``level=none`` (rqlite backs up on the leader); the follower relays
         the leader's file with its content type and position header."""
         level = request.query.get("level", "weak").lower()
+        fmt = request.query.get("fmt", "binary").lower()
+        vacuum, compress = _flag(request, "vacuum"), _flag(request, "compress")
+        tables = request.query.get("tables")
+        refusal = ""
+        if level not in ("none", "weak"):
+            refusal = f"a backup is read at level weak (the leader's) or none, not {level!r}"
+        elif fmt not in ("binary", "sql"):
+            refusal = f"unknown backup format {fmt!r}: binary (the default) or sql"
+        elif vacuum and fmt == "sql":
+            refusal = "parameter vacuum applies to the binary backup, not fmt=sql"
+        elif tables is not None and fmt != "sql":
+            refusal = "parameter tables applies to fmt=sql"
+        if refusal:
+            return self._error(request, 400, refusal)
         if level != "none" and not self.replica.is_leader:
             return await self._forward(request, b"")
         # On a thread: a copy of a large file must not hold up the replica's loop.
         data, position = await asyncio.to_thread(copy_file, self.replica.sqlite_path)
         headers = {POSITION_HEADER: "" if position is None else str(position)}
-        if request.query.get("fmt") == "sql":
-            text = "\n".join(await asyncio.to_thread(dump_sql, data)) + "\n"
-            return web.Response(text=text, headers=headers, content_type="application/sql")
-        return web.Response(body=data, headers=headers, content_type="application/octet-stream")
+        content_type = "application/octet-stream"
+        if fmt == "sql":
+            wanted = None if tables is None else [t for t in tables.split(",") if t]
+            try:
+                lines = await asyncio.to_thread(dump_sql, data, wanted)
+            except ValueError as exc:
+                return self._error(request, 400, f"parameter tables: {exc}")
+            data, content_type = ("\n".join(lines) + "\n").encode(), "application/sql"
+        elif vacuum:
+            data = await asyncio.to_thread(vacuumed, data)
+        if compress:  # rqlite's: the same bytes, gzipped
+            data, content_type = await asyncio.to_thread(gzip.compress, data), "application/gzip"
+        charset = "utf-8" if content_type == "application/sql" else None
+        return web.Response(body=data, headers=headers, content_type=content_type, charset=charset)
 
     async def _members_json(self) -> list[dict[str, Any]]:
         """The replicas in the election (the leader first), each taken as reachable."""

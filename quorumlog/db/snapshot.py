@@ -38,6 +38,8 @@ from quorumlog.log.metadata import log_node_name
 from quorumlog.log.position import Position
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from quorumlog.log.log import Log
 
 __all__ = [
@@ -116,14 +118,32 @@ def copy_file(source: Path) -> tuple[bytes, Position | None]:
         return target.read_bytes(), position
 
 
-def dump_sql(data: bytes) -> list[str]:
+def vacuumed(data: bytes) -> bytes:
+    """A SQLite file's bytes rebuilt by ``VACUUM INTO``: the same contents, without free
+    pages (rqlite's backup ``vacuum``)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        path, target = Path(scratch) / "copy.sqlite", Path(scratch) / "vacuumed.sqlite"
+        path.write_bytes(data)
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute("VACUUM INTO ?", (str(target),))
+        finally:
+            conn.close()
+        return target.read_bytes()
+
+
+def dump_sql(data: bytes, tables: Sequence[str] | None = None) -> list[str]:
     """The SQL text of a SQLite file's bytes, without the replica's own table: what
-    ``quorumlog db restore`` replays through the leader."""
+    ``quorumlog db restore`` replays through the leader. ``tables``: only these tables
+    (with their indexes and triggers; no views); ValueError naming one that is not
+    there."""
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "dump.sqlite"
         path.write_bytes(data)
         conn = sqlite3.connect(path)
         try:
+            if tables is not None:
+                _keep_only(conn, tables)
             return [
                 line
                 for line in conn.iterdump()
@@ -132,6 +152,22 @@ def dump_sql(data: bytes) -> list[str]:
             ]
         finally:
             conn.close()
+
+
+def _keep_only(conn: sqlite3.Connection, tables: Sequence[str]) -> None:
+    """Drop, from a scratch copy, every view and every table not in ``tables``."""
+    schema = conn.execute("SELECT type, name FROM sqlite_schema").fetchall()
+    present = {name for kind, name in schema if kind == "table"}
+    missing = [t for t in tables if t not in present or t == "_quorumlog_applied"]
+    if missing:
+        raise ValueError(f"no table {missing[0]!r} in the database")
+    for kind, name in schema:
+        quoted = '"' + name.replace('"', '""') + '"'
+        if kind == "view":
+            conn.execute(f"DROP VIEW {quoted}")
+        elif kind == "table" and name not in tables and not name.startswith("sqlite_"):
+            conn.execute(f"DROP TABLE {quoted}")
+    conn.commit()
 
 
 async def take_snapshot(the_log: Log, source: Path, *, keep: int = 2) -> Snapshot | None:

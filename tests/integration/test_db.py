@@ -4,6 +4,7 @@ metadata drivers, driven through rqlite's HTTP API (plain HTTP and pyrqlite)."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import re
@@ -349,6 +350,27 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
         assert status == 200 and answer["leader"]["id"] == leader.node_id, answer
     status, answer = http(follower.addr, "/leader", {"id": follower.node_id})
     assert status == 400 and "no body" in answer["error"], answer
+    # backups through a follower: gzipped and vacuumed, or chosen tables as SQL
+    backup_url = f"http://{follower.addr}/db/backup"
+    with urllib.request.urlopen(f"{backup_url}?compress&vacuum", timeout=60) as reply:
+        assert reply.headers.get_content_type() == "application/gzip"
+        copy = gzip.decompress(reply.read())
+    assert copy.startswith(b"SQLite format 3\x00")
+    scratch = replicas[0].data_dir.parent / "vacuumed.sqlite"
+    scratch.write_bytes(copy)
+    with contextlib.closing(sqlite3.connect(scratch)) as vacuumed:
+        assert vacuumed.execute("SELECT count(*) FROM veg").fetchone() == (2,)
+    with urllib.request.urlopen(f"{backup_url}?fmt=sql&tables=veg", timeout=60) as reply:
+        text = reply.read().decode()
+    assert "CREATE TABLE veg" in text and "'kale'" in text and "fruit" not in text, text
+    for path in (
+        "/db/backup?fmt=sql&vacuum",
+        "/db/backup?tables=veg",
+        "/db/backup?fmt=json",
+        "/db/backup?fmt=sql&tables=nothere",
+    ):
+        status, answer = http(follower.addr, path)
+        assert status == 400 and "error" in answer, (path, answer)
     # freshness: a follower cut off from the log (every bookie stopped) refuses reads
     # asked with a freshness bound once it is over it, and serves them again after
     fresh = "/db/query?level=none&q=SELECT+count(*)+FROM+fruit&freshness=3s"
