@@ -83,6 +83,7 @@ _ACCEPTED_PARAMS: dict[str, frozenset[str]] = {
     "/readyz": frozenset({"noleader", "sync", "timeout"}),
     "/remove": frozenset({"pretty"}),
     "/leader": frozenset({"pretty"}),
+    "/snapshot": frozenset({"pretty", "redirect"}),
 }
 _QUEUED = (
     "queued writes are not offered: a write is answered once its record is confirmed "
@@ -111,10 +112,6 @@ REFUSED_ENDPOINTS: dict[str, str] = {
     "/boot": _NO_LOAD,
     "/join": _NO_MEMBERSHIP,
     "/notify": _NO_MEMBERSHIP,
-    "/snapshot": (
-        "the leader snapshots on its own triggers (--snapshot-every, "
-        "--snapshot-every-bytes, --snapshot-every-s)"
-    ),
     "/debug/vars": "Go's expvar: see /status",
     "/debug/pprof": "Go's profiler: profile the Python process with py-spy",
 }
@@ -273,6 +270,7 @@ class DbHttpApi:
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/leader", self._leader)
         self.app.router.add_post("/leader", self._step_down)
+        self.app.router.add_post("/snapshot", self._snapshot)
         for path in REFUSED_ENDPOINTS:
             self.app.router.add_route("*", path, self._refused_endpoint)
 
@@ -792,6 +790,21 @@ class DbHttpApi:
         except BKError as exc:
             return self._error(request, 503, exc.message)
         return self._reply(request, {})
+
+    async def _snapshot(self, request: web.Request) -> web.StreamResponse:
+        """rqlite's ``POST /snapshot``: the leader snapshots its file now (into a ledger,
+        the log truncated behind the snapshots kept), forwarded from a follower."""
+        if not self.replica.is_leader:
+            return await self._forward(request, await request.read())
+        try:
+            taken = await self.replica.snapshot_now()
+        except NotLeaderError as exc:
+            return self._error(request, 503, exc.message)
+        if taken is None:
+            return self._error(
+                request, 503, "no snapshot taken: nothing applied yet, or it failed (see its log)"
+            )
+        return self._reply(request, {"position": str(taken.position), "ledger": taken.ledger_id})
 
     async def _readyz(self, request: web.Request) -> web.StreamResponse:
         try:

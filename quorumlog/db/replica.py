@@ -56,7 +56,7 @@ from quorumlog.db.machine import (
     StateMachine,
     StatementResult,
 )
-from quorumlog.db.snapshot import list_snapshots, read_snapshot, take_snapshot
+from quorumlog.db.snapshot import Snapshot, list_snapshots, read_snapshot, take_snapshot
 from quorumlog.db.sql import (
     BadRequestError,
     Statement,
@@ -237,7 +237,7 @@ class Replica:
         self._last_snapshot_s = time.monotonic()
         self.snapshots_taken = 0
         self.restores = 0
-        self._snapshot_task: asyncio.Task[None] | None = None
+        self._snapshot_task: asyncio.Task[Snapshot | None] | None = None
         self.role = FOLLOWER
         self.started_at = time.time()
         self.failure: str | None = None
@@ -702,12 +702,29 @@ class Replica:
         self._last_snapshot_s = time.monotonic()
         self._snapshot_task = asyncio.create_task(self._snapshot(the_log))
 
-    async def _snapshot(self, the_log: Log) -> None:
+    async def snapshot_now(self) -> Snapshot | None:
+        """Take a snapshot now, on the leader (rqlite's ``POST /snapshot``), after any
+        running one; the snapshot, None when nothing is applied yet or it failed (the
+        reason is logged). Raises NotLeaderError on a replica that does not lead."""
+        if not self._taking_writes or self._log is None:
+            raise NotLeaderError(f"database {self.config.name}: this replica is not the leader")
+        running = self._snapshot_task
+        if running is not None and not running.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(running)
+        self.records_since_snapshot = 0
+        self.bytes_since_snapshot = 0
+        self._last_snapshot_s = time.monotonic()
+        task = asyncio.create_task(self._snapshot(self._log))
+        self._snapshot_task = task
+        return await asyncio.shield(task)
+
+    async def _snapshot(self, the_log: Log) -> Snapshot | None:
         try:
             taken = await take_snapshot(the_log, self.sqlite_path, keep=self.config.snapshots_kept)
         except (BKError, sqlite3.Error, OSError) as exc:
             log.warning("database %s: snapshot failed: %s", self.config.name, exc)
-            return
+            return None
         if taken is not None:
             self.snapshots_taken += 1
             log.info(
@@ -716,6 +733,7 @@ class Replica:
                 taken.position,
                 taken.ledger_id,
             )
+        return taken
 
     async def _restore_if_behind(self, the_log: Log) -> None:
         """Restore the newest snapshot when the log no longer holds the next record this

@@ -81,12 +81,13 @@ def _loggable(request: web.Request) -> str:
 
 def db_api_roles(request: web.Request) -> frozenset[Role] | None:
     """The database's API: readiness is open (load balancers), a backup (the whole
-    database), forgetting a replica (``/remove``) and a leader's step down (``POST
-    /leader``) take ``admin``, statements and status take ``client`` (or ``admin``)."""
+    database), forgetting a replica (``/remove``), a leader's step down (``POST
+    /leader``) and a snapshot (``/snapshot``) take ``admin``, statements and status
+    take ``client`` (or ``admin``)."""
     if request.path == "/readyz":
         return None
-    if request.path == "/leader" and request.method == "POST":  # a step down
-        return ADMIN_ONLY
+    if request.path in ("/leader", "/snapshot") and request.method == "POST":
+        return ADMIN_ONLY  # a step down, a snapshot
     return ADMIN_ONLY if request.path in ("/db/backup", "/remove") else CLIENTS
 
 

@@ -350,6 +350,10 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
         assert status == 200 and answer["leader"]["id"] == leader.node_id, answer
     status, answer = http(follower.addr, "/leader", {"id": follower.node_id})
     assert status == 400 and "no body" in answer["error"], answer
+    # a snapshot on demand, asked of a follower, taken by the leader
+    status, answer = http(follower.addr, "/snapshot", raw=b"")
+    assert status == 200 and Position.parse(answer["position"]) >= Position.parse(written), answer
+    assert http(leader.addr, "/status")[1]["store"]["snapshots_taken"] >= 1
     # backups through a follower: gzipped and vacuumed, or chosen tables as SQL
     backup_url = f"http://{follower.addr}/db/backup"
     with urllib.request.urlopen(f"{backup_url}?compress&vacuum", timeout=60) as reply:
