@@ -15,6 +15,7 @@ import asyncio
 import base64
 import gzip
 import json
+import logging
 import re
 import ssl
 import time
@@ -41,6 +42,8 @@ from quorumlog.security.tokens import TokenVerifier
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DbHttpApi"]
 
+log = logging.getLogger(__name__)
+
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # below a log entry's frame limit (8 MiB)
 FORWARDED_HEADER = "X-Quorumlog-Forwarded"
 POSITION_HEADER = "X-Quorumlog-Position"  # the applied position a backup holds
@@ -60,7 +63,7 @@ _WRITE = "write"
 # Every query parameter each endpoint takes (docs/DB.md, "rqlite's parameters and
 # endpoints"): any other is answered 400 naming it, never silently ignored.
 _OUTPUT_PARAMS = frozenset({"pretty", "timings", "associative", "blob_array", "raft_index"})
-_WRITE_PARAMS = _OUTPUT_PARAMS | {"transaction", "timeout", "redirect"}
+_WRITE_PARAMS = _OUTPUT_PARAMS | {"transaction", "timeout", "redirect", "queue", "wait"}
 _READ_PARAMS = _OUTPUT_PARAMS | {
     "q",
     "level",
@@ -85,14 +88,8 @@ _ACCEPTED_PARAMS: dict[str, frozenset[str]] = {
     "/leader": frozenset({"pretty"}),
     "/snapshot": frozenset({"pretty", "redirect"}),
 }
-_QUEUED = (
-    "queued writes are not offered: a write is answered once its record is confirmed "
-    "in the log (send many statements in one request instead)"
-)
 # rqlite's parameters this API does not offer, and why: answered 400 naming them.
 REFUSED_PARAMS: dict[str, str] = {
-    "queue": _QUEUED,
-    "wait": _QUEUED,
     "db_timeout": (
         "writes are bounded by a budget of SQLite's steps (--statement-steps), the "
         "same verdict on every replica, not by a clock (db_timeout bounds reads)"
@@ -255,6 +252,7 @@ class DbHttpApi:
         self.forward_timeout_s = forward_timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._leader_cache: tuple[str, float] | None = None
+        self._queued = 0  # rqlite's sequence_number of queued writes
         self._runner: web.AppRunner | None = None
         checks = [] if token_verifier is None else [bearer_middleware(token_verifier, db_api_roles)]
         self.app = web.Application(
@@ -378,6 +376,7 @@ class DbHttpApi:
         started: float,
         position: Position | None = None,
         applied: Position | None = None,
+        **extra: object,
     ) -> web.Response:
         associative = _flag(request, "associative")
         timings = _flag(request, "timings")
@@ -399,6 +398,7 @@ class DbHttpApi:
             # write's own record, or for a read the last record applied where it ran.
             shown = position if position is not None else applied
             body["raft_index"] = None if shown is None else str(shown)
+        body.update(extra)
         return self._reply(request, body)
 
     # ------------------------------------------------------------ leader
@@ -492,6 +492,10 @@ class DbHttpApi:
                 if not replica.is_leader:
                     return await self._forward(request, body)
                 timeout_s = _timeout_s(request)
+                if _flag(request, "queue"):
+                    return await self._queue(request, statements, timeout_s, started)
+                if "wait" in request.query:
+                    return self._error(request, 400, "parameter wait applies to queued writes")
                 try:
                     # The replica's own timer: no task (wait_for) nor Timeout object
                     # (asyncio.timeout) per request.
@@ -507,6 +511,11 @@ class DbHttpApi:
                         f"write not confirmed within {timeout_s} s: it may or may not be applied",
                     )
                 return self._answer(request, answer.results, started, answer.position)
+            for name in ("queue", "wait"):
+                if name in request.query:
+                    return self._error(
+                        request, 400, f"parameter {name} applies to writes, not reads"
+                    )
             freshness_s = _duration_param(request, "freshness", None)
             strict = _flag(request, "freshness_strict")
             if strict and freshness_s is None:
@@ -584,6 +593,45 @@ class DbHttpApi:
             return self._error(request, 503, exc.message)
         except BKError as exc:
             return self._error(request, 503, exc.message)
+
+    async def _queue(
+        self, request: web.Request, statements: list[Statement], timeout_s: float, started: float
+    ) -> web.StreamResponse:
+        """rqlite's queued write (``?queue``): answered with a ``sequence_number`` as soon
+        as its record is on its way to the log, before it is confirmed; its outcome is
+        not reported (lost if the lead is lost first). With ``wait``, answered once the
+        record is confirmed and applied, with its results and position."""
+        self._queued += 1
+        number = self._queued
+        write = asyncio.ensure_future(
+            self.replica.execute(statements, transaction=_flag(request, "transaction"))
+        )
+        # One turn of the loop: the write's first step runs, refusing what cannot be
+        # logged (400) before the record is appended.
+        await asyncio.sleep(0)
+        if write.done() and write.exception() is not None:
+            failure = write.exception()
+            if isinstance(failure, BadRequestError):
+                return self._error(request, 400, failure.message)
+            return self._error(request, 503, str(failure))
+        if not _flag(request, "wait"):
+            write.add_done_callback(_forget_queued)
+            return self._reply(request, {"results": [], "sequence_number": number})
+        try:
+            answer = await asyncio.wait_for(asyncio.shield(write), timeout_s)
+        except TimeoutError:
+            write.add_done_callback(_forget_queued)
+            return self._error(
+                request,
+                503,
+                f"queued write {number} not confirmed within {timeout_s} s: "
+                "it may or may not be applied",
+            )
+        except (NotLeaderError, BKError) as exc:
+            return self._error(request, 503, exc.message)
+        return self._answer(
+            request, answer.results, started, answer.position, sequence_number=number
+        )
 
     async def _backup(self, request: web.Request) -> web.StreamResponse:
         """This replica's file (``?fmt=sql``: as SQL text), a consistent copy; the applied
@@ -827,6 +875,12 @@ class DbHttpApi:
             lines.append(f"[{'+' if sync_ok else '-'}]sync ok")
         status = 200 if leader_ok and store_ok and sync_ok else 503
         return web.Response(text="\n".join(lines) + "\n", status=status)
+
+
+def _forget_queued(write: asyncio.Future[Any]) -> None:
+    """A queued write's end, which nobody waits for: its failure is logged."""
+    if not write.cancelled() and write.exception() is not None:
+        log.warning("database: a queued write failed: %s", write.exception())
 
 
 async def wait_forever(stop: asyncio.Event) -> None:

@@ -275,8 +275,8 @@ def _poll_status(addr: str, path: str, wanted: int, timeout_s: float = 30) -> An
 def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[DbProcess]) -> None:
     leader = wait_ready(replicas)
     follower = next(r for r in replicas if r is not leader)
-    # rqlite's parameters this API does not offer are refused by name, nothing logged
-    for path in ("/db/execute?queue", "/db/execute?wait=true", "/db/execute?db_timeout=1s"):
+    # parameters not offered (or not on writes, or not rqlite's) are refused by name
+    for path in ("/db/execute?wait=true", "/db/execute?db_timeout=1s", "/db/execute?levl=strong"):
         status, answer = http(follower.addr, path, ["CREATE TABLE never (a)"])
         assert status == 400 and path.split("?")[1].split("=")[0] in answer["error"], answer
     status, answer = http(follower.addr, "/db/load", raw=b"x")
@@ -350,6 +350,24 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
         assert status == 200 and answer["leader"]["id"] == leader.node_id, answer
     status, answer = http(follower.addr, "/leader", {"id": follower.node_id})
     assert status == 400 and "no body" in answer["error"], answer
+    # queued writes through a follower: answered at once, all in the log in order
+    for i in range(10):
+        status, answer = http(
+            follower.addr, "/db/execute?queue", [["INSERT INTO veg VALUES (?)", f"q{i}"]]
+        )
+        assert status == 200 and answer["results"] == [] and answer["sequence_number"] >= 1
+    status, answer = http(
+        follower.addr, "/db/execute?queue&wait", ["INSERT INTO veg VALUES ('last')"]
+    )
+    assert status == 200 and answer["results"][0]["rows_affected"] == 1, answer
+    for replica in replicas:
+        status, rows = http(
+            replica.addr,
+            f"/db/query?level=none&min_position={answer['position']}&q=SELECT+count(*)+FROM+veg",
+        )
+        assert status == 200 and rows["results"][0]["values"] == [[13]], rows
+    status, answer = http(follower.addr, "/db/execute?queue", ["BEGIN"])
+    assert status == 400, answer
     # a snapshot on demand, asked of a follower, taken by the leader
     status, answer = http(follower.addr, "/snapshot", raw=b"")
     assert status == 200 and Position.parse(answer["position"]) >= Position.parse(written), answer
@@ -363,7 +381,7 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
     scratch = replicas[0].data_dir.parent / "vacuumed.sqlite"
     scratch.write_bytes(copy)
     with contextlib.closing(sqlite3.connect(scratch)) as vacuumed:
-        assert vacuumed.execute("SELECT count(*) FROM veg").fetchone() == (2,)
+        assert vacuumed.execute("SELECT count(*) FROM veg").fetchone() == (13,)
     with urllib.request.urlopen(f"{backup_url}?fmt=sql&tables=veg", timeout=60) as reply:
         text = reply.read().decode()
     assert "CREATE TABLE veg" in text and "'kale'" in text and "fruit" not in text, text

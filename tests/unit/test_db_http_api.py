@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -71,6 +72,8 @@ class StubReplica:
         self.barrier_takes_s = 0.0
         self.read_timeouts: list[float | None] = []
         self.sync_timeouts: list[float] = []
+        self.write_takes_s = 0.0
+        self.writes_done = 0
         self.synced = True
 
     async def members(self) -> list[tuple[str, str, bool]]:
@@ -97,9 +100,13 @@ class StubReplica:
         ]
 
     async def execute(
-        self, statements: list[Statement], *, transaction: bool, timeout_s: float | None
+        self, statements: list[Statement], *, transaction: bool, timeout_s: float | None = None
     ) -> WriteAnswer:
+        if statements[0].sql == "BEGIN":  # refused before anything is logged
+            raise BadRequestError("BEGIN is not allowed")
         self.write_timeouts.append(timeout_s)
+        await asyncio.sleep(self.write_takes_s)
+        self.writes_done += 1
         return WriteAnswer(Position(7, 4), [StatementResult(rows_affected=1, last_insert_id=1)])
 
     async def barrier(self, timeout_s: float | None = None) -> Position:
@@ -331,3 +338,35 @@ def test_db_http_nodes_and_readiness() -> None:
     answers = run(_ask(replica, requests[:3]))
     assert [status for status, _ in answers] == [503, 200, 503], answers
     assert "[-]leader ok" in answers[0][1]
+
+
+def test_db_http_queued_writes() -> None:
+    """rqlite's queue: answered with a sequence number before the write is confirmed;
+    with wait, once it is, with its results; refused statements still 400."""
+    replica = StubReplica()
+    replica.write_takes_s = 1.0
+    insert = ["INSERT INTO t VALUES (1)"]
+    started = time.monotonic()
+    answers = run(_ask(replica, [("POST", "/db/execute?queue", insert)] * 3))
+    assert time.monotonic() - started < 0.9  # none waited for its write
+    assert [a[1] for a in answers] == [{"results": [], "sequence_number": n} for n in (1, 2, 3)], (
+        answers
+    )
+    replica.write_takes_s = 0.2
+    answers = run(
+        _ask(
+            replica,
+            [
+                ("POST", "/db/execute?queue&wait", insert),
+                ("POST", "/db/execute?queue&wait&timeout=50ms", insert),
+                ("POST", "/db/execute?queue", ["BEGIN"]),
+                ("POST", "/db/execute?wait", insert),
+                ("POST", "/db/request?queue", ["SELECT 1"]),
+            ],
+        )
+    )
+    assert [a[0] for a in answers] == [200, 503, 400, 400, 400], answers
+    assert "writes" in answers[4][1]["error"]
+    assert answers[0][1]["sequence_number"] == 1 and answers[0][1]["position"] == "7:4"
+    assert answers[0][1]["results"] == [{"last_insert_id": 1, "rows_affected": 1}]
+    assert "BEGIN" in answers[2][1]["error"] and "queued" in answers[3][1]["error"]
