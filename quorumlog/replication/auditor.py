@@ -42,6 +42,7 @@ from quorumlog.meta.underreplication import (
 )
 from quorumlog.replication.audit import audit_ledger
 from quorumlog.replication.report import LedgerAudit
+from quorumlog.replication.waiting import wait_event
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -287,8 +288,7 @@ class Auditor:
             if pending is not None:
                 # A due bookie already marked stays due: look again at the check interval.
                 timeout = min(timeout, pending if pending > 0 else timeout)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.05, timeout))
+            await wait_event(self._wake, max(0.05, timeout))
 
     async def available_bookies(self) -> set[str]:
         """The registered bookies, writable and read-only, as the store holds them now.

@@ -28,6 +28,7 @@ from quorumlog.meta.store import SessionState
 from quorumlog.meta.underreplication import AUDITOR_ELECTION_GROUP
 from quorumlog.recipes.election import LeaderElection
 from quorumlog.replication.auditor import Auditor, AuditorConfig, AuditorStats
+from quorumlog.replication.waiting import wait_event
 from quorumlog.replication.worker import ReplicationWorker, WorkerConfig, WorkerStats
 from quorumlog.security.tls import TlsFiles
 
@@ -93,8 +94,7 @@ class AutoRecovery:
             except BKError as exc:
                 log.warning("autorecovery: %s; starting again", exc)
             if not self._stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), _RECONNECT_PAUSE_S)
+                await wait_event(self._stop, _RECONNECT_PAUSE_S)
 
     async def _session(self) -> None:
         client_config = ClientConfig(

@@ -47,6 +47,7 @@ from quorumlog.meta.underreplication import (
 )
 from quorumlog.replication.report import LedgerOutcome, LedgerReplication
 from quorumlog.replication.rereplicate import LEDGERS_IN_FLIGHT_DEFAULT, replicate_ledger
+from quorumlog.replication.waiting import wait_event
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -133,8 +134,7 @@ class ReplicationWorker:
                 self._wake.clear()
                 if await self.marks.is_enabled():
                     await self.pass_once()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.config.poll_interval_s)
+                await wait_event(self._wake, self.config.poll_interval_s)
         finally:
             for w in watches:
                 w.cancel()
