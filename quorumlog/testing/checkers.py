@@ -9,9 +9,17 @@ which rule a run broke and a person can read why.
 
 Rules (names used in violations):
 
-``R3-order``          confirmations came in entry-id order, without gaps
+``R3-order``          confirmations came in entry-id order, without gaps (but at adds
+                      whose owner gave up waiting: a cancelled future hears nothing)
 ``R4-tail``           a tailing reader read only at or below a LAC it had learnt, and
                       nothing past the recovered end
+``R1-shape``          a ledger of a shape other than E >= Qw >= Qa >= 1 is never created
+``R10-password``      an add or a fence with another master key is refused by a bookie
+                      that holds the ledger's key
+``R9-absence``        a bookie never answers "no such entry" (or ledger) for an entry it
+                      acknowledged: damage is an I/O error, never absence (R9, R17)
+``R4-lac``            a LAC a reader learnt from the bookies of an open ledger had been
+                      confirmed to the writer before (or was an add its owner gave up on)
 ``single-value``      never two values at one (ledger, entry), across every read
 ``R7-fencing``        nothing confirmed after a recovery's close lies beyond the closed
                       last entry
@@ -27,12 +35,16 @@ Rules (names used in violations):
                       in order, and after every record confirmed before it was appended
                       (whoever wrote it); a tailing reader saw a prefix of it
 ``bookie-restart``    a bookie whose disk lost no synced byte starts again after a crash
+``core-invariant``    a state machine of ``core/`` found its own invariant broken at the
+                      end of a step (LAC only rises, confirmations held while a failure
+                      or a close is under way, ...: ``quorumlog.core.invariants``)
 ``system-error``      the system raised where it must not (an assertion, a crash)
 ``liveness``          the run did not finish within its virtual-time budget
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -52,7 +64,11 @@ __all__ = [
 
 RULES = (
     "R3-order",
+    "R1-shape",
+    "R10-password",
+    "R9-absence",
     "R4-tail",
+    "R4-lac",
     "single-value",
     "R7-fencing",
     "R8-durability",
@@ -62,6 +78,7 @@ RULES = (
     "R3-replicas",
     "R11-log",
     "bookie-restart",
+    "core-invariant",
     "system-error",
     "liveness",
 )
@@ -97,6 +114,10 @@ class LedgerHistory:
     read_past_end: bool = False
     # confirmed entry id -> bookies of its write set holding it (bookies' storage, at the end)
     replicas: dict[int, int] = field(default_factory=dict)
+    # entries whose owner gave up waiting (a cancelled future): their outcome is unknown
+    cancelled: set[int] = field(default_factory=set)
+    # (reader, LAC, order) of each LAC a reader learnt from the bookies, the ledger open
+    lacs: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -124,6 +145,10 @@ class RunHistory:
     logs: list[LogHistory] = field(default_factory=list)
     system_errors: list[str] = field(default_factory=list)
     refused_starts: list[str] = field(default_factory=list)  # nodes with sound disks
+    # (rule, what) seen as it happened: what the system accepted that a rule says it
+    # refuses (R1 shapes, R10 keys), an absence a bookie answered for what it
+    # acknowledged (R9, R17)
+    wrongly_accepted: list[tuple[str, str]] = field(default_factory=list)
     unfinished: str = ""
     virtual_s: float = 0.0  # how long the run took in virtual time
     faults: dict[str, int] = field(default_factory=dict)  # what the nemesis did, counted
@@ -143,6 +168,7 @@ def check_ledger_history(h: LedgerHistory, limit: int = 10) -> list[Violation]:
     """The rules of one ledger (module docstring); at most ``limit`` violations."""
     confirmed_ids = [entry_id for entry_id, _, _ in h.confirmed]
     out = _order_violations(h, confirmed_ids)
+    out += _lac_violations(h)
     out += _single_value_violations(h)
     out += _close_violations(h)
     if h.final_error:
@@ -166,8 +192,15 @@ def check_ledger_history(h: LedgerHistory, limit: int = 10) -> list[Violation]:
 
 
 def _order_violations(h: LedgerHistory, confirmed_ids: list[int]) -> list[Violation]:
-    """R3-order: confirmations came in entry-id order, without gaps."""
+    """R3-order: confirmations came in entry-id order, without gaps but at entries
+    whose owner gave up waiting (a cancelled future hears nothing)."""
     if confirmed_ids == list(range(len(confirmed_ids))):
+        return []
+    if (
+        h.cancelled
+        and all(a < b for a, b in itertools.pairwise(confirmed_ids))
+        and set(range(confirmed_ids[-1] + 1)) - set(confirmed_ids) <= h.cancelled
+    ):
         return []
     return [
         Violation(
@@ -175,6 +208,32 @@ def _order_violations(h: LedgerHistory, confirmed_ids: list[int]) -> list[Violat
             f"ledger {h.ledger_id}: confirmations out of order: {confirmed_ids[:20]}",
         )
     ]
+
+
+def _lac_violations(h: LedgerHistory) -> list[Violation]:
+    """R4-lac: the writer piggybacks only what it confirmed, so a LAC learnt from the
+    bookies of an open ledger was confirmed to the writer before the reader learnt it
+    (every entry above the writer's last confirmation then being one whose owner gave
+    up waiting: its confirmation, if any, was not told)."""
+    if not h.lacs:
+        return []
+    confirmations = sorted((order, entry_id) for entry_id, _, order in h.confirmed)
+    for reader, lac, order in h.lacs:
+        known = -1
+        for confirmed_order, entry_id in confirmations:
+            if confirmed_order > order:
+                break
+            known = max(known, entry_id)
+        if all(e in h.cancelled for e in range(known + 1, lac + 1)):
+            continue
+        return [
+            Violation(
+                "R4-lac",
+                f"ledger {h.ledger_id}: {reader} learnt LAC {lac} from the bookies when the "
+                f"writer had confirmed up to {known}",
+            )
+        ]
+    return []
 
 
 def _single_value_violations(h: LedgerHistory) -> list[Violation]:
@@ -352,8 +411,13 @@ def check_run(run: RunHistory) -> list[Violation]:
     out: list[Violation] = []
     if run.unfinished:
         out.append(Violation("liveness", run.unfinished))
-    out += [Violation("system-error", e) for e in run.system_errors[:5]]
+    for error in run.system_errors[:5]:
+        # The core's own checks at the end of each step (quorumlog.core.invariants)
+        # name a broken protocol invariant, not merely an exception.
+        rule = "core-invariant" if "CoreInvariantError" in error else "system-error"
+        out.append(Violation(rule, error))
     out += [Violation("bookie-restart", e) for e in run.refused_starts]
+    out += [Violation(rule, what) for rule, what in run.wrongly_accepted[:5]]
     for ledger in run.ledgers:
         out += check_ledger_history(ledger)
     for log in run.logs:

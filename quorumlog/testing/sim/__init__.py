@@ -12,6 +12,7 @@ One seed drives one run, replayable exactly:
   (the real codec, per-connection order, delays, drops, partitions) and
   :class:`Cluster` (nodes, network, metadata and clients together);
 - :mod:`.nemesis`: faults drawn from the seed;
+- :mod:`.autorecovery`: bookies lost for good, and autorecovery repairing them;
 - :mod:`.workloads`: what the clients do, and what they were told (the history);
 - :mod:`quorumlog.testing.checkers`: the rules, checked on the history, apart from
   the system.

@@ -29,10 +29,19 @@ from quorumlog.bookie.bookie import Bookie, BookieStartError
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.connection import ConnectionPool, request_future
-from quorumlog.errors import BKError, BookieUnavailableError, TimeoutError_
+from quorumlog.errors import BKError, BookieUnavailableError, Status, TimeoutError_
 from quorumlog.log.bookkeeper import BookKeeper as LogBookKeeper
 from quorumlog.meta.bookies import BookieRegistry
-from quorumlog.proto.codec import Message, Request, Response, decode_message, encode_parts
+from quorumlog.proto.codec import (
+    AddRequest,
+    Message,
+    ReadFlag,
+    ReadRequest,
+    Request,
+    Response,
+    decode_message,
+    encode_parts,
+)
 from quorumlog.server.gc import StoreGcMetadata, collect_once
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree, MetadataFaults
 from quorumlog.testing.sim.disk import PowerLoss, SimDisk
@@ -98,6 +107,9 @@ class _Link:
 
 
 _FRAME_HEADER = struct.Struct(">IBBQ")  # length, version, op, request id
+_ENTRY_IDS = struct.Struct(">qq")  # an entry blob's ledger id and entry id
+_OK = Status.OK
+_ABSENT = (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
 
 
 def _roundtrip(message: Message) -> Message:
@@ -161,6 +173,14 @@ class BookieNode:
         self.restarts = 0
         self.powered_off = False  # down by a power loss: the machine does not answer at all
         self.lost_for_good = False  # never restarted (its disk stays for the checker)
+        self.broken_invariants: list[str] = []  # what its halts said (each a defect)
+        # What any of its processes acknowledged (ledger id -> entry ids), and each
+        # answer of absence for something in there (R9, R17: a defect).
+        self.acknowledged: dict[int, set[int]] = {}
+        self.false_absences: list[str] = []
+        # Asked before each answer this bookie sends whether it goes out (False: the
+        # process died right after the previous one); None on the usual path.
+        self.on_answer: Callable[[BookieNode, Request, Response], bool] | None = None
 
     @property
     def up(self) -> bool:
@@ -179,7 +199,12 @@ class BookieNode:
         files = self.disk.files()
         self._executors = []
         try:
-            bookie = Bookie.open(self.config, files=files, workers=self._worker)
+            bookie = Bookie.open(
+                self.config,
+                files=files,
+                workers=self._worker,
+                on_broken_invariant=self._broken_invariant,
+            )
             await bookie.start(self.loop)
         except BookieStartError as exc:
             self.disk.crash()
@@ -203,6 +228,14 @@ class BookieNode:
             self._gc_task = self.loop.create_task(self._gc_loop(self.incarnation))
         return True
 
+    def _broken_invariant(self, message: str) -> None:
+        """The bookie found a state that cannot be: a real one ends its process (status
+        70, as a crash); here the message is kept for the checker (a system error) and
+        the process dies on the next loop turn, to be restarted like any crashed one."""
+        self.broken_invariants.append(message)
+        self.trace(self.address, "BROKEN INVARIANT: %s", message)
+        self.loop.call_soon(self.kill)
+
     def receive(self, request: Request, answer: Callable[[Response], None]) -> None:
         """A request arrives at the bookie process (or waits, if it is paused)."""
         if self.state == "paused":
@@ -211,10 +244,20 @@ class BookieNode:
         if self.state != "up" or self.bookie is None:
             return
         incarnation = self.incarnation
+        ask = self.on_answer
+        if ask is not None:
+            send = answer
+
+            def answer(response: Response) -> None:
+                if ask(self, request, response):
+                    send(response)
 
         def respond(response: Response) -> None:
             if self.incarnation != incarnation:
                 return  # a dead process says nothing
+            kind = type(request)
+            if kind is AddRequest or kind is ReadRequest:
+                self._judge(request, response)
             if self.state == "paused":
                 self._held.append(lambda: answer(response))
                 return
@@ -222,6 +265,26 @@ class BookieNode:
 
         with contextlib.suppress(PowerLoss):  # the power went while it handled the request
             self.bookie.submit(request, respond)
+
+    def _judge(self, request: Any, response: Response) -> None:
+        """R9, R17: remember what this bookie acknowledged (durable, R2); an answer of
+        absence for one of those entries is a defect."""
+        status = response.status
+        if type(request) is AddRequest:
+            if status == _OK:
+                unpack = _ENTRY_IDS.unpack_from
+                for blob in request.entries:
+                    ledger_id, entry_id = unpack(blob)
+                    self.acknowledged.setdefault(ledger_id, set()).add(entry_id)
+            return
+        if status not in _ABSENT or request.flags & ReadFlag.LONG_POLL:
+            return
+        held = self.acknowledged.get(request.ledger_id)
+        if held and (status == Status.NO_SUCH_LEDGER or request.first_entry_id in held):
+            self.false_absences.append(
+                f"{self.address} answered {Status(status).name} for ledger "
+                f"{request.ledger_id} entry {request.first_entry_id}, which it acknowledged"
+            )
 
     # ------------------------------------------------------------ faults
 
@@ -683,11 +746,18 @@ class Cluster:
         return self.network.nodes[address]
 
     async def start(self) -> None:
-        """Start every bookie and register it (the registry does not change afterwards)."""
-        registry = BookieRegistry(MemoryStore(self.tree))
+        """Start every bookie and register it. The registrations stay (a bookie restarts
+        within its session's timeout), but a bookie lost for good loses its own
+        (:meth:`expire_registration`)."""
+        registry = self._registry = BookieRegistry(MemoryStore(self.tree))
         for node in self.nodes:
             await node.start()
             await registry.register(node.address)
+
+    async def expire_registration(self, address: str) -> None:
+        """The session of a bookie that is gone expires: its registration goes."""
+        await self._registry.unregister(address)
+        self.trace(address, "registration expired")
 
     def client(
         self,
@@ -696,9 +766,11 @@ class Cluster:
         config: ClientConfig | None = None,
         metadata_faults: MetadataFaults | None = None,
         kind: type[Any] | None = None,
+        rng: random.Random | None = None,
     ) -> Any:
         """A new client (``kind``: the BookKeeper class, the log streams' by default) with
-        its own metadata session and connections, named for partitions and the trace."""
+        its own metadata session and connections, named for partitions and the trace.
+        Its random source is drawn from the cluster's, unless ``rng`` is given."""
         if name is None:
             self._client_count += 1
             name = f"client{self._client_count}"
@@ -712,7 +784,7 @@ class Cluster:
             config or SIM_CONFIG,
             # The simulator's pool stands in for the client's: same calls, no sockets.
             pool=cast(ConnectionPool, self.network.pool(name)),
-            rng=random.Random(self.rng.random()),
+            rng=rng if rng is not None else random.Random(self.rng.random()),
         )
         self.names[id(bk)] = name
         self.clients.append(bk)

@@ -13,7 +13,13 @@ of virtual time and undoes it later:
 - disk faults: a sync that fails (its pages lost), a full disk (ENOSPC), a bit
   flipped in a stored journal or entry-log record;
 - a bookie lost for good (its machine gone: killed and never restarted), which a
-  recovery with Qa = Qw can only get past by replacing it;
+  recovery with Qa = Qw can only get past by replacing it; its registration expires
+  with its session soon after, so placement stops choosing it (:meth:`Nemesis.lose`);
+  a second one may follow once autorecovery repaired the first
+  (:mod:`~quorumlog.testing.sim.autorecovery`);
+- replacements that die part-way (:class:`ReplacementDeaths`): a bookie a writer's
+  ensemble change, a recovery or a re-replication chose acknowledges a few adds and
+  dies, from a generator of its own;
 - the metadata store: writes applied with their reply lost (R13), failed calls,
   slow replies, expired sessions;
 - a stale listing: the bookies' garbage collection reads from a server that lags (a
@@ -30,9 +36,11 @@ most Qa - 1 of them, so that every confirmed entry keeps a sound copy, and at mo
 Qw - Qa, so that a recovery can still write each entry to Qa bookies of its write
 set without replacing a bookie. A bookie lost for good is the one bookie a run may
 damage instead (Qa >= 2, so a sound copy and enough answers to fence and to find the
-end are left; E <= 3, so that two of the five bookies can replace it). Beyond that,
-losing a confirmed entry or never closing the ledger is what the fault model allows,
-not a defect. :meth:`Nemesis.heal` ends every fault and restarts every bookie that
+end are left; E <= 3, so that two of the five bookies can replace it). A second one
+may go only once the system says the first is repaired (no under-replication mark
+left, no ledger naming it): then every confirmed entry has a sound copy again. Beyond
+that, losing a confirmed entry or never closing the ledger is what the fault model
+allows, not a defect. :meth:`Nemesis.heal` ends every fault and restarts every bookie that
 is down, paused or refusing adds, except one lost for good, so that the checker's
 own recovery at the end can run.
 """
@@ -46,10 +54,17 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from quorumlog.errors import Status
+from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.meta.ledgers import LEDGERS_PATH
+from quorumlog.proto.codec import AddFlag, AddRequest, AddResponse, Request, Response
 from quorumlog.testing.memory_store import MetadataFaults, StaleReads
 from quorumlog.testing.sim.cluster import BookieNode, Cluster
 
-__all__ = ["Nemesis", "NemesisPlan"]
+__all__ = ["REGISTRATION_EXPIRY_S", "Nemesis", "NemesisPlan", "ReplacementDeaths"]
+
+# How long after a bookie is lost for good its registration goes (its session's timeout).
+REGISTRATION_EXPIRY_S = 0.1
 
 
 @dataclass
@@ -161,6 +176,9 @@ class Nemesis:
         self._tasks: set[asyncio.Task[object]] = set()
         self._healing = False
         self.flipped: set[str] = set()  # nodes with a flipped bit on their disk
+        # Told of each bookie lost for good (Losses keeps the run's damageable set).
+        self.on_lost: list[Callable[[BookieNode], None]] = []
+        self.deaths: ReplacementDeaths | None = None
         cluster.on_down.append(self._node_went_down)
 
     def lag_gc_sessions(self, rng: random.Random) -> None:
@@ -341,10 +359,22 @@ class Nemesis:
         node = self.cluster.node(address)
         if node.lost_for_good:
             return
-        node.lost_for_good = True
         self.counts["lose_for_good"] += 1
-        self.trace(node.address, "LOST FOR GOOD (never restarted)")
-        node.power_loss()  # its machine is gone: no reset, no answer
+        self.lose(node, "LOST FOR GOOD (never restarted)")
+
+    def lose(self, node: BookieNode, why: str) -> None:
+        """``node``'s machine is gone for good: no reset, no answer, never restarted; its
+        metadata session expires after a while, and its registration with it."""
+        node.lost_for_good = True
+        self.trace(node.address, why)
+        node.power_loss()
+        self._spawn(self._expire_registration(node.address))
+        for listener in self.on_lost:
+            listener(node)
+
+    async def _expire_registration(self, address: str) -> None:
+        await asyncio.sleep(REGISTRATION_EXPIRY_S)
+        await self.cluster.expire_registration(address)
 
     def _session_expiry(self) -> None:
         candidates = [n for n in self.clients if n in self.cluster.stores]
@@ -361,6 +391,8 @@ class Nemesis:
     async def heal(self) -> None:
         """End every fault; restart every bookie that is down, paused or refusing adds."""
         self._healing = True
+        if self.deaths is not None:
+            self.deaths.disarm()
         for handle in self._undo:
             handle.cancel()
         self._undo.clear()
@@ -392,3 +424,99 @@ class Nemesis:
             if node.state == "down" or (bookie is not None and bookie.read_only):
                 await node.restart(last_try=True)
         self.trace("nemesis", "healed: %s", dict(self.counts))
+
+
+class ReplacementDeaths:
+    """Replacement bookies that die part-way: a bookie taking a ledger's adds though it
+    is not in the ledger's first ensemble (a writer's ensemble change put it there, or a
+    recovery's, or a re-replication copies to it) acknowledges a few of them, then is
+    killed or loses power, and is restarted later like any crashed bookie. The writer,
+    the recovery or the copy must then choose another one, with part of the entries on
+    the dead one. Drawn from a generator of its own (``"<seed>:replacement deaths"``),
+    so that the seed's other draws stay as they were."""
+
+    def __init__(self, nemesis: Nemesis, rng: random.Random, deaths: int) -> None:
+        self.nemesis = nemesis
+        self.rng = rng
+        self.left = deaths
+        self.killed = 0
+        self._first_ensembles: dict[int, tuple[str, ...] | None] = {}
+        self._acks: Counter[tuple[str, int]] = Counter()
+        self._after: dict[tuple[str, int], int] = {}
+        self._dying: set[str] = set()  # sent their last answer; killed on the next turn
+
+    @classmethod
+    def draw(
+        cls, nemesis: Nemesis, rng: random.Random, probability: float = 0.25
+    ) -> ReplacementDeaths | None:
+        """In some runs (``probability``, not calm ones): one or two deaths."""
+        if nemesis.deaths is not None or not nemesis.plan.kinds() or rng.random() >= probability:
+            return None
+        deaths = cls(nemesis, rng, rng.choice([1, 1, 2]))
+        nemesis.deaths = deaths
+        for node in nemesis.cluster.nodes:
+            node.on_answer = deaths._answered
+        return deaths
+
+    def disarm(self) -> None:
+        for node in self.nemesis.cluster.nodes:
+            node.on_answer = None
+
+    def _first_ensemble(self, ledger_id: int) -> tuple[str, ...] | None:
+        if ledger_id not in self._first_ensembles:
+            node = self.nemesis.cluster.tree.nodes.get(f"{LEDGERS_PATH}/{ledger_id}")
+            first = None
+            if node is not None:
+                first = tuple(LedgerMetadata.from_bytes(node.data).ensembles[0][1])
+            self._first_ensembles[ledger_id] = first
+        return self._first_ensembles[ledger_id]
+
+    def _answered(self, node: BookieNode, request: Request, response: Response) -> bool:
+        """Whether this answer goes out: not once the bookie is dying (it sent its last
+        acknowledgement, and the kill comes before the next loop turn)."""
+        if node.address in self._dying:
+            return False
+        if (
+            type(request) is not AddRequest
+            or not isinstance(response, AddResponse)
+            or response.status != Status.OK
+            or node.state != "up"
+            or node.lost_for_good
+            or self.left <= 0
+        ):
+            return True
+        ledger_id = request.ledger_id
+        first = self._first_ensemble(ledger_id)
+        if first is None or node.address in first:
+            return True
+        key = (node.address, ledger_id)
+        self._acks[key] += len(request.entries)
+        if request.flags & AddFlag.RECOVERY:
+            self.nemesis.counts["replacement_recovery_adds"] += 1
+        after = self._after.setdefault(key, self.rng.randint(1, 4))
+        if self._acks[key] < after:
+            return True
+        self.left -= 1
+        self._dying.add(node.address)
+        power = self.rng.random() < 0.5
+        self.nemesis.loop.call_soon(self._die, node, ledger_id, power)
+        return True
+
+    def _die(self, node: BookieNode, ledger_id: int, power: bool) -> None:
+        self._dying.discard(node.address)
+        if self.left <= 0 and not self._dying:
+            self.disarm()
+        if node.state != "up" or node.lost_for_good or self.nemesis._healing:
+            return
+        self.killed += 1
+        self.nemesis.counts["replacement_deaths"] += 1
+        self.nemesis.trace(
+            node.address,
+            "a replacement in ledger %d dies after %d acknowledged entries",
+            ledger_id,
+            self._acks[(node.address, ledger_id)],
+        )
+        if power:
+            node.power_loss()
+        else:
+            node.kill()

@@ -12,13 +12,24 @@ Workloads:
 ``ledger``  one ledger of a random shape (Qa < Qw or Qa = Qw, striping when E > Qw):
             a writer pipelines entries, a reader tails the LAC, then one to three
             clients recover it at once while the old writer (a zombie) keeps adding;
-            sometimes the writer closes it first.
+            sometimes the writer closes it first, or closes it with adds in flight
+            while the recoveries run, and gives up on the close or on some adds after
+            a short wait (a cancelled future, as ``asyncio.wait_for`` leaves it); in
+            some rounds a client without the password knocks at its bookies (R10),
+            and every round first asks for ledgers of shapes R1 forbids.
 ``race``    two to four ledgers in a row, each recovered while its writer is busy (or
             stalled, its adds sent after the recovery, sometimes after the bookies that
             fenced the ledger restarted), on a lossy network with slow links: the
             interleavings of fencing, recovery reads and a live writer's adds.
 ``log``     a log stream with small rollovers: one to three writers take it from each
-            other (R11), a reader tails it.
+            other (R11), a reader tails it; some appends are given up on after a
+            short wait.
+
+In the ledger and log workloads a bookie may be lost for good, and autorecovery
+(the auditor and replication workers, :mod:`.autorecovery`) then copies its share
+while the writer and the recoveries go on; a second bookie may go once the first is
+repaired. In some runs the clients' metadata sessions read from lagging servers
+(stale reads until ``sync()``, late watch events), as ZooKeeper's followers do.
 
 Nothing that goes wrong inside a run escapes as a harness error: an exception in
 the system, a hang past the virtual-time budget, or a failure of the final
@@ -33,21 +44,25 @@ import functools
 import itertools
 import logging
 import random
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any
 
 from quorumlog.client.bookkeeper import BookKeeper
-from quorumlog.core.quorum import write_set
-from quorumlog.errors import BKError, NoSuchEntryError
+from quorumlog.errors import BKError, InvalidArgumentError, NoSuchEntryError, Status
 from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogFencedError
 from quorumlog.log.position import Position
-from quorumlog.proto.codec import AddRequest, FenceRequest
+from quorumlog.proto.codec import AddRequest, FenceRequest, ReadRequest
+from quorumlog.proto.entry import master_key
 from quorumlog.testing.checkers import LedgerHistory, LogHistory, RunHistory
+from quorumlog.testing.memory_store import StaleReads
+from quorumlog.testing.raw_client import make_entry
+from quorumlog.testing.sim.autorecovery import Losses, LossPlan
 from quorumlog.testing.sim.cluster import Cluster, NetworkFaults, Trace
 from quorumlog.testing.sim.disk import PowerLoss
 from quorumlog.testing.sim.loop import VirtualTimeLoop
-from quorumlog.testing.sim.nemesis import Nemesis, NemesisPlan
+from quorumlog.testing.sim.nemesis import Nemesis, NemesisPlan, ReplacementDeaths
 
 __all__ = ["BUDGET_S", "WORKLOADS", "run_seed"]
 
@@ -68,6 +83,10 @@ SHAPES = (
     (2, 1, 1),
 )
 STUCK_S = 20.0  # an operation unanswered this long: the workload stops waiting for it
+# How far behind the other sessions a lagging client's server may be (StaleReads).
+CLIENT_MAX_LAG_S = 0.5
+# After healing, how long losses and their repairs may still go on (virtual seconds).
+LOSSES_AFTER_HEAL_S = 6.0
 BUDGET_S = 120.0  # virtual seconds a run may take before it counts as hung (most take 1-10)
 PASSWORD = b"pw"
 
@@ -92,6 +111,18 @@ class _Run:
         self.cluster_rng = random.Random(self.rng.random())
         self.cluster: Cluster  # made on the loop (its stores need it)
         self.damageable: set[str] = set()  # bookies the nemesis may damage for good
+        self.nemeses: list[Nemesis] = []
+        self.losses: Losses | None = None
+        # Lagging servers for the clients' sessions (ZooKeeper followers behind the
+        # quorum), in some runs: drawn from a generator of its own.
+        self.lag_rng = random.Random(f"{seed}:client lag")
+        self.client_lag: tuple[float, float] | None = None  # (catch-up chance, watch delay)
+        if self.lag_rng.random() < 0.3:
+            self.client_lag = (
+                self.lag_rng.choice([0.05, 0.2, 0.5]),
+                self.lag_rng.choice([0.0, 5.0, 30.0]),
+            )
+        self.counts: Counter[str] = Counter()  # what the workloads' clients did
 
     def shape(self) -> tuple[int, int, int]:
         return self.rng.choice(SHAPES)
@@ -107,12 +138,54 @@ class _Run:
         stale = random.Random(f"{self.seed}:stale listing")
         plan.draw_stale_listing(stale)
         nemesis.lag_gc_sessions(stale)
+        self.deaths_rng = random.Random(f"{self.seed}:replacement deaths")
+        ReplacementDeaths.draw(nemesis, self.deaths_rng)
+        self.nemeses.append(nemesis)
         return nemesis
 
     def client(self, name: str, nemesis: Nemesis, kind: type[Any] | None = None) -> Any:
         faults = nemesis.plan.metadata_faults(self.rng)
         nemesis.clients.append(name)
-        return self.cluster.client(name, metadata_faults=faults, kind=kind)
+        bk = self.cluster.client(name, metadata_faults=faults, kind=kind)
+        self._lag(name)
+        return bk
+
+    def _lag(self, name: str) -> None:
+        if self.client_lag is not None:
+            catch_up, watch_delay_ms = self.client_lag
+            self.cluster.stores[name].stale = StaleReads(
+                random.Random(self.lag_rng.random()),
+                catch_up_probability=catch_up,
+                watch_delay_ms=watch_delay_ms,
+                max_lag_s=CLIENT_MAX_LAG_S,
+            )
+
+    def lose_and_repair(self, nemesis: Nemesis, shape: tuple[int, int, int]) -> Losses:
+        """The losses for good of this run, and autorecovery: from generators of their
+        own, so that the seed's other draws stay as they were."""
+        rng = random.Random(f"{self.seed}:losses")
+        plan = nemesis.plan
+        allowed = bool(plan.kinds()) and not plan.bit_flip
+        loss_plan = LossPlan.draw(rng, shape, plan.lose_for_good is not None, allowed)
+        if loss_plan.first_at_ms is not None or loss_plan.autorecovery:
+            self.trace("nemesis", "losses: %s", loss_plan.kinds())
+        if loss_plan.first_at_ms is not None or plan.lose_for_good is not None:
+            # A bookie lost for good makes recoveries replace it: their replacements die
+            # more often (another draw of the same generator).
+            ReplacementDeaths.draw(nemesis, self.deaths_rng, 0.5)
+
+        def client(name: str) -> Any:
+            faults = plan.metadata_faults(rng)
+            bk = self.cluster.client(
+                name, metadata_faults=faults, kind=BookKeeper, rng=random.Random(rng.random())
+            )
+            self._lag(name)
+            return bk
+
+        self.losses = Losses(
+            nemesis, loss_plan, rng, client, self.damageable, PASSWORD, CLIENT_MAX_LAG_S
+        )
+        return self.losses
 
 
 def _payload(seed: int, who: str, n: int) -> bytes:
@@ -130,9 +203,13 @@ async def _ledger_workload(run: _Run) -> None:
     shape = run.shape()
     nemesis = run.nemesis(shape)
     fault_period = asyncio.ensure_future(nemesis.run(run.rng.uniform(0.02, 0.3)))
+    losses = run.lose_and_repair(nemesis, shape)
+    if losses.active:
+        losses.start(nemesis.plan.lose_for_good)
     lh = await _ledger_round(run, nemesis, shape, "", Race(run.rng))
     await fault_period
     await nemesis.heal()
+    await losses.finish(LOSSES_AFTER_HEAL_S)
     await asyncio.sleep(0.6)  # the zombie's last adds settle (an add times out in 0.5 s)
     if lh is not None:
         await _final_ledger_check(run, lh)
@@ -209,6 +286,7 @@ async def _ledger_round(
     ensemble, write_quorum, ack_quorum = shape
     writer_name = f"writer{tag}"
     writer_bk = run.client(writer_name, nemesis, BookKeeper)
+    await _create_refuses_a_bad_shape(run, writer_bk, shape)
     handle = None
     for _ in range(20):
         try:
@@ -226,6 +304,26 @@ async def _ledger_round(
     run.trace(writer_name, "created ledger %d with E=%d Qw=%d Qa=%d", lh.ledger_id, *shape)
     await _LedgerRound(run, nemesis, tag, race, writer_name, handle, lh).play()
     return lh
+
+
+async def _create_refuses_a_bad_shape(
+    run: _Run, bk: BookKeeper, shape: tuple[int, int, int]
+) -> None:
+    """R1: a creation with Qw > E, or Qa > Qw, fails (before it touches anything)."""
+    ensemble, write_quorum, _ = shape
+    for bad in ((ensemble, ensemble + 1, 1), (ensemble, write_quorum, write_quorum + 1)):
+        try:
+            handle = await bk.create_ledger(*bad, password=PASSWORD)
+        except InvalidArgumentError:
+            continue
+        except BKError as exc:
+            run.history.wrongly_accepted.append(
+                ("R1-shape", f"creating a ledger of shape {bad} failed otherwise: {exc}")
+            )
+            continue
+        run.history.wrongly_accepted.append(
+            ("R1-shape", f"ledger {handle.ledger_id} was created with shape {bad}")
+        )
 
 
 class _LedgerRound:
@@ -251,11 +349,13 @@ class _LedgerRound:
         self.lh = lh
         self.next_id = 0
         self.recoverers = [f"recoverer{tag}-{i}" for i in range(race.recoverers)]
+        self.owner = _Owner(random.Random(f"{run.seed}:{tag}:owner"))
 
     async def play(self) -> None:
         run, race, rng = self.run, self.race, self.run.rng
         tailer = asyncio.ensure_future(self.tail())
         await self.write(race.first_burst)
+        intruder = asyncio.ensure_future(self.intrude())
         if not race.racing:
             await _lose_a_change_reply(run, self.writer_name, self.handle, self.tag, self.write)
         if race.quiet:  # nothing in flight: it hears of the recovery only when it adds again
@@ -269,6 +369,48 @@ class _LedgerRound:
         recovering = asyncio.ensure_future(self.recoveries())
         await asyncio.gather(recovering, self.zombie_writes(recovering))
         await tailer
+        await intruder
+
+    async def intrude(self) -> None:
+        """R10: in some rounds (drawn from a generator of its own), a client that does
+        not know the password fences the ledger and overwrites its first entry, on each
+        bookie that holds the ledger's key. Every answer must be a refusal; an OK from
+        the same bookie process is a violation."""
+        run, lh = self.run, self.lh
+        rng = random.Random(f"{run.seed}:{self.tag}:intruder")
+        if rng.random() >= 0.3:
+            return
+        await asyncio.sleep(rng.uniform(0, 0.01))
+        name = f"intruder{self.tag}"
+        pool = run.cluster.network.pool(name)
+        key, wrong = master_key(PASSWORD), master_key(b"not the password")
+        blob = make_entry(lh.ledger_id, 0, b"intruder", password=b"not the password")
+        asked = []
+        for address in self.handle.metadata.ensembles[0][1]:
+            node = run.cluster.node(address)
+            st = node.bookie.state(lh.ledger_id) if node.bookie is not None else None
+            if node.state != "up" or st is None or st.master_key != key:
+                continue
+            for request in (
+                AddRequest(0, lh.ledger_id, wrong, [blob]),
+                FenceRequest(0, lh.ledger_id, wrong),
+            ):
+                future = pool.request(address, request, 500)
+                asked.append((node, node.incarnation, request, future))
+                run.counts["wrong_key_requests"] += 1
+        for node, incarnation, request, future in asked:
+            try:
+                response = await future
+            except BKError:
+                continue  # lost or timed out: nothing to judge
+            if response.status == Status.OK and node.incarnation == incarnation:
+                run.history.wrongly_accepted.append(
+                    (
+                        "R10-password",
+                        f"{node.address} accepted a {type(request).__name__} for ledger "
+                        f"{lh.ledger_id} with another master key",
+                    )
+                )
 
     def confirmed(self, expected: int, future: asyncio.Future[int]) -> None:
         if future.cancelled() or future.exception() is not None:
@@ -292,11 +434,22 @@ class _LedgerRound:
                 return
             self.lh.written[self.next_id] = payload
             future.add_done_callback(functools.partial(self.confirmed, self.next_id))
+            give_up_ms = self.owner.give_up_ms()
+            if give_up_ms is not None:
+                run.loop.call_later(give_up_ms / 1000, self.give_up, self.next_id, future)
             self.next_id += 1
             if race.pace_ms:
                 await asyncio.sleep(run.rng.uniform(0, race.pace_ms) / 1000)
             elif handle.outstanding_adds >= 50 or run.rng.random() < 0.3:
                 await asyncio.sleep(run.rng.uniform(0, 0.004))
+
+    def give_up(self, entry_id: int, future: asyncio.Future[int]) -> None:
+        """The add's owner stops waiting (its ``asyncio.wait_for`` timed out, which
+        cancels the future): the entry may or may not end up in the ledger."""
+        if not future.done():
+            future.cancel()
+            self.lh.cancelled.add(entry_id)
+            self.run.counts["adds_cancelled"] += 1
 
     async def tail(self) -> None:
         run, lh = self.run, self.lh
@@ -316,6 +469,8 @@ class _LedgerRound:
             await asyncio.sleep(run.rng.uniform(0.001, 0.01))
             try:
                 lac = await reader.read_last_add_confirmed()
+                if not reader.metadata.is_closed:  # else it is the metadata's last entry
+                    lh.lacs.append((name, lac, next(run.order)))
                 if lac >= next_entry:
                     for entry in await reader.read_entries(next_entry, lac):
                         lh.reads.append((name, entry.entry_id, entry.data, lac))
@@ -342,11 +497,17 @@ class _LedgerRound:
                         lh.reads.append((name, entry.entry_id, entry.data, None))
             return
 
-    async def close_writer(self) -> None:
+    async def close_writer(self, timeout_s: float = 30) -> None:
         run, handle = self.run, self.handle
+        if handle.outstanding_adds:
+            run.counts["closes_with_adds_in_flight"] += 1
         try:
-            await asyncio.wait_for(handle.close(), 30)
-        except (BKError, TimeoutError) as exc:
+            await asyncio.wait_for(handle.close(), timeout_s)
+        except TimeoutError:
+            run.counts["closes_timed_out"] += 1
+            run.trace(self.writer_name, "close unanswered in %.3f s: gave up waiting", timeout_s)
+            return
+        except BKError as exc:
             run.trace(self.writer_name, "close failed: %s", exc)
             return
         last = handle.metadata.last_entry_id
@@ -396,12 +557,33 @@ class _LedgerRound:
         if race.idle_ms:
             await asyncio.sleep(race.idle_ms / 1000)  # the racing entry is alone in flight
         await self.write(race.zombie_adds)
+        close_timeout_s = self.owner.close_timeout_s
+        if close_timeout_s is not None:
+            await self.close_writer(close_timeout_s)  # adds in flight, recoveries running
         if race.stalled:
             await asyncio.wait([recovering], timeout=run.rng.uniform(0.05, 0.3))
             if race.restart_fenced:
                 await _restart_nodes(run, self.handle.ensemble, race.power_loss)
             await asyncio.sleep(run.rng.uniform(0, 0.02))
             pool.resume()
+
+
+class _Owner:
+    """How a writer's owner treats its adds (drawn from a generator of its own, so that
+    the seed's other draws stay as they were): in some rounds it gives up on some adds
+    after a short wait (a cancelled future, as ``asyncio.wait_for`` leaves it), and
+    closes the ledger while adds are in flight and recoveries run, giving up on the
+    close too after a timeout."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.give_up_probability = rng.choice([0.0, 0.0, 0.05, 0.3])
+        self.close_timeout_s = rng.choice([0.002, 0.05, 30.0]) if rng.random() < 0.2 else None
+
+    def give_up_ms(self) -> float | None:
+        if self.give_up_probability and self.rng.random() < self.give_up_probability:
+            return self.rng.uniform(0, 4)
+        return None
 
 
 async def _lose_a_change_reply(
@@ -447,6 +629,10 @@ async def _lose_a_change_reply(
         net.set_link(writer_name, address, delay_ms=delay_ms)
 
 
+def _no_answer(response: Any) -> None:
+    return None
+
+
 def _replicas(run: _Run, metadata: Any, wanted: dict[int, bytes]) -> dict[int, int]:
     """How many bookies of each entry's write set (as the metadata records it) hold the
     entry's bytes: read from each bookie's storage directly, the ground truth a client
@@ -457,11 +643,17 @@ def _replicas(run: _Run, metadata: Any, wanted: dict[int, bytes]) -> dict[int, i
     for entry_id, data in wanted.items():
         ensemble = metadata.ensemble_for(entry_id)
         count = 0
-        for index in write_set(entry_id, metadata.ensemble_size, metadata.write_quorum):
+        # R1, as the rule says it (not the system's code): Qw bookies from e mod E on.
+        ensemble_size = metadata.ensemble_size
+        for index in [(entry_id + i) % ensemble_size for i in range(metadata.write_quorum)]:
             node = run.cluster.node(ensemble[index])
             bookie = node.bookie
             if node.address in run.damageable or node.state == "broken":
                 count += 1
+                if node.state == "up" and node.disk.bits_flipped:
+                    # Its copy may be damaged: it must say so, never "no such entry"
+                    # (R9; the node judges the answer).
+                    node.receive(ReadRequest(0, ledger_id, entry_id), _no_answer)
                 continue
             st = bookie.state(ledger_id) if bookie is not None else None
             if bookie is None or st is None:
@@ -562,15 +754,20 @@ class _LogStreamRun:
 
 async def _log_workload(run: _Run) -> None:
     rng = run.rng
-    stream = _LogStreamRun(run, run.shape())
+    shape = run.shape()
+    stream = _LogStreamRun(run, shape)
     writers = rng.randint(1, 3)
     appends = rng.randint(5, 40)
     stop = asyncio.Event()
     fault_period = asyncio.ensure_future(stream.nemesis.run(rng.uniform(0.02, 0.3)))
+    losses = run.lose_and_repair(stream.nemesis, shape)
+    if losses.active:
+        losses.start(stream.nemesis.plan.lose_for_good)
     tailer = asyncio.ensure_future(_tail_log(stream, stop))
     await asyncio.gather(*(_write_log(stream, f"writer{i}", appends) for i in range(writers)))
     await fault_period
     await stream.nemesis.heal()
+    await losses.finish(LOSSES_AFTER_HEAL_S)
     await asyncio.sleep(0.6)
     await _final_log_check(run, stream.history, stream.config)
     await asyncio.sleep(0.3)  # the reader catches up with the final log
@@ -586,6 +783,7 @@ async def _write_log(stream: _LogStreamRun, who: str, appends: int) -> None:
     if log is None:
         return
     sent = 0
+    owner = _AppendOwner(random.Random(f"{run.seed}:{who}:append timeouts"))
     for _ in range(30):  # terms: each open takes the log over
         if sent >= appends:
             return
@@ -601,7 +799,14 @@ async def _write_log(stream: _LogStreamRun, who: str, appends: int) -> None:
                 data = _payload(run.seed, who, sent)
                 sent += 1
                 history.sent[data] = next(run.order)
-                position = await asyncio.wait_for(writer.append(data), STUCK_S)
+                wait_s = owner.wait_s()
+                try:
+                    position = await asyncio.wait_for(writer.append(data), wait_s or STUCK_S)
+                except TimeoutError:
+                    if not wait_s:
+                        raise
+                    run.counts["log_appends_timed_out"] += 1
+                    continue  # given up on: the record may or may not be in the log
                 history.confirmed_at[data] = next(run.order)
                 records.append((position, data))
                 await asyncio.sleep(rng.uniform(0, 0.003))
@@ -613,6 +818,22 @@ async def _write_log(stream: _LogStreamRun, who: str, appends: int) -> None:
             run.trace(who, "append unanswered for %.0f s: this writer gives up", STUCK_S)
             return
         await asyncio.sleep(rng.uniform(0.005, 0.05))
+
+
+class _AppendOwner:
+    """In some runs a log writer's owner waits only a little for some appends
+    (``asyncio.wait_for``, which cancels the append's future) and goes on with the next
+    record: from a generator of its own, so that the seed's other draws stay as they
+    were."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.probability = rng.choice([0.0, 0.0, 0.1, 0.3])
+
+    def wait_s(self) -> float | None:
+        if self.probability and self.rng.random() < self.probability:
+            return self.rng.uniform(0.0005, 0.005)
+        return None
 
 
 async def _tail_log(stream: _LogStreamRun, stop: asyncio.Event) -> None:
@@ -732,6 +953,14 @@ async def _main(run: _Run) -> None:
         else:
             await _log_workload(run)
     finally:
+        run.history.system_errors += [
+            f"{n.address}: {message}" for n in cluster.nodes for message in n.broken_invariants
+        ]
+        run.history.wrongly_accepted += [
+            ("R9-absence", message) for n in cluster.nodes for message in n.false_absences[:1]
+        ]
+        if run.losses is not None:
+            run.history.system_errors += run.losses.errors
         run.history.refused_starts += [
             f"{n.address} refused to start though its disk lost no synced byte: {n.start_error}"
             for n in cluster.nodes
@@ -785,7 +1014,25 @@ def _counts(run: _Run) -> dict[str, int]:
     if not hasattr(run, "cluster"):
         return {}
     nodes = run.cluster.nodes
+    counts: Counter[str] = Counter()
+    for nemesis in run.nemeses:
+        counts.update(nemesis.counts)
+    if run.losses is not None:
+        counts.update(run.losses.counts)
+    counts.update(run.counts)
+    client_stores = list(run.cluster.stores.values())
+    for store in client_stores + [n.gc_store for n in nodes if n.gc_store is not None]:
+        faults = store.faults
+        if faults is not None:
+            counts["metadata_failed"] += faults.failed
+            for what in faults.unknown:
+                counts[f"metadata_unknown_{what.split(' ', 1)[0]}"] += 1
+    for store in client_stores:
+        if store.stale is not None:
+            counts["stale_client_reads"] += store.stale.stale_reads
+            counts["late_watch_events"] += store.stale.late_events
     return {
+        **counts,
         "crashes": sum(n.crashes for n in nodes),
         "restarts": sum(n.restarts for n in nodes),
         "power_losses": sum(n.disk.power_losses for n in nodes),
