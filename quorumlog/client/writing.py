@@ -663,7 +663,9 @@ class LedgerHandle(ReadHandle):
                 _awaitable(p.token) for p in self._tracker.outstanding() if p.token is not None
             ]
             if outstanding:
-                await asyncio.gather(*outstanding, return_exceptions=True)
+                # asyncio.wait, not gather: a caller that gives up on the close (cancels
+                # it) must leave the adds' futures alone; they belong to their owners.
+                await asyncio.wait(outstanding)
             if self._lac_timer is not None:
                 self._lac_timer.cancel()
                 self._lac_timer = None

@@ -150,3 +150,15 @@ def test_seed_6467_a_torn_unacknowledged_journal_batch_leaves_the_ledger_recover
     closing manifest whole, so the batch was torn and its entries are absent."""
     violations = check_run(run_seed(6467))
     assert not violations, violations
+
+
+@pytest.mark.parametrize("seed", [2441, 2563, 2939])
+def test_r4_giving_up_on_a_close_leaves_the_adds_to_their_owner(seed: int) -> None:
+    """The writer's owner gives up on close() after 2 ms (a cancellation, as
+    ``asyncio.wait_for`` does) while adds are in flight. close() waited for them with
+    ``asyncio.gather``, whose cancellation cancels every add's future: the owner heard
+    "cancelled" for adds it never gave up on, while the writer went on confirming them
+    and piggybacking the LAC, and a tailing reader learnt a LAC the owner was never told
+    (R4-lac; seed 2563: LAC 4 learnt, nothing confirmed)."""
+    violations = check_run(run_seed(seed))
+    assert not violations, violations
