@@ -23,6 +23,11 @@ from quorumlog.testing.sim.runner import run_seeds
 from quorumlog.testing.sim.workloads import run_seed
 
 SEEDS = int(os.environ.get("QUORUMLOG_SIM_SEEDS", "10000"))
+# Wall time the main test may take: a loaded machine runs fewer seeds, and says how many.
+# A quiet CI machine runs 10,000 in about 13 minutes (docs/TESTING.md); below
+# MIN_SEEDS within the budget the test fails rather than pass on a thin sample.
+BUDGET_S = float(os.environ.get("QUORUMLOG_SIM_BUDGET_S", "1500"))
+MIN_SEEDS = min(SEEDS, 2000)
 FIRST_SEED = int(os.environ.get("QUORUMLOG_SIM_FIRST_SEED", "0"))
 
 # Defects the simulator found whose fix lies outside the simulator, by their signature:
@@ -41,8 +46,12 @@ def _known(violations: list[Violation]) -> str | None:
 
 @pytest.mark.timeout(1800)  # thousands of seeds: longer than the suite's per-test bound
 def test_r3_r4_r7_r8_r11_hold_over_many_seeded_fault_schedules() -> None:
-    summary = run_seeds(range(FIRST_SEED, FIRST_SEED + SEEDS))
+    summary = run_seeds(range(FIRST_SEED, FIRST_SEED + SEEDS), budget_s=BUDGET_S)
     print(summary.text())
+    assert summary.seeds >= MIN_SEEDS, (
+        f"only {summary.seeds} seeds within the {BUDGET_S:.0f} s budget: the machine is "
+        f"too loaded for a meaningful run ({summary.seeds_per_minute:.0f} seeds/min)"
+    )
     unknown = {s: v for s, v in summary.failures.items() if not _known(v)}
     for seed, violations in sorted(summary.failures.items()):
         if seed not in unknown:
@@ -86,7 +95,7 @@ def test_r3_r4_r7_r8_r11_hold_over_many_seeded_fault_schedules() -> None:
             "wrong_key_requests",
         ):
             assert stats[what] > 0, f"no run had {what}: {dict(stats)}"
-        assert stats["confirmed entries"] > SEEDS * 10
+        assert stats["confirmed entries"] > summary.seeds * 10
     if SEEDS >= 1000:  # rarer: a few in a thousand seeds
         for what in (
             "replacement_recovery_adds",

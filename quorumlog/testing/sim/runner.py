@@ -34,6 +34,7 @@ class SeedResult:
 @dataclass
 class Summary:
     seeds: int = 0
+    seeds_asked: int = 0  # more than ``seeds`` when a time budget ran out first
     elapsed_s: float = 0.0
     failures: dict[int, list[Violation]] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
@@ -44,8 +45,13 @@ class Summary:
 
     def text(self) -> str:
         rate = self.seeds_per_minute
+        cut = (
+            f" (of {self.seeds_asked}: the time budget ran out)"
+            if self.seeds_asked > self.seeds
+            else ""
+        )
         lines = [
-            f"{self.seeds} seeds in {self.elapsed_s:.1f} s ({rate:.0f} seeds/min), "
+            f"{self.seeds} seeds{cut} in {self.elapsed_s:.1f} s ({rate:.0f} seeds/min), "
             f"{len(self.failures)} failing"
         ]
         lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items())))
@@ -99,22 +105,32 @@ def _default_processes() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def run_seeds(seeds: Iterable[int], processes: int | None = None) -> Summary:
-    """Run and check every seed; ``processes`` workers (default: one per usable core)."""
+def run_seeds(
+    seeds: Iterable[int], processes: int | None = None, budget_s: float | None = None
+) -> Summary:
+    """Run and check every seed; ``processes`` workers (default: one per usable core).
+
+    With ``budget_s``, seeds are no longer started once that much wall time has gone
+    (the ones under way finish or are dropped): ``summary.seeds`` says how many ran."""
     seed_list: Sequence[int] = list(seeds)
     processes = processes or _default_processes()
     summary = Summary()
     started = time.perf_counter()
+    deadline = None if budget_s is None else started + budget_s
     if processes <= 1 or len(seed_list) < 2:
-        results: Iterable[SeedResult] = map(check_seed, seed_list)
-        for result in results:
-            _add(summary, result)
+        for seed in seed_list:
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+            _add(summary, check_seed(seed))
     else:
         context = multiprocessing.get_context("fork")
-        with context.Pool(processes) as pool:
+        with context.Pool(processes) as pool:  # its exit stops the workers still running
             for result in pool.imap_unordered(check_seed, seed_list, chunksize=16):
                 _add(summary, result)
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
     summary.elapsed_s = time.perf_counter() - started
+    summary.seeds_asked = len(seed_list)
     return summary
 
 
