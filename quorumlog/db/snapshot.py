@@ -195,7 +195,14 @@ async def take_snapshot(the_log: Log, source: Path, *, keep: int = 2) -> Snapsho
     dropped: list[Snapshot] = []
     for _ in range(_CAS_ATTEMPTS):
         snapshots, version = await _read_list(the_log)
-        updated = [s for s in snapshots if s.position < position] + [snapshot]
+        if any(s.position == position for s in snapshots):
+            # Another leader recorded this very position: ours is a spare copy.
+            kept, dropped = snapshots, [snapshot]
+            break
+        # By position, whoever took them: a deposed leader whose copy is older than
+        # snapshots the new leader recorded meanwhile must not push those out (their
+        # ledgers deleted, the log truncated past what its own snapshot continues).
+        updated = sorted([*snapshots, snapshot], key=lambda s: s.position)
         kept, dropped = updated[-keep:], updated[:-keep]
         body = json.dumps({"snapshots": [s.to_json() for s in kept]}).encode()
         try:

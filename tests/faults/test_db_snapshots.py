@@ -145,3 +145,44 @@ def test_db_wiped_replica_rebuilds_from_snapshot_and_log_stays_truncated(
         for replica in replicas:
             replica.stop()
     assert dump(replicas[0].sqlite_path) == dump(replicas[1].sqlite_path)
+
+
+def test_db_a_deposed_leaders_late_snapshot_never_drops_newer_ones(
+    cluster3: LocalCluster, tmp_path: Path
+) -> None:
+    """The new leader recorded snapshots at positions 1:20 and 1:30; the deposed one,
+    whose copy stopped at 1:10, finishes its own snapshot only now. Its snapshot is the
+    oldest: it must not push the newer ones out of the list (their ledgers deleted, and
+    a replica left to restore from a snapshot the truncated log no longer continues)."""
+    from quorumlog.db.machine import EXECUTE, DbRecord, StateMachine
+    from quorumlog.db.snapshot import take_snapshot
+    from quorumlog.db.sql import Statement
+    from quorumlog.log.log import open_log
+
+    def file_at(name: str, entry_id: int) -> Path:
+        machine = StateMachine(tmp_path / f"{name}.sqlite")
+        create = DbRecord(EXECUTE, (Statement(f"CREATE TABLE t{entry_id} (x)"),))
+        machine.apply(Position(1, entry_id), create)
+        machine.close()
+        return tmp_path / f"{name}.sqlite"
+
+    async def scenario() -> tuple[list[Snapshot], list[Snapshot], list[int]]:
+        bk = await BookKeeper.connect(cluster3.metadata_uri)
+        try:
+            the_log = await open_log(bk, "db/race")
+            newer = [await take_snapshot(the_log, file_at(f"n{e}", e)) for e in (20, 30)]
+            assert all(s is not None for s in newer)
+            before = await list_snapshots(the_log)
+            late = await take_snapshot(the_log, file_at("late", 10))
+            assert late is not None
+            after = await list_snapshots(the_log)
+            ledgers = await bk.list_ledgers()
+            return before, after, [late.ledger_id, *ledgers]
+        finally:
+            await bk.close()
+
+    before, after, (late_ledger, *ledgers) = asyncio.run(scenario())
+    assert [str(s.position) for s in before] == ["1:20", "1:30"]
+    assert after == before  # the late, older snapshot is the one that goes
+    assert all(s.ledger_id in ledgers for s in after)
+    assert late_ledger not in ledgers
