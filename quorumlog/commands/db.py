@@ -156,6 +156,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         p.add_argument("--addr", default="127.0.0.1:4001", help=_ADDR_HELP)
         p.set_defaults(func=run_get, path=f"/{action}")
 
+    changes = sub.add_parser(
+        "changes", help="print the change stream: each write with its log position (JSON lines)"
+    )
+    changes.add_argument("--addr", default="127.0.0.1:4001", help=_ADDR_HELP)
+    changes.add_argument(
+        "--from", dest="start", default=None, metavar="POSITION",
+        help="the log position to start at (LEDGER:ENTRY, as a 'next' line gave it)",
+    )  # fmt: skip
+    changes.add_argument(
+        "--follow", action="store_true", help="keep waiting for new writes (until Ctrl-C)"
+    )
+    changes.set_defaults(func=run_changes)
+
     backup = sub.add_parser("backup", help="save the database (the leader's copy) to a file")
     backup.add_argument("--addr", default="127.0.0.1:4001", help=_ADDR_HELP)
     backup.add_argument("--fmt", choices=("binary", "sql"), default="binary")
@@ -351,6 +364,33 @@ def run_get(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"quorumlog db: {args.addr}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    return EXIT_OK
+
+
+def run_changes(args: argparse.Namespace) -> int:
+    """GET /db/changes page after page: each write's line as it comes, then (without
+    --follow, once nothing is left) the line saying where to resume."""
+    start: str | None = args.start
+    for _ in range(1 << 62):  # ends when the stream is read out, or by Ctrl-C
+        query = urllib.parse.urlencode(
+            {k: v for k, v in (("from", start), ("wait", "5s" if args.follow else "0")) if v}
+        )
+        try:
+            url = f"{_base_url(args.addr)}/db/changes?{query}"
+            request = urllib.request.Request(url, headers=_auth_headers())
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                lines = answer.read().splitlines()
+        except (OSError, ValueError) as exc:
+            print(f"quorumlog db changes: {args.addr}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        *writes, last = lines
+        for line in writes:
+            print(line.decode(), flush=True)
+        after = json.loads(last)["next"]
+        if not writes and after == start and not args.follow:
+            print(last.decode())
+            return EXIT_OK
+        start = after
     return EXIT_OK
 
 

@@ -26,7 +26,7 @@ import orjson
 from aiohttp import web
 
 from quorumlog.db import decltypes
-from quorumlog.db.machine import StatementResult, loads_json
+from quorumlog.db.machine import EXECUTE, StatementResult, loads_json
 from quorumlog.db.replica import NotLeaderError, Replica
 from quorumlog.db.snapshot import copy_file, dump_sql, vacuumed
 from quorumlog.db.sql import (
@@ -36,6 +36,7 @@ from quorumlog.db.sql import (
     several_statements_refusal,
 )
 from quorumlog.errors import BKError, InvalidArgumentError
+from quorumlog.log.errors import LogTruncatedError
 from quorumlog.log.position import Position
 from quorumlog.security.http import bearer_middleware, db_api_roles
 from quorumlog.security.tokens import TokenVerifier
@@ -87,6 +88,7 @@ _ACCEPTED_PARAMS: dict[str, frozenset[str]] = {
     "/remove": frozenset({"pretty"}),
     "/leader": frozenset({"pretty"}),
     "/snapshot": frozenset({"pretty", "redirect"}),
+    "/db/changes": frozenset({"from", "limit", "wait"}),
 }
 # rqlite's parameters this API does not offer, and why: answered 400 naming them.
 REFUSED_PARAMS: dict[str, str] = {
@@ -127,6 +129,22 @@ def _param_refusal(path: str, names: Any) -> str:
             return f"parameter {name} is not supported: {REFUSED_PARAMS[name]}"
         return f"unknown parameter {name} for {path}"
     return ""
+
+
+_CHANGES_LIMIT_DEFAULT = 1_000
+_CHANGES_LIMIT_MAX = 10_000
+
+
+def _change_line(position: Position, data: bytes) -> bytes | None:
+    """One write record of the change stream as a JSON line, or None for a record that
+    changes nothing (a barrier, a verification, one of no known format)."""
+    try:
+        record = loads_json(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict) or record.get("kind") != EXECUTE:
+        return None
+    return orjson.dumps({"position": str(position), "record": record})
 
 
 def _flag(request: web.Request, name: str) -> bool:
@@ -269,6 +287,7 @@ class DbHttpApi:
         self.app.router.add_get("/leader", self._leader)
         self.app.router.add_post("/leader", self._step_down)
         self.app.router.add_post("/snapshot", self._snapshot)
+        self.app.router.add_get("/db/changes", self._changes)
         for path in REFUSED_ENDPOINTS:
             self.app.router.add_route("*", path, self._refused_endpoint)
 
@@ -319,6 +338,54 @@ class DbHttpApi:
             return self._error(request, 400, refusal)
         response: web.StreamResponse = await handler(request)
         return response
+
+    async def _changes(self, request: web.Request) -> web.StreamResponse:
+        """The change stream (docs/DB.md, "Change data capture"): the write records from
+        ``from`` on, each with its log position, as JSON lines, and a last line naming
+        where to resume. Any replica serves it, from the log itself."""
+        query = request.query
+        try:
+            start = Position.parse(query["from"]) if "from" in query else None
+            limit = int(query.get("limit", str(_CHANGES_LIMIT_DEFAULT)))
+            wait_s = parse_duration(query.get("wait", "0"))
+        except (InvalidArgumentError, BadRequestError) as exc:
+            return self._error(request, 400, exc.message)
+        except ValueError as exc:
+            return self._error(request, 400, f"limit: {exc}")
+        if not 1 <= limit <= _CHANGES_LIMIT_MAX:
+            return self._error(request, 400, f"limit must be 1 to {_CHANGES_LIMIT_MAX}")
+        the_log = self.replica.change_log()
+        if the_log is None:
+            return self._error(request, 503, "the replica has not opened its log yet")
+        lines: list[bytes] = []
+        try:
+            reader = await the_log.open_reader(start)
+            try:
+                after = reader.position
+                deadline = time.monotonic() + wait_s
+                for _ in range(limit):
+                    # Wait (up to ``wait``) only for the first record; then take what is
+                    # readable now.
+                    left_s = max(0.0, deadline - time.monotonic()) if not lines else 0.0
+                    record = await reader.read_next(timeout_ms=left_s * 1000)
+                    if record is None:
+                        break
+                    after = record.position.next()
+                    # A barrier or a verification changes nothing: not a line, but
+                    # ``next`` moves past it.
+                    change = _change_line(record.position, record.data)
+                    if change is not None:
+                        lines.append(change)
+            finally:
+                await reader.close()
+        except LogTruncatedError as exc:
+            return self._error(request, 410, f"{exc.message}: start from a later position")
+        except BKError as exc:
+            return self._error(request, 503, f"reading the log failed: {exc.message}")
+        lines.append(orjson.dumps({"next": str(after)}))
+        return web.Response(
+            body=b"\n".join(lines) + b"\n", content_type="application/x-ndjson", status=200
+        )
 
     async def _refused_endpoint(self, request: web.Request) -> web.StreamResponse:
         reason = REFUSED_ENDPOINTS[request.path]

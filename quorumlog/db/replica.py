@@ -270,6 +270,10 @@ class Replica:
     def applied(self) -> Position | None:
         return self.machine.applied
 
+    def change_log(self) -> Log | None:
+        """The database's log, for readers of its change stream (None before start)."""
+        return self._log
+
     @property
     def is_leader(self) -> bool:
         """Leads and takes writes (the log is open for writing and caught up)."""
