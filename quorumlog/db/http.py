@@ -54,6 +54,9 @@ _RELAYED_HEADERS = ("Content-Type", POSITION_HEADER)
 _MIN_POSITION_WAIT_S_DEFAULT = 10.0
 _LEVELS = ("none", "weak", "strong", "linearizable")
 _LEADER_CACHE_S = 1.0
+# How long a follower waits for a leader to forward a request to before it answers 503.
+_LEADER_WAIT_S = 2.0
+_LEADER_POLL_S = 0.05
 _PROBE_S = 2.0  # how long /nodes waits for each replica's answer
 _SYNC_S_DEFAULT = 5.0  # how long /readyz?sync waits
 _WRITE_TIMEOUT_S_DEFAULT = 30.0
@@ -491,10 +494,17 @@ class DbHttpApi:
             return self._error(request, 503, "not leader (forwarded to a replica that is not)")
         try:
             leader = await self._leader_api()
+            # A replica just started, or an election under way: wait a little for a
+            # leader rather than fail a request a moment would have let through.
+            for _ in range(int(_LEADER_WAIT_S / _LEADER_POLL_S)):
+                if leader is not None:
+                    break
+                await asyncio.sleep(_LEADER_POLL_S)
+                leader = await self._leader_api()
         except BKError as exc:
             return self._error(request, 503, f"leader not found: {exc}")
         if leader is None:
-            return self._error(request, 503, "leader not found")
+            return self._error(request, 503, f"leader not found within {_LEADER_WAIT_S:.0f} s")
         target = f"{leader}{request.path_qs}"
         if _flag(request, "redirect"):
             raise web.HTTPMovedPermanently(location=target)
