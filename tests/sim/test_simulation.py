@@ -26,7 +26,7 @@ SEEDS = int(os.environ.get("QUORUMLOG_SIM_SEEDS", "10000"))
 # Wall time the main test may take: a loaded machine runs fewer seeds, and says how many.
 # A quiet CI machine runs 10,000 in about 13 minutes (docs/TESTING.md); below
 # MIN_SEEDS within the budget the test fails rather than pass on a thin sample.
-BUDGET_S = float(os.environ.get("QUORUMLOG_SIM_BUDGET_S", "1500"))
+BUDGET_S = float(os.environ.get("QUORUMLOG_SIM_BUDGET_S", "2400"))
 MIN_SEEDS = min(SEEDS, 2000)
 FIRST_SEED = int(os.environ.get("QUORUMLOG_SIM_FIRST_SEED", "0"))
 
@@ -44,7 +44,7 @@ def _known(violations: list[Violation]) -> str | None:
     return None
 
 
-@pytest.mark.timeout(1800)  # thousands of seeds: longer than the suite's per-test bound
+@pytest.mark.timeout(2700)  # thousands of seeds: longer than the suite's per-test bound
 def test_r3_r4_r7_r8_r11_hold_over_many_seeded_fault_schedules() -> None:
     summary = run_seeds(range(FIRST_SEED, FIRST_SEED + SEEDS), budget_s=BUDGET_S)
     print(summary.text())
