@@ -58,6 +58,7 @@ from quorumlog.db.sql import (
     explained,
     inserts_rows,
     split_sql,
+    sqlite_params,
 )
 from quorumlog.errors import BKError
 from quorumlog.log.position import Position
@@ -876,7 +877,9 @@ class StateMachine:
                 try:
                     if end - start > 1:
                         writes = self._writes
-                        writes.executemany(sql, [s.params for s in statements[start:end]])
+                        writes.executemany(
+                            sql, [sqlite_params(s.params) for s in statements[start:end]]
+                        )
                         # The sum over the run: each statement's own, as alone.
                         rows_changed += max(writes.rowcount, 0)
                     else:
@@ -1026,14 +1029,15 @@ class StateMachine:
         is its last statement's (a failure of any fails the string)."""
         connection = on if isinstance(on, sqlite3.Connection) else on.connection
         sql = statement.sql
+        params = sqlite_params(statement.params)
         if split and ";" in sql:
             *before_last, sql = split_sql(sql)
             for piece in before_last:
-                earlier = on.execute(piece, statement.params)
+                earlier = on.execute(piece, params)
                 if earlier.description is not None:
                     earlier.fetchall()
         before = connection.total_changes
-        cursor = on.execute(sql, statement.params)
+        cursor = on.execute(sql, params)
         result = StatementResult()
         if cursor.description is not None:
             rows = [list(r) for r in cursor.fetchall()]
@@ -1366,7 +1370,9 @@ class _Reader:
         the leader then runs it, as a write."""
         for piece in split_sql(statement.sql):
             try:
-                rows = self.conn.execute("EXPLAIN " + explained(piece), statement.params).fetchall()
+                rows = self.conn.execute(
+                    "EXPLAIN " + explained(piece), sqlite_params(statement.params)
+                ).fetchall()
             except (sqlite3.Error, OverflowError, ValueError):
                 return False
             for row in rows:

@@ -17,7 +17,7 @@ import functools
 import re
 import secrets
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -34,9 +34,12 @@ __all__ = [
     "rewrite_all_for_replay",
     "rewrite_for_replay",
     "split_sql",
+    "sqlite_params",
 ]
 
-Param = int | float | str | None
+# A list is a BLOB given as its bytes (rqlite's byte arrays): JSON has no bytes, so it
+# is logged as the list and bound as bytes (:func:`sqlite_params`).
+Param = int | float | str | None | list[int]
 Params = list[Param] | dict[str, Param]
 
 # Statements that would end or escape the transaction a record is applied in: a COMMIT
@@ -104,10 +107,30 @@ def _check_param(value: object, where: str) -> Param:
         raise BadRequestError(f"{where}: integer {value} does not fit SQLite's 64 bits")
     if value is None or isinstance(value, int | float | str):
         return value
+    if isinstance(value, list):
+        for byte in value:
+            if type(byte) is not int or not 0 <= byte <= 255:
+                raise BadRequestError(
+                    f"{where}: a BLOB given as an array holds integers 0 to 255, not {byte!r}"
+                )
+        return value
     raise BadRequestError(
         f"{where}: unsupported parameter type {type(value).__name__} "
-        "(use a number, a string, true/false or null)"
+        "(use a number, a string, true/false, null, or an array of bytes 0 to 255 for a BLOB)"
     )
+
+
+def sqlite_params(params: Params) -> Sequence[object] | Mapping[str, object]:
+    """``params`` as SQLite binds them: each byte array as bytes (a BLOB). The parameters
+    themselves when none is an array, which is nearly always (no copy then)."""
+    if isinstance(params, dict):
+        if any(type(v) is list for v in params.values()):
+            return {k: bytes(v) if isinstance(v, list) else v for k, v in params.items()}
+        return params
+    for value in params:
+        if type(value) is list:
+            return [bytes(v) if isinstance(v, list) else v for v in params]
+    return params
 
 
 def parse_statements(body: object) -> list[Statement]:

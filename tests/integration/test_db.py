@@ -314,6 +314,23 @@ def test_db_rqlite_api_on_real_replicas(cluster3: LocalCluster, replicas: list[D
             ["SELECT count(*) FROM veg; SELECT n FROM veg ORDER BY n"],
         )
         assert status == 200 and rows["results"][0]["values"] == [["kale"], ["leek"]], rows
+    # a BLOB parameter as an array of bytes, read back as base64 and with blob_array
+    status, answer = http(
+        follower.addr,
+        "/db/execute",
+        ["CREATE TABLE blobs (b BLOB)", ["INSERT INTO blobs VALUES (?)", [0, 7, 255]]],
+    )
+    assert status == 200 and answer["results"][1]["rows_affected"] == 1, answer
+    for replica in replicas:
+        for flag, value in (("", "AAf/"), ("&blob_array", [0, 7, 255])):
+            status, rows = http(
+                replica.addr,
+                f"/db/query?min_position={answer['position']}&level=none{flag}",
+                ["SELECT b FROM blobs"],
+            )
+            assert status == 200 and rows["results"][0]["values"] == [[value]], rows
+    status, answer = http(follower.addr, "/db/execute", [["INSERT INTO blobs VALUES (?)", [256]]])
+    assert status == 400 and "statement 0 parameter 1" in answer["error"], answer
     status, answer = http(
         follower.addr, "/db/execute", [["INSERT INTO veg VALUES (?); SELECT ?", 1, 2]]
     )

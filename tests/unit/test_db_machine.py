@@ -67,7 +67,7 @@ def test_parse_statements_positional_named_and_bad_shapes() -> None:
         Statement("SELECT ?", [1, "a", None]),
         Statement("SELECT :x", {"x": 2.5}),
     ]
-    for bad in ({}, [], [1], [["SELECT ?", [1]]], [["SELECT ?", {"a": {"b": 1}}]], [[]]):
+    for bad in ({}, [], [1], [["SELECT ?", {"a": {"b": 1}}]], [[]]):
         with pytest.raises(BadRequestError):
             parse_statements(bad)
     with pytest.raises(BadRequestError):
@@ -577,6 +577,47 @@ def test_d7_records_applied_before_a_restart_are_passed_over(tmp_path: Path) -> 
     verify = DbRecord(VERIFY, checks=tuple(leader.unverified(None, 100)))
     follower.apply(Position(3, 50), verify)
     assert follower.verified is None and follower.applied == Position(3, 50)
+
+
+def test_a_byte_array_parameter_binds_a_blob_and_anything_else_in_an_array_is_refused(
+    tmp_path: Path,
+) -> None:
+    """rqlite's BLOB parameters: a JSON array of integers 0-255, positional or named. It is
+    logged as the array (JSON has no bytes) and bound as a BLOB on every replica."""
+    parsed = parse_statements(
+        [
+            ["INSERT INTO t VALUES (?, ?)", 1, [0, 1, 255]],
+            ["INSERT INTO t VALUES (:k, :b)", {"k": 2, "b": []}],
+        ]
+    )
+    assert parsed[0].params == [1, [0, 1, 255]] and parsed[1].params == {"k": 2, "b": []}
+    for bad, named in (
+        ([256], "statement 0 parameter 1"),
+        ([-1], "statement 0 parameter 1"),
+        ([1, "a"], "statement 0 parameter 1"),
+        ([True], "statement 0 parameter 1"),
+        ([1.5], "statement 0 parameter 1"),
+        ([[1]], "statement 0 parameter 1"),
+    ):
+        with pytest.raises(BadRequestError, match=named) as refused:
+            parse_statements([["SELECT ?", bad]])
+        assert "0 to 255" in str(refused.value)
+    with pytest.raises(BadRequestError, match="statement 0 parameter 'b'"):
+        parse_statements([["SELECT :b", {"b": [300]}]])
+
+    record = DbRecord(EXECUTE, (Statement("CREATE TABLE t (k INTEGER, b BLOB)"), *parsed, *parsed))
+    replayed = DbRecord.decode(record.encode())
+    assert replayed.statements == record.statements
+    machine = StateMachine(tmp_path / "r.sqlite")
+    try:
+        results = machine.apply(Position(1, 0), replayed)
+        assert results is not None and [r.error for r in results] == [None] * 5
+        rows = machine.query([Statement("SELECT k, b, typeof(b) FROM t ORDER BY rowid")])
+        assert rows[0].values == [[1, b"\x00\x01\xff", "blob"], [2, b"", "blob"]] * 2
+        found = machine.query([Statement("SELECT k FROM t WHERE b = ?", [[0, 1, 255]])])
+        assert found[0].error is None and found[0].values == [[1], [1]]
+    finally:
+        machine.close()
 
 
 def test_with_insert_and_update_report_rows_affected_and_last_insert_id(tmp_path: Path) -> None:
