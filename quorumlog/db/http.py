@@ -16,9 +16,13 @@ import base64
 import gzip
 import json
 import logging
+import os
 import re
+import socket
 import ssl
+import sys
 import time
+from importlib import metadata
 from typing import Any
 
 import aiohttp
@@ -57,6 +61,10 @@ _LEADER_CACHE_S = 1.0
 # How long a follower waits for a leader to forward a request to before it answers 503.
 _LEADER_WAIT_S = 2.0
 _LEADER_POLL_S = 0.05
+try:
+    _VERSION = metadata.version("quorumlog")
+except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+    _VERSION = "unknown"
 _PROBE_S = 2.0  # how long /nodes waits for each replica's answer
 _SYNC_S_DEFAULT = 5.0  # how long /readyz?sync waits
 _WRITE_TIMEOUT_S_DEFAULT = 30.0
@@ -852,6 +860,7 @@ class DbHttpApi:
         nodes = await self._members_json()
         leader = next((n for n in nodes if n["leader"]), None)
         applied = replica.applied
+        now = time.time()
         body = {
             "store": {
                 "node_id": replica.config.node_id,
@@ -874,8 +883,19 @@ class DbHttpApi:
                 "snapshots_taken": replica.snapshots_taken,
                 "restores": replica.restores,
             },
-            "http": {"addr": replica.config.http_addr},
-            "node": {"start_time": replica.started_at, "uptime": time.time() - replica.started_at},
+            # rqlite's names (bind_addr) beside this API's earlier ones (addr).
+            "http": {"bind_addr": replica.config.http_addr, "addr": replica.config.http_addr},
+            "node": {
+                "start_time": replica.started_at,
+                "current_time": now,
+                "uptime": now - replica.started_at,
+            },
+            "build": {"version": _VERSION},
+            "os": {
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
+                "executable": sys.executable,
+            },
         }
         return self._reply(request, body)
 

@@ -370,3 +370,35 @@ def test_db_http_queued_writes() -> None:
     assert answers[0][1]["sequence_number"] == 1 and answers[0][1]["position"] == "7:4"
     assert answers[0][1]["results"] == [{"last_insert_id": 1, "rows_affected": 1}]
     assert "BEGIN" in answers[2][1]["error"] and "queued" in answers[3][1]["error"]
+
+
+def test_db_status_has_rqlites_sections_and_this_databases_own() -> None:
+    """rqlite's /status sections a monitoring script reads (store.leader, store.sqlite3,
+    node, http, build, os) with rqlite's key names; the replication state beside them."""
+    replica = StubReplica()
+    extra = {
+        "role": "leader",
+        "log_name": "db/shop",
+        "machine": SimpleNamespace(
+            path=Path("/d/a.sqlite"), size_bytes=lambda: 4096, verified=None
+        ),
+        "diverged": None,
+        "snapshots_taken": 2,
+        "restores": 0,
+        "started_at": time.time() - 5,
+    }
+    for name, value in extra.items():
+        setattr(replica, name, value)
+    ((status, body),) = run(_ask(replica, [("GET", "/status", None)]))
+    assert status == 200, body
+    store = body["store"]
+    assert store["leader"] == {"node_id": "a", "addr": "http://127.0.0.1:1"}
+    assert store["node_id"] == "a" and store["ready"] is True
+    assert store["sqlite3"]["path"] == "/d/a.sqlite" and store["sqlite3"]["db_size"] == 4096
+    assert store["applied_position"] == "7:3" and store["snapshots_taken"] == 2
+    assert body["http"]["bind_addr"] == "http://127.0.0.1:1"
+    assert (
+        4 < body["node"]["uptime"] < 60
+        and body["node"]["current_time"] >= body["node"]["start_time"]
+    )
+    assert body["build"]["version"] and body["os"]["pid"] > 0 and body["os"]["hostname"]
