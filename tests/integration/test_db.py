@@ -538,8 +538,15 @@ def test_db_pyrqlite_and_sqlalchemy_clients(replicas: list[DbProcess]) -> None:
         cursor.execute("CREATE TABLE mixed (id INTEGER PRIMARY KEY, label TEXT, anything, b BLOB)")
         cursor.execute("INSERT INTO mixed(label, anything, b) VALUES (?, ?, X'0102')", (7, 1.5))
         cursor.execute("INSERT INTO mixed(label, anything, b) VALUES (?, ?, NULL)", ("x", "b"))
+        cursor.execute(
+            "INSERT INTO mixed(label, anything, b) VALUES (?, ?, ?)", ("y", 3, b"\xff\x00")
+        )
         cursor.execute("SELECT label, anything, b FROM mixed ORDER BY id", consistency="strong")
-        assert cursor.fetchall() == [("7", 1.5, b"\x01\x02"), ("x", "b", None)]
+        assert cursor.fetchall() == [
+            ("7", 1.5, b"\x01\x02"),
+            ("x", "b", None),
+            ("y", 3, b"\xff\x00"),
+        ]
     finally:
         connection.close()
 
@@ -551,15 +558,20 @@ def test_db_pyrqlite_and_sqlalchemy_clients(replicas: list[DbProcess]) -> None:
         sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("name", sa.String(20)),
         sa.Column("price", sa.Float),
+        sa.Column("photo", sa.LargeBinary, nullable=True),
     )
     try:
         metadata.create_all(engine)
         with engine.begin() as conn:
-            rows_in = [{"name": "apple", "price": 1.5}, {"name": "fig", "price": 2}]
+            rows_in = [
+                {"name": "apple", "price": 1.5, "photo": b"\x89PNG\x00\xff"},
+                {"name": "fig", "price": 2, "photo": None},
+            ]
             conn.execute(fruit.insert(), rows_in)
         with engine.connect() as conn:
-            rows = conn.execute(sa.select(fruit.c.name, fruit.c.price).order_by(fruit.c.id))
-            assert rows.fetchall() == [("apple", 1.5), ("fig", 2.0)]
+            chosen = sa.select(fruit.c.name, fruit.c.price, fruit.c.photo).order_by(fruit.c.id)
+            rows = conn.execute(chosen)
+            assert rows.fetchall() == [("apple", 1.5, b"\x89PNG\x00\xff"), ("fig", 2.0, None)]
             above = sa.text("SELECT count(*) FROM fruit WHERE price > :p")
             assert conn.execute(above, {"p": 1.6}).scalar() == 1
     finally:
