@@ -29,6 +29,7 @@ from quorumlog.errors import BKError
 from quorumlog.replication.auditor import AUDIT_INTERVAL_S_DEFAULT, BOOKIE_CHECK_INTERVAL_S_DEFAULT
 from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
 from quorumlog.replication.rereplicate import LEDGERS_IN_FLIGHT_DEFAULT
+from quorumlog.replication.throttle import RATE_BYTES_PER_S_DEFAULT
 from quorumlog.replication.worker import OPEN_LEDGER_GRACE_S_DEFAULT, RETRY_BACKOFF_S_DEFAULT
 from quorumlog.security.tls import TlsReloader
 from quorumlog.security.tokens import TokenVerifier
@@ -128,6 +129,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help="ledgers a worker repairs at once (default: %(default)s)",
     )
     p.add_argument(
+        "--replication-rate-bytes-per-s",
+        type=int,
+        default=RATE_BYTES_PER_S_DEFAULT,
+        help="bound on the bytes a worker copies per second, so that repairs leave the "
+        "bookies to their writers; 0: no bound (default: %(default)s)",
+    )
+    p.add_argument(
         "--autorecovery-session-timeout-ms",
         type=int,
         default=AutoRecoveryConfig().metadata_session_timeout_ms,
@@ -153,6 +161,8 @@ def config_from_args(args: argparse.Namespace) -> AutoRecoveryConfig:
         raise ValueError("--open-ledger-grace-s and --retry-backoff-s must not be negative")
     if args.ledgers_in_flight < 1:
         raise ValueError("--ledgers-in-flight must be at least 1")
+    if args.replication_rate_bytes_per_s < 0:
+        raise ValueError("--replication-rate-bytes-per-s must not be negative (0: no bound)")
     if args.autorecovery_session_timeout_ms <= 0:
         raise ValueError("--autorecovery-session-timeout-ms must be positive")
     config = AutoRecoveryConfig(
@@ -168,6 +178,7 @@ def config_from_args(args: argparse.Namespace) -> AutoRecoveryConfig:
     config.worker.open_ledger_grace_s = args.open_ledger_grace_s
     config.worker.retry_backoff_s = args.retry_backoff_s
     config.worker.ledgers_in_flight = args.ledgers_in_flight
+    config.worker.rate_bytes_per_s = args.replication_rate_bytes_per_s
     config.worker.password = password
     # In a bookie process, the bookie's own TLS files: its CA verifies the other bookies,
     # its certificate is the client certificate.

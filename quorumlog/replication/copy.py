@@ -28,6 +28,7 @@ from quorumlog.proto.codec import AddFlag, AddRequest, AddResponse, ReadRequest,
 from quorumlog.proto.entry import ENTRY_HEADER_SIZE, EntryCodec
 from quorumlog.replication.plan import Fragment, slot_runs
 from quorumlog.replication.report import FragmentReplication, digest_reason, status_name
+from quorumlog.replication.throttle import CopyThrottle
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -71,6 +72,8 @@ class CopyRun(Protocol):
     chunk_bytes: int
     # Replicas that failed to answer: not asked again during the run.
     down: dict[str, str]
+    # The copy rate's bound, shared by everything the worker copies.
+    throttle: CopyThrottle
 
 
 async def all_or_cancel(coroutines: Sequence[Any]) -> None:
@@ -137,8 +140,9 @@ class FragmentCopier:
         # The generator is shared: next() never awaits, so each chunk goes to one worker.
         for chunk in chunks:
             blobs = await self._read_chunk(chunk)
-            await self._write(blobs)
             size = sum(map(len, blobs))
+            await self._run.throttle.take(size)
+            await self._write(blobs)
             self._out.entries_copied += len(blobs)
             self._out.bytes_copied += size
             self._seen_entries += len(blobs)

@@ -103,6 +103,11 @@ class AutoRecoveryCollector(Collector):
                 "Bytes of entries copied to replacement bookies.",
                 w.bytes_copied,
             ),
+            (
+                "copy_throttled_seconds_total",
+                "Time copies waited for the copy rate's bound (--replication-rate-bytes-per-s).",
+                w.throttled_s,
+            ),
         ):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
         a = daemon.auditor_stats

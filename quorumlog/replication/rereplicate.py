@@ -90,6 +90,7 @@ from quorumlog.replication.report import (
     LedgerReplication,
     RecoveryReport,
 )
+from quorumlog.replication.throttle import CopyThrottle
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -121,6 +122,7 @@ async def recover_bookie(
     entries_per_chunk: int = ENTRIES_PER_CHUNK_DEFAULT,
     chunk_bytes: int = CHUNK_BYTES_DEFAULT,
     replacement_attempts: int = REPLACEMENT_ATTEMPTS_DEFAULT,
+    throttle: CopyThrottle | None = None,
     progress: Callable[[LedgerReplication], None] | None = None,
 ) -> RecoveryReport:
     """Re-replicate every entry ``lost_bookie`` (``host:port``) held, ledger by ledger.
@@ -130,7 +132,8 @@ async def recover_bookie(
     docstring for how. ``dry_run`` changes nothing and reports what would be copied
     where. ``password`` is the ledgers' password (``passwords`` per ledger id
     overrides it); a ledger with another one fails with UnauthorizedError in its
-    result. ``progress`` is called with each ledger's result as it completes.
+    result. ``throttle`` bounds the copy rate (none by default). ``progress`` is called
+    with each ledger's result as it completes.
 
     Raises InvalidArgumentError for bad arguments and MetadataError if the ledger
     list cannot be read; everything else is in the report.
@@ -144,6 +147,7 @@ async def recover_bookie(
         entries_per_chunk=entries_per_chunk,
         chunk_bytes=chunk_bytes,
         replacement_attempts=replacement_attempts,
+        throttle=throttle,
     )
     explicit = ledger_ids is not None
     # R18: a ledger a lagging server does not have yet would be left out (or reported
@@ -231,6 +235,7 @@ async def replicate_ledger(
     entries_per_chunk: int = ENTRIES_PER_CHUNK_DEFAULT,
     chunk_bytes: int = CHUNK_BYTES_DEFAULT,
     replacement_attempts: int = REPLACEMENT_ATTEMPTS_DEFAULT,
+    throttle: CopyThrottle | None = None,
 ) -> LedgerReplication:
     """Re-replicate what ``lost_bookie`` held of one ledger (see :func:`recover_bookie`).
 
@@ -247,6 +252,7 @@ async def replicate_ledger(
         entries_per_chunk=entries_per_chunk,
         chunk_bytes=chunk_bytes,
         replacement_attempts=replacement_attempts,
+        throttle=throttle,
     )
     # R18: "deleted" or "unaffected" clears the ledger's under-replication mark; a
     # lagging server would say so of a ledger it does not have yet, or of an ensemble
@@ -293,6 +299,7 @@ class _Run:
         entries_per_chunk: int,
         chunk_bytes: int,
         replacement_attempts: int,
+        throttle: CopyThrottle | None,
     ) -> None:
         if copies_in_flight < 1 or entries_per_chunk < 1 or chunk_bytes < 1:
             raise InvalidArgumentError(
@@ -307,6 +314,8 @@ class _Run:
         self.entries_per_chunk = entries_per_chunk
         self.chunk_bytes = chunk_bytes
         self.replacement_attempts = replacement_attempts
+        # No bound unless given one (autorecovery's workers are: WorkerConfig).
+        self.throttle = throttle or CopyThrottle(0)
         # Entries handed to each replacement so far: the next one goes to the least loaded.
         self.assigned: Counter[str] = Counter()
         # Replicas that failed to answer (refused, timed out) during this run: not asked

@@ -47,6 +47,7 @@ from quorumlog.meta.underreplication import (
 )
 from quorumlog.replication.report import LedgerOutcome, LedgerReplication
 from quorumlog.replication.rereplicate import LEDGERS_IN_FLIGHT_DEFAULT, replicate_ledger
+from quorumlog.replication.throttle import RATE_BYTES_PER_S_DEFAULT, CopyThrottle
 from quorumlog.replication.waiting import wait_event
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class WorkerConfig:
     # Ledgers one worker repairs at once (each with its own lock).
     ledgers_in_flight: int = LEDGERS_IN_FLIGHT_DEFAULT
     password: bytes = b""
+    # The worker's copy rate, across all its ledgers (0: no bound).
+    rate_bytes_per_s: int = RATE_BYTES_PER_S_DEFAULT
 
 
 @dataclass
@@ -86,6 +89,8 @@ class WorkerStats:
     fragments_copied: int = 0
     entries_copied: int = 0
     bytes_copied: int = 0
+    # Time copies waited for the copy rate's bound.
+    throttled_s: float = 0.0
     errors: list[str] = field(default_factory=list)
 
 
@@ -120,6 +125,7 @@ class ReplicationWorker:
         self.retry_at: dict[int, float] = {}
         self.current: set[int] = set()  # the ledgers being repaired now
         self._wake = asyncio.Event()
+        self.throttle = CopyThrottle(self.config.rate_bytes_per_s)
 
     def _on_event(self, _event: WatchEvent) -> None:
         self._wake.set()
@@ -206,7 +212,10 @@ class ReplicationWorker:
                 bookie,
                 password=self.config.password,
                 close_open_ledgers=close_open,
+                throttle=self.throttle,
             )
+            self.stats.throttled_s += self.throttle.waited_s
+            self.throttle.waited_s = 0.0
             self._count(result)
             if result.outcome is LedgerOutcome.DELETED:
                 # Gone, maybe mid-copy (apache/bookkeeper#3316): nothing is left to copy
