@@ -10,6 +10,15 @@ copied), the time from the kill, and their ratio::
 
     python bench/autorecovery_heal.py --ledgers 20 --entries 10737 --entry-size 5000
 
+With ``--writer-rate N``, a writer appends 100 B entries at N a second (pipelined) to
+a ledger of its own on bookies the kill spares, from ``--idle-s`` seconds before the
+kill to the end of the repair; its add latency p50/p99 while idle and while the repair
+copies are printed side by side (repair must not starve writers).
+``--rate-bytes-per-s`` is the daemon's copy rate bound (its default when not given)::
+
+    python bench/autorecovery_heal.py --ledgers 30 --entries 12000 --entry-size 5000 \
+        --writer-rate 2000 --idle-s 20
+
 The time includes detection: the killed bookie's session expiry (up to about 1.3
 session timeouts on SQLite) and the auditor's reaction; it is also split into
 detection (the kill to the first under-replication mark) and repair (that mark to the
@@ -28,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -69,6 +79,70 @@ async def state(uri: str, lost: str) -> tuple[int, bool]:
     return marked, False
 
 
+class PacedWriter(threading.Thread):
+    """Appends 100 B entries at ``rate`` a second on its own loop and connection, each
+    add's latency filed under the phase current when it was sent."""
+
+    def __init__(self, uri: str, rate: int, avoid: str) -> None:
+        super().__init__(daemon=True)
+        self.uri, self.rate, self.avoid = uri, rate, avoid
+        self.phase = "warm-up"
+        self.latencies_ms: dict[str, list[float]] = {}
+        self.ensemble: list[str] = []
+        self.ready = threading.Event()
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        loop = new_event_loop()
+        try:
+            loop.run_until_complete(self._write())
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+            self.ready.set()
+        finally:
+            loop.close()
+
+    async def _write(self) -> None:
+        async with await aio.BookKeeper.connect(self.uri) as bk:
+            for _ in range(50):  # a ledger the kill leaves alone
+                handle = await bk.create_ledger(3, 3, 2)
+                if self.avoid not in handle.ensemble:
+                    break
+                await handle.close()
+            else:
+                raise RuntimeError(f"no ensemble without {self.avoid} in 50 tries")
+            self.ensemble = list(handle.ensemble)
+            self.ready.set()
+            payload = b"w" * 100
+            interval_s = 1.0 / self.rate
+            loop = asyncio.get_running_loop()
+            next_at = loop.time()
+            pending: set[asyncio.Future[None]] = set()
+
+            async def add(phase: str) -> None:
+                sent = time.perf_counter()
+                await handle.append(payload)
+                self.latencies_ms.setdefault(phase, []).append((time.perf_counter() - sent) * 1000)
+
+            while not self.stop_event.is_set():
+                now = loop.time()
+                while next_at <= now:  # a late tick sends what it owes at once
+                    task = asyncio.ensure_future(add(self.phase))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                    next_at += interval_s
+                await asyncio.sleep(max(0.0, next_at - loop.time()))
+            if pending:
+                await asyncio.gather(*pending)
+            await handle.close()
+
+
+def percentile_ms(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
+
+
 def daemon_metrics(admin_port: int) -> dict[str, float]:
     """The autorecovery daemon's counters (the parser drops ``_total``)."""
     url = f"http://127.0.0.1:{admin_port}/metrics"
@@ -87,6 +161,16 @@ def main() -> int:
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--entry-size", type=int, default=5_000)
     parser.add_argument("--timeout-s", type=float, default=1800)
+    parser.add_argument(
+        "--rate-bytes-per-s",
+        type=int,
+        default=None,
+        help="the daemon's --replication-rate-bytes-per-s (default: the daemon's default)",
+    )
+    parser.add_argument(
+        "--writer-rate", type=int, default=0, help="100 B appends a second during the run"
+    )
+    parser.add_argument("--idle-s", type=float, default=20.0, help="writer time before the kill")
     parser.add_argument(
         "--zookeeper",
         action="store_true",
@@ -116,11 +200,14 @@ def main() -> int:
             lost = max(held, key=lambda b: held[b])
             index = next(b.index for b in cluster.bookies if b.address == lost)
             out = Path(tmp) / "autorecovery.out"
+            rate_args = []
+            if args.rate_bytes_per_s is not None:
+                rate_args = ["--replication-rate-bytes-per-s", str(args.rate_bytes_per_s)]
             with open(out, "wb") as stdout:
                 daemon = subprocess.Popen(
                     [
                         *(sys.executable, "-m", "quorumlog", "autorecovery"),
-                        *("--metadata", uri, "--http-port", "0"),
+                        *("--metadata", uri, "--http-port", "0", *rate_args),
                     ],
                     stdout=stdout,
                     stderr=subprocess.STDOUT,
@@ -141,6 +228,17 @@ def main() -> int:
                         await UnderReplicationManager(bk.store).set_lost_bookie_recovery_delay_s(0)
 
                 loop.run_until_complete(no_delay())
+                writer = None
+                if args.writer_rate:
+                    writer = PacedWriter(uri, args.writer_rate, lost)
+                    writer.start()
+                    writer.ready.wait(60)
+                    if writer.error is not None:
+                        raise writer.error
+                    time.sleep(2.0)  # connections and the first batches settle
+                    writer.phase = "idle"
+                    time.sleep(args.idle_s)
+                    writer.phase = "detection"
                 cluster.kill(index)
                 killed = time.perf_counter()
                 detected_s = None
@@ -149,6 +247,8 @@ def main() -> int:
                     marked, named = loop.run_until_complete(state(uri, lost))
                     if detected_s is None and marked:
                         detected_s = time.perf_counter() - killed
+                        if writer is not None:
+                            writer.phase = "repair"
                     if not marked and not named:
                         break
                     if time.monotonic() > deadline:
@@ -156,6 +256,9 @@ def main() -> int:
                         return 1
                     time.sleep(0.2)
                 heal_s = time.perf_counter() - killed
+                if writer is not None:
+                    writer.stop_event.set()
+                    writer.join(timeout=120)
                 counts = daemon_metrics(admin_port)
             finally:
                 os.kill(daemon.pid, signal.SIGTERM)
@@ -177,17 +280,31 @@ def main() -> int:
                 f"load average {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-            print(
-                json.dumps(
-                    {
-                        "held_bytes": copied,
-                        "heal_s": round(heal_s, 2),
-                        "detected_s": round(detected_s or 0.0, 2),
-                        "copied_bytes": copied_bytes,
+            figures: dict[str, object] = {
+                "held_bytes": copied,
+                "heal_s": round(heal_s, 2),
+                "detected_s": round(detected_s or 0.0, 2),
+                "copied_bytes": copied_bytes,
+                "rate_bytes_per_s": args.rate_bytes_per_s,
+                "throttled_s": counts.get("quorumlog_autorecovery_copy_throttled_seconds"),
+            }
+            if writer is not None:
+                for phase in ("idle", "repair"):
+                    values = writer.latencies_ms.get(phase, [])
+                    figures[f"writer_{phase}"] = {
+                        "adds": len(values),
+                        "p50_ms": round(percentile_ms(values, 0.50), 3),
+                        "p99_ms": round(percentile_ms(values, 0.99), 3),
                     }
-                ),
-                flush=True,
-            )
+                idle_p99 = percentile_ms(writer.latencies_ms.get("idle", []), 0.99)
+                repair_p99 = percentile_ms(writer.latencies_ms.get("repair", []), 0.99)
+                print(
+                    f"writer at {args.writer_rate}/s on {','.join(writer.ensemble)}: p99 "
+                    f"{idle_p99:.2f} ms idle, {repair_p99:.2f} ms during the repair "
+                    f"({repair_p99 / idle_p99 if idle_p99 else float('nan'):.2f}x)",
+                    flush=True,
+                )
+            print(json.dumps(figures), flush=True)
     loop.close()
     return 0
 
