@@ -1,0 +1,109 @@
+"""Placement across racks and regions (core/placement.py): pure choices and the
+auditor's verdict."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quorumlog.core.placement import (
+    DEFAULT_LOCATION,
+    PlacementPolicy,
+    check_location,
+    choose_ensemble,
+    choose_replacements,
+    violations,
+)
+from quorumlog.errors import InvalidArgumentError, NotEnoughBookiesError
+
+RACK_AWARE = PlacementPolicy("rack-aware")
+
+
+def cluster(racks: int, per_rack: int, regions: int = 1) -> dict[str, str]:
+    """bookie -> location: ``racks`` racks in each of ``regions`` regions."""
+    return {
+        f"10.{g}.{r}.{b}:3181": f"/region{g}/rack{r}"
+        for g in range(regions)
+        for r in range(racks)
+        for b in range(per_rack)
+    }
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    ensemble=st.integers(2, 6),
+    data=st.data(),
+)
+def test_rack_aware_write_sets_span_two_racks_whenever_three_racks_hold_enough(
+    seed: int, ensemble: int, data: st.DataObject
+) -> None:
+    write_quorum = data.draw(st.integers(2, ensemble))
+    writable = cluster(racks=3, per_rack=3)
+    chosen = choose_ensemble(RACK_AWARE, random.Random(seed), writable, ensemble, write_quorum)
+    assert len(set(chosen)) == ensemble
+    assert violations(RACK_AWARE, chosen, writable, write_quorum) == []
+
+
+def test_random_draws_as_before_and_may_put_a_write_set_in_one_rack() -> None:
+    writable = cluster(racks=2, per_rack=3)
+    policy = PlacementPolicy()
+    seen_broken = False
+    for seed in range(50):
+        chosen = choose_ensemble(policy, random.Random(seed), writable, 3, 3)
+        assert chosen == tuple(random.Random(seed).sample(sorted(writable), 3))
+        seen_broken |= bool(violations(RACK_AWARE, chosen, writable, 2))
+    assert seen_broken  # which is why rack-aware exists
+
+
+def test_enforced_rack_aware_refuses_one_rack_and_best_effort_takes_it() -> None:
+    one_rack = cluster(racks=1, per_rack=5)
+    enforced = PlacementPolicy("rack-aware", enforce=True)
+    with pytest.raises(NotEnoughBookiesError, match="spans 1 rack"):
+        choose_ensemble(enforced, random.Random(1), one_rack, 3, 2)
+    chosen = choose_ensemble(RACK_AWARE, random.Random(1), one_rack, 3, 2)
+    assert len(chosen) == 3 and violations(RACK_AWARE, chosen, one_rack, 2)
+
+
+def test_a_replacement_keeps_its_write_sets_across_racks() -> None:
+    writable = {"a1:1": "/r/A", "a2:1": "/r/A", "a3:1": "/r/A", "b2:1": "/r/B"}
+    ensemble = ["a1:1", "b1:1", "a2:1"]  # b1 (rack B) is lost, no longer writable
+    for seed in range(20):
+        (chosen,) = choose_replacements(
+            RACK_AWARE, random.Random(seed), writable, ensemble, [1], 2, exclude={"b1:1"}
+        )
+        assert chosen == "b2:1"
+    with pytest.raises(NotEnoughBookiesError, match="spans 1 rack"):
+        choose_replacements(
+            PlacementPolicy("rack-aware", enforce=True),
+            random.Random(0),
+            {k: v for k, v in writable.items() if k != "b2:1"},
+            ensemble,
+            [1],
+            2,
+        )
+
+
+def test_region_aware_spreads_each_write_set_over_regions() -> None:
+    writable = cluster(racks=2, per_rack=2, regions=2)
+    policy = PlacementPolicy("region-aware")
+    for seed in range(30):
+        chosen = choose_ensemble(policy, random.Random(seed), writable, 4, 2)
+        assert violations(policy, chosen, writable, 2) == []
+        for i in range(4):
+            pair = {writable[chosen[i]].split("/")[1], writable[chosen[(i + 1) % 4]].split("/")[1]}
+            assert len(pair) == 2, chosen
+
+
+def test_locations_and_policies_are_checked_by_name() -> None:
+    assert check_location(DEFAULT_LOCATION) == DEFAULT_LOCATION
+    for bad in ("rack1", "/r", "/r/", "//x", "/a/b/c"):
+        with pytest.raises(InvalidArgumentError, match="/REGION/RACK"):
+            check_location(bad)
+    with pytest.raises(InvalidArgumentError, match="rack_aware"):
+        PlacementPolicy("rack_aware")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="min_racks_per_write_quorum=0"):
+        PlacementPolicy("rack-aware", min_racks_per_write_quorum=0)
