@@ -4,7 +4,8 @@ Each row of the tables under "The command line" starts with a code span, ``quoru
 SUB [SUB] ...``: its leading words (``a|b`` for several) name subcommands; every flag
 it names must be one of theirs. A row whose span holds ``[...]`` shows a selection;
 the rows naming a subcommand, without it, must together name every option it has.
-Every subcommand (one with options of its own, or without subcommands) has a row.
+Every subcommand (one with options of its own, or without subcommands) has a row, and
+every row names subcommands that exist.
 """
 
 from __future__ import annotations
@@ -77,6 +78,35 @@ def resolve(row: str) -> list[argparse.ArgumentParser]:
         assert len(chosen) == 1, f"{row}: alternatives only at the last subcommand"
         chosen = [choices[name] for name in names]
     return chosen
+
+
+COMMAND_WORD = re.compile(r"[a-z][a-z0-9_-]*(\|[a-z][a-z0-9_-]*)*")
+
+
+def unknown_subcommand(row: str) -> str | None:
+    """The first word of a row that stands where a subcommand goes and names none."""
+    parser = command_parser()
+    for word in row.split()[1:]:
+        choices = subparsers(parser)
+        if not choices:
+            return None
+        names = word.split("|")
+        if not all(name in choices for name in names):
+            return word if COMMAND_WORD.fullmatch(word) else None
+        parser = choices[names[0]]
+    return None
+
+
+@pytest.mark.parametrize("row", readme_rows())
+def test_every_readme_row_names_commands_that_exist(row: str) -> None:
+    assert unknown_subcommand(row) is None, f"{row}: no such subcommand"
+
+
+def test_a_misspelt_subcommand_is_caught() -> None:
+    assert unknown_subcommand("quorumlog shell listbokies") == "listbokies"
+    assert unknown_subcommand("quorumlog db chnages --follow") == "chnages"
+    assert unknown_subcommand("quorumlog shell autorecovery enable|disable|status") is None
+    assert unknown_subcommand("quorumlog shell [--metadata URI] COMMAND") is None
 
 
 def test_the_readme_has_command_tables() -> None:
