@@ -44,7 +44,7 @@ from quorumlog.bookie.entry_log import (
 )
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.bookie.index import IndexDamageError, IndexUpdate, LedgerIndex
-from quorumlog.bookie.journal import delete_journal_files_before
+from quorumlog.bookie.journal.format import delete_journal_files_before
 from quorumlog.bookie.ledger_state import LedgerState, Location
 from quorumlog.bookie.read_cache import ReadCache
 from quorumlog.errors import BookieIOError
