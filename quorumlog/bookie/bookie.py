@@ -250,8 +250,8 @@ class Bookie:
             finally:
                 self._locks.release()
 
-    # The unit tests' crash simulation stops a bookie through these without closing
-    # its files (tests/unit/conftest.py).
+    # The local tests' crash simulation stops a bookie through these without closing
+    # its files (tests/local/conftest.py).
 
     @property
     def _closing(self) -> bool:
