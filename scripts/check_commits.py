@@ -8,8 +8,9 @@ Merge commits are not checked: git writes their subjects.
 
     python scripts/check_commits.py     # exit 1 and the offending commits, if any
 
-Without git, or outside a clone (a source archive), or in a shallow clone that does
-not reach the commit that added this file, it says what it skipped and exits 0.
+Without git, or outside a clone (a source archive), it says what it skipped and exits 0;
+in a shallow clone that does not reach the commit that added this file, it checks the
+commits after the first one it has, and says so.
 """
 
 from __future__ import annotations
@@ -80,6 +81,17 @@ def commits_to_check(git: Git) -> tuple[list[tuple[str, str]] | None, str]:
     for line in log.splitlines():
         commit, _, subject = line.partition("\0")
         commits.append((commit, subject))
+    parents = git(["rev-list", "--parents", "-n", "1", since]) or ""
+    if (
+        len(parents.split()) == 1
+        and (git(["rev-parse", "--is-shallow-repository"]) or "").strip() == "true"
+    ):
+        # A shallow clone's first commit shows every file as added: the script's
+        # addition is there or before it, so the commits after it are still checked.
+        return commits, (
+            f"{len(commits)} commits after {since[:12]}, where this shallow clone's "
+            f"history begins (the commit that added {SCRIPT_PATH} is not here)"
+        )
     return commits, f"{len(commits)} commits after {since[:12]}, which added {SCRIPT_PATH}"
 
 

@@ -77,9 +77,24 @@ def test_commits_after_the_one_that_added_the_script_are_checked() -> None:
     commits, what = cc.commits_to_check(git)
     assert commits == [("c" * 40, "scripts: add a check"), ("d" * 40, "Added things")]
     assert "2 commits after bbbbbbbbbbbb" in what
-    assert f"{'b' * 40}..HEAD" in seen[-1]
-    assert "--no-merges" in seen[-1]
+    (log,) = [args for args in seen if f"{'b' * 40}..HEAD" in args]
+    assert "--no-merges" in log
     assert len(cc.check(commits)) == 1
+
+
+def test_a_shallow_clone_checks_after_its_first_commit_and_says_so() -> None:
+    def git(args: Sequence[str]) -> str | None:
+        if args[0] == "rev-parse":
+            return "true\n" if "--is-shallow-repository" in args else ".git\n"
+        if args[0] == "rev-list":
+            return "b" * 40 + "\n"  # no parent: where the shallow history begins
+        if "--diff-filter=A" in args:
+            return "b" * 40 + "\n"
+        return "c" * 40 + "\0scripts: add a check\n"
+
+    commits, what = cc.commits_to_check(git)
+    assert commits == [("c" * 40, "scripts: add a check")]
+    assert "shallow clone" in what
 
 
 def test_without_a_clone_it_says_what_it_skipped() -> None:
