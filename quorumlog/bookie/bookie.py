@@ -43,7 +43,8 @@ from quorumlog.bookie.disk_checker import DiskChecker
 from quorumlog.bookie.errors import BookieStartError
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.bookie.invariants import Halt
-from quorumlog.bookie.journal import Journal, ScanReport
+from quorumlog.bookie.journal.replay import ScanReport
+from quorumlog.bookie.journal.writer import Journal
 from quorumlog.bookie.ledger_changes import LedgerChanges
 from quorumlog.bookie.ledger_state import LedgerState
 from quorumlog.bookie.long_poll import LongPolls
@@ -249,8 +250,8 @@ class Bookie:
             finally:
                 self._locks.release()
 
-    # The unit tests' crash simulation stops a bookie through these without closing
-    # its files (tests/unit/conftest.py).
+    # The local tests' crash simulation stops a bookie through these without closing
+    # its files (tests/local/conftest.py).
 
     @property
     def _closing(self) -> bool:

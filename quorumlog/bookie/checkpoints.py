@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from quorumlog.bookie.journal import Journal
+from quorumlog.bookie.journal.writer import Journal
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.bookie.timers import Timers
 

@@ -42,7 +42,7 @@ from quorumlog.bookie.entry_log import (
 )
 from quorumlog.bookie.fileops import REAL_FILES
 from quorumlog.bookie.index import LedgerIndex
-from quorumlog.bookie.journal import (
+from quorumlog.bookie.journal.format import (
     RECORD_ADD,
     RECORD_BATCH,
     RECORD_DELETE,

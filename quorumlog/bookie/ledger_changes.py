@@ -17,13 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 from quorumlog.bookie.invariants import Halt
-from quorumlog.bookie.journal import (
-    Journal,
+from quorumlog.bookie.journal.format import (
     delete_record,
     fence_record,
     lac_record,
     master_key_record,
 )
+from quorumlog.bookie.journal.writer import Journal
 from quorumlog.bookie.ledger_state import LedgerState
 from quorumlog.bookie.maintenance import ReadOnlyMode
 from quorumlog.bookie.reads import Reads, Respond, describe

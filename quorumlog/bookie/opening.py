@@ -5,7 +5,7 @@ directory), checks their cookies, opens ledger storage, replays the journal from
 checkpoint mark into it, starts a new journal file and checkpoints, so the old
 journal files go before the first request is taken. Damage the journal scan finds
 stops the start, unless it lies in the last batch or ``journal_skip_corruption`` is
-set (:func:`quorumlog.bookie.journal.scan`; docs/STORAGE.md, Replay). Damage in the
+set (:func:`quorumlog.bookie.journal.replay.scan`; docs/STORAGE.md, Replay). Damage in the
 last batch is cut off (its bytes kept beside the file); what the batch's manifest
 proves is kept, and the entries it names that replay could not read are recorded as
 unknown (:mod:`.suspicion`), durably before the cut.
@@ -21,14 +21,17 @@ from typing import NamedTuple
 
 import lmdb
 
-from quorumlog.bookie import journal as journal_mod
 from quorumlog.bookie import suspicion
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.cookie import check_directories
 from quorumlog.bookie.disk_checker import DiskChecker, ReservedSpace
 from quorumlog.bookie.errors import BookieStartError
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
-from quorumlog.bookie.journal import Journal, JournalCorruptionError, ScanReport, list_journal_ids
+from quorumlog.bookie.journal import format as journal_format
+from quorumlog.bookie.journal import replay as journal_replay
+from quorumlog.bookie.journal.format import list_journal_ids
+from quorumlog.bookie.journal.replay import JournalCorruptionError, ScanReport
+from quorumlog.bookie.journal.writer import Journal
 from quorumlog.bookie.ledger_changes import raise_explicit_lac
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.errors import BKError
@@ -194,36 +197,39 @@ def replay(
     states = storage.states
     ops = storage.ops
     found, generation = suspicion.load(data_dir, ops)
-    records = journal_mod.scan(
+    records = journal_replay.scan(
         journal_dir, storage.mark, skip_corruption, report, ops, defer_cuts=True
     )
     for kind, payload in records:
-        if kind == journal_mod.RECORD_MANIFEST or kind == journal_mod.RECORD_UNCLOSED_MANIFEST:
+        if (
+            kind == journal_format.RECORD_MANIFEST
+            or kind == journal_format.RECORD_UNCLOSED_MANIFEST
+        ):
             # Only a batch closed by its manifest may have been acknowledged.
-            _apply_manifest(storage, payload, report, kind == journal_mod.RECORD_MANIFEST)
+            _apply_manifest(storage, payload, report, kind == journal_format.RECORD_MANIFEST)
             continue
-        ledger_id = journal_mod.decode_ledger(payload)
+        ledger_id = journal_format.decode_ledger(payload)
         st = states.get(ledger_id)
-        if kind == journal_mod.RECORD_DELETE:
+        if kind == journal_format.RECORD_DELETE:
             storage.drop_ledger(ledger_id, tombstone=True)
             continue
         if st is None:
             st = storage.create_state(ledger_id)
         elif st.deleted:
             continue  # nothing may follow a delete; ignore rather than revive
-        if kind == journal_mod.RECORD_ADD:
+        if kind == journal_format.RECORD_ADD:
             where = f"journal add record of ledger {ledger_id}"
             lac = storage.replay_add(st, payload[8:], where)
             if lac > st.lac:
                 st.lac = lac
-        elif kind == journal_mod.RECORD_MASTER_KEY:
+        elif kind == journal_format.RECORD_MASTER_KEY:
             st.master_key = bytes(payload[8:])
             storage.mark_dirty(st)
-        elif kind == journal_mod.RECORD_FENCE:
+        elif kind == journal_format.RECORD_FENCE:
             st.fenced = True
             storage.mark_dirty(st)
-        elif kind == journal_mod.RECORD_LAC:
-            _, lac = journal_mod.decode_ledger_lac(payload)
+        elif kind == journal_format.RECORD_LAC:
+            _, lac = journal_format.decode_ledger_lac(payload)
             raise_explicit_lac(storage, st, lac)  # no poll is parked before the start
     # Ranges kept from earlier starts, less the ledgers gone and the entries held again.
     suspicion.restore(storage, found)
@@ -231,13 +237,13 @@ def replay(
     if report.manifests and report.pending_cuts:
         # What a manifest proved is durable before the bytes that prove it go: a crash
         # after the cut must not start without it.
-        mark = storage.mark or (report.first_file_id, journal_mod.FILE_HEADER_SIZE)
+        mark = storage.mark or (report.first_file_id, journal_format.FILE_HEADER_SIZE)
         work = storage.capture(mark, journal_dir)
         storage.commit(work)
         storage.finish(work, True)
     if now != found:
         suspicion.save(data_dir, now, generation, ops)
-    journal_mod.cut_torn_tails(report, ops)
+    journal_replay.cut_torn_tails(report, ops)
     if report.suspect:
         log.error(
             "bookie %s: a damaged journal batch held entries that replay could not read "
@@ -265,7 +271,7 @@ def _apply_manifest(
     were never acknowledged (each was asked for), and, with ``entries_suspect`` (the
     batch may have been acknowledged), its entries as unknown."""
     states = storage.states
-    for facts in journal_mod.decode_manifest(payload):
+    for facts in journal_format.decode_manifest(payload):
         ledger_id = facts.ledger_id
         if facts.deleted:
             storage.drop_ledger(ledger_id, tombstone=True)

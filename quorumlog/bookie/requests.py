@@ -20,11 +20,11 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from quorumlog.bookie import journal as journal_mod
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.disk_checker import disk_usage
 from quorumlog.bookie.invariants import Halt
-from quorumlog.bookie.journal import Journal, add_record, master_key_record
+from quorumlog.bookie.journal.format import add_record, master_key_record
+from quorumlog.bookie.journal.writer import Done, Journal
 from quorumlog.bookie.ledger_changes import LedgerChanges
 from quorumlog.bookie.long_poll import LongPolls
 from quorumlog.bookie.maintenance import ReadOnlyMode
@@ -278,9 +278,7 @@ class Requests:
 
     # -------------------------------------------------------------- journal completions
 
-    def on_journal_batch(
-        self, dones: list[journal_mod.Done], size: int, error: BaseException | None
-    ) -> None:
+    def on_journal_batch(self, dones: list[Done], size: int, error: BaseException | None) -> None:
         """A journal batch is durable (answer it), or failed (answer IO_ERROR, refuse adds)."""
         if error is None:
             for fn, arg in dones:

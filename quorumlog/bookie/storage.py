@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
@@ -44,7 +44,7 @@ from quorumlog.bookie.entry_log import (
 )
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
 from quorumlog.bookie.index import IndexDamageError, IndexUpdate, LedgerIndex
-from quorumlog.bookie.journal import delete_journal_files_before
+from quorumlog.bookie.journal.format import delete_journal_files_before
 from quorumlog.bookie.ledger_state import LedgerState, Location
 from quorumlog.bookie.read_cache import ReadCache
 from quorumlog.errors import BookieIOError
@@ -392,100 +392,70 @@ class LedgerStorage:
         """
         out: list[bytes] = []
         total = 0
-        reader = None
         ledger_id = st.ledger_id
         end_entry_id = first_entry_id + max(count, 1)
-        # Where recent adds are (read once: nothing runs on the loop during this read).
-        recent, flushing = st.recent, st.flushing
-        # The records of the last read-ahead, in the log's order, the log they are in and
-        # the next one to look at (a ledger's entries follow each other in the log, with
-        # other ledgers' records between them when written at the same time).
-        ahead: list[tuple[int, bytes]] = []
-        ahead_log = -1
-        ahead_next = ahead_len = 0
-        run: list[Location] = []  # locations from the index, of entries from run_first on
-        run_first = first_entry_id
+        locations = _batch_locations(self.index, st, first_entry_id, end_entry_id)
+        next_location = locations.__next__
+        ahead = _ReadAheadCursor()
+        take_ahead = ahead.take
         pack_ids = _IDS.pack
+        blob = b""
         try:
             for entry_id in range(first_entry_id, end_entry_id):
-                loc = recent.get(entry_id) if recent else None
-                if loc is None and flushing:
-                    loc = flushing.get(entry_id)
-                if loc is None:
-                    if reader is None:
-                        # Older entries: their locations in one go when the index
-                        # holds them all, as it does for a ledger written long ago.
-                        reader = self.index.reader()
-                        run_first = entry_id
-                        run = reader.run(
-                            ledger_id, entry_id, min(end_entry_id, st.last_entry_id + 1) - entry_id
-                        )
-                    if entry_id - run_first < len(run):
-                        loc = run[entry_id - run_first]
-                    else:
-                        try:
-                            loc = reader.get(ledger_id, entry_id)
-                        except BookieIOError as exc:  # R9: a damaged index record
-                            if out:
-                                break
-                            raise BookieIOError(
-                                f"ledger {ledger_id} entry {entry_id}: {exc.message}"
-                            ) from exc
-                        if loc is None:
-                            if not out and entry_id <= st.last_entry_id:
-                                self._prove_absent(st, entry_id)
-                            break
                 try:
-                    blob = None
-                    if loc[0] == ahead_log and ahead_next < ahead_len:
-                        record = ahead[ahead_next]
-                        if record[0] == loc[1]:  # the usual case: the next record
-                            blob = record[1]
-                            ahead_next += 1
-                        else:
-                            offset = loc[1]
-                            while ahead_next < ahead_len and ahead[ahead_next][0] < offset:
-                                ahead_next += 1
-                            if ahead_next < ahead_len and ahead[ahead_next][0] == offset:
-                                blob = ahead[ahead_next][1]
-                                ahead_next += 1
-                    if blob is None:
-                        key = (loc[0], loc[1])
-                        blob = self.read_cache.get(key)
-                        if blob is None:
-                            records = self._read_ahead(
-                                loc, end_entry_id - entry_id, max_bytes - total
+                    loc = next_location()
+                    if loc is not None:
+                        taken = take_ahead(loc)
+                        blob = (
+                            taken
+                            if taken is not None
+                            else self._read_blob(
+                                loc, ahead, end_entry_id - entry_id, max_bytes - total
                             )
-                            if records is not None:
-                                ahead, ahead_log, ahead_next = records, loc[0], 1
-                                ahead_len = len(records)
-                                blob = records[0][1]
-                            else:
-                                blob = self.entry_log.read(*loc)
-                            # The first of a read stays shared: that is the one a
-                            # repeated read or another reader of the batch asks for.
-                            self.read_cache.put(key, blob)
-                    # A sound record in the wrong place (a stale location, a log that
-                    # lost its name) must not be served as this entry.
-                    if not blob.startswith(pack_ids(ledger_id, entry_id)):
-                        got = _IDS.unpack_from(blob) if len(blob) >= 16 else "a short blob"
-                        raise BookieIOError(
-                            f"entry log {loc[0]} offset {loc[1]} holds {got}, not this entry"
                         )
-                except BookieIOError as exc:
+                        # A sound record in the wrong place (a stale location, a log
+                        # that lost its name) must not be served as this entry.
+                        if not blob.startswith(pack_ids(ledger_id, entry_id)):
+                            got = _IDS.unpack_from(blob) if len(blob) >= 16 else "a short blob"
+                            raise BookieIOError(
+                                f"entry log {loc[0]} offset {loc[1]} holds {got}, not this entry"
+                            )
+                except BookieIOError as exc:  # R9: a damaged index or entry-log record
                     if out:
                         break
                     raise BookieIOError(
                         f"ledger {ledger_id} entry {entry_id}: {exc.message}"
                     ) from exc
+                if loc is None:
+                    if not out and entry_id <= st.last_entry_id:
+                        self._prove_absent(st, entry_id)
+                    break
                 if out and total + len(blob) > max_bytes:
                     break
                 out.append(blob)
                 total += len(blob)
         finally:
-            if reader is not None:
-                reader.close()
+            locations.close()
         return out
+
+    def _read_blob(
+        self, loc: Location, ahead: _ReadAheadCursor, ahead_entries: int, budget_bytes: int
+    ) -> bytes:
+        """The record at ``loc`` when the last read-ahead does not hold it: from the read
+        cache, or read now, with a read-ahead of the records after it when worth it."""
+        key = (loc[0], loc[1])
+        blob = self.read_cache.get(key)
+        if blob is None:
+            records = self._read_ahead(loc, ahead_entries, budget_bytes)
+            if records is not None:
+                ahead.start(loc[0], records)
+                blob = records[0][1]
+            else:
+                blob = self.entry_log.read(*loc)
+            # The first of a read stays shared: that is the one a repeated read or
+            # another reader of the batch asks for.
+            self.read_cache.put(key, blob)
+        return blob
 
     def _prove_absent(self, st: LedgerState, entry_id: int) -> None:
         """R17: ``entry_id`` is below the ledger's last entry, and neither recent adds nor
@@ -649,3 +619,95 @@ class LedgerStorage:
             self.entry_log.close()
         finally:
             self.index.close()
+
+
+def _batch_locations(
+    index: LedgerIndex, st: LedgerState, first_entry_id: int, end_entry_id: int
+) -> Generator[Location | None, None, None]:
+    """Where the entries ``first_entry_id`` to ``end_entry_id - 1`` of one batch read
+    are, one after the other; None for one neither recent adds nor the index hold.
+
+    Recent adds (not yet checkpointed) are looked at first, then the index, whose read
+    transaction is opened at the first entry recent adds do not hold. From there the
+    locations of the rest of the batch come in one go when the index holds them all (as
+    it does for a ledger written long ago), else one lookup per entry. A damaged index
+    record (R9) or a failed index read raises BookieIOError, which ends the iteration.
+    Close the iterator to end the index's read transaction."""
+    ledger_id = st.ledger_id
+    # Read once: nothing runs on the loop during a batch read.
+    recent = st.recent or None
+    flushing = st.flushing or None
+    reader = None
+    try:
+        entry_id = first_entry_id
+        while entry_id < end_entry_id:
+            loc = recent.get(entry_id) if recent is not None else None
+            if loc is None and flushing is not None:
+                loc = flushing.get(entry_id)
+            if loc is not None:
+                yield loc
+                entry_id += 1
+                continue
+            if reader is None:
+                reader = index.reader()
+                end = min(end_entry_id, st.last_entry_id + 1)
+                run = reader.run(ledger_id, entry_id, end - entry_id)
+                if run:
+                    if recent is None and flushing is None:
+                        yield from run  # the usual case for older entries
+                        entry_id += len(run)
+                        continue
+                    for n, loc in enumerate(run):
+                        # Recent adds come first, as for every entry.
+                        recent_loc = recent.get(entry_id + n) if recent is not None else None
+                        if recent_loc is None and flushing is not None:
+                            recent_loc = flushing.get(entry_id + n)
+                        yield loc if recent_loc is None else recent_loc
+                    entry_id += len(run)
+                    continue
+            yield reader.get(ledger_id, entry_id)
+            entry_id += 1
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+class _ReadAheadCursor:
+    """The records of a batch read's last read-ahead (``(offset, blob)`` in the log's
+    order, from :meth:`LedgerStorage._read_ahead`) and the next one to look at. A
+    ledger's entries follow each other in the log, with other ledgers' records between
+    them when written at the same time, so the entry asked for is usually the next
+    record, and otherwise a later one: the cursor only moves forward."""
+
+    __slots__ = ("_count", "_log_id", "_next", "_records")
+
+    def __init__(self) -> None:
+        self._records: list[tuple[int, bytes]] = []
+        self._log_id = -1
+        self._next = self._count = 0
+
+    def start(self, log_id: int, records: list[tuple[int, bytes]]) -> None:
+        """Records read ahead in entry log ``log_id``; the first one is being served."""
+        self._records, self._log_id, self._next = records, log_id, 1
+        self._count = len(records)
+
+    def take(self, loc: Location) -> bytes | None:
+        """The record at ``loc`` if the read-ahead holds it at or after the cursor (which
+        then moves past it), else None."""
+        n = self._next
+        if n >= self._count or loc[0] != self._log_id:
+            return None
+        offset = loc[1]
+        records = self._records
+        record = records[n]
+        if record[0] == offset:  # the usual case: the next record
+            self._next = n + 1
+            return record[1]
+        count = self._count
+        while n < count and records[n][0] < offset:
+            n += 1
+        if n < count and records[n][0] == offset:
+            self._next = n + 1
+            return records[n][1]
+        self._next = n
+        return None

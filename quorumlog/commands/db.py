@@ -25,7 +25,7 @@ from quorumlog.server.memory_tuning import tune_for_serving
 
 _ADDR_HELP = "a replica's HOST:PORT (https://HOST:PORT if it serves HTTPS)"
 # quorumlog.db.machine's defaults, not imported: every command builds this parser, and
-# quorumlog.db takes 0.2 s to import (tests/unit/test_db_determinism.py holds them equal).
+# quorumlog.db takes 0.2 s to import (tests/local/test_db_determinism.py holds them equal).
 DEFAULT_STATEMENT_STEPS = 200_000_000
 DEFAULT_READERS = 4
 DEFAULT_READ_STEPS = 200_000_000

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from quorumlog.errors import LocalProtocolError, ProtocolError, Status
 from quorumlog.proto.entry import MASTER_KEY_SIZE
@@ -344,93 +346,137 @@ def encode(message: Message) -> bytes:
 
 def encode_parts(message: Message) -> list[bytes]:
     """One message as a list of byte strings to be written in order (saves a join)."""
+    encoder = _ENCODERS.get(type(message))
+    if encoder is None:
+        encoder = _subclass_encoder(message)
     try:
-        return _encode_parts(message)
+        return encoder(message)
     except struct.error as exc:
         raise LocalProtocolError(f"cannot encode {type(message).__name__}: {exc}") from exc
 
 
-def _encode_parts(m: Message) -> list[bytes]:
-    if isinstance(m, AddRequest):
-        _check_key(m.master_key)
-        fixed = _ADD_REQ.pack(m.ledger_id, int(m.flags), m.master_key, len(m.entries))
-        encoded = m.encoded_entries
-        if encoded is not None:
-            return [_header(Op.ADD, m.request_id, len(fixed) + len(encoded)), fixed, encoded]
-        body = [fixed]
-        body += _entries_bytes(m.entries)
-        size = sum(map(len, body))
-        return [_header(Op.ADD, m.request_id, size), *body]
-    if isinstance(m, AddResponse):
-        body_b = _ADD_RESP.pack(m.status, m.ledger_id, m.entry_count)
-        return [_header(Op.ADD | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
-    if isinstance(m, ReadRequest):
-        _check_key(m.master_key)
-        body_b = _READ_REQ.pack(
-            m.ledger_id,
-            m.first_entry_id,
-            m.count,
-            int(m.flags),
-            m.master_key,
-            m.previous_lac,
-            m.timeout_ms,
-            m.max_bytes,
+def _subclass_encoder(message: object) -> Callable[[Any], list[bytes]]:
+    """The encoder of a subclass of a message: the first whose message it is."""
+    for cls, encoder in _ENCODERS.items():
+        if isinstance(message, cls):
+            return encoder
+    raise LocalProtocolError(f"not a protocol message: {type(message).__name__}")
+
+
+# One encoder per message: the frame of a message as byte strings to write in order.
+
+
+def _encode_add_request(m: AddRequest) -> list[bytes]:
+    _check_key(m.master_key)
+    fixed = _ADD_REQ.pack(m.ledger_id, int(m.flags), m.master_key, len(m.entries))
+    encoded = m.encoded_entries
+    if encoded is not None:
+        return [_header(Op.ADD, m.request_id, len(fixed) + len(encoded)), fixed, encoded]
+    body = [fixed]
+    body += _entries_bytes(m.entries)
+    size = sum(map(len, body))
+    return [_header(Op.ADD, m.request_id, size), *body]
+
+
+def _encode_add_response(m: AddResponse) -> list[bytes]:
+    body = _ADD_RESP.pack(m.status, m.ledger_id, m.entry_count)
+    return [_header(Op.ADD | RESPONSE_BIT, m.request_id, len(body)), body]
+
+
+def _encode_read_request(m: ReadRequest) -> list[bytes]:
+    _check_key(m.master_key)
+    body = _READ_REQ.pack(
+        m.ledger_id,
+        m.first_entry_id,
+        m.count,
+        int(m.flags),
+        m.master_key,
+        m.previous_lac,
+        m.timeout_ms,
+        m.max_bytes,
+    )
+    return [_header(Op.READ, m.request_id, len(body)), body]
+
+
+def _encode_read_response(m: ReadResponse) -> list[bytes]:
+    body = [_READ_RESP.pack(m.status, m.ledger_id, m.first_entry_id, m.lac, len(m.entries))]
+    body += _entries_bytes(m.entries)
+    size = sum(map(len, body))
+    return [_header(Op.READ | RESPONSE_BIT, m.request_id, size), *body]
+
+
+def _encode_read_lac_request(m: ReadLacRequest) -> list[bytes]:
+    body = _LEDGER.pack(m.ledger_id)
+    return [_header(Op.READ_LAC, m.request_id, len(body)), body]
+
+
+def _encode_read_lac_response(m: ReadLacResponse) -> list[bytes]:
+    body = _READ_LAC_RESP.pack(m.status, m.ledger_id, m.lac, m.last_entry_id)
+    return [_header(Op.READ_LAC | RESPONSE_BIT, m.request_id, len(body)), body]
+
+
+def _encode_fence_request(m: FenceRequest) -> list[bytes]:
+    _check_key(m.master_key)
+    body = _FENCE_REQ.pack(m.ledger_id, m.master_key)
+    return [_header(Op.FENCE, m.request_id, len(body)), body]
+
+
+def _encode_fence_response(m: FenceResponse) -> list[bytes]:
+    body = _FENCE_RESP.pack(m.status, m.ledger_id, m.lac, m.last_entry_id)
+    return [_header(Op.FENCE | RESPONSE_BIT, m.request_id, len(body)), body]
+
+
+def _encode_write_lac_request(m: WriteLacRequest) -> list[bytes]:
+    _check_key(m.master_key)
+    body = _WRITE_LAC_REQ.pack(m.ledger_id, m.master_key, m.lac)
+    return [_header(Op.WRITE_LAC, m.request_id, len(body)), body]
+
+
+def _encode_delete_request(m: DeleteLedgerRequest) -> list[bytes]:
+    _check_key(m.master_key)
+    body = _DELETE_REQ.pack(m.ledger_id, m.master_key)
+    return [_header(Op.DELETE_LEDGER, m.request_id, len(body)), body]
+
+
+def _encode_status_response(m: StatusResponse) -> list[bytes]:
+    if m.op not in (Op.WRITE_LAC, Op.DELETE_LEDGER):
+        raise LocalProtocolError(f"StatusResponse cannot answer operation {m.op}")
+    body = _STATUS_RESP.pack(m.status, m.ledger_id)
+    return [_header(m.op | RESPONSE_BIT, m.request_id, len(body)), body]
+
+
+def _encode_info_request(m: BookieInfoRequest) -> list[bytes]:
+    return [_header(Op.BOOKIE_INFO, m.request_id, 0)]
+
+
+def _encode_info_response(m: BookieInfoResponse) -> list[bytes]:
+    body = _INFO_RESP.pack(m.status, int(m.read_only), m.free_bytes, m.total_bytes)
+    return [_header(Op.BOOKIE_INFO | RESPONSE_BIT, m.request_id, len(body)), body]
+
+
+def _encode_auth_request(m: AuthRequest) -> list[bytes]:
+    if len(m.credential) > MAX_AUTH_CREDENTIAL_BYTES:
+        raise LocalProtocolError(
+            f"credential of {len(m.credential)} bytes (over {MAX_AUTH_CREDENTIAL_BYTES})"
         )
-        return [_header(Op.READ, m.request_id, len(body_b)), body_b]
-    if isinstance(m, ReadResponse):
-        body = [_READ_RESP.pack(m.status, m.ledger_id, m.first_entry_id, m.lac, len(m.entries))]
-        body += _entries_bytes(m.entries)
-        size = sum(map(len, body))
-        return [_header(Op.READ | RESPONSE_BIT, m.request_id, size), *body]
-    if isinstance(m, ReadLacRequest):
-        body_b = _LEDGER.pack(m.ledger_id)
-        return [_header(Op.READ_LAC, m.request_id, len(body_b)), body_b]
-    if isinstance(m, ReadLacResponse):
-        body_b = _READ_LAC_RESP.pack(m.status, m.ledger_id, m.lac, m.last_entry_id)
-        return [_header(Op.READ_LAC | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
-    if isinstance(m, FenceRequest):
-        _check_key(m.master_key)
-        body_b = _FENCE_REQ.pack(m.ledger_id, m.master_key)
-        return [_header(Op.FENCE, m.request_id, len(body_b)), body_b]
-    if isinstance(m, FenceResponse):
-        body_b = _FENCE_RESP.pack(m.status, m.ledger_id, m.lac, m.last_entry_id)
-        return [_header(Op.FENCE | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
-    if isinstance(m, WriteLacRequest):
-        _check_key(m.master_key)
-        body_b = _WRITE_LAC_REQ.pack(m.ledger_id, m.master_key, m.lac)
-        return [_header(Op.WRITE_LAC, m.request_id, len(body_b)), body_b]
-    if isinstance(m, DeleteLedgerRequest):
-        _check_key(m.master_key)
-        body_b = _DELETE_REQ.pack(m.ledger_id, m.master_key)
-        return [_header(Op.DELETE_LEDGER, m.request_id, len(body_b)), body_b]
-    if isinstance(m, StatusResponse):
-        if m.op not in (Op.WRITE_LAC, Op.DELETE_LEDGER):
-            raise LocalProtocolError(f"StatusResponse cannot answer operation {m.op}")
-        body_b = _STATUS_RESP.pack(m.status, m.ledger_id)
-        return [_header(m.op | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
-    if isinstance(m, BookieInfoRequest):
-        return [_header(Op.BOOKIE_INFO, m.request_id, 0)]
-    if isinstance(m, BookieInfoResponse):
-        body_b = _INFO_RESP.pack(m.status, int(m.read_only), m.free_bytes, m.total_bytes)
-        return [_header(Op.BOOKIE_INFO | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
-    if isinstance(m, AuthRequest):
-        if len(m.credential) > MAX_AUTH_CREDENTIAL_BYTES:
-            raise LocalProtocolError(
-                f"credential of {len(m.credential)} bytes (over {MAX_AUTH_CREDENTIAL_BYTES})"
-            )
-        body_b = _AUTH_REQ.pack(m.version, int(m.mechanism), len(m.credential)) + m.credential
-        return [_header(Op.AUTH, m.request_id, len(body_b)), body_b]
-    if isinstance(m, AuthResponse):
-        reason = m.reason.encode("utf-8")[:MAX_AUTH_REASON_BYTES]
-        body_b = _AUTH_RESP.pack(m.status, m.roles, len(reason)) + reason
-        return [_header(Op.AUTH | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
-    if isinstance(m, LedgerKeyRequest):
-        body_b = _LEDGER.pack(m.ledger_id)
-        return [_header(Op.LEDGER_KEY, m.request_id, len(body_b)), body_b]
-    if isinstance(m, LedgerKeyResponse):
-        body_b = _LEDGER_KEY_RESP.pack(m.status, m.ledger_id, m.master_key)
-        return [_header(Op.LEDGER_KEY | RESPONSE_BIT, m.request_id, len(body_b)), body_b]
-    raise LocalProtocolError(f"not a protocol message: {type(m).__name__}")
+    body = _AUTH_REQ.pack(m.version, int(m.mechanism), len(m.credential)) + m.credential
+    return [_header(Op.AUTH, m.request_id, len(body)), body]
+
+
+def _encode_auth_response(m: AuthResponse) -> list[bytes]:
+    reason = m.reason.encode("utf-8")[:MAX_AUTH_REASON_BYTES]
+    body = _AUTH_RESP.pack(m.status, m.roles, len(reason)) + reason
+    return [_header(Op.AUTH | RESPONSE_BIT, m.request_id, len(body)), body]
+
+
+def _encode_ledger_key_request(m: LedgerKeyRequest) -> list[bytes]:
+    body = _LEDGER.pack(m.ledger_id)
+    return [_header(Op.LEDGER_KEY, m.request_id, len(body)), body]
+
+
+def _encode_ledger_key_response(m: LedgerKeyResponse) -> list[bytes]:
+    body = _LEDGER_KEY_RESP.pack(m.status, m.ledger_id, m.master_key)
+    return [_header(Op.LEDGER_KEY | RESPONSE_BIT, m.request_id, len(body)), body]
 
 
 def error_response(request: Request, status: Status) -> Response:
@@ -500,91 +546,65 @@ def _check_ids(*ids: int, op_name: str) -> None:
 
 def decode_message(op: int, request_id: int, body: memoryview) -> Message:
     """Decode one frame's body. Raises ProtocolError for anything malformed."""
-    is_response = bool(op & RESPONSE_BIT)
-    base = op & ~RESPONSE_BIT
-    try:
-        kind = Op(base)
-    except ValueError:
-        raise ProtocolError(f"unknown operation {op}") from None
-    name = kind.name + (" response" if is_response else " request")
-    if not is_response:
-        if kind is Op.ADD:
-            if len(body) < _ADD_REQ.size:
-                raise ProtocolError(f"{name}: body of {len(body)} bytes is too short")
-            ledger_id, flags, key, count = _ADD_REQ.unpack_from(body, 0)
-            _check_ids(ledger_id, op_name=name)
-            entries = _read_entries(body, _ADD_REQ.size, count, name)
-            if flags & ~_ADD_FLAGS_KNOWN:
-                raise ProtocolError(f"{name}: unknown flags {flags}")
-            return AddRequest(request_id, ledger_id, key, entries, AddFlag(flags))
-        if kind is Op.READ:
-            ledger_id, first, count, flags, key, prev, timeout_ms, max_bytes = _fixed(
-                _READ_REQ, body, name
-            )
-            _check_ids(ledger_id, op_name=name)
-            if flags & ~_READ_FLAGS_KNOWN:
-                raise ProtocolError(f"{name}: unknown flags {flags}")
-            return ReadRequest(
-                request_id,
-                ledger_id,
-                first,
-                count,
-                ReadFlag(flags),
-                key,
-                prev,
-                timeout_ms,
-                max_bytes,
-            )
-        if kind is Op.READ_LAC:
-            (ledger_id,) = _fixed(_LEDGER, body, name)
-            _check_ids(ledger_id, op_name=name)
-            return ReadLacRequest(request_id, ledger_id)
-        if kind is Op.FENCE:
-            ledger_id, key = _fixed(_FENCE_REQ, body, name)
-            _check_ids(ledger_id, op_name=name)
-            return FenceRequest(request_id, ledger_id, key)
-        if kind is Op.WRITE_LAC:
-            ledger_id, key, lac = _fixed(_WRITE_LAC_REQ, body, name)
-            _check_ids(ledger_id, op_name=name)
-            return WriteLacRequest(request_id, ledger_id, key, lac)
-        if kind is Op.DELETE_LEDGER:
-            ledger_id, key = _fixed(_DELETE_REQ, body, name)
-            _check_ids(ledger_id, op_name=name)
-            return DeleteLedgerRequest(request_id, ledger_id, key)
-        if kind is Op.AUTH:
-            return _decode_auth_request(request_id, body, name)
-        if kind is Op.LEDGER_KEY:
-            (ledger_id,) = _fixed(_LEDGER, body, name)
-            _check_ids(ledger_id, op_name=name)
-            return LedgerKeyRequest(request_id, ledger_id)
-        if len(body) != 0:
-            raise ProtocolError(f"{name}: unexpected body of {len(body)} bytes")
-        return BookieInfoRequest(request_id)
-    if kind is Op.ADD:
-        status, ledger_id, count = _fixed(_ADD_RESP, body, name)
-        return AddResponse(request_id, status, ledger_id, count)
-    if kind is Op.READ:
-        if len(body) < _READ_RESP.size:
-            raise ProtocolError(f"{name}: body of {len(body)} bytes is too short")
-        status, ledger_id, first, lac, count = _READ_RESP.unpack_from(body, 0)
-        entries = _read_entries(body, _READ_RESP.size, count, name)
-        return ReadResponse(request_id, status, ledger_id, first, lac, entries)
-    if kind is Op.READ_LAC:
-        status, ledger_id, lac, last = _fixed(_READ_LAC_RESP, body, name)
-        return ReadLacResponse(request_id, status, ledger_id, lac, last)
-    if kind is Op.FENCE:
-        status, ledger_id, lac, last = _fixed(_FENCE_RESP, body, name)
-        return FenceResponse(request_id, status, ledger_id, lac, last)
-    if kind in (Op.WRITE_LAC, Op.DELETE_LEDGER):
-        status, ledger_id = _fixed(_STATUS_RESP, body, name)
-        return StatusResponse(request_id, kind, status, ledger_id)
-    if kind is Op.AUTH:
-        return _decode_auth_response(request_id, body, name)
-    if kind is Op.LEDGER_KEY:
-        status, ledger_id, key = _fixed(_LEDGER_KEY_RESP, body, name)
-        return LedgerKeyResponse(request_id, status, ledger_id, key)
-    status, read_only, free, total = _fixed(_INFO_RESP, body, name)
-    return BookieInfoResponse(request_id, status, bool(read_only), free, total)
+    coder = _CODERS.get(op)
+    if coder is None:
+        raise ProtocolError(f"unknown operation {op}")
+    return coder.decode(request_id, body, coder.name)
+
+
+# One decoder per operation code: ``decode(request id, body, name)``, where the name
+# ("ADD request") leads every error message.
+
+
+def _decode_add_request(request_id: int, body: memoryview, name: str) -> AddRequest:
+    if len(body) < _ADD_REQ.size:
+        raise ProtocolError(f"{name}: body of {len(body)} bytes is too short")
+    ledger_id, flags, key, count = _ADD_REQ.unpack_from(body, 0)
+    _check_ids(ledger_id, op_name=name)
+    entries = _read_entries(body, _ADD_REQ.size, count, name)
+    if flags & ~_ADD_FLAGS_KNOWN:
+        raise ProtocolError(f"{name}: unknown flags {flags}")
+    return AddRequest(request_id, ledger_id, key, entries, AddFlag(flags))
+
+
+def _decode_read_request(request_id: int, body: memoryview, name: str) -> ReadRequest:
+    ledger_id, first, count, flags, key, prev, timeout_ms, max_bytes = _fixed(_READ_REQ, body, name)
+    _check_ids(ledger_id, op_name=name)
+    if flags & ~_READ_FLAGS_KNOWN:
+        raise ProtocolError(f"{name}: unknown flags {flags}")
+    return ReadRequest(
+        request_id, ledger_id, first, count, ReadFlag(flags), key, prev, timeout_ms, max_bytes
+    )
+
+
+def _decode_read_lac_request(request_id: int, body: memoryview, name: str) -> ReadLacRequest:
+    (ledger_id,) = _fixed(_LEDGER, body, name)
+    _check_ids(ledger_id, op_name=name)
+    return ReadLacRequest(request_id, ledger_id)
+
+
+def _decode_fence_request(request_id: int, body: memoryview, name: str) -> FenceRequest:
+    ledger_id, key = _fixed(_FENCE_REQ, body, name)
+    _check_ids(ledger_id, op_name=name)
+    return FenceRequest(request_id, ledger_id, key)
+
+
+def _decode_write_lac_request(request_id: int, body: memoryview, name: str) -> WriteLacRequest:
+    ledger_id, key, lac = _fixed(_WRITE_LAC_REQ, body, name)
+    _check_ids(ledger_id, op_name=name)
+    return WriteLacRequest(request_id, ledger_id, key, lac)
+
+
+def _decode_delete_request(request_id: int, body: memoryview, name: str) -> DeleteLedgerRequest:
+    ledger_id, key = _fixed(_DELETE_REQ, body, name)
+    _check_ids(ledger_id, op_name=name)
+    return DeleteLedgerRequest(request_id, ledger_id, key)
+
+
+def _decode_info_request(request_id: int, body: memoryview, name: str) -> BookieInfoRequest:
+    if len(body) != 0:
+        raise ProtocolError(f"{name}: unexpected body of {len(body)} bytes")
+    return BookieInfoRequest(request_id)
 
 
 def _decode_auth_request(request_id: int, body: memoryview, name: str) -> AuthRequest:
@@ -600,6 +620,50 @@ def _decode_auth_request(request_id: int, body: memoryview, name: str) -> AuthRe
     return AuthRequest(request_id, bytes(body[_AUTH_REQ.size :]), mechanism, version)
 
 
+def _decode_ledger_key_request(request_id: int, body: memoryview, name: str) -> LedgerKeyRequest:
+    (ledger_id,) = _fixed(_LEDGER, body, name)
+    _check_ids(ledger_id, op_name=name)
+    return LedgerKeyRequest(request_id, ledger_id)
+
+
+def _decode_add_response(request_id: int, body: memoryview, name: str) -> AddResponse:
+    status, ledger_id, count = _fixed(_ADD_RESP, body, name)
+    return AddResponse(request_id, status, ledger_id, count)
+
+
+def _decode_read_response(request_id: int, body: memoryview, name: str) -> ReadResponse:
+    if len(body) < _READ_RESP.size:
+        raise ProtocolError(f"{name}: body of {len(body)} bytes is too short")
+    status, ledger_id, first, lac, count = _READ_RESP.unpack_from(body, 0)
+    entries = _read_entries(body, _READ_RESP.size, count, name)
+    return ReadResponse(request_id, status, ledger_id, first, lac, entries)
+
+
+def _decode_read_lac_response(request_id: int, body: memoryview, name: str) -> ReadLacResponse:
+    status, ledger_id, lac, last = _fixed(_READ_LAC_RESP, body, name)
+    return ReadLacResponse(request_id, status, ledger_id, lac, last)
+
+
+def _decode_fence_response(request_id: int, body: memoryview, name: str) -> FenceResponse:
+    status, ledger_id, lac, last = _fixed(_FENCE_RESP, body, name)
+    return FenceResponse(request_id, status, ledger_id, lac, last)
+
+
+def _decode_write_lac_response(request_id: int, body: memoryview, name: str) -> StatusResponse:
+    status, ledger_id = _fixed(_STATUS_RESP, body, name)
+    return StatusResponse(request_id, Op.WRITE_LAC, status, ledger_id)
+
+
+def _decode_delete_response(request_id: int, body: memoryview, name: str) -> StatusResponse:
+    status, ledger_id = _fixed(_STATUS_RESP, body, name)
+    return StatusResponse(request_id, Op.DELETE_LEDGER, status, ledger_id)
+
+
+def _decode_info_response(request_id: int, body: memoryview, name: str) -> BookieInfoResponse:
+    status, read_only, free, total = _fixed(_INFO_RESP, body, name)
+    return BookieInfoResponse(request_id, status, bool(read_only), free, total)
+
+
 def _decode_auth_response(request_id: int, body: memoryview, name: str) -> AuthResponse:
     if len(body) < _AUTH_RESP.size:
         raise ProtocolError(f"{name}: body of {len(body)} bytes is too short")
@@ -608,6 +672,91 @@ def _decode_auth_response(request_id: int, body: memoryview, name: str) -> AuthR
         raise ProtocolError(f"{name}: reason length {size} does not match the body")
     reason = bytes(body[_AUTH_RESP.size :]).decode("utf-8", "replace")
     return AuthResponse(request_id, status, roles, reason)
+
+
+def _decode_ledger_key_response(request_id: int, body: memoryview, name: str) -> LedgerKeyResponse:
+    status, ledger_id, key = _fixed(_LEDGER_KEY_RESP, body, name)
+    return LedgerKeyResponse(request_id, status, ledger_id, key)
+
+
+# ---------------------------------------------------------------- the coders' table
+
+
+@dataclass(frozen=True, slots=True)
+class _Coder:
+    """What the codec does for one operation code (a request's, or a response's with
+    RESPONSE_BIT): the message it carries, its encoder and its decoder."""
+
+    name: str  # "ADD request": what error messages start with
+    message: type
+    encode: Callable[[Any], list[bytes]]
+    decode: Callable[[int, memoryview, str], Message]
+
+
+# A side of an operation: its message's type, encoder and decoder.
+_Side = tuple[type, Callable[..., list[bytes]], Callable[..., Message]]
+# Per operation: its request's side, then its response's.
+_OP_CODERS: tuple[tuple[Op, _Side, _Side], ...] = (
+    (
+        Op.ADD,
+        (AddRequest, _encode_add_request, _decode_add_request),
+        (AddResponse, _encode_add_response, _decode_add_response),
+    ),
+    (
+        Op.READ,
+        (ReadRequest, _encode_read_request, _decode_read_request),
+        (ReadResponse, _encode_read_response, _decode_read_response),
+    ),
+    (
+        Op.READ_LAC,
+        (ReadLacRequest, _encode_read_lac_request, _decode_read_lac_request),
+        (ReadLacResponse, _encode_read_lac_response, _decode_read_lac_response),
+    ),
+    (
+        Op.FENCE,
+        (FenceRequest, _encode_fence_request, _decode_fence_request),
+        (FenceResponse, _encode_fence_response, _decode_fence_response),
+    ),
+    (
+        Op.WRITE_LAC,
+        (WriteLacRequest, _encode_write_lac_request, _decode_write_lac_request),
+        (StatusResponse, _encode_status_response, _decode_write_lac_response),
+    ),
+    (
+        Op.DELETE_LEDGER,
+        (DeleteLedgerRequest, _encode_delete_request, _decode_delete_request),
+        (StatusResponse, _encode_status_response, _decode_delete_response),
+    ),
+    (
+        Op.BOOKIE_INFO,
+        (BookieInfoRequest, _encode_info_request, _decode_info_request),
+        (BookieInfoResponse, _encode_info_response, _decode_info_response),
+    ),
+    (
+        Op.AUTH,
+        (AuthRequest, _encode_auth_request, _decode_auth_request),
+        (AuthResponse, _encode_auth_response, _decode_auth_response),
+    ),
+    (
+        Op.LEDGER_KEY,
+        (LedgerKeyRequest, _encode_ledger_key_request, _decode_ledger_key_request),
+        (LedgerKeyResponse, _encode_ledger_key_response, _decode_ledger_key_response),
+    ),
+)
+# The operation code on the wire -> its coder.
+_CODERS: dict[int, _Coder] = {
+    code: _Coder(f"{op.name} {side}", message, encode, decode)
+    for op, request, response in _OP_CODERS
+    for code, side, (message, encode, decode) in (
+        (int(op), "request", request),
+        (op | RESPONSE_BIT, "response", response),
+    )
+}
+# The message's type -> its encoder.
+_ENCODERS: dict[type, Callable[[Any], list[bytes]]] = {
+    coder.message: coder.encode for coder in _CODERS.values()
+}
+assert len(_CODERS) == 2 * len(Op), "every operation has a request and a response coder"
 
 
 class FrameDecoder:

@@ -52,6 +52,7 @@ from quorumlog.proto.codec import (
     FenceResponse,
     FrameDecoder,
     LedgerKeyResponse,
+    Message,
     ReadFlag,
     ReadLacResponse,
     ReadRequest,
@@ -235,68 +236,84 @@ class BookieProtocol(asyncio.Protocol):
             self._protocol_violation(str(exc))
             return
         submit = self._handler.submit
-        config = self._config
-        for message, held in zip(messages, sizes, strict=True):
-            if isinstance(message, _RESPONSE_TYPES):
-                self._protocol_violation(f"a {type(message).__name__} sent to a bookie")
-                return
-            if type(message) is AuthRequest:
-                self._authenticate(message)
+        for message, frame_bytes in zip(messages, sizes, strict=True):
+            admitted = self._admit(message, frame_bytes)
+            if admitted is None:
                 if self.closed:
                     return
                 continue
-            if self._verifier is not None and not self._authorized(message):
-                if self.closed:
-                    return
-                continue
-            poll = False
-            if type(message) is ReadRequest:
-                if message.flags & ReadFlag.LONG_POLL:
-                    if self.polls >= config.max_long_polls_per_connection:
-                        self.requests_total += 1
-                        self.in_flight += 1
-                        self._answered(
-                            _Answer(self, 0, False),
-                            error_response(message, Status.TOO_MANY_REQUESTS),
-                        )
-                        continue
-                    # A parked poll holds only its request: bounded by the count above.
-                    poll = True
-                    held = 0
-                    self.polls += 1
-                else:
-                    # A read's answer may be as large as its max_bytes: count that against
-                    # the connection before the bookie answers, or a peer could ask for
-                    # many large answers and never read them.
-                    held += min(message.max_bytes, config.max_frame_size_bytes)
+            request, held, poll = admitted
             self.held_bytes += held
             self.in_flight += 1
             self.requests_total += 1
             respond = _Answer(self, held, poll)
             try:
-                submit(message, respond)
+                submit(request, respond)
             except Exception as exc:
                 # The bookie answers bad input and disk failures itself: what escapes it
                 # is a state that cannot be.
-                self._broken(f"submitting {type(message).__name__}", exc)
+                self._broken(f"submitting {type(request).__name__}", exc)
                 return
+        if self._first_frame_too_large():
+            return
+        if (
+            self.held_bytes >= self._budget.share_bytes
+            or self.in_flight - self.polls >= self._config.max_in_flight_requests
+        ):
+            self._update_reading()
+
+    # ------------------------------------------------------------ admission
+
+    def _admit(self, message: Message, frame_bytes: int) -> tuple[Request, int, bool] | None:
+        """Whether the bookie is to serve ``message``, a frame of ``frame_bytes``: the
+        request, the bytes it holds against the connection until answered, and whether it
+        is a long poll. None when the connection answered it itself (an AUTH, a refusal)
+        or closed (a response sent to a bookie, a request before a token)."""
+        if isinstance(message, _RESPONSE_TYPES):
+            self._protocol_violation(f"a {type(message).__name__} sent to a bookie")
+            return None
+        if type(message) is AuthRequest:
+            self._authenticate(message)
+            return None
+        if self._verifier is not None and not self._authorized(message):
+            return None
+        if type(message) is ReadRequest:
+            return self._admit_read(message, frame_bytes)
+        return message, frame_bytes, False
+
+    def _admit_read(
+        self, request: ReadRequest, frame_bytes: int
+    ) -> tuple[Request, int, bool] | None:
+        """A read holds what its answer may take; a long poll holds a place among the
+        connection's polls (over their limit it is answered TOO_MANY_REQUESTS)."""
+        config = self._config
+        if request.flags & ReadFlag.LONG_POLL:
+            if self.polls >= config.max_long_polls_per_connection:
+                self._answer_now(error_response(request, Status.TOO_MANY_REQUESTS))
+                return None
+            # A parked poll holds only its request: bounded by the count above.
+            self.polls += 1
+            return request, 0, True
+        # A read's answer may be as large as its max_bytes: count that against the
+        # connection before the bookie answers, or a peer could ask for many large
+        # answers and never read them.
+        return request, frame_bytes + min(request.max_bytes, config.max_frame_size_bytes), False
+
+    def _first_frame_too_large(self) -> bool:
+        """A first frame larger than any AUTH: a peer without a token must not make the
+        bookie hold up to a maximum frame (for every connection) until it ends. Refuses
+        it (and closes) if so."""
         if (
             self.identity is None
             and self._verifier is not None
             and self._decoder.buffered_bytes > _MAX_AUTH_FRAME_BYTES
         ):
-            # A first frame larger than any AUTH: a peer without a token must not make
-            # the bookie hold up to a maximum frame (for every connection) until it ends.
             reason = (
                 f"a frame of over {_MAX_AUTH_FRAME_BYTES} bytes before a token; {_AUTH_REQUIRED}"
             )
             self._refuse(AuthResponse(0, Status.UNAUTHORIZED, 0, reason))
-            return
-        if (
-            self.held_bytes >= self._budget.share_bytes
-            or self.in_flight - self.polls >= config.max_in_flight_requests
-        ):
-            self._update_reading()
+            return True
+        return False
 
     def eof_received(self) -> bool | None:
         # The peer will send nothing more; answers still in flight are written, then the

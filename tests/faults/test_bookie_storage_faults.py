@@ -34,7 +34,7 @@ import pytest
 from support import poll_until, run
 
 from quorumlog import BookKeeper, ClientConfig
-from quorumlog.bookie import journal as jm
+from quorumlog.bookie.journal import format as journal_format
 from quorumlog.errors import BKError, Status
 from quorumlog.proto.codec import (
     AddRequest,
@@ -291,13 +291,13 @@ def _journal_batches(path: Path) -> list[list[tuple[int, int, int]]]:
     from its BATCH record on (read up to the first record that is not whole)."""
     data = path.read_bytes()
     batches: list[list[tuple[int, int, int]]] = []
-    position = jm.FILE_HEADER_SIZE
-    while position + jm.RECORD_OVERHEAD <= len(data):
+    position = journal_format.FILE_HEADER_SIZE
+    while position + journal_format.RECORD_OVERHEAD <= len(data):
         length, kind = _RECORD_HEAD.unpack_from(data, position)
         size = length + 8
-        if length < 1 or position + size > len(data) or kind not in jm.RECORD_TYPES:
+        if length < 1 or position + size > len(data) or kind not in journal_format.RECORD_TYPES:
             break
-        if kind == jm.RECORD_BATCH:
+        if kind == journal_format.RECORD_BATCH:
             batches.append([])
         if batches:
             batches[-1].append((position, size, kind))
@@ -306,7 +306,9 @@ def _journal_batches(path: Path) -> list[list[tuple[int, int, int]]]:
 
 
 def _last_journal_file(bookie_journal: Path) -> Path:
-    return bookie_journal / jm.journal_file_name(max(jm.list_journal_ids(bookie_journal)))
+    return bookie_journal / journal_format.journal_file_name(
+        max(journal_format.list_journal_ids(bookie_journal))
+    )
 
 
 def _flip_bit(path: Path, offset: int, bit: int = 3) -> None:
@@ -344,7 +346,7 @@ def _journal_last_batch_with_fence_and_adds(
         run(_adds_then_fence(address, ledger_id, blobs))
         batch = _journal_batches(_last_journal_file(bookie.journal_dir))[-1]
         kinds = {kind for _, _, kind in batch}
-        if {jm.RECORD_FENCE, jm.RECORD_ADD} <= kinds:
+        if {journal_format.RECORD_FENCE, journal_format.RECORD_ADD} <= kinds:
             return ledger_id, blobs, batch
     raise AssertionError("the journal never put a fence and adds in one batch")
 
@@ -375,7 +377,7 @@ def test_b1_a_flipped_bit_in_the_journals_last_synced_batch_keeps_the_fence_and_
         address = cluster.addresses[0]
         ledger_id, blobs, batch = _journal_last_batch_with_fence_and_adds(cluster, 0, 11, 20)
         cluster.kill(0)
-        kind = jm.RECORD_FENCE if damaged == "fence" else jm.RECORD_ADD
+        kind = journal_format.RECORD_FENCE if damaged == "fence" else journal_format.RECORD_ADD
         # The fence is the batch's last record; the first add leaves more after it.
         offset, size, _ = [r for r in batch if r[2] == kind][-1 if damaged == "fence" else 0]
         journal_file = _last_journal_file(cluster.bookies[0].journal_dir)
@@ -580,7 +582,7 @@ def _recover_after_damage(cluster: LocalCluster, kind: str) -> None:
         cluster.kill(b)
         journal_file = _last_journal_file(cluster.bookies[b].journal_dir)
         batch = _journal_batches(journal_file)[-1]
-        adds = [r for r in batch if r[2] == jm.RECORD_ADD]  # one entry each, up to 19
+        adds = [r for r in batch if r[2] == journal_format.RECORD_ADD]  # one entry each, up to 19
         offset, size, _ = adds[0]
         damaged_entry = 20 - len(adds)  # it and the entries after it are unknown
         _flip_bit(journal_file, offset + size // 2)

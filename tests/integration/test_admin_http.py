@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -108,13 +107,14 @@ def test_every_admin_endpoint_answers_and_bad_parameters_are_refused(
 
     status, gc, _ = http(port, "/api/v1/bookie/gc", method="PUT", body={})
     assert status == 202 and gc["started"] is True
-    deadline = time.monotonic() + 60
-    while True:
-        status, gc, _ = http(port, "/api/v1/bookie/gc")
-        assert status == 200
-        if not gc["is_in_force_gc"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    poll_until(
+        lambda: not http(port, "/api/v1/bookie/gc")[1]["is_in_force_gc"],
+        timeout_s=60,
+        what="the forced GC finishing",
+        interval_s=0.2,
+    )
+    status, gc, _ = http(port, "/api/v1/bookie/gc")
+    assert status == 200
     assert gc["is_in_force_gc"] is False and gc["last"] is not None, gc
     assert "error" not in gc["last"], gc
 
@@ -131,12 +131,12 @@ def test_every_admin_endpoint_answers_and_bad_parameters_are_refused(
     # Read-only on, seen by the registry, then off again.
     status, state, _ = http(port, "/api/v1/bookie/state", method="PUT", body={"readOnly": True})
     assert status == 200 and state["readOnly"] is True and "operator" in state["readOnlyReason"]
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if http(port, "/api/v1/bookie/list_bookies?type=ro")[1] == {address: "ro"}:
-            break
-        time.sleep(0.2)
-    assert http(port, "/api/v1/bookie/list_bookies?type=ro")[1] == {address: "ro"}
+    poll_until(
+        lambda: http(port, "/api/v1/bookie/list_bookies?type=ro")[1] == {address: "ro"},
+        timeout_s=20,
+        what="the registry listing the bookie read-only",
+        interval_s=0.2,
+    )
     status, state, _ = http(
         port, "/api/v1/bookie/state/readonly", method="PUT", body={"readOnly": False}
     )

@@ -108,14 +108,18 @@ async def read_while(address: str, live: list[int], until: float, stop: asyncio.
     return checked
 
 
-def wait_for(path: Path, pattern: re.Pattern[bytes], timeout_s: float) -> re.Match[bytes]:
+def wait_for(
+    path: Path, pattern: re.Pattern[bytes], timeout_s: float, count: int = 1
+) -> re.Match[bytes]:
+    """The ``count``-th match of ``pattern`` in the file at ``path``, once it is there
+    (polled, bounded by ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        match = pattern.search(path.read_bytes())
-        if match:
-            return match
+        matches = list(pattern.finditer(path.read_bytes()))
+        if len(matches) >= count:
+            return matches[count - 1]
         time.sleep(0.05)
-    raise AssertionError(f"no {pattern.pattern!r} in {path} after {timeout_s} s")
+    raise AssertionError(f"no {count} x {pattern.pattern!r} in {path} after {timeout_s} s")
 
 
 def test_compaction_under_reads_survives_kill_9_and_gives_the_space_back(
@@ -147,8 +151,9 @@ def test_compaction_under_reads_survives_kill_9_and_gives_the_space_back(
         async def reads_until_killed() -> int:
             stop = asyncio.Event()
             reading = asyncio.create_task(read_while(address, live, time.monotonic() + 60, stop))
-            await asyncio.to_thread(wait_for, bookie.stderr_path, _COMPACTING, 30)
-            await asyncio.sleep(0.5)  # some entries copied, the index not moved yet
+            # The second log's turn: the first one's entries are copied, and the index
+            # moves only once every log is (one checkpoint at the end).
+            await asyncio.to_thread(wait_for, bookie.stderr_path, _COMPACTING, 30, 2)
             assert not _DONE.search(bookie.stderr_path.read_bytes())
             cluster.kill(0)
             return await reading

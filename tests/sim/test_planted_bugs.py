@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from quorumlog.bookie import journal as journal_mod
 from quorumlog.bookie import ledger_changes, ledger_state, reads, requests, storage
+from quorumlog.bookie.journal import format as journal_format
+from quorumlog.bookie.journal import writer as journal_writer
 from quorumlog.client import bookkeeper as client_bookkeeper
 from quorumlog.client import recovery as client_recovery
 from quorumlog.client import writing as client_writing
@@ -64,15 +65,15 @@ def _ack_quorum_off_by_one(mp: pytest.MonkeyPatch) -> None:
 
 
 def _acks_before_the_journal_sync(mp: pytest.MonkeyPatch) -> None:
-    def no_sync(self: journal_mod.Journal) -> None:
+    def no_sync(self: journal_writer.Journal) -> None:
         self._unsynced = False
 
-    mp.setattr(journal_mod.Journal, "_sync_current", no_sync)
+    mp.setattr(journal_writer.Journal, "_sync_current", no_sync)
 
 
 def _fence_not_persisted(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(
-        ledger_changes, "fence_record", lambda ledger_id: journal_mod.lac_record(ledger_id, -1)
+        ledger_changes, "fence_record", lambda ledger_id: journal_format.lac_record(ledger_id, -1)
     )
     mp.setattr(ledger_state, "_FLAG_FENCED", 0)
 
@@ -293,15 +294,15 @@ def _any_master_key_accepted(mp: pytest.MonkeyPatch) -> None:
 def _a_failed_sync_taken_as_done(mp: pytest.MonkeyPatch) -> None:
     """R14: the journal takes a failed fdatasync as done (its pages were dropped, as
     Linux drops them) and acknowledges the batch."""
-    sync = journal_mod.Journal._sync_current
+    sync = journal_writer.Journal._sync_current
 
-    def as_done(self: journal_mod.Journal) -> None:
+    def as_done(self: journal_writer.Journal) -> None:
         try:
             sync(self)
         except OSError:
             self._unsynced = False
 
-    mp.setattr(journal_mod.Journal, "_sync_current", as_done)
+    mp.setattr(journal_writer.Journal, "_sync_current", as_done)
 
 
 DURABILITY = frozenset({"R3-replicas", "R7-fencing", "R8-durability", "R8-final", "R8-agreement"})

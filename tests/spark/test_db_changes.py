@@ -7,6 +7,8 @@ import asyncio
 import json
 from pathlib import Path
 
+from support import poll_until_async
+
 from quorumlog.aio import BookKeeper
 from quorumlog.commands import OneLineArgumentParser
 from quorumlog.commands.pipeline import add_pipelines
@@ -24,11 +26,12 @@ async def _write_database(uri: str, data_dir: Path) -> tuple[str, list[str]]:
     replica = Replica(bk, ReplicaConfig(name="shop", data_dir=data_dir, node_id="a"))
     try:
         await replica.start()
-        for _ in range(600):  # up to 30 s for the election and the catch-up
-            if replica.is_leader:
-                break
-            await asyncio.sleep(0.05)
-        assert replica.is_leader
+        await poll_until_async(
+            lambda: replica.is_leader,
+            timeout_s=30,
+            what="the replica elected and caught up",
+            interval_s=0.05,
+        )
         requests = [
             ([Statement("CREATE TABLE fruit (id INTEGER PRIMARY KEY, name TEXT, n INT)")], False),
             (

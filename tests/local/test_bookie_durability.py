@@ -12,9 +12,10 @@ from functools import partial
 import pytest
 import support
 
-from quorumlog.bookie import journal as journal_mod
 from quorumlog.bookie.bookie import Bookie, BookieStartError
 from quorumlog.bookie.entry_log import list_log_ids
+from quorumlog.bookie.journal import format as journal_format
+from quorumlog.bookie.journal import writer as journal_writer
 from quorumlog.errors import Status
 from quorumlog.proto.codec import (
     AddFlag,
@@ -71,7 +72,7 @@ class GatedSync:
 
 def test_r2_no_answer_before_the_journal_sync(driver, monkeypatch):
     sync = GatedSync()
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(journal_writer, "fdatasync", sync)
 
     async def scenario():
         await driver.start()
@@ -90,7 +91,7 @@ def test_r2_no_answer_before_the_journal_sync(driver, monkeypatch):
 
 def test_r2_fence_and_write_lac_and_delete_are_answered_after_sync(driver, monkeypatch):
     sync = GatedSync()
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(journal_writer, "fdatasync", sync)
 
     async def scenario():
         await driver.start()
@@ -115,7 +116,7 @@ def test_r2_fence_and_write_lac_and_delete_are_answered_after_sync(driver, monke
 
 def test_group_commit_many_adds_few_syncs(driver, monkeypatch):
     sync = GatedSync(open_=True, delay_s=0.002)  # a disk with a 2 ms sync
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(journal_writer, "fdatasync", sync)
     requests = 2000
 
     async def scenario():
@@ -137,7 +138,7 @@ def test_group_commit_many_adds_few_syncs(driver, monkeypatch):
 
 def test_group_commit_respects_the_batch_record_bound(make_driver, monkeypatch):
     sync = GatedSync()
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(journal_writer, "fdatasync", sync)
     driver = make_driver(journal_max_batch_records=50)
 
     async def scenario():
@@ -189,7 +190,7 @@ def test_journal_sync_off_answers_without_sync_and_warns(make_driver, caplog):
 
 def test_back_pressure_holds_adds_until_the_journal_drains(make_driver, monkeypatch):
     sync = GatedSync()
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(journal_writer, "fdatasync", sync)
     driver = make_driver(journal_queue_max_bytes=2_000)
 
     async def scenario():
@@ -209,7 +210,7 @@ def test_back_pressure_holds_adds_until_the_journal_drains(make_driver, monkeypa
 
 def test_journal_failure_answers_io_error_and_turns_read_only(driver, monkeypatch):
     sync = GatedSync(open_=True, fail=True)
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(journal_writer, "fdatasync", sync)
 
     async def scenario():
         bookie = await driver.start()
@@ -268,8 +269,8 @@ def test_r2_replay_after_crash_restores_every_acknowledged_change(driver):
 
 def _last_journal_file(config):
     directory = config.journal_path
-    ids = journal_mod.list_journal_ids(directory)
-    return directory / journal_mod.journal_file_name(ids[-1])
+    ids = journal_format.list_journal_ids(directory)
+    return directory / journal_format.journal_file_name(ids[-1])
 
 
 def _journal_with_records(driver, ledger_id, count):
@@ -290,7 +291,7 @@ def test_torn_tail_is_cut_off_and_the_bookie_starts(driver):
     blobs = _journal_with_records(driver, 30, 5)
     path = _last_journal_file(driver.config)
     good_size = path.stat().st_size
-    parts, _, _ = journal_mod.add_record(30, b"\x00" * 300)
+    parts, _, _ = journal_format.add_record(30, b"\x00" * 300)
     torn = b"".join(parts)[:150]  # a write that a crash cut short
     with open(path, "ab") as f:
         f.write(torn)
@@ -313,7 +314,7 @@ def test_r17_a_bad_checksum_in_the_last_acknowledged_record_is_unknown_never_abs
     blobs = _journal_with_records(driver, 31, 5)
     path = _last_journal_file(driver.config)
     data = bytearray(path.read_bytes())
-    last_record_size = journal_mod.add_record(31, b"x")[1] - 1 + len(blobs[-1]) + 8
+    last_record_size = journal_format.add_record(31, b"x")[1] - 1 + len(blobs[-1]) + 8
     # The last record ends with its checksum, after the last blob (the batch's manifest,
     # and a PAD record when the journal is written directly, follow it).
     last_record_end = data.rfind(blobs[-1]) + len(blobs[-1]) + 4
@@ -375,7 +376,7 @@ def test_r17_r7_a_flipped_bit_in_an_acknowledged_fence_keeps_the_ledger_fenced(
         assert (await driver.call(add(34, [blob(34, 0)]))).status == Status.OK
         assert (await driver.call(FenceRequest(0, 34, KEY))).status == Status.OK  # synced
         await driver.crash()
-        fence = b"".join(journal_mod.fence_record(34)[0])
+        fence = b"".join(journal_format.fence_record(34)[0])
         _flip_bit_in(_last_journal_file(driver.config), fence, 7)  # in the ledger id
         await driver.start()
         late = await driver.call(add(34, [blob(34, 1)]))
@@ -439,10 +440,10 @@ def test_checkpoint_deletes_old_journal_files_and_data_survives(make_driver):
         for i in range(0, 400, 10):
             assert (await driver.call(add(40, blobs[i : i + 10]))).status == Status.OK
         journal_dir = driver.config.journal_path
-        assert len(journal_mod.list_journal_ids(journal_dir)) > 5  # rotated
+        assert len(journal_format.list_journal_ids(journal_dir)) > 5  # rotated
         assert len(list_log_ids(driver.config.data_dir / "entrylogs")) > 2
         await bookie.checkpoint()
-        assert len(journal_mod.list_journal_ids(journal_dir)) == 1  # only the current one
+        assert len(journal_format.list_journal_ids(journal_dir)) == 1  # only the current one
         # After the checkpoint the entries come from entry logs and the index alone.
         await driver.crash()
         await driver.start()

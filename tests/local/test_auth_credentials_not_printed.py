@@ -16,9 +16,7 @@ from quorumlog.commands.security_options import redact_logs
 
 
 @pytest.mark.parametrize("password", ["s3cr3t", "a-longer-password"])
-def test_auth_review_a_zookeeper_digest_credential_is_redacted_as_printed(
-    tmp_path: Path, password: str
-):
+def test_auth_a_zookeeper_digest_credential_is_redacted_as_printed(tmp_path: Path, password: str):
     digest_file = tmp_path / "zk-digest"
     digest_file.write_text(f"quorumlog:{password}\n")
     digest_file.chmod(0o600)
@@ -44,7 +42,7 @@ def test_auth_review_a_zookeeper_digest_credential_is_redacted_as_printed(
     assert password not in out.getvalue()
 
 
-def test_auth_review_the_shells_admin_api_credentials_do_not_print_the_token(
+def test_auth_the_shells_admin_api_credentials_do_not_print_the_token(
     tmp_path: Path,
 ):
     token_file = tmp_path / "admin.token"

@@ -78,7 +78,7 @@ async def _scenario(address: str, tls: TlsFiles) -> None:
             writer.close()
 
 
-def test_tls_review_failed_and_missing_handshakes_give_their_slots_back(tmp_path: Path):
+def test_tls_failed_and_missing_handshakes_give_their_slots_back(tmp_path: Path):
     material = make_tls_material(tmp_path / "tls")
     metadata_uri = f"sqlite://{tmp_path / 'metadata.db'}"
     flags = [

@@ -1,6 +1,6 @@
-"""What the property tests of the core state machines share (test_core_writer.py,
-test_core_recovery.py): the reference write set, a model metadata store, and the
-settings of their random schedules.
+"""What the tests of the core state machines share (tests/unit/test_core_writer.py,
+tests/unit/test_core_recovery.py and their random schedules in tests/model/): the
+reference write set, a model metadata store, and the settings of random schedules.
 
 The model store carries out ``LedgerManager.update``'s compare-and-set on a
 ``LedgerView`` with every outcome a real store can have: applied, refused, applied with

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 import support
 
-from quorumlog.bookie import journal as jm
 from quorumlog.bookie import suspicion
 from quorumlog.bookie.bookie import BookieStartError
 from quorumlog.bookie.entry_log import format_records
 from quorumlog.bookie.fileops import REAL_FILES
+from quorumlog.bookie.journal import format as journal_format
+from quorumlog.bookie.journal import replay as journal_replay
+from quorumlog.bookie.journal import writer as journal_writer
 from quorumlog.errors import Status
 from quorumlog.proto.codec import (
     AddFlag,
@@ -43,17 +45,19 @@ def blob(ledger_id: int, entry_id: int) -> bytes:
     return make_entry(ledger_id, entry_id, b"%d/%d" % (ledger_id, entry_id), lac=entry_id - 1)
 
 
-def adds(ledger_id: int, entry_ids: range) -> jm.Record:
+def adds(ledger_id: int, entry_ids: range) -> journal_format.Record:
     blobs = [blob(ledger_id, e) for e in entry_ids]
-    return jm.add_record(ledger_id, format_records(blobs, [len(b) for b in blobs]))
+    return journal_format.add_record(ledger_id, format_records(blobs, [len(b) for b in blobs]))
 
 
-def write_batches(directory: Path, batches: list[list[jm.Record]], direct: bool) -> None:
+def write_batches(
+    directory: Path, batches: list[list[journal_format.Record]], direct: bool
+) -> None:
     """Each list of records as one batch, in order (the next is queued once the one before
     is synced)."""
 
     async def scenario() -> None:
-        journal = jm.Journal(
+        journal = journal_writer.Journal(
             directory,
             1,
             sync=True,
@@ -79,11 +83,11 @@ def write_batches(directory: Path, batches: list[list[jm.Record]], direct: bool)
 
 
 def the_file(directory: Path) -> Path:
-    (file_id,) = jm.list_journal_ids(directory)
-    return directory / jm.journal_file_name(file_id)
+    (file_id,) = journal_format.list_journal_ids(directory)
+    return directory / journal_format.journal_file_name(file_id)
 
 
-def record_bytes(record: jm.Record) -> bytes:
+def record_bytes(record: journal_format.Record) -> bytes:
     return b"".join(record[0])
 
 
@@ -93,31 +97,31 @@ def flip(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def scan(directory: Path) -> tuple[list[tuple[int, bytes]], jm.ScanReport]:
-    report = jm.ScanReport()
-    return [(k, bytes(p)) for k, p in jm.scan(directory, None, False, report)], report
+def scan(directory: Path) -> tuple[list[tuple[int, bytes]], journal_replay.ScanReport]:
+    report = journal_replay.ScanReport()
+    return [(k, bytes(p)) for k, p in journal_replay.scan(directory, None, False, report)], report
 
 
 def manifests(
-    records: list[tuple[int, bytes]], kind: int = jm.RECORD_MANIFEST
-) -> list[list[jm.LedgerFacts]]:
-    return [jm.decode_manifest(p) for k, p in records if k == kind]
+    records: list[tuple[int, bytes]], kind: int = journal_format.RECORD_MANIFEST
+) -> list[list[journal_format.LedgerFacts]]:
+    return [journal_format.decode_manifest(p) for k, p in records if k == kind]
 
 
 LAST_BATCH = [
-    jm.master_key_record(8, KEY),
+    journal_format.master_key_record(8, KEY),
     adds(8, range(0, 3)),
     adds(7, range(10, 12)),
-    jm.fence_record(7),
-    jm.lac_record(7, 9),
+    journal_format.fence_record(7),
+    journal_format.lac_record(7, 9),
     adds(7, range(5, 7)),  # a recovery rewriting lower ids
-    jm.lac_record(7, 8),
-    jm.delete_record(9),
+    journal_format.lac_record(7, 8),
+    journal_format.delete_record(9),
 ]
 LAST_FACTS = [
-    jm.LedgerFacts(8, 0, 2, master_key=KEY),
-    jm.LedgerFacts(7, 5, 11, fenced=True, explicit_lac=9),
-    jm.LedgerFacts(9, -1, -1, deleted=True),
+    journal_format.LedgerFacts(8, 0, 2, master_key=KEY),
+    journal_format.LedgerFacts(7, 5, 11, fenced=True, explicit_lac=9),
+    journal_format.LedgerFacts(9, -1, -1, deleted=True),
 ]
 
 
@@ -134,13 +138,20 @@ def test_r17_a_damaged_record_in_the_last_batch_yields_its_manifests_first_and_l
     # What came before the damage replays; the manifest, both copies whole, describes
     # the whole batch; the file is cut at the damage, its tail kept beside it.
     kinds = [k for k, _ in records]
-    assert kinds[:4] == [jm.RECORD_ADD, jm.RECORD_MASTER_KEY, jm.RECORD_ADD, jm.RECORD_ADD]
+    assert kinds[:4] == [
+        journal_format.RECORD_ADD,
+        journal_format.RECORD_MASTER_KEY,
+        journal_format.RECORD_ADD,
+        journal_format.RECORD_ADD,
+    ]
     assert manifests(records) == [LAST_FACTS, LAST_FACTS]
     assert report.manifests == [(path, damaged_at)] and report.truncated == [(path, damaged_at)]
     assert path.read_bytes() == data[:damaged_at]
     flipped = bytearray(data)
     flipped[damaged_at + 7] ^= 0x08
-    assert jm.torn_tail_path(path, damaged_at).read_bytes() == bytes(flipped[damaged_at:])
+    assert journal_replay.torn_tail_path(path, damaged_at).read_bytes() == bytes(
+        flipped[damaged_at:]
+    )
 
 
 def test_r17_one_damaged_manifest_leaves_the_other(tmp_path: Path) -> None:
@@ -148,7 +159,7 @@ def test_r17_one_damaged_manifest_leaves_the_other(tmp_path: Path) -> None:
     path = the_file(tmp_path)
     data = path.read_bytes()
     salt = data[16:24]
-    manifest = jm.manifest_record(salt, jm.summarize(LAST_BATCH))
+    manifest = journal_format.manifest_record(salt, journal_format.summarize(LAST_BATCH))
     lead, close = data.find(manifest), data.rfind(manifest)
     assert lead < close
     for damaged in (lead, close):
@@ -159,9 +170,13 @@ def test_r17_one_damaged_manifest_leaves_the_other(tmp_path: Path) -> None:
         records, report = scan(tmp_path / str(damaged))
         # Damage in the closing manifest: every record before it was read back, and
         # the leading one still proves the batch's facts.
-        kind = jm.RECORD_MANIFEST if damaged == lead else jm.RECORD_UNCLOSED_MANIFEST
+        kind = (
+            journal_format.RECORD_MANIFEST
+            if damaged == lead
+            else journal_format.RECORD_UNCLOSED_MANIFEST
+        )
         assert manifests(records, kind) == [LAST_FACTS]
-        assert len([k for k, _ in records if k in (jm.RECORD_MANIFEST, kind)]) == 1
+        assert len([k for k, _ in records if k in (journal_format.RECORD_MANIFEST, kind)]) == 1
         assert report.truncated == [(copy, damaged)]
 
 
@@ -169,10 +184,14 @@ def test_r17_a_damaged_batch_marker_leaves_the_manifest_after_it(tmp_path: Path)
     write_batches(tmp_path, [[adds(7, range(0, 5))], LAST_BATCH], direct=False)
     path = the_file(tmp_path)
     data = path.read_bytes()
-    marker = data.rfind(jm.batch_marker(data[16:24]))
+    marker = data.rfind(journal_format.batch_marker(data[16:24]))
     flip(path, marker + 6)
     records, report = scan(tmp_path)
-    assert [k for k, _ in records] == [jm.RECORD_ADD, jm.RECORD_MANIFEST, jm.RECORD_MANIFEST]
+    assert [k for k, _ in records] == [
+        journal_format.RECORD_ADD,
+        journal_format.RECORD_MANIFEST,
+        journal_format.RECORD_MANIFEST,
+    ]
     assert manifests(records) == [LAST_FACTS, LAST_FACTS]
     assert report.truncated == [(path, marker)]
 
@@ -182,7 +201,7 @@ def test_a_batch_torn_with_neither_manifest_is_cut_and_proves_nothing(tmp_path: 
     write_batches(tmp_path, [[adds(7, range(1000, 1005))], big], direct=False)
     path = the_file(tmp_path)
     data = bytearray(path.read_bytes())
-    marker = data.rfind(jm.batch_marker(bytes(data[16:24])))
+    marker = data.rfind(journal_format.batch_marker(bytes(data[16:24])))
     page = 4096
     # A crash before the batch's sync: the page it starts in (from its marker on) and
     # its last page never reached the disk; the pages between did.
@@ -202,20 +221,23 @@ def test_a_batch_torn_after_its_leading_manifest_proves_facts_and_no_suspects(
     manifest) reached the disk. One fault per batch: a flipped bit in a record would
     have left the closing manifest whole, so the batch was torn and its entries were
     never acknowledged; the leading manifest's facts (a fence) still hold."""
-    big = [jm.fence_record(7), *(adds(7, range(n, n + 10)) for n in range(0, 600, 10))]
+    big = [journal_format.fence_record(7), *(adds(7, range(n, n + 10)) for n in range(0, 600, 10))]
     write_batches(tmp_path, [[adds(7, range(1000, 1005))], big], direct=False)
     path = the_file(tmp_path)
     data = bytearray(path.read_bytes())
-    marker = data.rfind(jm.batch_marker(bytes(data[16:24])))
+    marker = data.rfind(journal_format.batch_marker(bytes(data[16:24])))
     page = 4096
     kept_to = (marker // page + 2) * page  # the batch's first page (or two) reached it
-    assert data.find(jm.manifest_record(bytes(data[16:24]), jm.summarize(big))) < kept_to
+    assert (
+        data.find(journal_format.manifest_record(bytes(data[16:24]), journal_format.summarize(big)))
+        < kept_to
+    )
     data[kept_to:] = bytes(len(data) - kept_to)
     path.write_bytes(bytes(data))
     records, report = scan(tmp_path)
     assert manifests(records) == []
-    (facts,) = manifests(records, jm.RECORD_UNCLOSED_MANIFEST)
-    assert facts == [jm.LedgerFacts(7, 0, 599, fenced=True)]
+    (facts,) = manifests(records, journal_format.RECORD_UNCLOSED_MANIFEST)
+    assert facts == [journal_format.LedgerFacts(7, 0, 599, fenced=True)]
     assert report.truncated and path.stat().st_size == report.truncated[0][1]
 
 
@@ -235,7 +257,7 @@ def test_r17_r10_r7_a_fence_of_a_new_ledger_keeps_its_key_and_fence(driver) -> N
         assert (await driver.call(FenceRequest(0, 40, KEY))).status == Status.OK
         await driver.crash()
         path = last_file(driver)
-        flip(path, path.read_bytes().rfind(record_bytes(jm.fence_record(40))) + 6)
+        flip(path, path.read_bytes().rfind(record_bytes(journal_format.fence_record(40))) + 6)
         await driver.start()
         other = AddRequest(0, 40, OTHER_KEY, [blob(40, 0)])
         assert (await driver.call(other)).status == Status.UNAUTHORIZED  # R10
@@ -252,7 +274,7 @@ def test_r17_an_explicit_lac_survives_a_flip_in_its_record(driver) -> None:
         assert (await driver.call(WriteLacRequest(0, 41, KEY, 6))).status == Status.OK
         await driver.crash()
         path = last_file(driver)
-        flip(path, path.read_bytes().rfind(record_bytes(jm.lac_record(41, 6))) + 14)
+        flip(path, path.read_bytes().rfind(record_bytes(journal_format.lac_record(41, 6))) + 14)
         await driver.start()
         answer = await driver.call(ReadLacRequest(0, 41))
         assert (answer.status, answer.lac) == (Status.OK, 6)
@@ -315,8 +337,8 @@ def test_r17_a_batch_torn_after_its_leading_manifest_leaves_no_unknown_entries(
     run(scenario())
     path = last_file(driver)
     data = bytearray(path.read_bytes())
-    marker = data.rfind(jm.batch_marker(bytes(data[16:24])))
-    lead = marker + jm.BATCH_MARKER_SIZE
+    marker = data.rfind(journal_format.batch_marker(bytes(data[16:24])))
+    lead = marker + journal_format.BATCH_MARKER_SIZE
     lead_end = lead + 8 + int.from_bytes(data[lead : lead + 4], "big")
     kept_to = -(-lead_end // page) * page
     assert kept_to + page < len(data)  # the batch goes on past the pages kept
@@ -392,7 +414,7 @@ def test_r17_a_crash_around_the_cut_keeps_what_the_manifest_proved(
         assert gate.wait(10)
         os.fdatasync(fd)
 
-    monkeypatch.setattr(jm, "fdatasync", held_sync)
+    monkeypatch.setattr(journal_writer, "fdatasync", held_sync)
 
     async def first():
         await driver.start()
@@ -409,14 +431,14 @@ def test_r17_a_crash_around_the_cut_keeps_what_the_manifest_proved(
     monkeypatch.undo()
     path = last_file(driver)
     flip(path, path.read_bytes().rfind(blob(44, 1)) + 20)
-    cut = jm.cut_torn_tails
+    cut = journal_replay.cut_torn_tails
 
-    def crash_at_the_cut(report: jm.ScanReport, ops=REAL_FILES) -> None:
+    def crash_at_the_cut(report: journal_replay.ScanReport, ops=REAL_FILES) -> None:
         if where == "after the cut":
             cut(report, ops)
         raise _Stop("the power went")
 
-    monkeypatch.setattr(jm, "cut_torn_tails", crash_at_the_cut)
+    monkeypatch.setattr(journal_replay, "cut_torn_tails", crash_at_the_cut)
     size = path.stat().st_size
     with pytest.raises(BookieStartError):
         run(driver.start())

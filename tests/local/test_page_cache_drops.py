@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from quorumlog.bookie import entry_log as em
-from quorumlog.bookie import journal as jm
 from quorumlog.bookie.entry_log import EntryLogger, format_records
 from quorumlog.bookie.fileops import FileOps
+from quorumlog.bookie.journal import format as journal_format
+from quorumlog.bookie.journal import writer as journal_writer
 
 
 class RecordingFiles(FileOps):
@@ -48,7 +49,7 @@ def _write_journal(directory: Path, ops: RecordingFiles, records: int, **options
     directory.mkdir(exist_ok=True)
 
     async def scenario() -> int:
-        journal = jm.Journal(
+        journal = journal_writer.Journal(
             directory,
             1,
             sync=options.get("sync", True),
@@ -63,7 +64,7 @@ def _write_journal(directory: Path, ops: RecordingFiles, records: int, **options
         confirmed = asyncio.Queue[None]()
         journal.start(loop, lambda dones, size, error: [confirmed.put_nowait(None) for _ in dones])
         for n in range(records):
-            journal.append(jm.lac_record(1, n), (lambda _: None, n))
+            journal.append(journal_format.lac_record(1, n), (lambda _: None, n))
             await confirmed.get()  # one batch each: many syncs
         size = journal.mark[1]
         await journal.close()
@@ -74,7 +75,7 @@ def _write_journal(directory: Path, ops: RecordingFiles, records: int, **options
 
 
 def test_journal_drops_only_synced_pages_once_a_step_has_gathered(tmp_path, monkeypatch):
-    monkeypatch.setattr(jm, "DROP_CACHE_STEP_BYTES", 8192)
+    monkeypatch.setattr(journal_writer, "DROP_CACHE_STEP_BYTES", 8192)
     ops = RecordingFiles()
     size = _write_journal(tmp_path, ops, 2000)
     assert ops.drops, "no page was dropped"
@@ -99,7 +100,7 @@ def test_journal_keeps_its_pages_when_told_or_when_it_does_not_sync(tmp_path):
 def test_a_journal_whose_drops_fail_keeps_confirming_and_stops_asking(
     tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setattr(jm, "DROP_CACHE_STEP_BYTES", 4096)
+    monkeypatch.setattr(journal_writer, "DROP_CACHE_STEP_BYTES", 4096)
     ops = RecordingFiles(fail_drops=True)
     _write_journal(tmp_path, ops, 1000)  # every add confirmed, or it would time out
     assert len(ops.drops) == 1

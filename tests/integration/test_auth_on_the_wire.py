@@ -44,7 +44,7 @@ def _auth(request_id: int, token: str) -> bytes:
 
 
 def _token(*roles: Role, key: bytes = HMAC_SECRET, expires_in_s: float = 600) -> str:
-    return issue_token(key, roles, subject="review", expires_at_s=time.time() + expires_in_s)
+    return issue_token(key, roles, subject="tester", expires_at_s=time.time() + expires_in_s)
 
 
 class RawConnection:
@@ -231,7 +231,7 @@ async def _scenario(address: str) -> None:
     short.close()
 
 
-def test_auth_review_every_request_before_auth_is_refused_and_roles_hold_on_the_wire(
+def test_auth_every_request_before_auth_is_refused_and_roles_hold_on_the_wire(
     tmp_path: Path,
 ):
     key_file = write_hmac_key(tmp_path)
@@ -266,7 +266,7 @@ async def _idle_connections_scenario(address: str, max_connections: int) -> None
     good.close()
 
 
-def test_auth_review_connections_without_a_token_cannot_hold_the_bookies_slots(tmp_path: Path):
+def test_auth_connections_without_a_token_cannot_hold_the_bookies_slots(tmp_path: Path):
     key_file = write_hmac_key(tmp_path)
     metadata_uri = f"sqlite://{tmp_path / 'metadata.db'}"
     max_connections = 4

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.bookie import journal as jm
 from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.entry_log import EntryLogger, format_records, list_log_ids, log_file_name
 from quorumlog.bookie.errors import BookieStartError
 from quorumlog.bookie.fileops import FileOps
+from quorumlog.bookie.journal import format as journal_format
+from quorumlog.bookie.journal import replay as journal_replay
+from quorumlog.bookie.journal import writer as journal_writer
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.errors import BookieIOError, Status
 from quorumlog.proto.codec import AddRequest, FenceRequest, ReadRequest
@@ -43,14 +45,14 @@ class StepSync:
 
 
 def write_batches(
-    directory: Path, monkeypatch: pytest.MonkeyPatch, batches: list[list[jm.Record]]
+    directory: Path, monkeypatch: pytest.MonkeyPatch, batches: list[list[journal_format.Record]]
 ) -> None:
     """Write each list of records as one journal batch (one write, one sync), in order."""
     sync = StepSync()
-    monkeypatch.setattr(jm, "fdatasync", sync)
+    monkeypatch.setattr(journal_writer, "fdatasync", sync)
 
     async def scenario() -> None:
-        journal = jm.Journal(
+        journal = journal_writer.Journal(
             directory,
             1,
             sync=True,
@@ -77,18 +79,23 @@ def write_batches(
     monkeypatch.undo()
 
 
-def scan_all(directory: Path, skip: bool = False) -> tuple[list[tuple[int, bytes]], jm.ScanReport]:
-    report = jm.ScanReport()
-    records = [(kind, bytes(payload)) for kind, payload in jm.scan(directory, None, skip, report)]
+def scan_all(
+    directory: Path, skip: bool = False
+) -> tuple[list[tuple[int, bytes]], journal_replay.ScanReport]:
+    report = journal_replay.ScanReport()
+    records = [
+        (kind, bytes(payload))
+        for kind, payload in journal_replay.scan(directory, None, skip, report)
+    ]
     return records, report
 
 
 def only_file(directory: Path) -> Path:
-    (file_id,) = jm.list_journal_ids(directory)
-    return directory / jm.journal_file_name(file_id)
+    (file_id,) = journal_format.list_journal_ids(directory)
+    return directory / journal_format.journal_file_name(file_id)
 
 
-def record_bytes(record: jm.Record) -> bytes:
+def record_bytes(record: journal_format.Record) -> bytes:
     return b"".join(record[0])
 
 
@@ -97,27 +104,27 @@ def record_bytes(record: jm.Record) -> bytes:
 
 def test_s2_replay_never_takes_a_record_from_inside_another_records_payload(tmp_path, monkeypatch):
     # An entry whose payload holds a well-formed DELETE of ledger 99, checksum and all.
-    forged = record_bytes(jm.delete_record(99))
+    forged = record_bytes(journal_format.delete_record(99))
     entry = make_entry(7, 0, b"x" * 16 + forged + b"y" * 16)
-    add = jm.add_record(7, format_records([entry], [len(entry)]))
-    write_batches(tmp_path, monkeypatch, [[add], [jm.lac_record(7, 0)]])
+    add = journal_format.add_record(7, format_records([entry], [len(entry)]))
+    write_batches(tmp_path, monkeypatch, [[add], [journal_format.lac_record(7, 0)]])
     path = only_file(tmp_path)
     data = bytearray(path.read_bytes())
     at = data.find(record_bytes(add))
     data[at + add[1] - 1] ^= 0xFF  # the add record's own checksum
     path.write_bytes(bytes(data))
 
-    with pytest.raises(jm.JournalCorruptionError):  # acknowledged data is damaged
+    with pytest.raises(journal_replay.JournalCorruptionError):  # acknowledged data is damaged
         scan_all(tmp_path)
     records, report = scan_all(tmp_path, skip=True)
     # Skipping the damage never lands inside the add's payload: no DELETE appears.
-    assert [kind for kind, _ in records] == [jm.RECORD_LAC]
+    assert [kind for kind, _ in records] == [journal_format.RECORD_LAC]
     assert report.skipped and report.skipped[0][1] == at
 
 
 def test_s2_out_of_order_pages_of_the_last_batch_are_a_torn_tail(tmp_path, monkeypatch):
-    acked = [jm.lac_record(1, n) for n in range(10)]
-    last = [jm.lac_record(2, n) for n in range(500)]  # one batch over several pages
+    acked = [journal_format.lac_record(1, n) for n in range(10)]
+    last = [journal_format.lac_record(2, n) for n in range(500)]  # one batch over several pages
     write_batches(tmp_path, monkeypatch, [acked, last])
     path = only_file(tmp_path)
     data = bytearray(path.read_bytes())
@@ -133,28 +140,34 @@ def test_s2_out_of_order_pages_of_the_last_batch_are_a_torn_tail(tmp_path, monke
     records, report = scan_all(tmp_path)
     torn_at = first + (hole - first) // size * size  # the first record the hole touches
     assert report.truncated == [(path, torn_at)]
-    lacs = [jm.decode_ledger_lac(memoryview(p)) for k, p in records if k != jm.RECORD_MANIFEST]
+    lacs = [
+        journal_format.decode_ledger_lac(memoryview(p))
+        for k, p in records
+        if k != journal_format.RECORD_MANIFEST
+    ]
     assert lacs == [(1, n) for n in range(10)] + [(2, n) for n in range((hole - first) // size)]
     assert path.stat().st_size == torn_at
     # The batch's manifests (its first and last pages reached the disk) say what it held:
     # the file cannot tell this torn write from a synced batch with damage, so replay is
     # told, and keeps what they prove (here an explicit LAC, safe to keep either way).
-    manifests = [jm.decode_manifest(p) for k, p in records if k == jm.RECORD_MANIFEST]
-    assert manifests == 2 * [[jm.LedgerFacts(2, -1, -1, explicit_lac=499)]]
+    manifests = [
+        journal_format.decode_manifest(p) for k, p in records if k == journal_format.RECORD_MANIFEST
+    ]
+    assert manifests == 2 * [[journal_format.LedgerFacts(2, -1, -1, explicit_lac=499)]]
     assert report.manifests == [(path, torn_at)]
 
 
 def test_s2_damage_in_an_earlier_file_is_an_error_never_a_torn_tail(tmp_path, monkeypatch):
-    write_batches(tmp_path, monkeypatch, [[jm.lac_record(1, n) for n in range(10)]])
+    write_batches(tmp_path, monkeypatch, [[journal_format.lac_record(1, n) for n in range(10)]])
     first = only_file(tmp_path)
     # The writer moved on to the next file (created, nothing in it yet): everything in
     # the first one was synced, so damage there is acknowledged data.
-    os.close(jm.create_journal_file(tmp_path, 2))
+    os.close(journal_format.create_journal_file(tmp_path, 2))
     data = bytearray(first.read_bytes())
     data[-2] ^= 0xFF  # the last record's checksum
     first.write_bytes(bytes(data))
 
-    with pytest.raises(jm.JournalCorruptionError) as info:
+    with pytest.raises(journal_replay.JournalCorruptionError) as info:
         scan_all(tmp_path)
     assert info.value.path == first
     assert first.stat().st_size == len(data)  # nothing was cut
@@ -341,8 +354,8 @@ def test_s3_a_missing_journal_file_named_by_the_mark_refuses_to_start(make_drive
 
     asyncio.run(asyncio.wait_for(write(), 30))
     journal_dir = driver.config.journal_path
-    for file_id in jm.list_journal_ids(journal_dir):
-        (journal_dir / jm.journal_file_name(file_id)).unlink()
+    for file_id in journal_format.list_journal_ids(journal_dir):
+        (journal_dir / journal_format.journal_file_name(file_id)).unlink()
     with pytest.raises(BookieStartError, match="missing") as info:
         Bookie.open(driver.config)  # rather than answer "no such entry" for entry 7/0
     assert str(journal_dir) in str(info.value)
@@ -377,7 +390,7 @@ class FaultyFiles(FileOps):
 
 def journal_files(journal_dir: Path, *ids: int) -> None:
     for file_id in ids:
-        os.close(jm.create_journal_file(journal_dir, file_id))
+        os.close(journal_format.create_journal_file(journal_dir, file_id))
 
 
 def test_r14_failed_entry_log_sync_is_sticky(tmp_path):
@@ -397,7 +410,7 @@ def test_r14_failed_entry_log_sync_is_sticky(tmp_path):
         with pytest.raises(OSError, match="sync"):
             checkpoint(storage, journal_dir, mark=(3, 24))
         assert storage.index.load_mark() == (1, 24)
-        assert jm.list_journal_ids(journal_dir) == [1, 2, 3]
+        assert journal_format.list_journal_ids(journal_dir) == [1, 2, 3]
         assert storage.failure is not None and "sync" in storage.failure
         assert read(storage, 1, 0, count=20) == blobs  # reads still work
     finally:
@@ -526,7 +539,7 @@ def test_s5_an_entry_log_write_error_is_retried_by_the_next_checkpoint(tmp_path)
 
         await checkpoint_now((2, 24))  # the failed write is done again first
         assert storage.write_failure is None
-        assert jm.list_journal_ids(journal_dir) == [2, 3]
+        assert journal_format.list_journal_ids(journal_dir) == [2, 3]
         blobs += put(storage, 1, range(40, 80))
         await checkpoint_now((3, 24))
         return blobs

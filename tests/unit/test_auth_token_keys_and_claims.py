@@ -43,7 +43,7 @@ def _public_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     [(ec.SECP384R1(), "ES256"), (ec.SECP256R1(), "ES512"), (ec.SECP521R1(), "ES384")],
     ids=["p384-key-es256-token", "p256-key-es512-token", "p521-key-es384-token"],
 )
-def test_auth_review_an_ec_token_of_another_curve_is_refused_not_a_crash(
+def test_auth_an_ec_token_of_another_curve_is_refused_not_a_crash(
     curve: ec.EllipticCurve, algorithm: str
 ):
     """A bookie with a P-384 key: anyone may send an ES256 token. PyJWT then raises
@@ -60,7 +60,7 @@ def test_auth_review_an_ec_token_of_another_curve_is_refused_not_a_crash(
     assert token not in refused.value.message
 
 
-def test_auth_review_an_ec_key_allows_only_its_own_curves_algorithm():
+def test_auth_an_ec_key_allows_only_its_own_curves_algorithm():
     for curve, algorithm in [
         (ec.SECP256R1(), "ES256"),
         (ec.SECP384R1(), "ES384"),
@@ -72,7 +72,7 @@ def test_auth_review_an_ec_key_allows_only_its_own_curves_algorithm():
         assert verifier.verify(jwt.encode({"role": "client"}, key, algorithm=algorithm)).roles
 
 
-def test_auth_review_a_string_exp_still_ends_the_connection():
+def test_auth_a_string_exp_still_ends_the_connection():
     """PyJWT accepts an ``exp`` written as a string of digits (and checks it): the
     identity must carry that expiry too, or the bookie never ends the connection."""
     expires_at_s = int(time.time()) + 60
@@ -104,7 +104,7 @@ _ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() takes off
 
 
 @pytest.mark.parametrize("key_bytes", [_ssh_public_key(), _DER_KEY], ids=["ssh", "der"])
-def test_auth_review_a_public_key_not_in_pem_is_refused_at_load(key_bytes: bytes):
+def test_auth_a_public_key_not_in_pem_is_refused_at_load(key_bytes: bytes):
     """A public key in another format must not become an HMAC secret (public bytes as a
     secret would let anyone sign): the key file is refused when the bookie starts."""
     assert key_bytes[-1] not in _ASCII_WHITESPACE
@@ -129,7 +129,7 @@ def _der_keys_covering_every_trailing_whitespace_byte() -> list[bytes]:
     return keys
 
 
-def test_auth_review_a_der_public_key_ending_in_whitespace_is_refused_at_load():
+def test_auth_a_der_public_key_ending_in_whitespace_is_refused_at_load():
     """The secret is stripped of whitespace; a DER key whose last byte is whitespace must
     be recognised all the same (stripped, it no longer parses), and so must a DER key
     saved with a line break or other whitespace after it."""
@@ -148,14 +148,14 @@ def test_auth_review_a_der_public_key_ending_in_whitespace_is_refused_at_load():
     assert accepted == 0, f"{accepted} of {3 * len(keys)} DER key files taken as HMAC secrets"
 
 
-def test_auth_review_a_subject_is_logged_on_one_line_and_cut_short():
+def test_auth_a_subject_is_logged_on_one_line_and_cut_short():
     token = jwt.encode({"role": "client", "sub": "app\nFORGED line" + "x" * 500}, HMAC_SECRET)
     described = TokenVerifier.from_key_bytes(HMAC_SECRET).verify(token).describe()
     assert "\n" not in described and described.startswith("app\\nFORGED line")
     assert len(described) < 150
 
 
-def test_auth_review_the_role_table_is_the_documented_one_and_fails_closed():
+def test_auth_the_role_table_is_the_documented_one_and_fails_closed():
     """docs/SECURITY.md's table, request kind by request kind; a kind the table does not
     name (one added to the protocol later) is left to admin, not opened to every role."""
     key = bytes(20)
@@ -178,7 +178,7 @@ def test_auth_review_the_role_table_is_the_documented_one_and_fails_closed():
     assert required_roles(object()) == {Role.ADMIN}  # type: ignore[arg-type]
 
 
-def test_auth_review_a_client_renews_a_token_whose_exp_is_a_string():
+def test_auth_a_client_renews_a_token_whose_exp_is_a_string():
     """The bookie ends the connection at such a token's exp: the client must know it too,
     to present a renewed token before then."""
     expires_at_s = int(time.time()) + 60

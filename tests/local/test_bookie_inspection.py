@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.bookie import journal as jm
 from quorumlog.bookie.entry_log import (
     LOG_HEADER_SIZE,
     LOG_MAGIC,
@@ -22,22 +21,23 @@ from quorumlog.bookie.inspection import (
     describe_journal_record,
     stopped_bookie,
 )
+from quorumlog.bookie.journal import format as journal_format
 from quorumlog.testing.raw_client import make_entry
 
 SALT = b"12345678"
 
 
-def record_bytes(record: jm.Record) -> bytes:
+def record_bytes(record: journal_format.Record) -> bytes:
     return b"".join(record[0])
 
 
-def journal_file(*batches: list[jm.Record]) -> tuple[bytes, list[int]]:
+def journal_file(*batches: list[journal_format.Record]) -> tuple[bytes, list[int]]:
     """A journal file's bytes (file id 1) and where each record starts."""
-    out = bytearray(jm._FILE_HEADER.pack(jm.JOURNAL_MAGIC, 1, SALT))
+    out = bytearray(journal_format.FILE_HEADER.pack(journal_format.JOURNAL_MAGIC, 1, SALT))
     starts = []
     for batch in batches:
         starts.append(len(out))
-        out += jm.batch_marker(SALT)
+        out += journal_format.batch_marker(SALT)
         for record in batch:
             starts.append(len(out))
             out += record_bytes(record)
@@ -48,14 +48,14 @@ def test_file_records_reads_every_record_with_its_offset() -> None:
     blobs = [make_entry(7, i, b"payload %d" % i, lac=i - 1) for i in range(2)]
     data, starts = journal_file(
         [
-            jm.master_key_record(7, b"k" * 20),
-            jm.add_record(7, format_records(blobs, [len(b) for b in blobs])),
+            journal_format.master_key_record(7, b"k" * 20),
+            journal_format.add_record(7, format_records(blobs, [len(b) for b in blobs])),
         ],
-        [jm.fence_record(7), jm.lac_record(7, 1)],
+        [journal_format.fence_record(7), journal_format.lac_record(7, 1)],
     )
-    salt, why = jm.file_header(data, 1)
+    salt, why = journal_format.file_header(data, 1)
     assert salt == SALT and why == ""
-    records = [describe_journal_record(r, "j") for r in jm.file_records(data, SALT)]
+    records = [describe_journal_record(r, "j") for r in journal_format.file_records(data, SALT)]
     assert [(r["offset"], r["type"]) for r in records] == list(
         zip(starts, ["BATCH", "MASTER_KEY", "ADD", "BATCH", "FENCE", "LAC"], strict=True)
     )
@@ -65,30 +65,30 @@ def test_file_records_reads_every_record_with_its_offset() -> None:
         (7, 1, 0),
     ]
     assert records[5]["ledger_id"] == 7 and records[5]["lac"] == 1
-    assert jm.file_header(data, 2) == (None, "its header names file id 1")
+    assert journal_format.file_header(data, 2) == (None, "its header names file id 1")
 
 
 def test_damage_is_reported_up_to_the_next_batch_and_never_read_into() -> None:
     # An entry whose payload is a well-formed DELETE record of another ledger: once its
     # ADD record is damaged, its bytes must not be shown as a DELETE.
-    forged = record_bytes(jm.delete_record(99))
+    forged = record_bytes(journal_format.delete_record(99))
     blob = make_entry(7, 0, forged)
     data, starts = journal_file(
-        [jm.add_record(7, format_records([blob], [len(blob)]))],
-        [jm.fence_record(7)],
+        [journal_format.add_record(7, format_records([blob], [len(blob)]))],
+        [journal_format.fence_record(7)],
     )
     damaged = bytearray(data)
     damaged[starts[1] + 5 + 8 + 8 + 40] ^= 0x40  # a byte of the entry's payload
-    records = list(jm.file_records(bytes(damaged), SALT))
+    records = list(journal_format.file_records(bytes(damaged), SALT))
     kinds = [(r.offset, r.kind, r.damage) for r in records]
     assert kinds == [
-        (starts[0], jm.RECORD_BATCH, ""),
+        (starts[0], journal_format.RECORD_BATCH, ""),
         (starts[1], 0, "checksum mismatch"),
-        (starts[2], jm.RECORD_BATCH, ""),
-        (starts[3], jm.RECORD_FENCE, ""),
+        (starts[2], journal_format.RECORD_BATCH, ""),
+        (starts[3], journal_format.RECORD_FENCE, ""),
     ]
     assert len(records[1].payload) == starts[2] - starts[1]
-    assert jm.RECORD_DELETE not in [r.kind for r in records]
+    assert journal_format.RECORD_DELETE not in [r.kind for r in records]
 
 
 def test_log_records_checks_each_record_and_stops_at_damage(tmp_path: Path) -> None:

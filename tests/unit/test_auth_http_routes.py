@@ -28,7 +28,7 @@ OPEN_PATHS = {"/heartbeat", "/readyz"}
 
 
 def _token(*roles: Role, expires_in_s: float = 600, key: bytes = HMAC_SECRET) -> str:
-    return issue_token(key, roles, subject="review", expires_at_s=time.time() + expires_in_s)
+    return issue_token(key, roles, subject="tester", expires_at_s=time.time() + expires_in_s)
 
 
 def _routes(app: web.Application) -> list[tuple[str, str]]:
@@ -82,7 +82,7 @@ async def _refusals(
     return wrong
 
 
-def test_auth_review_every_admin_api_route_refuses_bad_tokens_and_roles():
+def test_auth_every_admin_api_route_refuses_bad_tokens_and_roles():
     verifier = TokenVerifier.from_key_bytes(HMAC_SECRET)
     app = build_admin_app(AdminContext(store=lambda: None, token_verifier=verifier))
     changes = {(m, p) for m, p in _routes(app) if m not in ("GET", "HEAD")}
@@ -90,7 +90,7 @@ def test_auth_review_every_admin_api_route_refuses_bad_tokens_and_roles():
     assert run(_refusals(app, changes)) == []
 
 
-def test_auth_review_every_db_api_route_refuses_bad_tokens_and_roles():
+def test_auth_every_db_api_route_refuses_bad_tokens_and_roles():
     verifier = TokenVerifier.from_key_bytes(HMAC_SECRET)
     # Refusals come before any handler: the replica is never reached.
     server = DbHttpApi(object(), token_verifier=verifier)  # type: ignore[arg-type]
@@ -99,7 +99,7 @@ def test_auth_review_every_db_api_route_refuses_bad_tokens_and_roles():
     assert run(_refusals(server.app, backup)) == []
 
 
-def test_auth_review_a_token_the_key_cannot_check_is_a_401_and_paths_are_logged_escaped(
+def test_auth_a_token_the_key_cannot_check_is_a_401_and_paths_are_logged_escaped(
     caplog: pytest.LogCaptureFixture,
 ):
     """An ES256 token at a P-384 key (PyJWT's InvalidKeyError) is a refusal, not a 500;
@@ -135,7 +135,7 @@ class _Follower:
     is_leader = False
 
 
-def test_auth_review_a_follower_forwards_the_callers_token_and_no_other():
+def test_auth_a_follower_forwards_the_callers_token_and_no_other():
     """A write sent to a follower reaches the leader with the caller's own token (the
     leader checks it again): forwarding neither upgrades nor drops the caller's roles."""
     verifier = TokenVerifier.from_key_bytes(HMAC_SECRET)

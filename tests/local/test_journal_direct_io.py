@@ -15,25 +15,27 @@ from pathlib import Path
 import pytest
 from support import DirectRecordingFiles
 
-from quorumlog.bookie import journal as jm
 from quorumlog.bookie.entry_log import format_records, parse_records
 from quorumlog.bookie.fileops import FileOps
+from quorumlog.bookie.journal import format as journal_format
+from quorumlog.bookie.journal import replay as journal_replay
+from quorumlog.bookie.journal import writer as journal_writer
 from quorumlog.testing.raw_client import make_entry
 
 BLOCK_BYTES = 4096
 
 
-def _records(count: int) -> tuple[list[jm.Record], list[bytes]]:
+def _records(count: int) -> tuple[list[journal_format.Record], list[bytes]]:
     """Adds of sizes from a few bytes to 64 KiB, and a fence between them."""
     sizes = [1, 100, 4000, 65_536, 37, 9000]
     blobs = [make_entry(3, n, bytes([n % 251]) * sizes[n % len(sizes)]) for n in range(count)]
-    records = [jm.add_record(3, format_records([b], [len(b)])) for b in blobs]
-    records.insert(count // 2, jm.fence_record(3))
+    records = [journal_format.add_record(3, format_records([b], [len(b)])) for b in blobs]
+    records.insert(count // 2, journal_format.fence_record(3))
     return records, blobs
 
 
-def _journal(directory: Path, ops: FileOps, file_max_bytes: int) -> jm.Journal:
-    return jm.Journal(
+def _journal(directory: Path, ops: FileOps, file_max_bytes: int) -> journal_writer.Journal:
+    return journal_writer.Journal(
         directory,
         1,
         sync=True,
@@ -49,14 +51,14 @@ def _journal(directory: Path, ops: FileOps, file_max_bytes: int) -> jm.Journal:
 def _write(
     directory: Path,
     ops: FileOps,
-    records: list[jm.Record],
+    records: list[journal_format.Record],
     file_max_bytes: int,
     crash_copy: Path | None = None,
-) -> jm.Journal:
+) -> journal_writer.Journal:
     """Write ``records`` through the writer thread and close; with ``crash_copy``, the
     journal directory is copied first, once everything is synced (a crash's leftovers)."""
 
-    async def scenario() -> jm.Journal:
+    async def scenario() -> journal_writer.Journal:
         journal = _journal(directory, ops, file_max_bytes)
         done: list[int] = []
         journal.start(
@@ -74,11 +76,11 @@ def _write(
     return asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
-def _replay(directory: Path) -> tuple[list[bytes], jm.ScanReport]:
-    report = jm.ScanReport()
+def _replay(directory: Path) -> tuple[list[bytes], journal_replay.ScanReport]:
+    report = journal_replay.ScanReport()
     blobs = []
-    for kind, payload in jm.scan(directory, None, False, report):
-        if kind == jm.RECORD_ADD:
+    for kind, payload in journal_replay.scan(directory, None, False, report):
+        if kind == journal_format.RECORD_ADD:
             blobs += parse_records(payload[8:], "test")[0]
     return blobs, report
 
@@ -144,11 +146,16 @@ def test_a_crash_leaves_whole_records_and_replay_finds_every_synced_one(
 
 
 def test_pad_records_fill_to_the_block_boundary_whatever_the_gap() -> None:
-    for total in (jm.RECORD_OVERHEAD, 100, 4095, 4096 + jm.RECORD_OVERHEAD - 1):
-        record = jm.pad_record(total)
+    for total in (
+        journal_format.RECORD_OVERHEAD,
+        100,
+        4095,
+        4096 + journal_format.RECORD_OVERHEAD - 1,
+    ):
+        record = journal_format.pad_record(total)
         assert len(record) == total
-        assert jm._record_at(record, memoryview(record), 0, total) == (total, "")
-        assert record[4] == jm.RECORD_PAD
+        assert journal_format.record_at(record, memoryview(record), 0, total) == (total, "")
+        assert record[4] == journal_format.RECORD_PAD
 
 
 def test_without_direct_io_the_journal_warns_and_writes_through_the_page_cache(
@@ -165,7 +172,7 @@ def test_without_direct_io_the_journal_warns_and_writes_through_the_page_cache(
 
 def test_the_staging_buffer_grows_for_a_batch_larger_than_it(tmp_path: Path) -> None:
     big = make_entry(4, 0, os.urandom(5 * 1024 * 1024))  # above the 4 MiB staging buffer
-    records = [jm.add_record(4, format_records([big], [len(big)]))]
+    records = [journal_format.add_record(4, format_records([big], [len(big)]))]
     _write(tmp_path, DirectRecordingFiles(), records, 1 << 30)
     assert _replay(tmp_path)[0] == [big]
 
@@ -179,9 +186,9 @@ def test_a_checkpoint_mark_inside_a_pad_record_replays_from_the_pad_s_end(
     records, _ = _records(10)
     journal = _write(tmp_path, DirectRecordingFiles(), records, 1 << 30)
     pad_at = journal.mark[1]  # the PAD after the last batch starts here
-    os.close(jm.create_journal_file(tmp_path, 2))  # the next start's file
-    report = jm.ScanReport()
-    assert list(jm.scan(tmp_path, (1, pad_at + 100), False, report)) == []
+    os.close(journal_format.create_journal_file(tmp_path, 2))  # the next start's file
+    report = journal_replay.ScanReport()
+    assert list(journal_replay.scan(tmp_path, (1, pad_at + 100), False, report)) == []
     assert report.truncated is None
 
 
@@ -191,8 +198,12 @@ def test_a_bad_header_with_only_its_block_s_pad_after_it_is_a_creation_cut_short
     """A direct journal file's header block holds the header and a PAD record; a creation
     cut short may leave the PAD and not the header. No batch was ever in it: replay removes
     the last file, as it removes a bare incomplete header."""
-    os.close(jm.create_journal_file(tmp_path, 1, ops=DirectRecordingFiles(), block_bytes=4096))
-    path = tmp_path / jm.journal_file_name(1)
+    os.close(
+        journal_format.create_journal_file(
+            tmp_path, 1, ops=DirectRecordingFiles(), block_bytes=4096
+        )
+    )
+    path = tmp_path / journal_format.journal_file_name(1)
     data = bytearray(path.read_bytes())
     assert len(data) == BLOCK_BYTES
     data[:8] = bytes(8)  # the magic never reached the disk

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conftest import Driver
+from support import poll_until_async
 
 from quorumlog.bookie.disk_checker import DiskUsage
 from quorumlog.errors import Status
@@ -66,11 +67,12 @@ def test_periodic_minor_compaction_frees_the_dead_part(
         bookie.garbage_collect((), set(LEDGERS) - {KEEP})
         await bookie.checkpoint()
         before = log_bytes(tmp_path / "data")
-        for _ in range(100):
-            if bookie.compactor.runs and log_bytes(tmp_path / "data") < before / 2:
-                break
-            await asyncio.sleep(0.05)
-        assert log_bytes(tmp_path / "data") < before / 2
+        await poll_until_async(
+            lambda: bookie.compactor.runs and log_bytes(tmp_path / "data") < before / 2,
+            timeout_s=30,
+            what="a periodic minor compaction freeing half the entry logs' bytes",
+            interval_s=0.05,
+        )
         await read_kept(driver)
         await driver.restart()
         await read_kept(driver)
@@ -120,8 +122,16 @@ def test_a_close_in_the_middle_of_a_paced_compaction_loses_nothing(
         bookie = await driver.start()
         await fill(driver)
         bookie.garbage_collect((), set(LEDGERS) - {KEEP})
+        copied = asyncio.Event()
+        pace = bookie.compactor._sleep
+
+        async def paced(delay_s: float) -> None:  # the pace waits after every batch copied
+            copied.set()
+            await pace(delay_s)
+
+        bookie.compactor._sleep = paced
         task = asyncio.create_task(bookie.force_gc(major=False))
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(copied.wait(), 30)
         assert not task.done()
         await read_kept(driver)  # reads go on meanwhile
         await driver.close()
@@ -164,7 +174,21 @@ def test_a_full_disk_suspends_periodic_compaction_unless_allowed(
         await asyncio.sleep(0)
         before = bookie.compactor.runs
         last_major = bookie.compactor.last_major
-        await asyncio.sleep(0.5)
+        # Every tick of the compaction timer asks which compaction is due, then decides
+        # with the disk full: wait for several such decisions (and, allowed, a run).
+        ticks: list[float] = []
+        due = bookie.compactor.due
+
+        def counted_due(now: float) -> bool | None:
+            ticks.append(now)
+            return due(now)
+
+        bookie.compactor.due = counted_due  # type: ignore[method-assign]
+        await poll_until_async(
+            lambda: len(ticks) >= 5 and (not allowed or bookie.compactor.runs > before),
+            timeout_s=30,
+            what="five compaction ticks with the disk full",
+        )
         runs = bookie.compactor.runs - before
         # Allowed, only minor compactions run while the disk is full.
         assert bookie.compactor.last_major == last_major

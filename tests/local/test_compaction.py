@@ -98,6 +98,7 @@ def compactor(
     storage: LedgerStorage,
     data_dir: Path,
     checkpoint_fn: Callable[[], Awaitable[None]] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     **settings: float,
 ) -> Compactor:
     async def run_checkpoint() -> None:
@@ -107,6 +108,7 @@ def compactor(
         storage,
         CompactionSettings(**{"rate_bytes_per_s": 0.0, **settings}),
         checkpoint_fn or run_checkpoint,
+        sleep=sleep,
     )
 
 
@@ -291,9 +293,15 @@ def test_a_crash_in_the_middle_of_the_copy_loses_nothing(tmp_path: Path) -> None
     checkpoint(storage, data)
 
     async def go() -> None:
-        c = compactor(storage, data, rate_bytes_per_s=200_000.0)
+        copied = asyncio.Event()
+
+        async def paced(delay_s: float) -> None:  # the pace waits after every batch copied
+            copied.set()
+            await asyncio.sleep(delay_s)
+
+        c = compactor(storage, data, sleep=paced, rate_bytes_per_s=200_000.0)
         task = asyncio.create_task(c.run(major=True))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(copied.wait(), 30)
         assert not task.done()
         task.cancel()  # the process stops between two batches
 

@@ -43,7 +43,7 @@ async def _echo_over(port: int, context: ssl.SSLContext, server_hostname: str) -
         writer.close()
 
 
-def test_tls_review_mutual_tls_refuses_a_client_certificate_of_another_ca(
+def test_tls_mutual_tls_refuses_a_client_certificate_of_another_ca(
     material: TlsMaterial, tmp_path: Path
 ):
     other = make_tls_material(tmp_path / "other")  # a CA the bookie does not trust
@@ -72,7 +72,7 @@ def test_tls_review_mutual_tls_refuses_a_client_certificate_of_another_ca(
     run(scenario())
 
 
-def test_tls_review_clients_check_that_the_certificate_names_the_address(
+def test_tls_clients_check_that_the_certificate_names_the_address(
     material: TlsMaterial,
 ):
     """The bookie's certificate names 127.0.0.1 (an IP address SAN): a client that dials
@@ -109,7 +109,7 @@ def _bump_mtime(path: Path) -> None:
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
 
 
-def test_tls_review_a_file_left_half_written_is_logged_once_and_the_old_context_serves(
+def test_tls_a_file_left_half_written_is_logged_once_and_the_old_context_serves(
     material: TlsMaterial, caplog: pytest.LogCaptureFixture
 ):
     clock = _Clock()
@@ -138,7 +138,7 @@ def test_tls_review_a_file_left_half_written_is_logged_once_and_the_old_context_
     assert reloader.reloads == 1
 
 
-def test_tls_review_a_replaced_ca_file_decides_who_comes_in_after_the_reload(
+def test_tls_a_replaced_ca_file_decides_who_comes_in_after_the_reload(
     material: TlsMaterial, tmp_path: Path
 ):
     """An operator who replaces the CA (one that leaked) expects clients of the old CA

@@ -22,7 +22,7 @@ import support
 from quorumlog.bookie.bookie import Bookie, BookieStartError
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.index import IndexUpdate, LedgerIndex
-from quorumlog.bookie.journal import create_journal_file
+from quorumlog.bookie.journal.format import create_journal_file
 from quorumlog.errors import BookieIOError, Status
 from quorumlog.proto.codec import (
     AddFlag,
