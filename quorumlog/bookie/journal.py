@@ -89,8 +89,11 @@ from quorumlog.errors import BookieIOError
 
 log = logging.getLogger(__name__)
 
-JOURNAL_MAGIC = b"QLJRNL02"
-_OLD_MAGIC = b"QLJRNL01"  # files without batch markers, from before they existed
+# The magic is a name and two format digits. Format 2 added batch markers; a file in any
+# other format is refused by name (JournalFormatError), never replayed or skipped as damage.
+JOURNAL_FORMAT = 2
+_MAGIC_NAME = b"QLJRNL"
+JOURNAL_MAGIC = _MAGIC_NAME + b"%02d" % JOURNAL_FORMAT
 _FILE_HEADER = struct.Struct(">8sQ8s")  # magic, file id, salt
 FILE_HEADER_SIZE = _FILE_HEADER.size
 SALT_SIZE = 8
@@ -167,6 +170,31 @@ class JournalCorruptionError(BookieIOError):
         super().__init__(message)
         self.path = path
         self.offset = offset
+
+
+class JournalFormatError(JournalCorruptionError):
+    """A journal file written in a format this version does not read (its header names
+    another format). Not damage: ``journal_skip_corruption`` does not pass over it."""
+
+
+def _other_format(magic: bytes) -> int | None:
+    """The format a journal header's magic names, when it is not :data:`JOURNAL_FORMAT`
+    (None for the current format and for bytes that are no journal magic)."""
+    digits = magic[len(_MAGIC_NAME) : len(_MAGIC_NAME) + 2]
+    if not magic.startswith(_MAGIC_NAME) or len(digits) != 2 or not digits.isdigit():
+        return None
+    version = int(digits)
+    return None if version == JOURNAL_FORMAT else version
+
+
+def _format_message(path: Path, version: int) -> str:
+    return (
+        f"journal {path}: written in journal format {version}; this version of quorumlog "
+        f"reads format {JOURNAL_FORMAT} only and does not convert it. Start this bookie "
+        f"with the version that wrote it until its journal is checkpointed, or retire it: "
+        f"stop it, wipe its data and journal directories and let autorecovery "
+        f"re-replicate its ledgers (docs/OPERATIONS.md)"
+    )
 
 
 # ---------------------------------------------------------------- records
@@ -676,15 +704,11 @@ def _file_salt(
     """The salt of journal file ``file_id`` (its batch markers' key) when its header is
     whole; None for a file to pass over: a creation cut short (removed when it is the
     last file), or a damaged header skipped as asked. Raises JournalCorruptionError for
-    a damaged header otherwise, and for a file of the older format."""
+    a damaged header otherwise, and JournalFormatError for a file of another format."""
     end = len(buf)
-    if end >= FILE_HEADER_SIZE and buf[:8] == _OLD_MAGIC:
-        raise JournalCorruptionError(
-            f"journal {path}: written in an older journal format (no batch markers); "
-            f"start the version that wrote it once to replay it",
-            path,
-            0,
-        )
+    version = _other_format(bytes(buf[:8])) if end >= FILE_HEADER_SIZE else None
+    if version is not None:
+        raise JournalFormatError(_format_message(path, version), path, 0)
     magic, header_id, salt = (
         _FILE_HEADER.unpack_from(buf) if end >= FILE_HEADER_SIZE else (b"", -1, b"")
     )
@@ -749,8 +773,9 @@ class FileRecord:
 
 def file_header(buf: bytes, file_id: int) -> tuple[bytes | None, str]:
     """The salt of a journal file's header, or None and why the header is not whole."""
-    if len(buf) >= FILE_HEADER_SIZE and buf[:8] == _OLD_MAGIC:
-        return None, "written in an older journal format (no batch markers)"
+    version = _other_format(bytes(buf[:8])) if len(buf) >= FILE_HEADER_SIZE else None
+    if version is not None:
+        return None, f"journal format {version}; this version reads format {JOURNAL_FORMAT}"
     if len(buf) < FILE_HEADER_SIZE:
         return None, f"shorter ({len(buf)} bytes) than its header"
     magic, header_id, salt = _FILE_HEADER.unpack_from(buf)

@@ -25,7 +25,7 @@ In one process, no I/O
     connections, drops and partitions, on a loop whose clock jumps to the next timer
     (one seed, one run). :class:`MetadataFaults` make a :class:`MemoryStore` lose
     replies, fail, answer late or be cut off.
-    :func:`run_scenario` and :func:`check_history` -- one seeded run of the shipped
+    :func:`run_seed` and :func:`check_run` -- one seeded run of the shipped
     workloads under faults, and the history checkers (:mod:`quorumlog.testing.checkers`).
 
 The wire protocol, raw
@@ -51,6 +51,7 @@ Nothing shipped imports this package: it is for tests.
 """
 
 from quorumlog.server.local_cluster import BookieProcess, ClusterError, LocalCluster
+from quorumlog.testing.checkers import RunHistory, check_run
 from quorumlog.testing.faults import kill_process, pause_process, resume_process
 from quorumlog.testing.fixtures import local_cluster
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree, MetadataFaults
@@ -64,7 +65,7 @@ from quorumlog.testing.sim import (
     SimulationDeadlock,
     VirtualTimeLoop,
 )
-from quorumlog.testing.sim_scenarios import History, check_history, run_scenario
+from quorumlog.testing.sim.workloads import run_seed
 from quorumlog.testing.zookeeper import (
     ZooKeeperServer,
     ZooKeeperUnavailableError,
@@ -76,26 +77,26 @@ __all__ = [
     "BookieProcess",
     "Cluster",
     "ClusterError",
-    "History",
     "LocalCluster",
     "MemoryStore",
     "MemoryTree",
     "MetadataFaults",
     "NetworkFaults",
     "RawClient",
+    "RunHistory",
     "SimDisk",
     "SimNetwork",
     "SimulationDeadlock",
     "VirtualTimeLoop",
     "ZooKeeperServer",
     "ZooKeeperUnavailableError",
-    "check_history",
+    "check_run",
     "kill_process",
     "local_cluster",
     "make_entry",
     "master_key",
     "pause_process",
     "resume_process",
-    "run_scenario",
+    "run_seed",
     "zookeeper_installed",
 ]

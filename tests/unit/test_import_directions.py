@@ -112,8 +112,7 @@ def import_graph(package_dir: Path) -> list[Import]:
 
 # ---------------------------------------------------------------- the layers
 
-# Modules at the top of the package, by their job. ``cli``, ``shell`` and ``bench`` are
-# the command line's former homes, ``audit`` and ``rereplication`` replication's.
+# Modules at the top of the package, by their job.
 TOP_MODULE_LAYERS = {
     "quorumlog": "api",
     "quorumlog.aio": "api",
@@ -121,11 +120,6 @@ TOP_MODULE_LAYERS = {
     "quorumlog.benchmark": "benchmark",
     "quorumlog.stats": "stats",
     "quorumlog.__main__": "commands",
-    "quorumlog.cli": "commands",
-    "quorumlog.shell": "commands",
-    "quorumlog.bench": "commands",
-    "quorumlog.audit": "replication",
-    "quorumlog.rereplication": "replication",
 }
 LAYERS = frozenset(
     {
@@ -283,8 +277,7 @@ RULES = [
     ),
     Rule(
         "no-layer-imports-commands",
-        "only the command line imports the command line (quorumlog.commands, and its "
-        "former homes quorumlog.cli, quorumlog.shell, quorumlog.bench)",
+        "only the command line imports the command line (quorumlog.commands)",
         importers=LAYERS - {"commands"},
         forbidden=frozenset({"commands"}),
     ),
@@ -410,7 +403,7 @@ def test_rules_name_each_import_against_them() -> None:
         Import("quorumlog.meta.store", "quorumlog.client.config", here, 6),
         Import("quorumlog.bookie.gc", "quorumlog.client.bookkeeper", here, 7),
         Import("quorumlog.log.log", "quorumlog.apps.dice", here, 8),
-        Import("quorumlog.spark.common", "quorumlog.cli", here, 9),
+        Import("quorumlog.spark.common", "quorumlog.commands.bench", here, 9),
         Import("quorumlog.apps.dice", "quorumlog.commands.dice", here, 10),
         Import("quorumlog.commands.dice", "quorumlog.apps.dice", here, 11),
         Import("quorumlog.client.sync", "pyspark.sql", here, 12),
