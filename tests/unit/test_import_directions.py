@@ -126,6 +126,7 @@ LAYERS = frozenset(
         "api",  # the package itself and quorumlog.aio: the public API, over everything
         "errors",
         "stats",  # histogram buckets as plain integers: no I/O, imports nothing of ours
+        "formats",  # applications' record formats, shared with the pipelines that read them
         "proto",
         "core",
         "security",  # tokens, roles, TLS contexts, redaction: below the server and client
@@ -248,6 +249,12 @@ RULES = [
         "the shared histogram buckets import nothing of quorumlog",
         importers=frozenset({"stats"}),
         allowed=frozenset({"stats"}),
+    ),
+    Rule(
+        "formats-import-nothing-of-ours",
+        "the record formats import nothing of quorumlog but errors",
+        importers=frozenset({"formats"}),
+        allowed=frozenset({"errors", "formats"}),
     ),
     Rule(
         "security-knows-nothing-above-it",
