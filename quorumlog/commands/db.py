@@ -396,7 +396,7 @@ def run_changes(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from quorumlog.commands.db_bench import bench, table
+    from quorumlog.bench.db import bench, table
 
     try:
         figures = bench(args.count, args.batches, not args.no_postgres, args.rounds)
