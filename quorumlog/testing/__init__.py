@@ -25,8 +25,8 @@ In one process, no I/O
     connections, drops and partitions, on a loop whose clock jumps to the next timer
     (one seed, one run). :class:`MetadataFaults` make a :class:`MemoryStore` lose
     replies, fail, answer late or be cut off.
-    :func:`run_seed` and :func:`check_run` -- one seeded run of the shipped
-    workloads under faults, and the history checkers (:mod:`quorumlog.testing.checkers`).
+    :func:`check_run` and :mod:`quorumlog.testing.checkers` -- the history checkers:
+    what a run's clients were told, checked against the rules, apart from the system.
 
 The wire protocol, raw
     :class:`RawClient` -- one connection to one bookie, raw requests and answers
@@ -65,7 +65,6 @@ from quorumlog.testing.sim import (
     SimulationDeadlock,
     VirtualTimeLoop,
 )
-from quorumlog.testing.sim.workloads import run_seed
 from quorumlog.testing.zookeeper import (
     ZooKeeperServer,
     ZooKeeperUnavailableError,
@@ -97,6 +96,5 @@ __all__ = [
     "master_key",
     "pause_process",
     "resume_process",
-    "run_seed",
     "zookeeper_installed",
 ]

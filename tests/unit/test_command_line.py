@@ -43,7 +43,8 @@ def test_every_argument_parser_in_the_sources_refuses_abbreviations() -> None:
     entry points) build parsers of their own with argparse's class, whose subcommands'
     parsers do not inherit the setting: each of them passes allow_abbrev=False."""
     offenders = []
-    for path in sorted([*ROOT.glob("quorumlog/**/*.py"), *ROOT.glob("bench/**/*.py")]):
+    sources = ("quorumlog/**/*.py", "bench/**/*.py", "tests/harness/**/*.py")
+    for path in sorted(p for pattern in sources for p in ROOT.glob(pattern)):
         calls = [
             n for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.Call)
         ]
