@@ -34,5 +34,5 @@ python -c "import quorumlog, kazoo, lmdb, crc32c, uvloop, pyspark, pyarrow, pysp
 
 ruff check .
 ruff format --check .
-mypy  # strict on quorumlog/ ([tool.mypy] in pyproject.toml)
+mypy  # strict on quorumlog/ and tests/harness/ ([tool.mypy] in pyproject.toml)
 python -m pytest -q -p no:cacheprovider "$@"
