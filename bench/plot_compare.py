@@ -37,7 +37,7 @@ from compare import (
     TAIL_MAX_P99_MS,
 )
 
-from quorumlog.commands.bench_plot import cdf_points, pyplot, timeline_points
+from quorumlog.bench.plot import cdf_points, pyplot, timeline_points
 
 SYSTEM_NAMES = {
     "quorumlog": "quorumlog",

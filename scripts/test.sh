@@ -34,7 +34,7 @@ python -c "import quorumlog, kazoo, lmdb, crc32c, uvloop, pyspark, pyarrow, pysp
 
 ruff check .
 ruff format --check .
-mypy  # strict on quorumlog/ ([tool.mypy] in pyproject.toml)
+mypy  # strict on quorumlog/ and tests/harness/ ([tool.mypy] in pyproject.toml)
 # Commit subjects since the check was added: `area: imperative summary`, <= 72 characters.
 python scripts/check_commits.py
 python -m pytest -q -p no:cacheprovider "$@"

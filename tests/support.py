@@ -33,6 +33,10 @@ from quorumlog.testing.sim import VirtualTimeLoop
 
 T = TypeVar("T")
 
+# A LocalCluster entry point for bookies that need the command's additions (co-hosted
+# autorecovery, --config): ``python -m quorumlog bookie`` instead of the server's own.
+BOOKIE_COMMAND = ("-m", "quorumlog", "bookie")
+
 
 def run(coro: Awaitable[T], timeout_s: float = 60) -> T:
     """``coro`` on a new event loop; TimeoutError after ``timeout_s``."""

@@ -2,6 +2,9 @@
 
 - :class:`Processes`: every server process a peer starts, stopped by its pid (also at
   interpreter exit, should a run be interrupted).
+- :class:`PeerCluster`: the start and stop steps of a peer's three-server cluster in a
+  temporary directory (etcd, ZooKeeper, JetStream): each says how to launch its
+  servers and when they are ready.
 - :func:`ensure_modules` / :func:`ensure_binary`: install missing (or too old) PyPI
   packages with pip, Debian packages with apt-get, once, and say so on stderr.
 - :func:`run_one_at_a_time` and :func:`run_windowed`: the two measurement loops. Both
@@ -24,11 +27,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
@@ -107,6 +111,60 @@ class Processes:
 
 
 atexit.register(Processes.stop_everything)
+
+
+class PeerCluster:
+    """A peer's servers on 127.0.0.1, each with a directory under ``base_dir`` (a
+    temporary one, removed at :meth:`stop`, unless given). A subclass names itself
+    (``NAME``: process labels and the temporary directory), launches its servers
+    (:meth:`launch`), says when they serve (:meth:`ready`) and which log to show when
+    they do not (``FIRST_LOG``, relative to ``base_dir``)."""
+
+    NAME = "peer"
+    READY_WHAT = "peer cluster"
+    FIRST_LOG = ""
+    START_TIMEOUT_S = 60.0
+
+    def __init__(self, base_dir: Path | None = None) -> None:
+        self._own_dir = base_dir is None
+        self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix=f"compare-{self.NAME}-"))
+        self.procs = Processes(self.NAME)
+        self.version = ""
+
+    def launch(self) -> None:
+        """Start every server process through ``self.procs``."""
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        """Whether the cluster serves (a leader is known)."""
+        raise NotImplementedError
+
+    def started(self) -> None:
+        """Called once the cluster is ready (e.g. to ask a server its version)."""
+
+    def start(self, timeout_s: float | None = None) -> Self:
+        """Launch the servers and wait until :meth:`ready`; on a timeout, stop them and
+        raise RuntimeError with the tail of ``FIRST_LOG``."""
+        self.launch()
+        try:
+            wait_until(self.ready, timeout_s or self.START_TIMEOUT_S, self.READY_WHAT)
+        except RuntimeError as exc:
+            tail = log_tail(self.base_dir / self.FIRST_LOG)
+            self.stop()
+            raise RuntimeError(f"{exc}\n{tail}") from exc
+        self.started()
+        return self
+
+    def stop(self) -> None:
+        self.procs.stop_all()
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def free_ports(count: int) -> list[int]:
@@ -234,7 +292,7 @@ def new_histogram() -> HdrHistogram:
 def summarize(hist: HdrHistogram, entries: int, seconds: float, **extra: Any) -> dict[str, Any]:
     """The summary shape of ``quorumlog bench --json`` (throughput and latency in ms, the
     latency distribution and histogram computed by the same code as quorumlog's)."""
-    from quorumlog.benchmark import DISTRIBUTION_PERCENTILES, log_buckets
+    from quorumlog.bench.workloads import DISTRIBUTION_PERCENTILES, log_buckets
 
     rate = entries / seconds if seconds > 0 else 0.0
     return {

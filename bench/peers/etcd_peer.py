@@ -21,28 +21,24 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ``peers`` when run as a script
 
 from peers.common import (
-    Processes,
+    PeerCluster,
     add_client_arguments,
     ensure_binary,
     ensure_modules,
     free_ports,
     log,
-    log_tail,
     print_json,
     run_modes,
     run_one_at_a_time,
     run_windowed,
-    wait_until,
 )
 
 MEMBERS = 3
@@ -55,17 +51,18 @@ CLIENT_PACKAGES = (
 )
 
 
-class EtcdCluster:
+class EtcdCluster(PeerCluster):
     """Three etcd members on 127.0.0.1 in a temporary directory."""
 
-    def __init__(self, base_dir: Path | None = None) -> None:
-        self._own_dir = base_dir is None
-        self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="compare-etcd-"))
-        self.procs = Processes("etcd")
-        self.client_ports: list[int] = []
-        self.version = ""
+    NAME = "etcd"
+    READY_WHAT = "etcd cluster"
+    FIRST_LOG = "m0/etcd.log"
 
-    def start(self, timeout_s: float = 60.0) -> EtcdCluster:
+    def __init__(self, base_dir: Path | None = None) -> None:
+        super().__init__(base_dir)
+        self.client_ports: list[int] = []
+
+    def launch(self) -> None:
         etcd = ensure_binary("etcd", "etcd-server")
         self.version = subprocess.run(
             [etcd, "--version"], capture_output=True, text=True, check=False
@@ -96,13 +93,9 @@ class EtcdCluster:
                 home / "etcd.log",
                 cwd=home,
             )
-        try:
-            wait_until(lambda: self.leader_port() is not None, timeout_s, "etcd cluster")
-        except RuntimeError as exc:
-            tail = log_tail(self.base_dir / "m0" / "etcd.log")
-            self.stop()
-            raise RuntimeError(f"{exc}\n{tail}") from exc
-        return self
+
+    def ready(self) -> bool:
+        return self.leader_port() is not None
 
     def leader_port(self) -> int | None:
         """The client port of the member that is leader, once all members answer."""
@@ -120,17 +113,6 @@ class EtcdCluster:
             if status.header.member_id == status.leader:
                 leader = port
         return leader
-
-    def stop(self) -> None:
-        self.procs.stop_all()
-        if self._own_dir:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> EtcdCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def measure(

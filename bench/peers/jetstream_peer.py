@@ -28,10 +28,8 @@ import asyncio
 import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import urllib.request
 from pathlib import Path
@@ -40,17 +38,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ``peers`` when run as a script
 
 from peers.common import (
-    Processes,
+    PeerCluster,
     add_client_arguments,
     ensure_modules,
     free_ports,
     log,
-    log_tail,
     print_json,
     run_modes,
     run_one_at_a_time,
     run_windowed,
-    wait_until,
 )
 
 NODES = 3
@@ -102,17 +98,18 @@ def server_binary() -> str:
     return str(found)
 
 
-class JetStreamCluster:
+class JetStreamCluster(PeerCluster):
     """Three JetStream nodes on 127.0.0.1 in a temporary directory."""
 
-    def __init__(self, base_dir: Path | None = None) -> None:
-        self._own_dir = base_dir is None
-        self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="compare-jetstream-"))
-        self.procs = Processes("jetstream")
-        self.configs: list[dict[str, Any]] = []
-        self.version = ""
+    NAME = "jetstream"
+    READY_WHAT = "JetStream cluster"
+    FIRST_LOG = "n0/server.log"
 
-    def start(self, timeout_s: float = 60.0) -> JetStreamCluster:
+    def __init__(self, base_dir: Path | None = None) -> None:
+        super().__init__(base_dir)
+        self.configs: list[dict[str, Any]] = []
+
+    def launch(self) -> None:
         binary = server_binary()
         self.version = subprocess.run(
             [binary, "--version"], capture_output=True, text=True, check=False
@@ -125,13 +122,9 @@ class JetStreamCluster:
             config = home / "nats.conf"
             config.write_text(json.dumps(self.configs[i], indent=2) + "\n")
             self.procs.start([binary, "-c", str(config)], home / "server.log", cwd=home)
-        try:
-            wait_until(lambda: self.meta_leader() is not None, timeout_s, "JetStream cluster")
-        except RuntimeError as exc:
-            tail = log_tail(self.base_dir / "n0" / "server.log")
-            self.stop()
-            raise RuntimeError(f"{exc}\n{tail}") from exc
-        return self
+
+    def ready(self) -> bool:
+        return self.meta_leader() is not None
 
     def meta_leader(self) -> str | None:
         """The name of the JetStream meta leader, once every node names it and it has
@@ -155,17 +148,6 @@ class JetStreamCluster:
     def create_stream(self, timeout_s: float = 30.0) -> str:
         """Create the R3 file stream; the name of the node leading it."""
         return asyncio.run(_create_stream(self.client_url("n0"), timeout_s))
-
-    def stop(self) -> None:
-        self.procs.stop_all()
-        if self._own_dir:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> JetStreamCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 async def _create_stream(url: str, timeout_s: float) -> str:

@@ -33,7 +33,7 @@ IDLE_MARKERS = (
 
 
 def _role(command: str) -> str:
-    if " bookie " in f" {command} ":
+    if " bookie " in f" {command} " or " quorumlog.server " in f" {command} ":
         match = re.search(r"bookie-(\d+)", command)
         return f"bookie-{match.group(1)}" if match else "bookie"
     if " bench " in command:
@@ -83,7 +83,7 @@ def _pid_roles(lines: list[str]) -> dict[str, str]:
         role = _role(command)
         if role.startswith("bookie"):
             labels[pid] = role
-        elif "quorumlog/commands/bookie.py" in line and not labels.get(pid, "").startswith("b"):
+        elif "quorumlog/server/process.py" in line and not labels.get(pid, "").startswith("b"):
             labels[pid] = f"bookie (pid {pid})"
         else:
             labels.setdefault(pid, role)

@@ -39,7 +39,11 @@ SPARK_PACKAGES = (
 def ensure_quorumlog() -> None:
     """quorumlog and its dependencies importable by the benchmark's processes; from a
     fresh clone, ``pip install -e`` of the clone (its declared dependencies) once."""
-    check = [sys.executable, "-c", "import quorumlog.benchmark, quorumlog.server.local_cluster"]
+    check = [
+        sys.executable,
+        "-c",
+        "import quorumlog.bench.workloads, quorumlog.server.local_cluster",
+    ]
     env = client_env()
     if subprocess.run(check, env=env, capture_output=True, check=False).returncode == 0:
         return

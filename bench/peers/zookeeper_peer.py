@@ -20,7 +20,6 @@ import importlib.metadata
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ``peers`` when r
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # ``quorumlog``
 
 from peers.common import (
-    Processes,
+    PeerCluster,
     add_client_arguments,
     ensure_binary,
     ensure_debian,
     ensure_modules,
     free_ports,
     log,
-    log_tail,
     print_json,
     run_modes,
     run_one_at_a_time,
     run_windowed,
-    wait_until,
 )
 
 SERVERS = 3
@@ -55,17 +52,19 @@ JVM_FLAGS = (
 )
 
 
-class ZooKeeperEnsemble:
+class ZooKeeperEnsemble(PeerCluster):
     """Three ZooKeeper servers on 127.0.0.1 in a temporary directory."""
 
-    def __init__(self, base_dir: Path | None = None) -> None:
-        self._own_dir = base_dir is None
-        self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="compare-zk-"))
-        self.procs = Processes("zookeeper")
-        self.client_ports: list[int] = []
-        self.version = ""
+    NAME = "zookeeper"
+    READY_WHAT = "ZooKeeper ensemble"
+    FIRST_LOG = "zk1/server.log"
+    START_TIMEOUT_S = 90.0
 
-    def start(self, timeout_s: float = 90.0) -> ZooKeeperEnsemble:
+    def __init__(self, base_dir: Path | None = None) -> None:
+        super().__init__(base_dir)
+        self.client_ports: list[int] = []
+
+    def launch(self) -> None:
         from quorumlog.testing.zookeeper import (
             missing_zookeeper_message,
             zookeeper_classpath,
@@ -114,14 +113,12 @@ class ZooKeeperEnsemble:
                 home / "server.log",
                 cwd=home,
             )
-        try:
-            wait_until(lambda: self.leader_port() is not None, timeout_s, "ZooKeeper ensemble")
-        except RuntimeError as exc:
-            tail = log_tail(self.base_dir / "zk1" / "server.log")
-            self.stop()
-            raise RuntimeError(f"{exc}\n{tail}") from exc
+
+    def ready(self) -> bool:
+        return self.leader_port() is not None
+
+    def started(self) -> None:
         self.version = self._srvr(self.client_ports[0]).split("\n", 1)[0].strip()
-        return self
 
     @staticmethod
     def _srvr(port: int) -> str:
@@ -141,17 +138,6 @@ class ZooKeeperEnsemble:
             return None
         leaders = [port for port, mode in modes.items() if mode == "leader"]
         return leaders[0] if leaders else None
-
-    def stop(self) -> None:
-        self.procs.stop_all()
-        if self._own_dir:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> ZooKeeperEnsemble:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def measure(

@@ -24,12 +24,12 @@ import contextlib
 import json
 import logging
 import random
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quorumlog.errors import BKError
+from quorumlog.formats.dice import decode_value, encode_value
 from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogFencedError
 from quorumlog.log.log import open_log
@@ -43,22 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_VALUE = struct.Struct(">i")  # the tutorial's Ints.toByteArray: 4 bytes, big-endian
-
 LEADING = "leading"
 FOLLOWING = "following"
 CATCHUP = "catchup"
-
-
-def encode_value(value: int) -> bytes:
-    return _VALUE.pack(value)
-
-
-def decode_value(data: bytes) -> int | None:
-    """The rolled value a record holds, or None for bytes that are not one."""
-    if len(data) != _VALUE.size:
-        return None
-    return int(_VALUE.unpack(data)[0])
 
 
 @dataclass(frozen=True, slots=True)

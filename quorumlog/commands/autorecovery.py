@@ -22,8 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, security_options
-from quorumlog.commands.addresses import LOCAL_HOST, resolve_addresses
+from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
 from quorumlog.replication.auditor import AUDIT_INTERVAL_S_DEFAULT, BOOKIE_CHECK_INTERVAL_S_DEFAULT
@@ -31,8 +30,10 @@ from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
 from quorumlog.replication.rereplicate import LEDGERS_IN_FLIGHT_DEFAULT
 from quorumlog.replication.throttle import RATE_BYTES_PER_S_DEFAULT
 from quorumlog.replication.worker import OPEN_LEDGER_GRACE_S_DEFAULT, RETRY_BACKOFF_S_DEFAULT
+from quorumlog.security import options as security_options
 from quorumlog.security.tls import TlsReloader
 from quorumlog.security.tokens import TokenVerifier
+from quorumlog.server.addresses import LOCAL_HOST, resolve_addresses
 
 if TYPE_CHECKING:
     from quorumlog.server.admin_http import AdminServer

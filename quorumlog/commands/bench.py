@@ -13,22 +13,21 @@
 Latencies go into an HDR histogram (microsecond resolution); the summary gives
 throughput (entries/s, MB/s) and p50, p99, p99.9 and max. Without ``--metadata`` the
 benchmark starts its own local cluster of ``--bookies`` bookie processes in a temporary
-directory and removes it afterwards. The workloads themselves are
-:mod:`quorumlog.benchmark`; this module parses the options and prints.
+directory and removes it afterwards. The workloads, and where
+they run, are :mod:`quorumlog.bench`; this module parses the options and prints.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from quorumlog.benchmark import BenchSettings, run_workload
+from quorumlog.bench.runner import bench_cluster, run_workload_blocking
+from quorumlog.bench.workloads import BenchSettings
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from quorumlog.errors import BKError
 
@@ -87,8 +86,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def run(args: argparse.Namespace) -> int:
-    from quorumlog.client.sync import new_event_loop
-
     if args.entries < 1 or args.entry_size < 0 or args.max_outstanding < 1 or args.ledgers < 1:
         print(
             "quorumlog bench: --entries, --max-outstanding, --ledgers must be >= 1", file=sys.stderr
@@ -103,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     settings = _settings(args)
     if args.plot:
-        from quorumlog.commands.bench_plot import pyplot
+        from quorumlog.bench.plot import pyplot
 
         try:
             pyplot()  # before the run: a missing matplotlib should not cost one
@@ -111,23 +108,26 @@ def run(args: argparse.Namespace) -> int:
             print(f"quorumlog bench: {exc}", file=sys.stderr)
             return EXIT_USAGE
     try:
-        with _cluster(args) as metadata_uri:
+        with bench_cluster(
+            args.metadata,
+            args.bookies,
+            journal_sync=not args.no_journal_sync,
+            bookie_options=args.bookie_option,
+        ) as (metadata_uri, started):
+            if started and not args.quiet and not args.json:
+                print(f"started {args.bookies} local bookies: {', '.join(started)}")
             # Started once the cluster is up: its first rate covers only the workload.
             progress = _Progress(not (args.quiet or args.json), args.workload)
-            loop = new_event_loop()
-            try:
-                result = loop.run_until_complete(
-                    run_workload(args.workload, settings, metadata_uri, progress=progress.update)
-                )
-            finally:
-                loop.close()
+            result = run_workload_blocking(
+                args.workload, settings, metadata_uri, progress=progress.update
+            )
     except (BKError, OSError, RuntimeError) as exc:
         print(f"quorumlog bench {args.workload}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     progress.done()
     summary = result.summary()
     if args.plot:
-        from quorumlog.commands.bench_plot import plot_summary
+        from quorumlog.bench.plot import plot_summary
 
         plot_summary(summary, Path(args.plot))
     if args.json:
@@ -154,24 +154,6 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
         # Known only for the bookies this command starts.
         journal_sync=None if args.metadata else not args.no_journal_sync,
     )
-
-
-@contextlib.contextmanager
-def _cluster(args: argparse.Namespace) -> Iterator[str]:
-    if args.metadata:
-        yield args.metadata
-        return
-    from quorumlog.server.local_cluster import temporary_cluster
-
-    with temporary_cluster(
-        args.bookies,
-        prefix="quorumlog-bench-",
-        journal_sync=not args.no_journal_sync,
-        extra_args=args.bookie_option,
-    ) as cluster:
-        if not args.quiet and not args.json:
-            print(f"started {args.bookies} local bookies: {', '.join(cluster.addresses)}")
-        yield cluster.metadata_uri
 
 
 class _Progress:

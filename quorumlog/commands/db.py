@@ -18,9 +18,10 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int, security_options
+from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, positive_int
 from quorumlog.commands.config_file import enable_config_file
 from quorumlog.errors import BKError
+from quorumlog.security import options as security_options
 from quorumlog.server.memory_tuning import tune_for_serving
 
 _ADDR_HELP = "a replica's HOST:PORT (https://HOST:PORT if it serves HTTPS)"
@@ -228,7 +229,7 @@ def _split_addr(text: str) -> tuple[str, int]:
 
 def _advertised_addr(http_addr: str, advertised: str | None) -> tuple[str, int, str]:
     """(bind host, port, advertised HOST:PORT) from --http-addr and --http-adv-addr."""
-    from quorumlog.commands.addresses import resolve_addresses
+    from quorumlog.server.addresses import resolve_addresses
 
     bind, port = _split_addr(http_addr)
     if advertised is None:
@@ -395,7 +396,7 @@ def run_changes(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from quorumlog.commands.db_bench import bench, table
+    from quorumlog.bench.db import bench, table
 
     try:
         figures = bench(args.count, args.batches, not args.no_postgres, args.rounds)

@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from quorumlog.commands import security_options
+from quorumlog.security import options as security_options
 from quorumlog.security.tls import client_context
 from quorumlog.security.tokens import TokenFile
 

@@ -69,7 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def run(args: argparse.Namespace) -> int:
-    from quorumlog.server.local_cluster import ClusterError, LocalCluster
+    from quorumlog.server.local_cluster import SERVER_ENTRY_POINT, ClusterError, LocalCluster
 
     if not 1 <= args.num_bookies <= 64:
         print(f"{_PROG}: error: N must be 1..64, got {args.num_bookies}", file=sys.stderr)
@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         args.num_bookies,
         journal_sync=not args.no_journal_sync,
         extra_args=() if args.no_autorecovery else ("--autorecovery",),
+        # Autorecovery needs the client, which only the command adds to a bookie.
+        entry_point=SERVER_ENTRY_POINT if args.no_autorecovery else ("-m", "quorumlog", "bookie"),
         start_timeout_s=args.start_timeout_s,
         http_port=args.http_port,
     )

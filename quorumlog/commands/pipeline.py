@@ -313,16 +313,16 @@ async def _check_log(uri: str, name: str) -> None:
 
     from quorumlog.errors import MetadataError
     from quorumlog.log.errors import NoSuchLogError
-    from quorumlog.log.metadata import list_log_names, log_path, read_log
+    from quorumlog.log.metadata import list_log_names, read_log
     from quorumlog.meta.factory import open_store
 
     try:
         async with asyncio.timeout(_STORE_CHECK_TIMEOUT_S):
             store = await open_store(uri, create=False)
             try:
-                await store.sync(log_path(name))  # R18: absence read from an up-to-date view
                 try:
-                    await read_log(store, name)
+                    # R18: absence read from an up-to-date view
+                    await read_log(store, name, sync=True)
                     return
                 except NoSuchLogError:
                     names = await list_log_names(store)

@@ -37,8 +37,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from quorumlog.bookie.errors import BookieStartError
-from quorumlog.commands import bookie_files, gc_trigger, security_options
+from quorumlog.commands import bookie_files, gc_trigger
 from quorumlog.errors import BKError
+from quorumlog.security import options as security_options
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper

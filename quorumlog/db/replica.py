@@ -1,8 +1,7 @@
 """One replica of a database: its SQLite file, its place in the election, the log.
 
 Every replica of database ``NAME`` joins the election group ``db.NAME`` and works on
-the log ``db/NAME`` (``db.NAME`` for a database created before log names could hold
-'/'). A follower tails the log and applies each record. The leader:
+the log ``db/NAME``. A follower tails the log and applies each record. The leader:
 
 1. opens the log writer, which fences whatever the previous leader still held (R11);
 2. applies every record before its new ledger (the log's end when it took over);
@@ -66,9 +65,9 @@ from quorumlog.db.sql import (
 )
 from quorumlog.errors import BKError, NodeExistsError, NoNodeError
 from quorumlog.log.config import LogConfig
-from quorumlog.log.errors import LogFencedError, NoSuchLogError
+from quorumlog.log.errors import LogFencedError
 from quorumlog.log.log import open_log
-from quorumlog.log.metadata import log_node_name, read_log
+from quorumlog.log.metadata import log_node_name
 from quorumlog.log.position import Position
 from quorumlog.log.position import Record as LogRecord
 from quorumlog.recipes.election import LeaderElection
@@ -85,9 +84,7 @@ __all__ = [
     "ReplicaConfig",
     "WriteAnswer",
     "election_group_of",
-    "legacy_log_name_of",
     "log_name_of",
-    "resolve_log_name",
     "snapshot_due",
 ]
 
@@ -108,11 +105,6 @@ def log_name_of(name: str) -> str:
     return f"db/{name}"
 
 
-def legacy_log_name_of(name: str) -> str:
-    """The log of a database created before log names could hold '/': it keeps it."""
-    return f"db.{name}"
-
-
 # Every replica a database ever had, persistent (rqlite lists a replica that is down as
 # unreachable, not as gone): /dbnodes/<log node name>/<node id, escaped> holds its
 # identifier, {"id": ..., "api": ...}.
@@ -127,18 +119,6 @@ def nodes_path_of(log_name: str) -> str:
 def election_group_of(name: str) -> str:
     """The election group of database ``name`` (a group is one path component)."""
     return f"db.{name}"
-
-
-async def resolve_log_name(bk: BookKeeper, name: str) -> str:
-    """``db/NAME``, unless only the legacy log ``db.NAME`` exists: a database keeps the
-    log it was created on, so upgraded replicas go on where they stopped."""
-    for candidate in (log_name_of(name), legacy_log_name_of(name)):
-        try:
-            await read_log(bk.store, candidate)
-        except NoSuchLogError:
-            continue
-        return candidate
-    return log_name_of(name)
 
 
 def snapshot_due(config: ReplicaConfig, *, records: int, size_bytes: int, elapsed_s: float) -> bool:
@@ -285,7 +265,6 @@ class Replica:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.log_name = await resolve_log_name(self.bk, self.config.name)
         self._log = await open_log(self.bk, self.log_name, self.config.log_config)
         self._election = self._new_election()
         await self._election.start()

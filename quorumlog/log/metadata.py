@@ -212,9 +212,14 @@ class LogMetadata:
         return None
 
 
-async def read_log(store: MetadataStore, name: str) -> tuple[LogMetadata, int]:
-    """The log's metadata and its version; NoSuchLogError if absent."""
+async def read_log(
+    store: MetadataStore, name: str, *, sync: bool = False
+) -> tuple[LogMetadata, int]:
+    """The log's metadata and its version; NoSuchLogError if absent. With ``sync``, the
+    store catches up with the quorum first (R18): for a caller that acts on absence."""
     path = log_path(name)
+    if sync:
+        await store.sync(path)
     try:
         found = await store.get(path)
     except NoNodeError:

@@ -1,6 +1,6 @@
 """What a harness keeps of a server process it starts, stops and starts again: the
 bookies of :class:`~quorumlog.server.local_cluster.LocalCluster`, the servers of the
-namespace cluster (:mod:`quorumlog.testing.netns`).
+namespace cluster (:mod:`tests.harness.netns`).
 
 Both are dataclass records that declare the attributes named here; these classes add
 only behaviour, so each record keeps its own fields and constructor. Processes are only

@@ -2,10 +2,13 @@
 ``quorumlog bench``, the project's own tests and :mod:`quorumlog.testing`.
 
 It ships with the server (not under :mod:`quorumlog.testing`) because shipped commands
-run it. It starts bookies as processes (``python -m quorumlog bookie``), never imports
-the client, and knows nothing of the commands.
+run it. It starts bookies as processes (``python -m quorumlog.server``,
+:mod:`quorumlog.server.process`), never imports the client, and knows nothing of the
+commands. A bookie that co-hosts autorecovery needs the client: for it, the command
+layer passes ``entry_point=("-m", "quorumlog", "bookie")`` and ``--autorecovery`` in
+``extra_args``.
 
-Each bookie is a child process running ``python -m quorumlog bookie`` on
+Each bookie is a child process running ``python -m quorumlog.server`` on
 127.0.0.1 with its own directories under ``base_dir/bookie-N/`` (``data/``,
 ``journal/``, and one ``stdout-K.log`` / ``stderr-K.log`` pair per start K, to
 diagnose failures). A bookie picks a free port on its first start and prints
@@ -43,6 +46,9 @@ from typing import Any
 
 from quorumlog.server.child_process import RestartedChildProcess
 
+# What follows the interpreter to run a bookie: the server's own entry point (callers
+# may pass the ``quorumlog bookie`` command, which adds autorecovery and --config).
+SERVER_ENTRY_POINT = ("-m", "quorumlog.server")
 READY_LINE = re.compile(rb"^bookie (\S+) ready", re.MULTILINE)
 ADMIN_LINE = re.compile(rb"^bookie \S+ admin (\S+)", re.MULTILINE)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -105,8 +111,10 @@ class LocalCluster:
         python: str = sys.executable,
         env: dict[str, str] | None = None,
         http_port: int | None = None,
+        entry_point: Sequence[str] = SERVER_ENTRY_POINT,
     ) -> None:
         self.metadata_uri = metadata_uri
+        self.entry_point = list(entry_point)
         # Bookie K's admin API listens on http_port + K (0: each on a free port; None: none).
         self.http_port = http_port
         self.base_dir = Path(base_dir).absolute()
@@ -165,9 +173,7 @@ class LocalCluster:
         """The command line that runs ``bookie``."""
         args = [
             self.python,
-            "-m",
-            "quorumlog",
-            "bookie",
+            *self.entry_point,
             "--metadata",
             self.metadata_uri,
             "--data-dir",

@@ -25,8 +25,8 @@ In one process, no I/O
     connections, drops and partitions, on a loop whose clock jumps to the next timer
     (one seed, one run). :class:`MetadataFaults` make a :class:`MemoryStore` lose
     replies, fail, answer late or be cut off.
-    :func:`run_scenario` and :func:`check_history` -- one seeded run of the shipped
-    workloads under faults, and the history checkers (:mod:`quorumlog.testing.checkers`).
+    :func:`check_run` and :mod:`quorumlog.testing.checkers` -- the history checkers:
+    what a run's clients were told, checked against the rules, apart from the system.
 
 The wire protocol, raw
     :class:`RawClient` -- one connection to one bookie, raw requests and answers
@@ -51,6 +51,7 @@ Nothing shipped imports this package: it is for tests.
 """
 
 from quorumlog.server.local_cluster import BookieProcess, ClusterError, LocalCluster
+from quorumlog.testing.checkers import RunHistory, check_run
 from quorumlog.testing.faults import kill_process, pause_process, resume_process
 from quorumlog.testing.fixtures import local_cluster
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree, MetadataFaults
@@ -64,7 +65,6 @@ from quorumlog.testing.sim import (
     SimulationDeadlock,
     VirtualTimeLoop,
 )
-from quorumlog.testing.sim_scenarios import History, check_history, run_scenario
 from quorumlog.testing.zookeeper import (
     ZooKeeperServer,
     ZooKeeperUnavailableError,
@@ -76,26 +76,25 @@ __all__ = [
     "BookieProcess",
     "Cluster",
     "ClusterError",
-    "History",
     "LocalCluster",
     "MemoryStore",
     "MemoryTree",
     "MetadataFaults",
     "NetworkFaults",
     "RawClient",
+    "RunHistory",
     "SimDisk",
     "SimNetwork",
     "SimulationDeadlock",
     "VirtualTimeLoop",
     "ZooKeeperServer",
     "ZooKeeperUnavailableError",
-    "check_history",
+    "check_run",
     "kill_process",
     "local_cluster",
     "make_entry",
     "master_key",
     "pause_process",
     "resume_process",
-    "run_scenario",
     "zookeeper_installed",
 ]

@@ -46,9 +46,11 @@ def local_cluster(
     embedded one in the cluster's directory: ``cluster.metadata_uri`` is what clients
     connect to. The directories (data, journal, each bookie's stdout and stderr logs) are
     under ``base_dir``, which is kept for a post-mortem (pytest's ``tmp_path``), else in a
-    temporary directory removed at the end. ``extra_args`` go to every ``quorumlog
-    bookie`` command line; ``journal_sync=False`` makes the bookies acknowledge before
-    they fsync (faster, and unsafe: for tests that do not cut the power).
+    temporary directory removed at the end. ``extra_args`` go to every bookie's
+    command line (``python -m quorumlog.server``: the flags of ``quorumlog bookie`` but
+    ``--config`` and ``--autorecovery``); ``journal_sync=False`` makes the bookies
+    acknowledge before they fsync (faster, and unsafe: for tests that do not cut the
+    power).
     """
     clusters: contextlib.AbstractContextManager[LocalCluster]
     if base_dir is None:

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from quorumlog.aio import BookKeeper as AsyncBookKeeper
-from quorumlog.apps.dice import LEADING, Roll, decode_value
+from quorumlog.apps.dice import LEADING, Roll
+from quorumlog.formats.dice import decode_value
 from quorumlog.log.checker import check_observations
 from quorumlog.log.position import Position
 from quorumlog.server.local_cluster import LocalCluster

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import poll_until, run
+from support import BOOKIE_COMMAND, poll_until, run
 
 from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.server.local_cluster import LocalCluster
@@ -182,6 +182,7 @@ def test_autorecovery_endpoints_name_the_auditor_and_the_marked_ledgers(
         tmp_path / "bookies",
         2,
         extra_args=["--http-port", "0", "--autorecovery"],
+        entry_point=BOOKIE_COMMAND,
     )
     with cluster:
         ports = admin_ports(cluster)

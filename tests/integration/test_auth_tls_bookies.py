@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from cryptography import x509
-from support import poll_until, port_for_a_child, run
+from support import BOOKIE_COMMAND, poll_until, port_for_a_child, run
 from tls_certs import HMAC_SECRET, TlsMaterial, make_tls_material, write_hmac_key
 
 from quorumlog.aio import BookKeeper
@@ -103,7 +103,8 @@ def test_tls_and_tokens_let_in_only_clients_with_both_and_say_why_to_others(
         f'tls_cert = "{material.server_cert}"\ntls_key = "{material.server_key}"\n'
         f'tls_ca = "{material.ca_cert}"\ntoken_key_file = "{key_file}"\nhttp_port = 0\n'
     )
-    with LocalCluster(metadata_uri, tmp_path / "cluster", 0) as cluster:
+    # --config is the command's: these bookies run ``quorumlog bookie``.
+    with LocalCluster(metadata_uri, tmp_path / "cluster", 0, entry_point=BOOKIE_COMMAND) as cluster:
         cluster.start_new_bookie(secure)
         cluster.start_new_bookie(["--config", str(config_file)])
         assert b" admin https://" in cluster.bookies[1].stdout_path.read_bytes()

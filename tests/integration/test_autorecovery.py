@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import CuttableLink, holders, holds_for, plant_forged_entry, poll_until, shell
+from support import (
+    BOOKIE_COMMAND,
+    CuttableLink,
+    holders,
+    holds_for,
+    plant_forged_entry,
+    poll_until,
+    shell,
+)
 from test_admin_http import http
 from test_metrics import assert_dashboard_names_exported, scrape
 
@@ -424,6 +432,7 @@ def test_shell_autorecovery_commands_and_a_bookie_running_autorecovery(
             "--autorecovery-session-timeout-ms",
             SESSION_MS,
         ],
+        entry_point=BOOKIE_COMMAND,
     )
     with cluster:
         uri = metadata_uri

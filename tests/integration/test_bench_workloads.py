@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from quorumlog.benchmark import BenchSettings, Result, run_workload
+from quorumlog.bench.workloads import BenchSettings, Result, run_workload
 from quorumlog.client.sync import new_event_loop
 from quorumlog.server.local_cluster import LocalCluster, embedded_metadata_uri
 

@@ -1,4 +1,4 @@
-"""The redaction a server puts on its log handlers (quorumlog.commands.security_options
+"""The redaction a server puts on its log handlers (quorumlog.security.options
 .redact_logs) against what the ZooKeeper client prints at DEBUG: its AUTH request with
 the digest credential ``user:password``, whatever the password's length."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from quorumlog.commands.gc_trigger import _Credentials
-from quorumlog.commands.security_options import redact_logs
+from quorumlog.security.options import redact_logs
 
 
 @pytest.mark.parametrize("password", ["s3cr3t", "a-longer-password"])

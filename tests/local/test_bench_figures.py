@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
-from quorumlog.benchmark import Result, Timeline, log_buckets
-from quorumlog.commands.bench_plot import cdf_points, plot_summary, timeline_points
+from quorumlog.bench.plot import cdf_points, plot_summary, timeline_points
+from quorumlog.bench.workloads import Result, Timeline, log_buckets
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

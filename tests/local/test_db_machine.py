@@ -8,7 +8,6 @@ import sqlite3
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, cast
 
 import pytest
@@ -28,7 +27,6 @@ from quorumlog.db.replica import (
     Replica,
     ReplicaConfig,
     _Pending,
-    resolve_log_name,
     snapshot_due,
 )
 from quorumlog.db.sql import (
@@ -41,9 +39,7 @@ from quorumlog.db.sql import (
     split_sql,
 )
 from quorumlog.log.errors import LogFencedError
-from quorumlog.log.metadata import create_log_if_absent
 from quorumlog.log.position import Position
-from quorumlog.testing.memory_store import MemoryStore
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -476,18 +472,9 @@ def test_snapshot_due_on_whichever_trigger_comes_first() -> None:
     assert not snapshot_due(off, records=10**9, size_bytes=10**12, elapsed_s=10**6)
 
 
-def test_a_database_keeps_its_legacy_log_and_new_ones_get_db_slash_name() -> None:
-    async def resolved() -> tuple[str, str, str]:
-        store = MemoryStore()
-        bk = cast("BookKeeper", SimpleNamespace(store=store))
-        fresh = await resolve_log_name(bk, "new")
-        await create_log_if_absent(store, "db.old")  # created before '/' was allowed
-        legacy = await resolve_log_name(bk, "old")
-        for name in ("db/both", "db.both"):
-            await create_log_if_absent(store, name)
-        return fresh, legacy, await resolve_log_name(bk, "both")
-
-    assert asyncio.run(resolved()) == ("db/new", "db.old", "db/both")
+def test_a_database_named_name_is_the_log_db_slash_name(tmp_path: Path) -> None:
+    replica = Replica(cast("BookKeeper", None), ReplicaConfig(name="t", data_dir=tmp_path))
+    assert replica.log_name == "db/t"
 
 
 # ---------------------------------------------------------------- D7: replicas compared

@@ -1,18 +1,31 @@
-"""Imports point one way (docs/ARCHITECTURE.md): the pure core and the codec do no I/O,
-the bookie is not a client, the metadata store knows nothing above it, the client knows
-no log streams, log streams know no applications, nothing below Spark needs Spark, no
-shipped layer needs the testing module, and no layer imports the command line.
+"""Imports point one way (docs/ARCHITECTURE.md). Each package of quorumlog may import,
+of quorumlog, only what its row of the table in docs/ARCHITECTURE.md allows (an
+allow-list: what a row does not name is refused; the table and :data:`ALLOWED` are
+checked to say the same), and beside it:
+
+- the pure core and the codec import no module that does I/O;
+- only the command line imports the command line; a layer whose row names ``commands``
+  may only start it as a process (a benchmark running ``quorumlog db serve``);
+- only quorumlog.spark and the command line import pyspark;
+- nothing outside quorumlog.log builds the paths of the logs' metadata nodes
+  (``/logs/...``), so nothing else can write them: only log/ imports the path helpers
+  (``LOGS_PATH``, ``log_path``) and no other module spells ``/logs``. A log's ledger list
+  has one update path, ``log/metadata_updates.py`` (the Spark sink commits through it).
 
 The graph is read from the source with ``ast``: every ``import`` and ``from ... import``
 of every module, wherever it stands (module level, inside a function, under
 ``TYPE_CHECKING``), relative imports resolved, plus ``importlib.import_module`` with a
-constant name. A name computed at run time is beyond a static reading: keep such tables
-inside the layer they belong to.
+constant name, plus every process a module starts with ``"-m", "quorumlog..."`` in a
+list or tuple (``python -m quorumlog bookie`` runs the command line: an edge to it). A
+name computed at run time is beyond a static reading: keep such tables inside the layer
+they belong to.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
+import re
 import textwrap
 from collections import defaultdict
 from collections.abc import Iterable
@@ -33,9 +46,11 @@ class Import:
     imported: str
     path: Path
     line: int
+    kind: str = "import"  # or "spawn": starts ``python -m <imported>`` as a process
 
     def __str__(self) -> str:
-        return f"{self.importer} imports {self.imported} ({self.path.name}:{self.line})"
+        verb = "starts python -m" if self.kind == "spawn" else "imports"
+        return f"{self.importer} {verb} {self.imported} ({self.path.name}:{self.line})"
 
 
 def package_modules(package_dir: Path) -> dict[str, Path]:
@@ -80,7 +95,8 @@ def module_imports(importer: str, path: Path, modules: Iterable[str]) -> list[Im
     """Every import in the module ``importer`` (file ``path``), in the order of the source.
 
     ``from a import b`` counts as importing ``a.b`` when that is a module of the package,
-    else as importing ``a``.
+    else as importing ``a``. ``"-m", "NAME"`` in a list or tuple, NAME a module of the
+    package's name, is a spawn of NAME (of ``NAME.__main__`` for a bare package name).
     """
     known = set(modules)
     is_package = path.name == "__init__.py"
@@ -98,7 +114,22 @@ def module_imports(importer: str, path: Path, modules: Iterable[str]) -> list[Im
             name = _constant_import_module(node)
             if name is not None:
                 found.append(Import(importer, name, path, node.lineno))
+        elif isinstance(node, ast.List | ast.Tuple):
+            found += _spawns(importer, path, node)
     return sorted(set(found), key=lambda i: (i.line, i.imported))
+
+
+def _spawns(importer: str, path: Path, node: ast.List | ast.Tuple) -> list[Import]:
+    """``python -m MODULE`` in a command line written as a list or tuple of constants."""
+    top = importer.split(".")[0]
+    values = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+    found = []
+    for at, (flag, module) in enumerate(itertools.pairwise(values)):
+        if flag != "-m" or not isinstance(module, str) or module.split(".")[0] != top:
+            continue
+        target = f"{module}.__main__" if module == top else module
+        found.append(Import(importer, target, path, node.elts[at + 1].lineno, "spawn"))
+    return found
 
 
 def import_graph(package_dir: Path) -> list[Import]:
@@ -112,44 +143,41 @@ def import_graph(package_dir: Path) -> list[Import]:
 
 # ---------------------------------------------------------------- the layers
 
-# Modules at the top of the package, by their job. ``cli``, ``shell`` and ``bench`` are
-# the command line's former homes, ``audit`` and ``rereplication`` replication's.
+ARCHITECTURE_MD = PACKAGE_DIR.parent / "docs" / "ARCHITECTURE.md"
+
+# Modules at the top of the package, by their job; any other module's layer is its
+# package (quorumlog.server.process: "server").
 TOP_MODULE_LAYERS = {
     "quorumlog": "api",
     "quorumlog.aio": "api",
     "quorumlog.errors": "errors",
-    "quorumlog.benchmark": "benchmark",
     "quorumlog.stats": "stats",
     "quorumlog.__main__": "commands",
-    "quorumlog.cli": "commands",
-    "quorumlog.shell": "commands",
-    "quorumlog.bench": "commands",
-    "quorumlog.audit": "replication",
-    "quorumlog.rereplication": "replication",
 }
-LAYERS = frozenset(
-    {
-        "api",  # the package itself and quorumlog.aio: the public API, over everything
-        "errors",
-        "stats",  # histogram buckets as plain integers: no I/O, imports nothing of ours
-        "proto",
-        "core",
-        "security",  # tokens, roles, TLS contexts, redaction: below the server and client
-        "bookie",
-        "server",
-        "meta",
-        "client",
-        "replication",
-        "log",
-        "recipes",
-        "apps",
-        "db",
-        "spark",
-        "benchmark",  # workloads on a cluster, for ``quorumlog bench`` and benchmark scripts
-        "testing",
-        "commands",
-    }
-)
+
+# The table of docs/ARCHITECTURE.md: layer -> the layers it may import (its own always).
+ALLOWED: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "stats": frozenset(),
+    "formats": frozenset({"errors"}),
+    "proto": frozenset({"errors"}),
+    "security": frozenset({"errors", "proto"}),
+    "core": frozenset({"errors", "proto"}),
+    "meta": frozenset({"errors", "proto"}),
+    "bookie": frozenset({"errors", "proto", "core", "stats"}),
+    "server": frozenset({"errors", "proto", "core", "meta", "bookie", "stats", "security"}),
+    "client": frozenset({"errors", "proto", "core", "meta", "stats", "security"}),
+    "log": frozenset({"errors", "proto", "core", "meta", "client"}),
+    "recipes": frozenset({"errors", "meta", "client"}),
+    "replication": frozenset({"errors", "client", "core", "proto", "meta", "recipes", "security"}),
+    "apps": frozenset({"errors", "log", "recipes", "client", "formats"}),
+    "db": frozenset({"errors", "log", "recipes", "client", "meta", "security"}),
+    "spark": frozenset({"errors", "log", "client", "replication", "formats", "core", "meta"}),
+    "bench": frozenset({"errors", "client", "log", "server", "proto", "commands"}),
+    "api": frozenset({"errors", "proto", "meta", "client", "log"}),
+}
+ANYTHING = frozenset({"testing", "commands"})  # rows that say "anything"
+LAYERS = frozenset(ALLOWED) | ANYTHING
 
 
 def layer_of(module: str) -> str | None:
@@ -161,10 +189,6 @@ def layer_of(module: str) -> str | None:
     return TOP_MODULE_LAYERS.get(top, parts[1] if len(parts) > 1 else "api")
 
 
-# What the client, and so whatever must not be a client, stays below.
-ON_THE_CLIENT = frozenset(
-    {"log", "recipes", "apps", "db", "spark", "replication", "benchmark", "testing"}
-)
 # Standard and third-party modules that do I/O: sockets, event loops, threads,
 # processes, clocks, stores.
 IO_MODULES = frozenset(
@@ -197,7 +221,8 @@ IO_MODULES = frozenset(
 class Rule:
     """Modules of the ``importers`` layers may import, of quorumlog, only the ``allowed``
     layers (when given) and none of the ``forbidden`` ones, and no module whose top-level
-    name is in ``forbidden_outside``."""
+    name is in ``forbidden_outside``; with ``imports_only``, processes started are not
+    held to it."""
 
     name: str
     says: str
@@ -205,9 +230,12 @@ class Rule:
     allowed: frozenset[str] | None = None
     forbidden: frozenset[str] = frozenset()
     forbidden_outside: frozenset[str] = frozenset()
+    imports_only: bool = False
 
     def broken_by(self, edge: Import) -> bool:
         if layer_of(edge.importer) not in self.importers:
+            return False
+        if self.imports_only and edge.kind != "import":
             return False
         target = layer_of(edge.imported)
         if target is None:
@@ -218,11 +246,15 @@ class Rule:
 
 
 RULES = [
-    Rule(
-        "core-and-proto-import-no-io-layer",
-        "the pure core and the codec import only errors, proto and core",
-        importers=frozenset({"core", "proto"}),
-        allowed=frozenset({"errors", "proto", "core"}),
+    *(
+        Rule(
+            f"{layer}-imports-its-row",
+            f"{layer} imports only what its row of docs/ARCHITECTURE.md allows: "
+            + (", ".join(sorted(allowed)) or "nothing of quorumlog"),
+            importers=frozenset({layer}),
+            allowed=allowed | {layer},
+        )
+        for layer, allowed in sorted(ALLOWED.items())
     ),
     Rule(
         "core-and-proto-do-no-io",
@@ -232,67 +264,12 @@ RULES = [
         forbidden_outside=IO_MODULES,
     ),
     Rule(
-        "bookie-is-not-a-client",
-        "the bookie imports neither the client nor anything built on it",
-        importers=frozenset({"bookie"}),
-        forbidden=ON_THE_CLIENT | {"client", "api"},
-    ),
-    Rule(
-        "client-is-not-a-bookie",
-        "the client imports neither the bookie's storage nor its server",
-        importers=frozenset({"client"}),
-        forbidden=frozenset({"bookie", "server"}),
-    ),
-    Rule(
-        "server-is-not-a-client",
-        "the bookie's server imports neither the client nor anything built on it",
-        importers=frozenset({"server"}),
-        forbidden=ON_THE_CLIENT | {"client", "api"},
-    ),
-    Rule(
-        "stats-imports-nothing-of-ours",
-        "the shared histogram buckets import nothing of quorumlog",
-        importers=frozenset({"stats"}),
-        allowed=frozenset({"stats"}),
-    ),
-    Rule(
-        "security-knows-nothing-above-it",
-        "the security helpers import only errors, proto and security",
-        importers=frozenset({"security"}),
-        allowed=frozenset({"errors", "proto", "security"}),
-    ),
-    Rule(
-        "meta-knows-nothing-above-it",
-        "the metadata store imports only errors, proto and meta",
-        importers=frozenset({"meta"}),
-        allowed=frozenset({"errors", "proto", "meta"}),
-    ),
-    Rule(
-        "client-knows-no-log-streams",
-        "the client imports nothing built on it (log streams, recipes, replication, "
-        "applications, Spark, benchmark, testing), nor the public API package or the "
-        "command line",
-        importers=frozenset({"client"}),
-        forbidden=ON_THE_CLIENT | {"api", "commands"},
-    ),
-    Rule(
-        "log-knows-no-applications",
-        "log streams import no applications (apps, db) and no Spark",
-        importers=frozenset({"log"}),
-        forbidden=frozenset({"apps", "db", "spark"}),
-    ),
-    Rule(
         "no-layer-imports-commands",
-        "only the command line imports the command line (quorumlog.commands, and its "
-        "former homes quorumlog.cli, quorumlog.shell, quorumlog.bench)",
+        "only the command line imports the command line (a layer whose row allows it may "
+        "start it as a process)",
         importers=LAYERS - {"commands"},
         forbidden=frozenset({"commands"}),
-    ),
-    Rule(
-        "shipped-layers-need-no-testing",
-        "quorumlog.testing is for tests: no shipped layer but the command line imports it",
-        importers=LAYERS - {"testing", "commands"},
-        forbidden=frozenset({"testing"}),
+        imports_only=True,
     ),
     Rule(
         "nothing-below-spark-needs-spark",
@@ -301,6 +278,66 @@ RULES = [
         forbidden_outside=frozenset({"pyspark"}),
     ),
 ]
+
+
+# ---------------------------------------------------------------- the logs' nodes
+
+LOGS_NODE = "/logs"
+PATH_HELPERS = frozenset({"LOGS_PATH", "log_path"})  # of quorumlog.log.metadata
+
+
+def log_node_builders(package_dir: Path) -> list[str]:
+    """Where a module outside ``<package>.log`` builds a path under the logs' metadata
+    nodes: imports or reads a path helper of ``<package>.log.metadata``, or spells
+    ``/logs`` (alone or as a path's start) in a string."""
+    top = package_dir.name
+    helpers_module = f"{top}.log.metadata"
+    modules = package_modules(package_dir)
+    found: list[tuple[str, int, str]] = []
+    for name, path in modules.items():
+        if name == f"{top}.log" or name.startswith(f"{top}.log."):
+            continue
+        is_package = path.name == "__init__.py"
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
+        where = f"{path.relative_to(package_dir.parent)}"
+        # Names this module binds to the helpers' module (``from quorumlog.log import
+        # metadata``, ``import quorumlog.log.metadata as m``): their attributes count.
+        aliases = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _absolute_base(name, is_package, node)
+                aliases |= {
+                    a.asname or a.name for a in node.names if f"{base}.{a.name}" == helpers_module
+                }
+            elif isinstance(node, ast.Import):
+                aliases |= {a.asname for a in node.names if a.name == helpers_module and a.asname}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _absolute_base(name, is_package, node)
+                named = {alias.name for alias in node.names}
+                if base == helpers_module and named & PATH_HELPERS:
+                    found.append((where, node.lineno, f"imports {sorted(named & PATH_HELPERS)}"))
+            elif isinstance(node, ast.Attribute) and node.attr in PATH_HELPERS:
+                value = node.value
+                held = isinstance(value, ast.Name) and value.id in aliases
+                if node.attr == "LOGS_PATH" or held or ast.unparse(value) == helpers_module:
+                    found.append((where, node.lineno, f"reads .{node.attr}"))
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and (node.value == LOGS_NODE or node.value.startswith(LOGS_NODE + "/"))
+            ):
+                found.append((where, node.lineno, f"spells {node.value!r}"))
+    return [f"{where}:{line} {what}" for where, line, what in sorted(found)]
 
 
 def violations(graph: Iterable[Import]) -> dict[str, list[Import]]:
@@ -410,7 +447,7 @@ def test_rules_name_each_import_against_them() -> None:
         Import("quorumlog.meta.store", "quorumlog.client.config", here, 6),
         Import("quorumlog.bookie.gc", "quorumlog.client.bookkeeper", here, 7),
         Import("quorumlog.log.log", "quorumlog.apps.dice", here, 8),
-        Import("quorumlog.spark.common", "quorumlog.cli", here, 9),
+        Import("quorumlog.spark.common", "quorumlog.commands.bench", here, 9),
         Import("quorumlog.apps.dice", "quorumlog.commands.dice", here, 10),
         Import("quorumlog.commands.dice", "quorumlog.apps.dice", here, 11),
         Import("quorumlog.client.sync", "pyspark.sql", here, 12),
@@ -421,19 +458,117 @@ def test_rules_name_each_import_against_them() -> None:
         Import("quorumlog.server.admin_http", "quorumlog.replication.worker", here, 17),
         Import("quorumlog.stats", "quorumlog.errors", here, 18),
         Import("quorumlog.bookie.metrics", "quorumlog.stats", here, 19),
+        Import("quorumlog.server.local_cluster", "quorumlog.__main__", here, 20, "spawn"),
+        Import("quorumlog.server.local_cluster", "quorumlog.server", here, 21, "spawn"),
+        Import("quorumlog.bench.db", "quorumlog.__main__", here, 22, "spawn"),
+        Import("quorumlog.bench.db", "quorumlog.commands.db", here, 23),
+        Import("quorumlog.spark.pipelines.dice_stats", "quorumlog.apps.dice", here, 24),
+        Import("quorumlog.formats.dice", "quorumlog.errors", here, 25),
     ]
     broken = {name: sorted(e.line for e in edges) for name, edges in violations(graph).items()}
     assert broken == {
-        "client-knows-no-log-streams": [1],
-        "core-and-proto-import-no-io-layer": [3],
+        "client-imports-its-row": [1, 16],
+        "core-imports-its-row": [3],
         "core-and-proto-do-no-io": [4],
-        "meta-knows-nothing-above-it": [6],
-        "bookie-is-not-a-client": [7],
-        "log-knows-no-applications": [8],
-        "no-layer-imports-commands": [9, 10],
+        "meta-imports-its-row": [6],
+        "bookie-imports-its-row": [7],
+        "log-imports-its-row": [8],
+        "spark-imports-its-row": [9, 24],
+        "apps-imports-its-row": [10],
+        "no-layer-imports-commands": [9, 10, 23],
         "nothing-below-spark-needs-spark": [12],
-        "shipped-layers-need-no-testing": [14],
-        "server-is-not-a-client": [14, 17],
-        "client-is-not-a-bookie": [16],
-        "stats-imports-nothing-of-ours": [18],
+        "server-imports-its-row": [14, 17, 20],
+        "stats-imports-its-row": [18],
     }
+
+
+def test_graph_sees_processes_started_with_python_dash_m(tmp_path: Path) -> None:
+    package = write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/__main__.py": "",
+            "pkg/low/__init__.py": "",
+            "pkg/low/spawner.py": """\
+                import sys
+
+                ENTRY = ("-m", "pkg.low")
+                COMMAND = [sys.executable, "-m", "pkg", "serve"]
+                OTHER = ["python", "-m", "json.tool"]
+                """,
+        },
+    )
+    edges = {(i.importer, i.imported, i.line, i.kind) for i in import_graph(package)}
+    assert ("pkg.low.spawner", "pkg.low", 3, "spawn") in edges
+    assert ("pkg.low.spawner", "pkg.__main__", 4, "spawn") in edges
+    assert not any(imported == "json.tool" for _, imported, _, _ in edges)
+
+
+def _architecture_rows() -> dict[str, frozenset[str]]:
+    """Layer -> what its row of the table in docs/ARCHITECTURE.md may import."""
+    rows: dict[str, frozenset[str]] = {}
+    for line in ARCHITECTURE_MD.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        name = re.findall(r"`([^`]+)`", cells[0])[0].rstrip("/")
+        layer = "api" if name == "quorumlog" else name
+        if cells[2].startswith("anything"):
+            rows[layer] = frozenset(LAYERS)
+            continue
+        allowed = cells[2].split("never")[0]  # "...; never `client/` or ..." forbids
+        named = {n.rstrip("/") for n in re.findall(r"`([^`]+)`", allowed)}
+        rows[layer] = frozenset(named & LAYERS)
+    return rows
+
+
+def test_the_architecture_table_is_the_allow_list() -> None:
+    rows = _architecture_rows()
+    expected = {layer: frozenset(LAYERS) for layer in ANYTHING} | ALLOWED
+    differ = {
+        layer: (sorted(rows.get(layer, set())), sorted(allowed))
+        for layer, allowed in expected.items()
+        if rows.get(layer) != allowed
+    }
+    assert not differ, f"docs/ARCHITECTURE.md's table vs ALLOWED (table, test): {differ}"
+    assert set(rows) == set(expected), f"rows of no layer: {sorted(set(rows) - set(expected))}"
+
+
+def test_nothing_outside_log_builds_the_logs_nodes() -> None:
+    found = log_node_builders(PACKAGE_DIR)
+    assert not found, (
+        "only quorumlog/log/ builds or writes the logs' metadata nodes (a log's ledger list "
+        "changes through log/metadata_updates.py):\n" + "\n".join(found)
+    )
+
+
+def test_log_node_builders_sees_helpers_attributes_and_spelt_paths(tmp_path: Path) -> None:
+    write_package(
+        tmp_path,
+        {
+            "quorumlog/__init__.py": "",
+            "quorumlog/log/__init__.py": "",
+            "quorumlog/log/metadata.py": 'LOGS_PATH = "/logs"\n',
+            "quorumlog/log/writer.py": "from .metadata import LOGS_PATH\n",
+            "quorumlog/db/__init__.py": "",
+            "quorumlog/db/replica.py": """\
+                \"\"\"/logs/<name> is the log's node (a docstring: not a path).\"\"\"
+                from quorumlog.log.metadata import log_node_name, log_path
+                from quorumlog.log import metadata
+
+
+                def path(name):
+                    return metadata.LOGS_PATH + "/" + log_node_name(name)
+
+
+                def spelt(name):
+                    return f"/logs/{name}"
+                """,
+        },
+    )
+    found = log_node_builders(tmp_path / "quorumlog")
+    assert [line.split(" ", 1)[1] for line in found] == [
+        "imports ['log_path']",
+        "reads .LOGS_PATH",
+        "spells '/logs/'",
+    ]

@@ -139,6 +139,25 @@ def test_file_with_torn_header_at_the_end_is_removed(tmp_path):
     assert journal_format.list_journal_ids(tmp_path) == [1]
 
 
+@pytest.mark.parametrize("version", [b"01", b"03"])
+def test_a_journal_in_another_format_is_refused_naming_the_file(tmp_path, version):
+    write_journal(tmp_path, sample_records())
+    path = tmp_path / journal_format.journal_file_name(journal_format.list_journal_ids(tmp_path)[0])
+    data = bytearray(path.read_bytes())
+    data[6:8] = version  # the format digits of the magic
+    path.write_bytes(bytes(data))
+    for skip in (False, True):  # never skipped as damage: nothing is wrong with it
+        with pytest.raises(journal_replay.JournalFormatError) as info:
+            scan_all(tmp_path, skip=skip)
+        assert info.value.path == path
+        assert str(path) in info.value.message
+        assert f"format {int(version)}" in info.value.message
+    assert journal_format.file_header(bytes(data), 1)[1].startswith(
+        f"journal format {int(version)}"
+    )
+    assert path.read_bytes() == bytes(data)  # left as it was
+
+
 def test_damage_at_the_end_of_a_file_followed_by_a_later_file_is_in_the_middle(tmp_path):
     records = [journal_format.lac_record(1, n) for n in range(100)]
     write_journal(tmp_path, records, file_max_bytes=1000)

@@ -8,8 +8,8 @@ import logging
 
 from tls_certs import HMAC_SECRET
 
-from quorumlog.commands import security_options
 from quorumlog.security import Role, Secret, issue_token, redact
+from quorumlog.security import options as security_options
 from quorumlog.security.redaction import RedactingFilter
 
 

@@ -1,4 +1,4 @@
-"""The model checker over the real core (``quorumlog.testing.model``): the runs CI makes,
+"""The model checker over the real core (``tests.harness.model``): the runs CI makes,
 and what shows the checker itself can be trusted.
 
 Each CI world is explored completely (every state reachable within its budgets), and
@@ -29,7 +29,7 @@ from quorumlog.core.metadata import (
 from quorumlog.errors import LedgerClosedError
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
 from quorumlog.proto.entry import DigestType
-from quorumlog.testing.model import (
+from tests.harness.model import (
     World,
     WorldConfig,
     check,
@@ -38,8 +38,8 @@ from quorumlog.testing.model import (
     explore,
     replay,
 )
-from quorumlog.testing.model.__main__ import main
-from quorumlog.testing.model.world import apply_decision, update_outcomes
+from tests.harness.model.__main__ import main
+from tests.harness.model.world import apply_decision, update_outcomes
 
 # The worlds CI explores completely: about 140,000 states and 20-25 s of CPU in all.
 # Each shape of (Qw, Qa) in {(2, 2), (3, 2), (3, 3)} on three bookies, and each fault

@@ -1,6 +1,6 @@
 """Counterexamples the model checker found, as transcripts the real core plays again.
 
-Each test plays a trace the checker printed (``python -m quorumlog.testing.model``
+Each test plays a trace the checker printed (``python -m tests.harness.model``
 with the world given beside it), step by step, against fresh state machines, and
 checks every rule after each step (``check_trace``). On the code the trace was found
 on, a rule breaks at its last step. Once the defect is fixed the core answers
@@ -16,7 +16,7 @@ P1's fix taken out); P4 on 2b39da7 and on the fixes under way after it.
 
 from __future__ import annotations
 
-from quorumlog.testing.model import WorldConfig, check_trace
+from tests.harness.model import WorldConfig, check_trace
 
 
 def steps(trace: str) -> list[str]:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from quorumlog.testing.netns.checker import check_appends, longest_stall_ns, recovery_time_ns
-from quorumlog.testing.netns.history import (
+from tests.harness.netns.checker import check_appends, longest_stall_ns, recovery_time_ns
+from tests.harness.netns.history import (
     Event,
     HistoryRecorder,
     Operation,
     pair_operations,
     read_events,
 )
-from quorumlog.testing.netns.linearizability import (
+from tests.harness.netns.linearizability import (
     ListAppendModel,
     OrderedListAppendModel,
     RegisterModel,

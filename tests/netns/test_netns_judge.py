@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from quorumlog.testing.netns.history import Operation
-from quorumlog.testing.netns.runner import RunResult, judge_history
+from tests.harness.netns.history import Operation
+from tests.harness.netns.runner import RunResult, judge_history
 
 
 def op(

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.testing.netns.nemesis import netem_arguments
-from quorumlog.testing.netns.network import (
+from tests.harness.netns.nemesis import netem_arguments
+from tests.harness.netns.network import (
     Host,
     Network,
     netem_available,
     netns_unavailable_reason,
     socket_in_namespace,
 )
-from quorumlog.testing.netns.proxy import LinkFaults
+from tests.harness.netns.proxy import LinkFaults
 
 UDP_PORT = 7100
 
@@ -89,7 +89,7 @@ def test_the_proxy_delays_each_direction_and_keeps_order(network: Network, tmp_p
          "while True:\n c,_=s.accept()\n while d:=c.recv(100): c.sendall(d)"],
     )  # fmt: skip
     proxy = host.popen(
-        [sys.executable, "-m", "quorumlog.testing.netns.proxy", "--listen", f"{front}:7200",
+        [sys.executable, "-m", "tests.harness.netns.proxy", "--listen", f"{front}:7200",
          "--target", f"{host.address}:7200", "--control", str(control)],
         stdout=subprocess.PIPE,
     )  # fmt: skip

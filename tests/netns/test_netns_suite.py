@@ -12,7 +12,7 @@ every namespace shares, with no network to cut.
 
 Histories and summaries stay under pytest's temporary directory, or under
 $QUORUMLOG_NETNS_OUT when it is set (the failure message names the run's directory);
-``python -m quorumlog.testing.netns`` runs the same suite outside pytest and prints
+``python -m tests.harness.netns`` runs the same suite outside pytest and prints
 each run's summary.
 """
 
@@ -24,16 +24,16 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.testing.netns.cluster import BOOKIE_PORT, NetnsCluster
-from quorumlog.testing.netns.network import netns_unavailable_reason, removal_on_signals
-from quorumlog.testing.netns.runner import (
+from quorumlog.testing.zookeeper import missing_zookeeper_message, zookeeper_installed
+from tests.harness.netns.cluster import BOOKIE_PORT, NetnsCluster
+from tests.harness.netns.network import netns_unavailable_reason, removal_on_signals
+from tests.harness.netns.runner import (
     RECOVERY_BOUND_S,
     SUITE,
     SUITE_SPECS,
     ensure_db,
     run_nemesis,
 )
-from quorumlog.testing.zookeeper import missing_zookeeper_message, zookeeper_installed
 
 
 def _base_dir(driver: str, tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -9,7 +9,8 @@ import random
 
 from support import run_virtual
 
-from quorumlog.apps.dice import CATCHUP, FOLLOWING, LEADING, Dice, DiceConfig, Roll, decode_value
+from quorumlog.apps.dice import CATCHUP, FOLLOWING, LEADING, Dice, DiceConfig, Roll
+from quorumlog.formats.dice import decode_value
 from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.checker import check_observations
 from quorumlog.log.position import Position

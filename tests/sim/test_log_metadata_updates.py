@@ -26,7 +26,7 @@ from quorumlog.log.metadata import log_path
 from quorumlog.meta.store import Versioned
 from quorumlog.spark import commit as commits
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree
-from quorumlog.testing.sim_scenarios import SIM_CONFIG
+from quorumlog.testing.sim import SIM_CONFIG
 
 
 class LostReplyStore(MemoryStore):

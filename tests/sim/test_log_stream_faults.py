@@ -24,7 +24,7 @@ from quorumlog.log.writer import LogWriter
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.store import Versioned
 from quorumlog.testing.memory_store import MemoryStore, MemoryTree
-from quorumlog.testing.sim_scenarios import SIM_CONFIG
+from quorumlog.testing.sim import SIM_CONFIG
 
 
 class LostReplyStore(MemoryStore):

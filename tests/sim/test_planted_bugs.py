@@ -34,7 +34,7 @@ from quorumlog.log import writer as log_writer
 from quorumlog.proto.codec import AddRequest, ReadFlag, ReadLacResponse, Response
 from quorumlog.replication import copy as replication_copy
 from quorumlog.server import gc as server_gc
-from quorumlog.testing.sim.runner import first_failure
+from tests.harness.sim.runner import first_failure
 
 MAX_SEEDS = int(os.environ.get("QUORUMLOG_PLANTED_MAX_SEEDS", "2000"))
 

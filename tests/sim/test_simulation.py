@@ -3,7 +3,7 @@
 Each seed is one run (a ledger or a log-stream workload, a nemesis plan of crashes,
 power losses, pauses, partitions, disk and metadata faults), checked by the history
 checkers of quorumlog.testing.checkers. A failing seed replays exactly:
-``python -m quorumlog.testing.sim --seed N --trace``.
+``python -m tests.harness.sim --seed N --trace``.
 
 ``QUORUMLOG_SIM_SEEDS`` sets how many seeds the main test runs (docs/TESTING.md gives
 the rate on the CI machine and the count CI uses).
@@ -15,12 +15,13 @@ import hashlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from quorumlog.testing.checkers import Violation, check_run
-from quorumlog.testing.sim.runner import run_seeds
-from quorumlog.testing.sim.workloads import run_seed
+from tests.harness.sim.runner import run_seeds
+from tests.harness.sim.workloads import run_seed
 
 SEEDS = int(os.environ.get("QUORUMLOG_SIM_SEEDS", "10000"))
 # Wall time the main test may take: a loaded machine runs fewer seeds, and says how many.
@@ -133,9 +134,10 @@ def test_a_seed_replays_the_same_run() -> None:
 def test_a_seed_replays_the_same_run_in_another_process() -> None:
     """Replay from the command line, with another hash seed, gives the same verdict."""
     here = check_run(run_seed(119))
-    command = [sys.executable, "-m", "quorumlog.testing.sim", "--seed", "119"]
+    command = [sys.executable, "-m", "tests.harness.sim", "--seed", "119"]
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    root = Path(__file__).resolve().parents[2]  # where ``tests.harness`` imports from
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root, timeout=300)
     assert result.returncode == (1 if here else 0), result.stdout + result.stderr
     assert "seed 119 (" in result.stdout
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import quorumlog
-from quorumlog.apps.dice import decode_value, encode_value
 from quorumlog.commands import OneLineArgumentParser
 from quorumlog.commands.pipeline import add_pipelines
 from quorumlog.errors import InvalidArgumentError, NoSuchLedgerError
+from quorumlog.formats.dice import decode_value, encode_value
 from quorumlog.log import LogConfig
 from quorumlog.log.errors import NoSuchLogError
 from quorumlog.server.local_cluster import LocalCluster

@@ -43,7 +43,8 @@ def test_every_argument_parser_in_the_sources_refuses_abbreviations() -> None:
     entry points) build parsers of their own with argparse's class, whose subcommands'
     parsers do not inherit the setting: each of them passes allow_abbrev=False."""
     offenders = []
-    for path in sorted([*ROOT.glob("quorumlog/**/*.py"), *ROOT.glob("bench/**/*.py")]):
+    sources = ("quorumlog/**/*.py", "bench/**/*.py", "tests/harness/**/*.py")
+    for path in sorted(p for pattern in sources for p in ROOT.glob(pattern)):
         calls = [
             n for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.Call)
         ]
@@ -106,3 +107,29 @@ def test_the_spark_submit_entry_point_names_the_pipelines_usage(
     err = capsys.readouterr().err
     assert err.startswith("pipeline dice-stats: error: unrecognized arguments: --outt")
     assert "did you mean --out?" in err
+
+
+def test_the_servers_entry_point_has_the_bookies_flags_but_not_the_commands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``python -m quorumlog.server`` takes every flag of ``quorumlog bookie`` but the
+    command's own (the configuration file, the co-hosted autorecovery)."""
+    from quorumlog.commands import autorecovery
+    from quorumlog.server.__main__ import main as server_main
+
+    bookie = next(p for p in walk(build_parser()) if p.prog == "quorumlog bookie")
+    flags = {f for a in bookie._actions for f in a.option_strings}
+    daemon = argparse.ArgumentParser()
+    autorecovery.add_options(daemon)
+    command_only = {f for a in daemon._actions for f in a.option_strings} - {"-h", "--help"}
+    command_only |= {"--autorecovery", "--config"}
+    with pytest.raises(SystemExit) as exited:
+        server_main(["--help"])
+    assert exited.value.code == 0
+    usage = capsys.readouterr().out
+    missing = sorted(f for f in flags - command_only if f not in usage)
+    assert missing == []
+    with pytest.raises(SystemExit) as exited:
+        server_main(["--data-dir", str(ROOT), "--autorecovery"])
+    assert exited.value.code == 2
+    assert "--autorecovery" in capsys.readouterr().err

@@ -10,11 +10,13 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable, Iterable
 
+import pytest
 from support import run
 
 from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.errors import BKError
 from quorumlog.log import writer as log_writer
+from quorumlog.log.errors import NoSuchLogError
 from quorumlog.log.log import Log
 from quorumlog.log.metadata import create_log_if_absent, log_path, read_log
 from quorumlog.meta.bookies import BookieRegistry
@@ -254,5 +256,20 @@ def test_r18_the_lagging_server_bites_a_gc_whose_sync_does_nothing(monkeypatch):
         bookie = Bookie({old, new})
         assert await collect_once(bookie, StoreGcMetadata(lambda: behind, A)) == 1
         assert bookie.held == {old}
+
+    in_session(scenario)
+
+
+def test_r18_a_synced_read_of_a_log_sees_one_created_moments_ago():
+    """``read_log(sync=True)`` (what `quorumlog pipeline` checks a log with before it
+    says the log does not exist) catches the lagging server up first; a plain read may
+    not see the log yet."""
+
+    async def scenario(tree: MemoryTree, behind: MemoryStore, current: MemoryStore) -> None:
+        await create_log_if_absent(current, "fresh")
+        with pytest.raises(NoSuchLogError):
+            await read_log(behind, "fresh")
+        metadata, _version = await read_log(behind, "fresh", sync=True)
+        assert metadata.ledgers == ()
 
     in_session(scenario)

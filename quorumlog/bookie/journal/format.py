@@ -31,8 +31,11 @@ from crc32c import crc32c
 
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
 
-JOURNAL_MAGIC = b"QLJRNL02"
-OLD_MAGIC = b"QLJRNL01"  # files without batch markers, from before they existed
+# The magic is a name and two format digits. Format 2 added batch markers; a file in any
+# other format is refused by name (JournalFormatError), never replayed or skipped as damage.
+JOURNAL_FORMAT = 2
+_MAGIC_NAME = b"QLJRNL"
+JOURNAL_MAGIC = _MAGIC_NAME + b"%02d" % JOURNAL_FORMAT
 FILE_HEADER = struct.Struct(">8sQ8s")  # magic, file id, salt
 FILE_HEADER_SIZE = FILE_HEADER.size
 SALT_SIZE = 8
@@ -376,10 +379,21 @@ class FileRecord:
     damage: str = ""
 
 
+def other_format(magic: bytes) -> int | None:
+    """The format a journal header's magic names, when it is not :data:`JOURNAL_FORMAT`
+    (None for the current format and for bytes that are no journal magic)."""
+    digits = magic[len(_MAGIC_NAME) : len(_MAGIC_NAME) + 2]
+    if not magic.startswith(_MAGIC_NAME) or len(digits) != 2 or not digits.isdigit():
+        return None
+    version = int(digits)
+    return None if version == JOURNAL_FORMAT else version
+
+
 def file_header(buf: bytes, file_id: int) -> tuple[bytes | None, str]:
     """The salt of a journal file's header, or None and why the header is not whole."""
-    if len(buf) >= FILE_HEADER_SIZE and buf[:8] == OLD_MAGIC:
-        return None, "written in an older journal format (no batch markers)"
+    version = other_format(bytes(buf[:8])) if len(buf) >= FILE_HEADER_SIZE else None
+    if version is not None:
+        return None, f"journal format {version}; this version reads format {JOURNAL_FORMAT}"
     if len(buf) < FILE_HEADER_SIZE:
         return None, f"shorter ({len(buf)} bytes) than its header"
     magic, header_id, salt = FILE_HEADER.unpack_from(buf)

@@ -35,10 +35,10 @@ from quorumlog.bookie.journal.format import (
     BATCH_MARKER_SIZE,
     FILE_HEADER,
     FILE_HEADER_SIZE,
+    JOURNAL_FORMAT,
     JOURNAL_MAGIC,
     MANIFEST_OVERHEAD,
     NONZERO,
-    OLD_MAGIC,
     PAGE_BYTES,
     RECORD_BATCH,
     RECORD_MANIFEST,
@@ -48,6 +48,7 @@ from quorumlog.bookie.journal.format import (
     batch_marker,
     journal_file_name,
     list_journal_ids,
+    other_format,
     record_at,
 )
 from quorumlog.errors import BookieIOError
@@ -62,6 +63,21 @@ class JournalCorruptionError(BookieIOError):
         super().__init__(message)
         self.path = path
         self.offset = offset
+
+
+class JournalFormatError(JournalCorruptionError):
+    """A journal file written in a format this version does not read (its header names
+    another format). Not damage: ``journal_skip_corruption`` does not pass over it."""
+
+
+def _format_message(path: Path, version: int) -> str:
+    return (
+        f"journal {path}: written in journal format {version}; this version of quorumlog "
+        f"reads format {JOURNAL_FORMAT} only and does not convert it. Start this bookie "
+        f"with the version that wrote it until its journal is checkpointed, or retire it: "
+        f"stop it, wipe its data and journal directories and let autorecovery "
+        f"re-replicate its ledgers (docs/OPERATIONS.md)"
+    )
 
 
 @dataclass(slots=True)
@@ -380,15 +396,11 @@ def _file_salt(
     """The salt of journal file ``file_id`` (its batch markers' key) when its header is
     whole; None for a file to pass over: a creation cut short (removed when it is the
     last file), or a damaged header skipped as asked. Raises JournalCorruptionError for
-    a damaged header otherwise, and for a file of the older format."""
+    a damaged header otherwise, and JournalFormatError for a file of another format."""
     end = len(buf)
-    if end >= FILE_HEADER_SIZE and buf[:8] == OLD_MAGIC:
-        raise JournalCorruptionError(
-            f"journal {path}: written in an older journal format (no batch markers); "
-            f"start the version that wrote it once to replay it",
-            path,
-            0,
-        )
+    version = other_format(bytes(buf[:8])) if end >= FILE_HEADER_SIZE else None
+    if version is not None:
+        raise JournalFormatError(_format_message(path, version), path, 0)
     magic, header_id, salt = (
         FILE_HEADER.unpack_from(buf) if end >= FILE_HEADER_SIZE else (b"", -1, b"")
     )

@@ -2,7 +2,7 @@
 each leader epoch wrote.
 
 A dice record is the rolled value alone, 4 bytes big-endian (the tutorial's
-``Ints.toByteArray``; :func:`quorumlog.apps.dice.encode_value`). It carries no term:
+``Ints.toByteArray``; :mod:`quorumlog.formats.dice`). It carries no term:
 as in the tutorial's output (``Value = 4, epoch = 12, ...``), a leader's epoch is
 the ledger it wrote, since every new leader opens the log for writing and so
 starts a ledger of its own (R11). Records that are not a value 1..6 are counted
@@ -19,7 +19,7 @@ import collections
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from quorumlog.apps.dice import decode_value
+from quorumlog.formats.dice import decode_value
 from quorumlog.meta.factory import resolve_metadata_uri
 from quorumlog.spark.pipelines.common import (
     PRINTED_ROWS_MAX,
@@ -98,7 +98,7 @@ def reference_stats(
 
 
 def value_column(data: Column) -> Column:
-    """:func:`quorumlog.apps.dice.decode_value` as a Spark expression: the signed
+    """:func:`quorumlog.formats.dice.decode_value` as a Spark expression: the signed
     big-endian int of a 4-byte ``data``, else null. Runs in the JVM: no Python worker
     sees the rows."""
     from pyspark.sql import functions as F

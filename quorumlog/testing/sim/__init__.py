@@ -11,14 +11,13 @@ One seed drives one run, replayable exactly:
   on a simulated machine: kill, power loss, pause, restart), :class:`SimNetwork`
   (the real codec, per-connection order, delays, drops, partitions) and
   :class:`Cluster` (nodes, network, metadata and clients together);
-- :mod:`.nemesis`: faults drawn from the seed;
-- :mod:`.autorecovery`: bookies lost for good, and autorecovery repairing them;
-- :mod:`.workloads`: what the clients do, and what they were told (the history);
 - :mod:`quorumlog.testing.checkers`: the rules, checked on the history, apart from
   the system.
 
-``python -m quorumlog.testing.sim --seed N --trace`` replays one seed with a
-readable trace; ``--seeds A..B`` runs a range (docs/TESTING.md).
+The project's own workloads, faults drawn from the seed and the seeded runs live with
+its tests (``tests/harness/sim``): ``python -m tests.harness.sim --seed N --trace``
+from the repository root replays one seed with a readable trace; ``--seeds A..B``
+runs a range (docs/TESTING.md).
 """
 
 from quorumlog.testing.sim.cluster import (

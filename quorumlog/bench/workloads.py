@@ -20,7 +20,7 @@ What ``quorumlog bench`` runs, importable by benchmark scripts:
 Latencies go into an HDR histogram (microsecond resolution); completions are also
 counted per ``TIMELINE_INTERVAL_S`` for throughput over time. Example::
 
-    from quorumlog.benchmark import BenchSettings, run_workload
+    from quorumlog.bench.workloads import BenchSettings, run_workload
     from quorumlog.server.local_cluster import temporary_cluster
 
     with temporary_cluster(3) as cluster:

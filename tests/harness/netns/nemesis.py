@@ -8,7 +8,7 @@ Each nemesis names the mechanism it uses (the kernel of the project's machines h
   direction per entry, a partition sets both);
 - ``proxy``: the bookie's TCP proxy holds chunks: delay, jitter (reordering across
   connections), loss as TCP retransmission stalls; ``netem`` instead where the kernel
-  has it (:func:`~quorumlog.testing.netns.network.netem_available`): the same faults
+  has it (:func:`~tests.harness.netns.network.netem_available`): the same faults
   at the packet level on the bookie's links;
 - ``signal``: SIGSTOP/SIGCONT or SIGKILL by pid (and a restart on the same data).
 
@@ -25,10 +25,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quorumlog.testing.netns.cluster import BookieNode, NetnsCluster, ServerProcess
-from quorumlog.testing.netns.history import read_events
-from quorumlog.testing.netns.network import Host, netem_available
-from quorumlog.testing.netns.proxy import LinkFaults
+from tests.harness.netns.cluster import BookieNode, NetnsCluster, ServerProcess
+from tests.harness.netns.history import read_events
+from tests.harness.netns.network import Host, netem_available
+from tests.harness.netns.proxy import LinkFaults
 
 
 @dataclass
@@ -338,7 +338,7 @@ def registered_bookies(cluster: NetnsCluster, host: Host, timeout_s: float = 30)
 
 def _python(cluster: NetnsCluster) -> list[str]:
     return ["env", f"PYTHONPATH={cluster.env['PYTHONPATH']}", sys.executable, "-m",
-            "quorumlog.testing.netns.workload"]  # fmt: skip
+            "tests.harness.netns.workload"]  # fmt: skip
 
 
 def server_named(context: RunContext, name: str) -> ServerProcess:

@@ -1,6 +1,6 @@
 """The namespace suite's client processes, each recording its history (JSON lines,
 ``<history dir>/<process>.jsonl``). Each runs in a client namespace of its own:
-``python -m quorumlog.testing.netns.workload KIND --history DIR --process NAME ...``.
+``python -m tests.harness.netns.workload KIND --history DIR --process NAME ...``.
 
 Kinds:
 
@@ -44,7 +44,7 @@ from typing import Any
 from quorumlog.aio import BookKeeper, ClientConfig
 from quorumlog.log.config import LogConfig
 from quorumlog.recipes.election import LeaderElection
-from quorumlog.testing.netns.history import HistoryRecorder, pair_operations, read_events
+from tests.harness.netns.history import HistoryRecorder, pair_operations, read_events
 
 # Faults last seconds: a client that waits 5 s for a silent bookie would sit out the
 # whole fault, so the workloads give up on a bookie after 1 s and change ensembles.
@@ -414,7 +414,7 @@ async def bookies(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m quorumlog.testing.netns.workload", allow_abbrev=False
+        prog="python -m tests.harness.netns.workload", allow_abbrev=False
     )
     parser.add_argument("kind", choices=sorted(_KINDS))
     parser.add_argument("--metadata", default="")

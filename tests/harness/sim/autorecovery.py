@@ -47,7 +47,7 @@ from quorumlog.replication.auditor import Auditor, AuditorConfig, AuditorStats
 from quorumlog.replication.decommission import ledgers_naming
 from quorumlog.replication.worker import ReplicationWorker, WorkerConfig, WorkerStats
 from quorumlog.testing.sim.cluster import BookieNode
-from quorumlog.testing.sim.nemesis import REGISTRATION_EXPIRY_S, Nemesis
+from tests.harness.sim.nemesis import REGISTRATION_EXPIRY_S, Nemesis
 
 __all__ = ["LossPlan", "Losses"]
 

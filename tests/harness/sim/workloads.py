@@ -58,11 +58,11 @@ from quorumlog.proto.entry import master_key
 from quorumlog.testing.checkers import LedgerHistory, LogHistory, RunHistory
 from quorumlog.testing.memory_store import StaleReads
 from quorumlog.testing.raw_client import make_entry
-from quorumlog.testing.sim.autorecovery import Losses, LossPlan
 from quorumlog.testing.sim.cluster import Cluster, NetworkFaults, Trace
 from quorumlog.testing.sim.disk import PowerLoss
 from quorumlog.testing.sim.loop import VirtualTimeLoop
-from quorumlog.testing.sim.nemesis import Nemesis, NemesisPlan, ReplacementDeaths
+from tests.harness.sim.autorecovery import Losses, LossPlan
+from tests.harness.sim.nemesis import Nemesis, NemesisPlan, ReplacementDeaths
 
 __all__ = ["BUDGET_S", "WORKLOADS", "run_seed"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quorumlog.core.metadata import CLOSED, LedgerView
-from quorumlog.testing.model.world import World
+from tests.harness.model.world import World
 
 
 @dataclass(frozen=True)

@@ -25,20 +25,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quorumlog.testing.netns.checker import (
+from tests.harness.netns.checker import (
     AppendReport,
     check_appends,
     longest_stall_ns,
     recovery_time_ns,
 )
-from quorumlog.testing.netns.cluster import NetnsCluster
-from quorumlog.testing.netns.history import Operation, pair_operations, read_events
-from quorumlog.testing.netns.linearizability import (
+from tests.harness.netns.cluster import NetnsCluster
+from tests.harness.netns.history import Operation, pair_operations, read_events
+from tests.harness.netns.linearizability import (
     OrderedListAppendModel,
     check_linearizable,
     describe_results,
 )
-from quorumlog.testing.netns.nemesis import (
+from tests.harness.netns.nemesis import (
     BookieFromZooKeeper,
     IsolateBookie,
     IsolateDbLeader,
@@ -56,9 +56,9 @@ from quorumlog.testing.netns.nemesis import (
     ZooKeeperMinority,
     registered_bookies,
 )
-from quorumlog.testing.netns.proxy import LinkFaults
+from tests.harness.netns.proxy import LinkFaults
 
-WORKLOAD_MODULE = "quorumlog.testing.netns.workload"
+WORKLOAD_MODULE = "tests.harness.netns.workload"
 SERVICE_BOUND_S = 30.0  # the workload's first acknowledgement, from its start
 RECOVERY_BOUND_S = 20.0  # service back after healing: the checked bound
 AFTER_RECOVERY_S = 0.5  # load kept after service came back

@@ -106,7 +106,7 @@ from quorumlog.core.writer import (
 )
 from quorumlog.errors import MetadataError, NotEnoughBookiesError, Status
 from quorumlog.proto.entry import ENTRY_HEADER
-from quorumlog.testing.model.encoding import freeze, restore, snapshot
+from tests.harness.model.encoding import freeze, restore, snapshot
 
 LEDGER = 1
 WRITER = "writer"

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quorumlog.server.child_process import ChildProcess, kill_now
-from quorumlog.testing.netns.network import Host, Network
 from quorumlog.testing.zookeeper import (
     ZooKeeperUnavailableError,
     missing_zookeeper_message,
     zookeeper_classpath,
 )
+from tests.harness.netns.network import Host, Network
 
 CLIENT_PORT = 2181
 QUORUM_PORT = 2888

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quorumlog.benchmark import HISTOGRAM_BUCKETS_PER_DECADE
+from quorumlog.bench.workloads import HISTOGRAM_BUCKETS_PER_DECADE
 
 PLOT_EXTRA_HINT = "matplotlib is missing: pip install 'quorumlog[plot]' (or matplotlib)"
 

@@ -1,8 +1,8 @@
-"""``python -m quorumlog.testing.netns``: the namespace suite, as root.
+"""``python -m tests.harness.netns``: the namespace suite, as root.
 
-    python -m quorumlog.testing.netns                        # every nemesis, both drivers
-    python -m quorumlog.testing.netns --driver zk --nemesis kill-bookie --nemesis loss
-    python -m quorumlog.testing.netns --out /tmp/netns-run   # where histories are kept
+    python -m tests.harness.netns                        # every nemesis, both drivers
+    python -m tests.harness.netns --driver zk --nemesis kill-bookie --nemesis loss
+    python -m tests.harness.netns --out /tmp/netns-run   # where histories are kept
 
 Prints each run's summary line, keeps each run's history under the directory it names,
 and exits 1 if a run broke a rule (2: namespaces cannot be built here, or --out holds
@@ -15,13 +15,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from quorumlog.testing.netns.cluster import NetnsCluster
-from quorumlog.testing.netns.network import netns_unavailable_reason, removal_on_signals
-from quorumlog.testing.netns.runner import SUITE, RunResult, default_out_dir, run_nemesis
+from tests.harness.netns.cluster import NetnsCluster
+from tests.harness.netns.network import netns_unavailable_reason, removal_on_signals
+from tests.harness.netns.runner import SUITE, RunResult, default_out_dir, run_nemesis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quorumlog.testing.netns", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m tests.harness.netns", allow_abbrev=False)
     parser.add_argument("--driver", action="append", choices=["sqlite", "zk"])
     parser.add_argument("--nemesis", action="append", choices=sorted(SUITE))
     parser.add_argument("--out", type=Path, default=None, help="where histories are kept")

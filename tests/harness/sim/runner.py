@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from quorumlog.testing.checkers import RunHistory, Violation, check_run
-from quorumlog.testing.sim.workloads import run_seed
+from tests.harness.sim.workloads import run_seed
 
 __all__ = ["SeedResult", "Summary", "check_seed", "first_failure", "run_seeds"]
 

@@ -16,7 +16,7 @@ of virtual time and undoes it later:
   recovery with Qa = Qw can only get past by replacing it; its registration expires
   with its session soon after, so placement stops choosing it (:meth:`Nemesis.lose`);
   a second one may follow once autorecovery repaired the first
-  (:mod:`~quorumlog.testing.sim.autorecovery`);
+  (:mod:`~tests.harness.sim.autorecovery`);
 - replacements that die part-way (:class:`ReplacementDeaths`): a bookie a writer's
   ensemble change, a recovery or a re-replication chose acknowledges a few adds and
   dies, from a generator of its own;

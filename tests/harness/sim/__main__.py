@@ -1,8 +1,8 @@
-"""``python -m quorumlog.testing.sim``: run seeds of the whole-system simulator.
+"""``python -m tests.harness.sim``: run seeds of the whole-system simulator.
 
-    python -m quorumlog.testing.sim --seed 1234 --trace    # one seed, its trace, its verdict
-    python -m quorumlog.testing.sim --seeds 0..100000      # a range (end excluded), all cores
-    python -m quorumlog.testing.sim --seeds 0..1000 --processes 1
+    python -m tests.harness.sim --seed 1234 --trace    # one seed, its trace, its verdict
+    python -m tests.harness.sim --seeds 0..100000      # a range (end excluded), all cores
+    python -m tests.harness.sim --seeds 0..1000 --processes 1
 
 Exit status 0 when every rule held, 1 when a seed broke one (each failing seed is
 printed with its violations: replay it with ``--seed N --trace``), 2 on bad usage.
@@ -14,8 +14,8 @@ import argparse
 import sys
 
 from quorumlog.testing.checkers import check_run
-from quorumlog.testing.sim.runner import run_seeds
-from quorumlog.testing.sim.workloads import run_seed
+from tests.harness.sim.runner import run_seeds
+from tests.harness.sim.workloads import run_seed
 
 
 def _range(text: str) -> range:
@@ -28,7 +28,7 @@ def _range(text: str) -> range:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m quorumlog.testing.sim",
+        prog="python -m tests.harness.sim",
         description="Run seeds of the whole-system simulator and check every rule.",
         allow_abbrev=False,
     )

@@ -1,11 +1,11 @@
-"""``python -m quorumlog.testing.model``: explore a world of the model checker.
+"""``python -m tests.harness.model``: explore a world of the model checker.
 
-    python -m quorumlog.testing.model                          # the default world
-    python -m quorumlog.testing.model --entries 3 --depth 40   # deeper
-    python -m quorumlog.testing.model --all-shapes --entries 2 --reorders 2
-    python -m quorumlog.testing.model --shape 3,3,3 --dead C --entries 4 --spares 2 \\
+    python -m tests.harness.model                          # the default world
+    python -m tests.harness.model --entries 3 --depth 40   # deeper
+    python -m tests.harness.model --all-shapes --entries 2 --reorders 2
+    python -m tests.harness.model --shape 3,3,3 --dead C --entries 4 --spares 2 \\
         --failures 1 --drops 0 --losses 0 --delays 0 --reorders 0 --no-close
-    python -m quorumlog.testing.model --replay trace.txt --entries 3 --spares 2
+    python -m tests.harness.model --replay trace.txt --entries 3 --spares 2
 
 Prints the states explored, the time taken, and the first counterexample, if any, as
 a numbered list of steps (``--explain`` adds the world after each step). ``--replay``
@@ -21,8 +21,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from quorumlog.testing.model.explore import Result, explain, explore
-from quorumlog.testing.model.world import WorldConfig
+from tests.harness.model.explore import Result, explain, explore
+from tests.harness.model.world import WorldConfig
 
 SHAPES = ((3, 2, 2), (3, 3, 2), (3, 3, 3))
 
@@ -47,7 +47,7 @@ def _reorders(text: str) -> int | None:
 def parser() -> argparse.ArgumentParser:
     default = WorldConfig()
     p = argparse.ArgumentParser(
-        prog="python -m quorumlog.testing.model",
+        prog="python -m tests.harness.model",
         description="Explore every interleaving of a small world around the real core "
         "state machines and check the protocol's rules in every state.",
         allow_abbrev=False,

@@ -23,7 +23,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from quorumlog.testing.netns.history import Operation
+from tests.harness.netns.history import Operation
 
 _NEVER_NS = 1 << 62  # the end of time: when an unknown outcome "completes"
 

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from quorumlog.testing.model.invariants import Violation, check, check_end
-from quorumlog.testing.model.world import Action, World, WorldConfig
+from tests.harness.model.invariants import Violation, check, check_end
+from tests.harness.model.world import Action, World, WorldConfig
 
 
 @dataclass

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from quorumlog.testing.netns.history import Operation
+from tests.harness.netns.history import Operation
 
 
 @dataclass

@@ -20,7 +20,7 @@ What each setting does to the bytes, and why that is what the network would do:
   Linux's minimum RTO), doubled for each further loss in a row, up to three.
 - ``direction``: ``to_target`` (client to bookie), ``from_target`` or ``both``.
 
-Run as ``python -m quorumlog.testing.netns.proxy --listen A:P --target B:Q --control F``;
+Run as ``python -m tests.harness.netns.proxy --listen A:P --target B:Q --control F``;
 it prints ``proxy ready A:P`` once listening. Standard library only, so it starts fast.
 """
 

@@ -2,7 +2,7 @@
 behind its fault proxy), database replicas and clients, one namespace each.
 
 Per bookie ``bN``: the bookie listens on the namespace's first address (its bind
-address), port 3181; the proxy (:mod:`quorumlog.testing.netns.proxy`) listens on a
+address), port 3181; the proxy (:mod:`tests.harness.netns.proxy`) listens on a
 second address of the same namespace, same port, and forwards to it; the bookie
 advertises the proxy's address, so every client reaches it through the proxy, while
 a cut of the namespace's links cuts both. The metadata store is a ZooKeeper ensemble
@@ -14,7 +14,7 @@ Example::
     with NetnsCluster("zk", base_dir=Path("/tmp/run")) as cluster:
         cluster.start()
         writer = cluster.client("writer")
-        process = cluster.run_python(writer, "quorumlog.testing.netns.workload", [...])
+        process = cluster.run_python(writer, "tests.harness.netns.workload", [...])
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quorumlog.server.child_process import RestartedChildProcess, kill_now
-from quorumlog.testing.netns.network import Host, Network
-from quorumlog.testing.netns.proxy import LinkFaults
-from quorumlog.testing.netns.zookeeper import ZooKeeperEnsemble
+from tests.harness.netns.network import Host, Network
+from tests.harness.netns.proxy import LinkFaults
+from tests.harness.netns.zookeeper import ZooKeeperEnsemble
 
 BOOKIE_PORT = 3181
 DB_HTTP_PORT = 4001
@@ -166,7 +166,7 @@ class NetnsCluster:
             "--journal-max-group-wait-ms", "1",
         ]  # fmt: skip
         proxy_argv = [
-            sys.executable, "-m", "quorumlog.testing.netns.proxy",
+            sys.executable, "-m", "tests.harness.netns.proxy",
             "--listen", f"{advertised}:{BOOKIE_PORT}",
             "--target", f"{host.address}:{BOOKIE_PORT}",
             "--control", str(control),

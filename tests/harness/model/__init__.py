@@ -8,12 +8,12 @@ after or before the write. In every state it checks the rules of the design guid
 (``invariants.py``). A violation comes with the list of steps that led to it, which
 :func:`replay` plays again and :func:`explain` prints.
 
-    python -m quorumlog.testing.model --entries 3 --depth 40
+    python -m tests.harness.model --entries 3 --depth 40
 
 ``world.py`` is the world, ``explore.py`` the search, ``invariants.py`` the rules.
 """
 
-from quorumlog.testing.model.explore import (
+from tests.harness.model.explore import (
     Counterexample,
     Result,
     TraceCheck,
@@ -21,8 +21,8 @@ from quorumlog.testing.model.explore import (
     explain,
     explore,
 )
-from quorumlog.testing.model.invariants import Violation, check, check_end
-from quorumlog.testing.model.world import ModelError, World, WorldConfig, replay
+from tests.harness.model.invariants import Violation, check, check_end
+from tests.harness.model.world import ModelError, World, WorldConfig, replay
 
 __all__ = [
     "Counterexample",

@@ -11,12 +11,12 @@ Jepsen's manner (as root). See docs/TESTING.md, "Clusters across network namespa
 - :mod:`.workload`: the client processes, each recording its history;
 - :mod:`.history`, :mod:`.checker`, :mod:`.linearizability`: histories and their
   checks (pure);
-- :mod:`.runner`: one nemesis run, and the suite (``python -m quorumlog.testing.netns``).
+- :mod:`.runner`: one nemesis run, and the suite (``python -m tests.harness.netns``).
 
 Example::
 
-    from quorumlog.testing.netns.cluster import NetnsCluster
-    from quorumlog.testing.netns.runner import SUITE, run_nemesis
+    from tests.harness.netns.cluster import NetnsCluster
+    from tests.harness.netns.runner import SUITE, run_nemesis
 
     with NetnsCluster("zk", base_dir=out / "cluster") as cluster:
         cluster.start()
