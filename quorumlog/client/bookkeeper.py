@@ -152,7 +152,7 @@ class BookKeeper:
     def metadata_uri(self) -> str:
         return self.store.uri
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise ClientClosedError("BookKeeper client is closed")
 
@@ -168,7 +168,7 @@ class BookKeeper:
 
     async def list_bookies(self) -> list[str]:
         """Addresses of the available, writable bookies."""
-        self._check_open()
+        self.check_open()
         return sorted(await self.registry.writable_bookies())
 
     # ------------------------------------------------------------ ledgers
@@ -194,7 +194,7 @@ class BookKeeper:
         id): for callers that reserved ids with ``LedgerManager.reserve_ledger_ids``
         so that their ledgers sort in an order they choose. NodeExistsError if taken.
         """
-        self._check_open()
+        self.check_open()
         check_quorum_shape(ensemble, write_quorum, ack_quorum)
         if ensemble_bookies is not None:
             if len(ensemble_bookies) != ensemble or len(set(ensemble_bookies)) != ensemble:
@@ -231,7 +231,7 @@ class BookKeeper:
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
         """Open for reading; if the ledger is not closed, fence, recover and close it (R7, R8)."""
-        self._check_open()
+        self.check_open()
         metadata, version = await self._read_checked(ledger_id, password)
         if not metadata.is_closed:
             metadata, version = await LedgerRecovery(self.ctx, metadata, version, password).run()
@@ -245,7 +245,7 @@ class BookKeeper:
         not given, with the key a bookie of the ledger handed it (docs/SECURITY.md).
         MAC digests are not checked then; the entries go back byte for byte. The
         ledger's metadata as it ends (closed); UnauthorizedError for a wrong key."""
-        self._check_open()
+        self.check_open()
         metadata, version = await self.ledgers.read(ledger_id)
         if metadata.password_digest and metadata.password_digest != key_digest(key):
             raise UnauthorizedError(f"ledger {ledger_id}: wrong master key")
@@ -256,7 +256,7 @@ class BookKeeper:
 
     async def open_ledger_no_recovery(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
         """Open for reading without fencing: the writer carries on; reads stop at the LAC."""
-        self._check_open()
+        self.check_open()
         metadata, version = await self._read_checked(ledger_id, password)
         handle = ReadHandle(self.ctx, metadata, version, password)
         if not metadata.is_closed:
@@ -275,7 +275,7 @@ class BookKeeper:
         (R13), the error is raised before any bookie was told, so metadata never names
         data that is gone.
         """
-        self._check_open()
+        self.check_open()
         metadata, _ = await self._read_checked(ledger_id, password)
         await self.ledgers.delete(ledger_id)
         key = master_key(password)
@@ -290,16 +290,16 @@ class BookKeeper:
         await asyncio.gather(*futures, return_exceptions=True)
 
     async def list_ledgers(self) -> list[int]:
-        self._check_open()
+        self.check_open()
         return await self.ledgers.list_ledger_ids()
 
     async def is_closed(self, ledger_id: int) -> bool:
-        self._check_open()
+        self.check_open()
         metadata, _ = await self.ledgers.read(ledger_id)
         return metadata.is_closed
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
-        self._check_open()
+        self.check_open()
         metadata, _ = await self.ledgers.read(ledger_id)
         return metadata
 
