@@ -383,6 +383,7 @@ def is_async_object(value: object) -> bool:
     return known
 
 
+_NOWAIT_LOCK = threading.Lock()
 _OWN_ATTRIBUTES = frozenset(("_runner", "_target", "_nowait_limit", "_nowait", "_submitter"))
 
 
@@ -459,7 +460,10 @@ class Blocking(Generic[A]):
             def nowait(*args: Any) -> concurrent.futures.Future[Any]:
                 calls = self._nowait
                 if calls is None:
-                    calls = self._nowait = NowaitCalls(self._runner.loop, self._nowait_limit)
+                    with _NOWAIT_LOCK:  # one queue per proxy, whichever thread comes first
+                        if self._nowait is None:
+                            self._nowait = NowaitCalls(self._runner.loop, self._nowait_limit)
+                        calls = self._nowait
                 # A copy now: the caller may reuse its buffer at once.
                 copies = tuple(
                     bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args
