@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import quorumlog.aio as aio
+from quorumlog.aio import LogNamespace
 from quorumlog.client.sync import new_event_loop
 from quorumlog.meta.factory import open_store
 from quorumlog.meta.store import WatchEvent
@@ -44,8 +45,8 @@ async def tail_idle(uri: str, samples: int) -> list[float]:
         await aio.BookKeeper.connect(uri) as bk_r,
     ):
         name = f"latency-{time.monotonic_ns()}"
-        writer = await (await bk_w.open_log(name)).open_writer()
-        reader = await (await bk_r.open_log(name)).open_reader()
+        writer = await (await LogNamespace(bk_w).open_log(name)).open_writer()
+        reader = await (await LogNamespace(bk_r).open_log(name)).open_reader()
         await writer.append(b"warm-up")
         assert await reader.read_next(timeout_ms=5_000) is not None
         latencies_ms: list[float] = []

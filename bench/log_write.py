@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import quorumlog.aio as aio
+from quorumlog.aio import LogNamespace
 from quorumlog.client.sync import new_event_loop
 from quorumlog.server.local_cluster import LocalCluster
 
@@ -42,7 +43,9 @@ async def ledger_appends(uri: str, entries: int, size: int, in_flight: int) -> f
 
 async def log_appends(uri: str, entries: int, size: int, in_flight: int) -> float:
     async with await aio.BookKeeper.connect(uri) as bk:
-        writer = await (await bk.open_log(f"bench-{time.monotonic_ns()}")).open_writer()
+        writer = await (
+            await LogNamespace(bk).open_log(f"bench-{time.monotonic_ns()}")
+        ).open_writer()
         payload = os.urandom(size)
         futures: list[asyncio.Future[object]] = []
         started = time.perf_counter()

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quorumlog.aio import LogNamespace
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ``quorumlog`` from a clone
 
 import quorumlog.aio as aio
@@ -46,7 +48,7 @@ LOG_NAME = "bench-spark"
 async def write_log(uri: str, entries: int, entry_size: int, ledger_entries: int) -> list[int]:
     payload = os.urandom(entry_size)
     async with await aio.BookKeeper.connect(uri) as bk:
-        log = await bk.open_log(LOG_NAME)
+        log = await LogNamespace(bk).open_log(LOG_NAME)
         writer = await log.open_writer()
         futures = []
         for index in range(entries):
@@ -65,7 +67,7 @@ async def write_log(uri: str, entries: int, entry_size: int, ledger_entries: int
 async def client_read(uri: str, expected: int) -> tuple[int, int, float]:
     """Every record through one client; (records, bytes, seconds)."""
     async with await aio.BookKeeper.connect(uri) as bk:
-        log = await bk.open_log(LOG_NAME)
+        log = await LogNamespace(bk).open_log(LOG_NAME)
         metadata, _ = await log.metadata()
         started = time.perf_counter()
         count = size = 0

@@ -17,7 +17,7 @@ import tempfile
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from quorumlog import BookKeeper
+from quorumlog import BookKeeper, LogNamespace
 from quorumlog.spark.session import local_session
 
 
@@ -34,14 +34,14 @@ def run(bk: BookKeeper, spark: SparkSession, orders_count: int = 1_000) -> None:
     prefix = f"example-spark-{secrets.token_hex(4)}"
     orders, upper_name, copy_name = (f"{prefix}/{n}" for n in ("orders", "upper", "copy"))
     ours = (orders, upper_name, copy_name)
-    if set(bk.list_logs()) & set(ours):  # never someone else's log
+    if set(LogNamespace(bk).list_logs()) & set(ours):  # never someone else's log
         raise SystemExit(f"logs named {prefix}/... exist already: run the example again")
     try:
         _pipeline(bk, spark, orders, upper_name, copy_name, orders_count)
     finally:
         for name in ours:
-            if name in bk.list_logs():
-                bk.delete_log(name)
+            if name in LogNamespace(bk).list_logs():
+                LogNamespace(bk).delete_log(name)
         print(f"deleted the example's logs {prefix}/...")
 
 
@@ -56,7 +56,7 @@ def _pipeline(
     uri = bk.metadata_uri
 
     # A log of orders (1,000 by default) over two ledgers.
-    writer = bk.open_log(orders).open_writer()
+    writer = LogNamespace(bk).open_log(orders).open_writer()
     for i in range(orders_count):
         writer.append(b"order %d" % i)
         if i == orders_count // 2 - 1:
@@ -72,7 +72,7 @@ def _pipeline(
     upper.write.format("quorumlog").option("metadata", uri).option("log", upper_name).mode(
         "append"
     ).save()
-    print(f"{upper_name}:", len(bk.open_log(upper_name).read_all()), "records")
+    print(f"{upper_name}:", len(LogNamespace(bk).open_log(upper_name).read_all()), "records")
 
     # Streaming copy, exactly once; availableNow stops at the end of the log.
     with tempfile.TemporaryDirectory() as checkpoint:
@@ -91,7 +91,7 @@ def _pipeline(
             .start()
         )
         query.awaitTermination()
-    copied = bk.open_log(copy_name).read_all()
+    copied = LogNamespace(bk).open_log(copy_name).read_all()
     print(f"{copy_name}:", len(copied), "records, first", copied[0].data, "last", copied[-1].data)
 
 

@@ -1,7 +1,8 @@
 """quorumlog: Apache BookKeeper's replicated log in Python.
 
-The synchronous client is :class:`BookKeeper`; the asyncio client with the same
-names is :mod:`quorumlog.aio`. Every error is a :class:`BKError`.
+The synchronous client is :class:`BookKeeper` (log streams: :class:`LogNamespace`);
+the asyncio client with the same names is :mod:`quorumlog.aio`. Every error is a
+:class:`BKError`.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -31,15 +32,16 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from quorumlog.client.config import ClientConfig
-    from quorumlog.client.sync import LedgerHandle, ReadHandle
+    from quorumlog.client.sync import BookKeeper, LedgerHandle, ReadHandle
     from quorumlog.log import LogConfig, LogFencedError, Position, Record
-    from quorumlog.log.sync import BookKeeper
+    from quorumlog.log.sync import LogNamespace
 
 # The client is imported on first use, so that a bookie process (which imports
-# quorumlog.proto and quorumlog.bookie) does not load it. BookKeeper is the client
-# with log streams, composed in quorumlog.log above the client package.
+# quorumlog.proto and quorumlog.bookie) does not load it. Log streams are a namespace
+# over the client, in quorumlog.log above the client package.
 _LAZY = {
-    "BookKeeper": "quorumlog.log.sync",
+    "BookKeeper": "quorumlog.client.sync",
+    "LogNamespace": "quorumlog.log.sync",
     "LedgerHandle": "quorumlog.client.sync",
     "ReadHandle": "quorumlog.client.sync",
     "ClientConfig": "quorumlog.client.config",
@@ -79,6 +81,7 @@ __all__ = [
     "LedgerState",
     "LogConfig",
     "LogFencedError",
+    "LogNamespace",
     "MetadataError",
     "NoSuchEntryError",
     "NoSuchLedgerError",

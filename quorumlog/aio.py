@@ -3,7 +3,7 @@
 Example::
 
     import asyncio
-    from quorumlog.aio import BookKeeper
+    from quorumlog.aio import BookKeeper, LogNamespace
 
     async def main() -> None:
         async with await BookKeeper.connect() as bk:
@@ -11,16 +11,15 @@ Example::
             futures = [lh.append(b"x" * 100) for _ in range(1000)]  # pipelined
             await asyncio.gather(*futures)
             await lh.close()
+            log = await LogNamespace(bk).open_log("orders")   # log streams over the client
 
     asyncio.run(main())
 """
 
+from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.reading import ReadHandle
 from quorumlog.client.writing import LedgerHandle
+from quorumlog.log.namespace import LogNamespace
 
-# The client with log streams (``await bk.open_log(name)``), composed above the
-# client package, which knows ledgers only.
-from quorumlog.log.bookkeeper import BookKeeper
-
-__all__ = ["BookKeeper", "ClientConfig", "LedgerHandle", "ReadHandle"]
+__all__ = ["BookKeeper", "ClientConfig", "LedgerHandle", "LogNamespace", "ReadHandle"]

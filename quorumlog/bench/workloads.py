@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
+from quorumlog.log.namespace import LogNamespace
+
 if TYPE_CHECKING:
     from quorumlog.proto.entry import Entry
 
@@ -292,8 +294,8 @@ async def _write(settings: BenchSettings, metadata_uri: str, report: ProgressCal
 async def _log_write(
     settings: BenchSettings, metadata_uri: str, report: ProgressCallback
 ) -> Result:
+    from quorumlog.client.bookkeeper import BookKeeper
     from quorumlog.client.config import ClientConfig
-    from quorumlog.log.bookkeeper import BookKeeper
     from quorumlog.log.config import LogConfig
     from quorumlog.log.log import delete_log
 
@@ -306,7 +308,7 @@ async def _log_write(
     )
     try:
         writers = [
-            await (await bk.open_log(f"{name}-{i}", config)).open_writer()
+            await (await LogNamespace(bk).open_log(f"{name}-{i}", config)).open_writer()
             for i in range(settings.ledgers)
         ]
         result = await _append_pipelined(

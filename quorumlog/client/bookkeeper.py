@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Self
 
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.connection import ConnectionPool, SslContextSource
+from quorumlog.client.context import ClientContext
 from quorumlog.client.placement import BookiePlacement
 from quorumlog.client.reading import ReadHandle
 from quorumlog.client.recovery import LedgerRecovery
@@ -75,27 +76,23 @@ class BookKeeper:
         rng: random.Random | None = None,
     ) -> None:
         """Use :meth:`connect` unless you bring your own store (or, in the simulator, pool)."""
-        self.loop = asyncio.get_running_loop()
-        self.config = config or ClientConfig()
-        self.store = store
-        self.ledgers = LedgerManager(store)
-        self.registry = BookieRegistry(store)
-        self.pool = pool or ConnectionPool(
-            self.loop,
-            connect_timeout_ms=self.config.connect_timeout_ms,
-            max_frame_size_bytes=self.config.max_frame_size_bytes,
-            max_queued_bytes=self.config.max_queued_bytes_per_connection,
+        loop = asyncio.get_running_loop()
+        config = config or ClientConfig()
+        pool = pool or ConnectionPool(
+            loop,
+            connect_timeout_ms=config.connect_timeout_ms,
+            max_frame_size_bytes=config.max_frame_size_bytes,
+            max_queued_bytes=config.max_queued_bytes_per_connection,
             # Security (docs/SECURITY.md): both read per new connection.
-            ssl_context=_tls_source(self.config.tls),
-            token=TokenFile(self.config.token_file),
+            ssl_context=_tls_source(config.tls),
+            token=TokenFile(config.token_file),
         )
-        # Bookie placement draws from here; the simulator passes a seeded one.
+        # Bookie placement draws from rng; the simulator passes a seeded one.
         self.rng = rng or random.Random()
-        self.placement = BookiePlacement(self.rng)
+        # What the handles this client opens use of it (they never see the client).
+        self.ctx = ClientContext(loop, config, store, pool, BookiePlacement(self.rng))
         self._closed = False
         self._handles: weakref.WeakSet[ReadHandle] = weakref.WeakSet()
-        # None until enable_metrics(): every hook is then one `is None` test.
-        self.metrics: ClientMetrics | None = None
 
     @classmethod
     async def connect(
@@ -119,26 +116,59 @@ class BookKeeper:
         return cls(store, config)
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self.ctx.loop
+
+    @property
+    def config(self) -> ClientConfig:
+        return self.ctx.config
+
+    @property
+    def store(self) -> MetadataStore:
+        return self.ctx.store
+
+    @property
+    def pool(self) -> ConnectionPool:
+        return self.ctx.pool
+
+    @property
+    def ledgers(self) -> LedgerManager:
+        return self.ctx.ledgers
+
+    @property
+    def registry(self) -> BookieRegistry:
+        return self.ctx.registry
+
+    @property
+    def placement(self) -> BookiePlacement:
+        return self.ctx.placement
+
+    @property
+    def metrics(self) -> ClientMetrics | None:
+        """None until :meth:`enable_metrics`."""
+        return self.ctx.metrics
+
+    @property
     def metadata_uri(self) -> str:
         return self.store.uri
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise ClientClosedError("BookKeeper client is closed")
 
     def enable_metrics(self) -> ClientMetrics:
         """Start keeping Prometheus metrics (idempotent); expose ``.registry`` as you like."""
-        if self.metrics is None:
+        if self.ctx.metrics is None:
             from quorumlog.client.metrics import ClientMetrics
 
-            self.metrics = ClientMetrics()
-        return self.metrics
+            self.ctx.metrics = ClientMetrics()
+        return self.ctx.metrics
 
     # ------------------------------------------------------------ bookies
 
     async def list_bookies(self) -> list[str]:
         """Addresses of the available, writable bookies."""
-        self._check_open()
+        self.check_open()
         return sorted(await self.registry.writable_bookies())
 
     # ------------------------------------------------------------ ledgers
@@ -164,7 +194,7 @@ class BookKeeper:
         id): for callers that reserved ids with ``LedgerManager.reserve_ledger_ids``
         so that their ledgers sort in an order they choose. NodeExistsError if taken.
         """
-        self._check_open()
+        self.check_open()
         check_quorum_shape(ensemble, write_quorum, ack_quorum)
         if ensemble_bookies is not None:
             if len(ensemble_bookies) != ensemble or len(set(ensemble_bookies)) != ensemble:
@@ -189,7 +219,7 @@ class BookKeeper:
             custom_metadata,
         )
         version = await self.ledgers.create(metadata)
-        handle = LedgerHandle(self, metadata, version, password)
+        handle = LedgerHandle(self.ctx, metadata, version, password)
         self._handles.add(handle)
         return handle
 
@@ -201,11 +231,11 @@ class BookKeeper:
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
         """Open for reading; if the ledger is not closed, fence, recover and close it (R7, R8)."""
-        self._check_open()
+        self.check_open()
         metadata, version = await self._read_checked(ledger_id, password)
         if not metadata.is_closed:
-            metadata, version = await LedgerRecovery(self, metadata, version, password).run()
-        handle = ReadHandle(self, metadata, version, password)
+            metadata, version = await LedgerRecovery(self.ctx, metadata, version, password).run()
+        handle = ReadHandle(self.ctx, metadata, version, password)
         self._handles.add(handle)
         return handle
 
@@ -215,19 +245,20 @@ class BookKeeper:
         not given, with the key a bookie of the ledger handed it (docs/SECURITY.md).
         MAC digests are not checked then; the entries go back byte for byte. The
         ledger's metadata as it ends (closed); UnauthorizedError for a wrong key."""
-        self._check_open()
+        self.check_open()
         metadata, version = await self.ledgers.read(ledger_id)
         if metadata.password_digest and metadata.password_digest != key_digest(key):
             raise UnauthorizedError(f"ledger {ledger_id}: wrong master key")
         if not metadata.is_closed:
-            metadata, version = await LedgerRecovery(self, metadata, version, b"", key=key).run()
+            recovery = LedgerRecovery(self.ctx, metadata, version, b"", key=key)
+            metadata, version = await recovery.run()
         return metadata
 
     async def open_ledger_no_recovery(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
         """Open for reading without fencing: the writer carries on; reads stop at the LAC."""
-        self._check_open()
+        self.check_open()
         metadata, version = await self._read_checked(ledger_id, password)
-        handle = ReadHandle(self, metadata, version, password)
+        handle = ReadHandle(self.ctx, metadata, version, password)
         if not metadata.is_closed:
             handle._watch_metadata()
             await handle.read_last_add_confirmed()
@@ -244,7 +275,7 @@ class BookKeeper:
         (R13), the error is raised before any bookie was told, so metadata never names
         data that is gone.
         """
-        self._check_open()
+        self.check_open()
         metadata, _ = await self._read_checked(ledger_id, password)
         await self.ledgers.delete(ledger_id)
         key = master_key(password)
@@ -259,16 +290,16 @@ class BookKeeper:
         await asyncio.gather(*futures, return_exceptions=True)
 
     async def list_ledgers(self) -> list[int]:
-        self._check_open()
+        self.check_open()
         return await self.ledgers.list_ledger_ids()
 
     async def is_closed(self, ledger_id: int) -> bool:
-        self._check_open()
+        self.check_open()
         metadata, _ = await self.ledgers.read(ledger_id)
         return metadata.is_closed
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
-        self._check_open()
+        self.check_open()
         metadata, _ = await self.ledgers.read(ledger_id)
         return metadata
 

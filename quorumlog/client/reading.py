@@ -40,7 +40,7 @@ from quorumlog.proto.codec import (
 from quorumlog.proto.entry import Entry, EntryCodec, master_key
 
 if TYPE_CHECKING:
-    from quorumlog.client.bookkeeper import BookKeeper
+    from quorumlog.client.context import ClientContext
     from quorumlog.meta.store import Watch
 
 T = TypeVar("T")
@@ -75,12 +75,12 @@ class ReadHandle:
     """A ledger opened for reading (with or without recovery)."""
 
     def __init__(
-        self, client: BookKeeper, metadata: LedgerMetadata, version: int, password: bytes
+        self, ctx: ClientContext, metadata: LedgerMetadata, version: int, password: bytes
     ) -> None:
-        self._client = client
-        self._loop = client.loop
-        self._pool = client.pool
-        self._config = client.config
+        self._ctx = ctx
+        self._loop = ctx.loop
+        self._pool = ctx.pool
+        self._config = ctx.config
         self.metadata = metadata
         self._metadata_version = version
         self._codec = EntryCodec(metadata.digest_type, password)
@@ -135,10 +135,10 @@ class ReadHandle:
             if md.is_closed:
                 self._lac = md.last_entry_id
 
-        self._watch = self._client.ledgers.watch(self.ledger_id, changed)
+        self._watch = self._ctx.ledgers.watch(self.ledger_id, changed)
 
     async def refresh_metadata(self) -> LedgerMetadata:
-        md, version = await self._client.ledgers.read(self.ledger_id)
+        md, version = await self._ctx.ledgers.read(self.ledger_id)
         if not (self.metadata.is_closed and not md.is_closed):
             self.metadata, self._metadata_version = md, version
             if md.is_closed:
@@ -262,8 +262,8 @@ class ReadHandle:
             )
             if not done:
                 launch()  # speculative read: ask the next replica too
-                if self._client.metrics is not None:
-                    self._client.metrics.speculative_reads += 1
+                if self._ctx.metrics is not None:
+                    self._ctx.metrics.speculative_reads += 1
                 continue
             for future in [f for f in in_flight if f in done]:  # in send order
                 address = in_flight.pop(future)

@@ -70,7 +70,7 @@ from quorumlog.proto.codec import (
 from quorumlog.proto.entry import EntryCodec, master_key
 
 if TYPE_CHECKING:
-    from quorumlog.client.bookkeeper import BookKeeper
+    from quorumlog.client.context import ClientContext
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ log = logging.getLogger(__name__)
 class LedgerRecovery:
     def __init__(
         self,
-        client: BookKeeper,
+        ctx: ClientContext,
         metadata: LedgerMetadata,
         version: int,
         password: bytes,
@@ -88,9 +88,9 @@ class LedgerRecovery:
         """``key``: the ledger's master key, when its password is not known (a repair
         that got the key from a bookie): MAC digests are then not checked, the entries
         found are written back byte for byte all the same."""
-        self._client = client
-        self._pool = client.pool
-        self._config = client.config
+        self._ctx = ctx
+        self._pool = ctx.pool
+        self._config = ctx.config
         self.metadata = metadata
         self.version = version
         if key is None:
@@ -125,7 +125,7 @@ class LedgerRecovery:
         """
         if self.metadata.is_closed:
             return self.metadata, self.version
-        metrics = self._client.metrics
+        metrics = self._ctx.metrics
         if metrics is not None:
             metrics.recoveries += 1
         self._result = asyncio.get_running_loop().create_future()
@@ -266,10 +266,10 @@ class LedgerRecovery:
     async def _choose_bookies(self, effect: ChooseBookies) -> None:
         """Replacements for bookies that keep failing recovery adds, from the writable
         bookies the registry lists (the placement policy's choice, as for a writer)."""
-        client = self._client
+        ctx = self._ctx
         failed = ", ".join(self._machine.write_ensemble[i] for i in effect.slots)
         refusal = f"ledger {self.ledger_id}: recovery cannot replace bookie(s) {failed}"
-        event = await choose_replacements(client.registry, client.placement, effect, refusal)
+        event = await choose_replacements(ctx.registry, ctx.placement, effect, refusal)
         if isinstance(event, BookiesChosen):
             log.warning(
                 "ledger %d: recovery replaces bookie(s) %s with %s",
@@ -283,7 +283,7 @@ class LedgerRecovery:
 
     async def _update_metadata(self, decide: Callable[[LedgerView], Decision]) -> None:
         try:
-            result = await self._client.ledgers.update(
+            result = await self._ctx.ledgers.update(
                 self.ledger_id,
                 metadata_decider(decide),
                 attempts=self._config.metadata_cas_retries,
@@ -307,7 +307,7 @@ class LedgerRecovery:
         if delay_ms:
             await asyncio.sleep(delay_ms / 1000)
         try:
-            metadata, version = await self._client.ledgers.read(self.ledger_id)
+            metadata, version = await self._ctx.ledgers.read(self.ledger_id)
         except STORE_FAILURES as exc:
             self._step(MetadataReadFailed(as_metadata_error(exc)))
             return

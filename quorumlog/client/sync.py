@@ -1,11 +1,17 @@
-"""The synchronous API: a thin facade over the asyncio client.
+"""The synchronous API: one blocking proxy over the asyncio objects.
 
-One event loop runs on a background thread per :class:`BookKeeper`; every call
-is handed to it. ``add_entry_async`` does not create a coroutine per entry:
-entries queue under a lock and one wake-up of the loop drains them all, and the
-returned ``concurrent.futures.Future`` is completed by the ledger handle itself, so
-a thread adding entries in a tight loop pays a few microseconds per entry;
-``add_entries_async`` pays that per batch.
+One event loop runs on a background thread per :class:`BookKeeper`. A
+:class:`Blocking` proxy wraps an asyncio object (the client, a ledger handle, a log,
+its reader or writer, ...): its coroutine methods become blocking calls run on that
+loop, a method that returns an asyncio future returns a ``concurrent.futures.Future``
+without waiting, and what a call returns is wrapped in turn when it is an asyncio
+object itself. Attributes and properties are read as they are.
+
+One fast path stands beside it: a ledger's ``add_entry_async`` does not create a
+coroutine per entry: entries queue under a lock and one wake-up of the loop drains
+them all, and the returned ``concurrent.futures.Future`` is completed by the ledger
+handle itself, so a thread adding entries in a tight loop pays a few microseconds
+per entry; ``add_entries_async`` pays that per batch.
 """
 
 from __future__ import annotations
@@ -13,21 +19,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import inspect
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 from functools import partial
-from typing import Any, ClassVar, Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from quorumlog.client import bookkeeper as _aio
 from quorumlog.client.config import ClientConfig
-from quorumlog.client.reading import ReadHandle as _AioReadHandle
 from quorumlog.client.writing import LedgerHandle as _AioLedgerHandle
 from quorumlog.errors import BKError, InvalidArgumentError
-from quorumlog.meta.ledger_metadata import LedgerMetadata
-from quorumlog.proto.entry import DigestType, Entry
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 # The states in which Future.set_result and set_exception refuse.
 _SETTLED = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED))
@@ -66,62 +71,6 @@ class LoopThread:
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
             self.loop.close()
-
-
-class ReadHandle:
-    """A ledger opened for reading. See :class:`quorumlog.client.reading.ReadHandle`."""
-
-    def __init__(self, runner: LoopThread, handle: _AioReadHandle) -> None:
-        self._runner = runner
-        self._handle = handle
-
-    @property
-    def ledger_id(self) -> int:
-        return self._handle.ledger_id
-
-    @property
-    def metadata(self) -> LedgerMetadata:
-        return self._handle.metadata
-
-    @property
-    def last_add_confirmed(self) -> int:
-        return self._handle.last_add_confirmed
-
-    @property
-    def is_closed(self) -> bool:
-        return self._handle.is_closed
-
-    @property
-    def length(self) -> int:
-        return self._handle.length
-
-    def read_entries(self, first_entry_id: int, last_entry_id: int) -> list[Entry]:
-        return self._runner.run(self._handle.read_entries(first_entry_id, last_entry_id))
-
-    def read_last_add_confirmed(self) -> int:
-        return self._runner.run(self._handle.read_last_add_confirmed())
-
-    def read_last_add_confirmed_and_entry(
-        self, entry_id: int, timeout_ms: int
-    ) -> tuple[int, Entry | None]:
-        return self._runner.run(
-            self._handle.read_last_add_confirmed_and_entry(entry_id, timeout_ms)
-        )
-
-    def refresh_metadata(self) -> LedgerMetadata:
-        return self._runner.run(self._handle.refresh_metadata())
-
-    def close(self) -> None:
-        self._runner.run(self._handle.close())
-
-    def __enter__(self) -> ReadHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return repr(self._handle)
 
 
 class Handoff:
@@ -290,46 +239,41 @@ class AddFuture(concurrent.futures.Future[T]):
         self._invoke_callbacks()  # type: ignore[attr-defined]  # Future's, not in its stubs
 
 
-class ThreadedSubmitter(Generic[T]):
-    """Hands payloads from any thread to a loop-side ``send(data) -> asyncio.Future``.
+class NowaitCalls:
+    """Calls of an asyncio object's future-returning methods (``writer.append_nowait``),
+    from any thread to the loop, each answered by a ``concurrent.futures.Future``.
 
-    Payloads queue under a lock and one ``call_soon_threadsafe`` per burst drains them
-    on the loop, so a thread submitting in a tight loop pays a few microseconds each
-    instead of a coroutine and a wake-up per payload. At most ``max_outstanding`` are
-    unconfirmed at once: further submitters block (back-pressure for threads, see
-    :class:`Handoff`).
+    Calls queue under a lock and one ``call_soon_threadsafe`` per burst runs them on
+    the loop (:class:`Handoff`), so a thread calling in a tight loop pays a few
+    microseconds each instead of a coroutine and a wake-up per call. At most ``limit``
+    are unsettled at once: further callers block (back-pressure for threads).
     """
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        send: Callable[[bytes], asyncio.Future[T]],
-        max_outstanding: int,
-    ) -> None:
-        self._send = send
-        self._handoff = Handoff(loop, self._send_all, max_outstanding)
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self._handoff = Handoff(loop, self._call_all, limit)
 
-    def submit(self, data: bytes) -> concurrent.futures.Future[T]:
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._handoff.put((bytes(data), future))
+    def submit(
+        self, method: Callable[..., asyncio.Future[Any]], args: tuple[Any, ...]
+    ) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._handoff.put((method, args, future))
         return future
 
     def drain(self) -> None:
-        """Send everything queued (on the loop)."""
+        """Make every call queued (on the loop)."""
         self._handoff.drain()
 
-    def _send_all(self, items: list[tuple[bytes, concurrent.futures.Future[T]]]) -> None:
-        send = self._send
-        for data, future in items:
+    def _call_all(self, items: list[tuple[Any, tuple[Any, ...], Any]]) -> None:
+        for method, args, future in items:
             try:
-                sent = send(data)
+                sent = method(*args)
             except BKError as exc:
                 self._handoff.give(1)
                 future.set_exception(exc)
                 continue
             sent.add_done_callback(partial(self._transfer, future))
 
-    def _transfer(self, future: concurrent.futures.Future[T], sent: asyncio.Future[T]) -> None:
+    def _transfer(self, future: concurrent.futures.Future[Any], sent: asyncio.Future[Any]) -> None:
         self._handoff.give(1)
         if sent.cancelled():
             future.cancel()
@@ -402,14 +346,170 @@ class LedgerSubmitter:
                     future.set_exception(exc)
 
 
-class LedgerHandle(ReadHandle):
+# How a proxy calls each method of an asyncio class: "coroutine" (a blocking call),
+# "future" (returns an asyncio future: queued, answered by a concurrent future) or
+# "plain" (called as it is). Found once per class and name.
+_KINDS: dict[tuple[type, str], str] = {}
+_ASYNC_TYPES: dict[type, bool] = {}
+
+
+def _method_kind(cls: type, name: str) -> str:
+    key = (cls, name)
+    kind = _KINDS.get(key)
+    if kind is None:
+        function = inspect.getattr_static(cls, name, None)
+        function = getattr(function, "__func__", function)  # a classmethod/staticmethod
+        if inspect.iscoroutinefunction(function):
+            kind = "coroutine"
+        else:
+            returns = getattr(function, "__annotations__", {}).get("return")
+            text = returns if isinstance(returns, str) else getattr(returns, "__name__", "")
+            kind = "future" if text.split("[")[0].endswith("Future") else "plain"
+        _KINDS[key] = kind
+    return kind
+
+
+def is_async_object(value: object) -> bool:
+    """Whether ``value`` is an asyncio object a proxy wraps: one with coroutine methods."""
+    cls = type(value)
+    known = _ASYNC_TYPES.get(cls)
+    if known is None:
+        known = not isinstance(value, type) and any(
+            inspect.iscoroutinefunction(v)
+            for klass in cls.__mro__[:-1]
+            for v in vars(klass).values()
+        )
+        _ASYNC_TYPES[cls] = known
+    return known
+
+
+_NOWAIT_LOCK = threading.Lock()
+_OWN_ATTRIBUTES = frozenset(("_runner", "_target", "_nowait_limit", "_nowait", "_submitter"))
+
+
+class Blocking(Generic[A]):
+    """A blocking proxy over the asyncio object ``target``, run on ``runner``'s loop.
+
+    ``proxy.method(...)`` runs a coroutine method on the loop and waits for it; a
+    method that returns an asyncio future (``append_nowait``) returns a
+    ``concurrent.futures.Future`` at once; other attributes are read as they are.
+    Results that are asyncio objects come back as proxies. ``with proxy:`` closes
+    the object; iterating a proxy iterates the object's ``async for``.
+
+    Example::
+
+        with BookKeeper() as bk:                      # a Blocking proxy of the client
+            lh = bk.create_ledger(3, 3, 2)            # a proxy of the ledger handle
+            lh.add_entry(b"x")
+    """
+
+    def __init__(self, runner: LoopThread, target: A, *, nowait_limit: int = 1000) -> None:
+        self._runner = runner
+        self._target = target
+        self._nowait_limit = nowait_limit
+        self._nowait: NowaitCalls | None = None
+
+    @property
+    def aio(self) -> A:
+        """The asyncio object underneath (use it only on :attr:`loop`)."""
+        return self._target
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._runner.loop
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine of the asyncio API on this proxy's loop and wait for it."""
+        return self._runner.run(coro)
+
+    def wrap(self, value: Any) -> Any:
+        """``value`` as this proxy returns it: a proxy if it is an asyncio object."""
+        if not is_async_object(value):
+            return value
+        proxy = _AioLedgerHandleProxy if isinstance(value, _AioLedgerHandle) else Blocking
+        return proxy(self._runner, value, nowait_limit=self._nowait_limit)
+
+    def _drain(self) -> None:
+        """Make the calls this proxy queued first (on the loop): a blocking call comes
+        after them, as it does in the caller's thread."""
+        if self._nowait is not None:
+            self._nowait.drain()
+
+    async def _call(self, method: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        self._drain()
+        return await method(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only names the proxy itself lacks get here: the target's methods and attributes
+        # (not the special ones, which copy and pickle probe for on a bare instance).
+        if name.startswith("__") or name in _OWN_ATTRIBUTES:
+            raise AttributeError(name)
+        target = self._target
+        value = getattr(target, name)
+        if not inspect.ismethod(value):
+            return self.wrap(value)
+        kind = _method_kind(type(target), name)
+        if kind == "coroutine":
+
+            def blocking(*args: Any, **kwargs: Any) -> Any:
+                return self.wrap(self._runner.run(self._call(value, args, kwargs)))
+
+            return blocking
+        if kind == "future":
+
+            def nowait(*args: Any) -> concurrent.futures.Future[Any]:
+                calls = self._nowait
+                if calls is None:
+                    with _NOWAIT_LOCK:  # one queue per proxy, whichever thread comes first
+                        if self._nowait is None:
+                            self._nowait = NowaitCalls(self._runner.loop, self._nowait_limit)
+                        calls = self._nowait
+                # A copy now: the caller may reuse its buffer at once.
+                copies = tuple(
+                    bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args
+                )
+                return calls.submit(value, copies)
+
+            return nowait
+        return value
+
+    def close(self) -> None:
+        """Close the object, after the calls queued so far."""
+        self._runner.run(self._call(getattr(self._target, "close"), (), {}))  # noqa: B009
+
+    def __iter__(self) -> Iterator[Any]:
+        """The object's ``async for``, one blocking step at a time."""
+        iterator = self._target.__aiter__()  # type: ignore[attr-defined]
+        while True:
+            try:
+                item = self._runner.run(self._call(iterator.__anext__, (), {}))
+            except StopAsyncIteration:
+                return
+            yield self.wrap(item)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._target)
+
+
+# Read handles, logs, their readers and writers: the proxy as it is.
+ReadHandle = Blocking
+
+
+class LedgerHandle(Blocking[_AioLedgerHandle]):
     """The writer's handle. ``add_entry`` waits; ``add_entry_async`` returns a Future;
-    ``add_entries`` and ``add_entries_async`` do the same for a batch of entries."""
+    ``add_entries`` and ``add_entries_async`` do the same for a batch of entries.
+    Everything else is the asyncio handle's, through :class:`Blocking`."""
 
-    _handle: _AioLedgerHandle
-
-    def __init__(self, runner: LoopThread, handle: _AioLedgerHandle) -> None:
-        super().__init__(runner, handle)
+    def __init__(
+        self, runner: LoopThread, handle: _AioLedgerHandle, *, nowait_limit: int = 1000
+    ) -> None:
+        super().__init__(runner, handle, nowait_limit=nowait_limit)
         self._submitter = LedgerSubmitter(runner.loop, handle)
 
     def add_entry(self, data: bytes) -> int:
@@ -444,26 +544,18 @@ class LedgerHandle(ReadHandle):
         """
         return self._submitter.submit_many(entries)
 
-    @property
-    def outstanding_adds(self) -> int:
-        return self._handle.outstanding_adds
-
-    @property
-    def ensemble(self) -> tuple[str, ...]:
-        return self._handle.ensemble
-
-    def close(self) -> None:
-        """Wait for the adds sent so far, then close the ledger at its LAC (R6)."""
-
-        async def drain_then_close() -> None:
-            self._submitter.drain()
-            await self._handle.close()
-
-        self._runner.run(drain_then_close())
+    def _drain(self) -> None:
+        self._submitter.drain()
+        super()._drain()
 
 
-class BookKeeper:
-    """Synchronous BookKeeper client; a context manager.
+_AioLedgerHandleProxy = LedgerHandle
+
+
+class BookKeeper(Blocking[_aio.BookKeeper]):
+    """Synchronous BookKeeper client: a :class:`Blocking` proxy of
+    :class:`quorumlog.client.bookkeeper.BookKeeper` on a loop of its own; a context
+    manager.
 
     Example::
 
@@ -475,91 +567,17 @@ class BookKeeper:
             print([e.data for e in bk.open_ledger(lh.ledger_id, b"pw").read_entries(0, 1)])
     """
 
-    # The asyncio client this one runs: a subclass that adds methods built above the
-    # client (the log streams of quorumlog.log) names its own asyncio class here.
-    _aio_class: ClassVar[type[_aio.BookKeeper]] = _aio.BookKeeper
-
     def __init__(self, metadata: str | None = None, *, config: ClientConfig | None = None):
-        self._runner = LoopThread()
+        runner = LoopThread()
         try:
-            self._client = self._runner.run(self._aio_class.connect(metadata, config=config))
+            client = runner.run(_aio.BookKeeper.connect(metadata, config=config))
         except BaseException:
-            self._runner.stop()
+            runner.stop()
             raise
-
-    @property
-    def aio(self) -> _aio.BookKeeper:
-        """The asyncio client underneath (use it only on :attr:`loop`)."""
-        return self._client
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self._runner.loop
-
-    @property
-    def metadata_uri(self) -> str:
-        return self._client.metadata_uri
-
-    def list_bookies(self) -> list[str]:
-        return self._runner.run(self._client.list_bookies())
-
-    def create_ledger(
-        self,
-        ensemble: int = 3,
-        write_quorum: int = 3,
-        ack_quorum: int = 2,
-        digest_type: DigestType = DigestType.CRC32C,
-        password: bytes = b"",
-        custom_metadata: Mapping[str, bytes] | None = None,
-        *,
-        ledger_id: int | None = None,
-    ) -> LedgerHandle:
-        handle = self._runner.run(
-            self._client.create_ledger(
-                ensemble,
-                write_quorum,
-                ack_quorum,
-                digest_type,
-                password,
-                custom_metadata,
-                ledger_id=ledger_id,
-            )
-        )
-        return LedgerHandle(self._runner, handle)
-
-    def open_ledger(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
-        return ReadHandle(
-            self._runner, self._runner.run(self._client.open_ledger(ledger_id, password))
-        )
-
-    def open_ledger_no_recovery(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
-        handle = self._runner.run(self._client.open_ledger_no_recovery(ledger_id, password))
-        return ReadHandle(self._runner, handle)
-
-    def delete_ledger(self, ledger_id: int, password: bytes = b"") -> None:
-        self._runner.run(self._client.delete_ledger(ledger_id, password))
-
-    def list_ledgers(self) -> list[int]:
-        return self._runner.run(self._client.list_ledgers())
-
-    def is_closed(self, ledger_id: int) -> bool:
-        return self._runner.run(self._client.is_closed(ledger_id))
-
-    def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
-        return self._runner.run(self._client.ledger_metadata(ledger_id))
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine of the asyncio API on this client's loop and wait for it."""
-        return self._runner.run(coro)
+        super().__init__(runner, client, nowait_limit=client.config.max_outstanding_adds)
 
     def close(self) -> None:
         try:
-            self._runner.run(self._client.close(), timeout_s=30)
+            self._runner.run(self._target.close(), timeout_s=30)
         finally:
             self._runner.stop()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -81,7 +81,7 @@ from quorumlog.proto.codec import (
 )
 
 if TYPE_CHECKING:
-    from quorumlog.client.bookkeeper import BookKeeper
+    from quorumlog.client.context import ClientContext
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +133,9 @@ class LedgerHandle(ReadHandle):
     """A ledger this client created and writes to (the ledger's single writer)."""
 
     def __init__(
-        self, client: BookKeeper, metadata: LedgerMetadata, version: int, password: bytes
+        self, ctx: ClientContext, metadata: LedgerMetadata, version: int, password: bytes
     ) -> None:
-        super().__init__(client, metadata, version, password)
+        super().__init__(ctx, metadata, version, password)
         self._writer = LedgerWriter(
             metadata.ledger_id,
             metadata.ensemble_size,
@@ -419,8 +419,8 @@ class LedgerHandle(ReadHandle):
         callback: Callable[[Any], None] = partial(
             self._on_add_response, index, generation, entry_ids
         )
-        if self._client.metrics is not None:
-            callback = self._client.metrics.timed_add(callback, len(blobs))
+        if self._ctx.metrics is not None:
+            callback = self._ctx.metrics.timed_add(callback, len(blobs))
         self._pool.get(self._writer.ensemble[index]).send(
             request, callback, self._config.add_timeout_ms
         )
@@ -462,8 +462,8 @@ class LedgerHandle(ReadHandle):
         self._lac = confirmed[-1].entry_id
         if self._on_settled is not None:
             self._on_settled(len(confirmed))
-        if self._client.metrics is not None:
-            self._client.metrics.confirmed_entries += len(confirmed)
+        if self._ctx.metrics is not None:
+            self._ctx.metrics.confirmed_entries += len(confirmed)
         waiters = self._capacity_waiters
         while waiters and len(self._tracker) < self._config.max_outstanding_adds:
             waiter = waiters.popleft()
@@ -600,14 +600,14 @@ class LedgerHandle(ReadHandle):
     async def _choose_bookies(self, effect: ChooseBookies) -> None:
         failed = ", ".join(self._writer.ensemble[i] for i in effect.slots)
         refusal = f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}"
-        client = self._client
-        self._step(await choose_replacements(client.registry, client.placement, effect, refusal))
+        ctx = self._ctx
+        self._step(await choose_replacements(ctx.registry, ctx.placement, effect, refusal))
 
     async def _update_metadata(self, decide: Callable[[LedgerView], Decision]) -> None:
         """One read-decide-compare-and-set with the core's decision (R5, R6, R13)."""
         event: WriterEvent
         try:
-            result = await self._client.ledgers.update(
+            result = await self._ctx.ledgers.update(
                 self.ledger_id,
                 metadata_decider(decide),
                 attempts=self._config.metadata_cas_retries,
@@ -632,7 +632,7 @@ class LedgerHandle(ReadHandle):
             await asyncio.sleep(delay_ms / 1000)
         event: WriterEvent
         try:
-            metadata, version = await self._client.ledgers.read(self.ledger_id)
+            metadata, version = await self._ctx.ledgers.read(self.ledger_id)
         except STORE_FAILURES as exc:
             event = MetadataReadFailed(as_metadata_error(exc))
         else:
@@ -642,8 +642,8 @@ class LedgerHandle(ReadHandle):
 
     def _adopt(self, metadata: LedgerMetadata, version: int) -> None:
         if metadata.ensembles != self.metadata.ensembles:
-            if self._client.metrics is not None:
-                self._client.metrics.ensemble_changes += 1
+            if self._ctx.metrics is not None:
+                self._ctx.metrics.ensemble_changes += 1
             log.info(
                 "ledger %d: fragments now %s",
                 self.ledger_id,

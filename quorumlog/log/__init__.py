@@ -1,10 +1,11 @@
 """Named log streams (DistributedLog-style): a log is an ordered list of ledgers.
 
 The asyncio API (:class:`Log`, :class:`LogWriter`, :class:`LogReader`) is reached
-through ``await bk.open_log(name)`` on :class:`quorumlog.aio.BookKeeper`; the
-synchronous one, with the same names, through ``bk.open_log(name)`` on
-:class:`quorumlog.BookKeeper` (see :mod:`quorumlog.log.sync`). docs/LOGS.md
-describes the layout in the metadata store and rule R11.
+through ``await LogNamespace(bk).open_log(name)`` on a :class:`quorumlog.aio.BookKeeper`;
+the synchronous one, with the same names, through ``LogNamespace(bk).open_log(name)``
+with :class:`quorumlog.BookKeeper` and :class:`quorumlog.LogNamespace` (see
+:mod:`quorumlog.log.sync`). docs/LOGS.md describes the layout in the metadata store
+and rule R11.
 """
 
 from quorumlog.log.config import LogConfig
@@ -19,6 +20,7 @@ from quorumlog.log.errors import (
 )
 from quorumlog.log.log import Log, delete_log, list_logs, open_log
 from quorumlog.log.metadata import LogMetadata
+from quorumlog.log.namespace import LogNamespace
 from quorumlog.log.position import LogPositions, Position, Record
 from quorumlog.log.reader import LogReader
 from quorumlog.log.writer import LogWriter
@@ -31,6 +33,7 @@ __all__ = [
     "LogError",
     "LogFencedError",
     "LogMetadata",
+    "LogNamespace",
     "LogOutcomeUnknownError",
     "LogPositions",
     "LogReader",

@@ -3,7 +3,7 @@
 Example::
 
     async with await BookKeeper.connect(uri) as bk:
-        log = await bk.open_log("orders")           # created on first use
+        log = await LogNamespace(bk).open_log("orders")  # created on first use
         writer = await log.open_writer()            # fences any previous writer (R11)
         position = await writer.append(b"first")    # Position(ledger_id, entry_id)
         reader = await log.open_reader()            # from the beginning, never fences
@@ -26,6 +26,7 @@ from quorumlog.errors import (
     NoSuchLedgerError,
 )
 from quorumlog.log.config import LogConfig
+from quorumlog.log.context import LedgerClient, LogContext
 from quorumlog.log.errors import NoSuchLogError
 from quorumlog.log.metadata import (
     LogMetadata,
@@ -41,7 +42,6 @@ from quorumlog.log.reader import LogReader
 from quorumlog.log.writer import LogWriter, fence_previous_ledgers, open_writer
 
 if TYPE_CHECKING:
-    from quorumlog.client.bookkeeper import BookKeeper
     from quorumlog.client.writing import LedgerHandle
     from quorumlog.meta.ledger_metadata import LedgerMetadata
     from quorumlog.meta.store import MetadataStore, Watch
@@ -56,16 +56,27 @@ _CLOSE_POLL_S = 0.25
 
 
 class Log:
-    """One named log on a :class:`~quorumlog.client.bookkeeper.BookKeeper` client."""
+    """One named log on a client (see :class:`~quorumlog.log.namespace.LogNamespace`)."""
 
-    def __init__(self, bk: BookKeeper, name: str, config: LogConfig | None = None) -> None:
-        self.bk = bk
-        self.name = check_log_name(name)
-        self.config = config or LogConfig()
+    def __init__(self, bk: LedgerClient, name: str, config: LogConfig | None = None) -> None:
+        # What its writer and readers use; they do not refer to this object.
+        self.ctx = LogContext(bk, check_log_name(name), config or LogConfig())
+
+    @property
+    def bk(self) -> LedgerClient:
+        return self.ctx.bk
+
+    @property
+    def name(self) -> str:
+        return self.ctx.name
+
+    @property
+    def config(self) -> LogConfig:
+        return self.ctx.config
 
     @property
     def store(self) -> MetadataStore:
-        return self.bk.store
+        return self.ctx.store
 
     @property
     def path(self) -> str:
@@ -83,25 +94,17 @@ class Log:
 
     async def create_ledger(self) -> LedgerHandle:
         """A new ledger with this log's settings (tagged with the log's name)."""
-        config = self.config
-        return await self.bk.create_ledger(
-            config.ensemble,
-            config.write_quorum,
-            config.ack_quorum,
-            config.digest_type,
-            config.password,
-            {"log": self.name.encode()},
-        )
+        return await self.ctx.create_ledger()
 
     # ------------------------------------------------------------ writing and reading
 
     async def open_writer(self) -> LogWriter:
         """Become the log's writer: fence the previous one, add a ledger (R11)."""
-        return await open_writer(self)
+        return await open_writer(self.ctx)
 
     async def open_reader(self, start: Position | tuple[int, int] | None = None) -> LogReader:
         """A tailing reader of every record at or after ``start`` (None: the beginning)."""
-        reader = LogReader(self, None if start is None else Position.of(start))
+        reader = LogReader(self.ctx, None if start is None else Position.of(start))
         await reader._open()
         return reader
 
@@ -129,7 +132,7 @@ class Log:
             attempts=_CAS_ATTEMPTS,
             known=(metadata, version),
         )
-        return await fence_previous_ledgers(self, sealed.metadata)
+        return await fence_previous_ledgers(self.ctx, sealed.metadata)
 
     async def read_all(self, *, fence: bool = False) -> list[Record]:
         """Every record of the log, read ledger by ledger (up to each ledger's LAC when
@@ -294,19 +297,19 @@ class Log:
         return f"<Log {self.name}>"
 
 
-async def open_log(bk: BookKeeper, name: str, config: LogConfig | None = None) -> Log:
+async def open_log(bk: LedgerClient, name: str, config: LogConfig | None = None) -> Log:
     """The log ``name`` on ``bk``, created (empty) if it does not exist."""
     check_log_name(name)
     await create_log_if_absent(bk.store, name)
     return Log(bk, name, config)
 
 
-async def list_logs(bk: BookKeeper) -> list[str]:
+async def list_logs(bk: LedgerClient) -> list[str]:
     """Names of the logs in the store, sorted."""
     return await list_log_names(bk.store)
 
 
-async def delete_log(bk: BookKeeper, name: str) -> list[int]:
+async def delete_log(bk: LedgerClient, name: str) -> list[int]:
     """Delete a log: its list first (a writer then fails), then its ledgers.
 
     Returns the ledgers deleted. NoSuchLogError if the log does not exist.

@@ -30,13 +30,13 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from quorumlog.errors import BKError, InvalidArgumentError, NoSuchLedgerError, UnauthorizedError
+from quorumlog.log.context import LogContext
 from quorumlog.log.errors import LogClosedError, LogTruncatedError, NoSuchLogError
 from quorumlog.log.metadata import LogMetadata, log_path, read_log
 from quorumlog.log.position import Position, Record
 
 if TYPE_CHECKING:
     from quorumlog.client.reading import ReadHandle
-    from quorumlog.log.log import Log
     from quorumlog.meta.ledger_metadata import LedgerMetadata
     from quorumlog.meta.store import Watch, WatchEvent
 
@@ -57,9 +57,9 @@ class LogReader:
             print(record.position, record.data)
     """
 
-    def __init__(self, log_obj: Log, start: Position | None) -> None:
-        self._log = log_obj
-        self._bk = log_obj.bk
+    def __init__(self, ctx: LogContext, start: Position | None) -> None:
+        self._ctx = ctx
+        self._bk = ctx.bk
         self._loop = asyncio.get_running_loop()
         self._start = start
         self._next: Position = start if start is not None else Position(0, 0)
@@ -82,7 +82,7 @@ class LogReader:
 
     async def _open(self) -> None:
         """Read the list and check the start position (called by :meth:`Log.open_reader`)."""
-        self._list_watch = self._log.store.watch(log_path(self._log.name), self._on_list_event)
+        self._list_watch = self._ctx.store.watch(log_path(self._ctx.name), self._on_list_event)
         await self._refresh_list()
         assert self._metadata is not None
         cut = self._metadata.truncated_before
@@ -90,7 +90,7 @@ class LogReader:
             if self._start is not None and self._metadata.is_truncated(self._start):
                 await self.close()
                 raise LogTruncatedError(
-                    f"log {self._log.name}: position {self._start} is before the truncation "
+                    f"log {self._ctx.name}: position {self._start} is before the truncation "
                     f"point {cut}; records before it were removed"
                 )
             self._next = cut
@@ -107,7 +107,7 @@ class LogReader:
 
     @property
     def name(self) -> str:
-        return self._log.name
+        return self._ctx.name
 
     @property
     def buffered(self) -> int:
@@ -163,7 +163,7 @@ class LogReader:
                 self.records_read += 1
                 return record
             if self._closed:
-                raise LogClosedError(f"log {self._log.name}: reader is closed")
+                raise LogClosedError(f"log {self._ctx.name}: reader is closed")
             if deadline is not None and not now_only and self._loop.time() >= deadline:
                 return None
             try:
@@ -178,7 +178,7 @@ class LogReader:
                 raise  # retrying cannot help
             except BKError as exc:
                 # A bookie or the store failed for now: try again, within the time allowed.
-                log.debug("log %s: read at %s failed: %s", self._log.name, self._next, exc)
+                log.debug("log %s: read at %s failed: %s", self._ctx.name, self._next, exc)
                 await self._drop_handle()
                 self._list_stale = True
                 if now_only:
@@ -240,7 +240,7 @@ class LogReader:
         if cut is not None and self._next < cut:
             if metadata.is_truncated(self._next):
                 raise LogTruncatedError(
-                    f"log {self._log.name}: the reader is at {self._next}, but records "
+                    f"log {self._ctx.name}: the reader is at {self._next}, but records "
                     f"before {cut} were truncated"
                 )
             self._next = cut  # nothing lies between: the reader missed no record
@@ -256,7 +256,7 @@ class LogReader:
         limit = md.last_entry_id if md.is_closed else handle.last_add_confirmed
         entry_id = self._next.entry_id
         if entry_id <= limit:
-            last = min(limit, entry_id + self._log.config.read_batch_entries - 1)
+            last = min(limit, entry_id + self._ctx.config.read_batch_entries - 1)
             entries = await handle.read_entries(entry_id, last)
             self._bookie_s = self._loop.time()
             if not md.is_closed:  # its writer was still adding them
@@ -275,7 +275,7 @@ class LogReader:
         return await self._long_poll(handle, entry_id, deadline)
 
     async def _long_poll(self, handle: ReadHandle, entry_id: int, deadline: float | None) -> bool:
-        wait_ms = float(self._log.config.long_poll_ms)
+        wait_ms = float(self._ctx.config.long_poll_ms)
         if deadline is not None:
             wait_ms = min(wait_ms, (deadline - self._loop.time()) * 1000)
         if wait_ms <= 0:
@@ -321,7 +321,7 @@ class LogReader:
         """Re-read the current ledger's metadata and mark the list stale: at once after
         an event, else at most once per ``long_poll_ms``."""
         now = self._loop.time()
-        if not forced and now - self._last_look < self._log.config.long_poll_ms / 1000:
+        if not forced and now - self._last_look < self._ctx.config.long_poll_ms / 1000:
             return
         self._last_look = now
         self._list_stale = True
@@ -339,7 +339,7 @@ class LogReader:
     async def _wait(self, deadline: float | None) -> bool:
         """Wait for a change of the list (or of the ledger), at most ``long_poll_ms``;
         whether one came."""
-        wait_s = self._log.config.long_poll_ms / 1000
+        wait_s = self._ctx.config.long_poll_ms / 1000
         if deadline is not None:
             wait_s = min(wait_s, deadline - self._loop.time())
         if wait_s > 0 and not self._changed.is_set():
@@ -360,11 +360,11 @@ class LogReader:
     async def _refresh_list(self) -> None:
         self._list_stale = False
         try:
-            self._metadata, _ = await read_log(self._log.store, self._log.name)
+            self._metadata, _ = await read_log(self._ctx.store, self._ctx.name)
             self._store_s = self._loop.time()
         except NoSuchLogError:
             raise NoSuchLogError(
-                f"log {self._log.name} was deleted (reader at {self._next})"
+                f"log {self._ctx.name} was deleted (reader at {self._next})"
             ) from None
 
     async def _handle_for(self, ledger_id: int) -> ReadHandle | None:
@@ -372,7 +372,7 @@ class LogReader:
             return self._handle
         await self._drop_handle()
         try:
-            handle = await self._bk.open_ledger_no_recovery(ledger_id, self._log.config.password)
+            handle = await self._bk.open_ledger_no_recovery(ledger_id, self._ctx.config.password)
         except NoSuchLedgerError:
             # Deleted by a truncation, or by a writer that lost the race to add it.
             await self._refresh_list()
@@ -420,7 +420,7 @@ class LogReader:
         await self.close()
 
     def __repr__(self) -> str:
-        return f"<LogReader log={self._log.name} at {self.position}>"
+        return f"<LogReader log={self._ctx.name} at {self.position}>"
 
 
 __all__ = ["LogReader"]

@@ -47,6 +47,7 @@ from quorumlog.errors import (
     NoSuchLedgerError,
     TooManyRequestsError,
 )
+from quorumlog.log.context import LogContext
 from quorumlog.log.errors import LogClosedError, LogFencedError, NoSuchLogError
 from quorumlog.log.metadata import LogMetadata, log_path, read_log
 from quorumlog.log.metadata_updates import log_view, update_log
@@ -55,7 +56,6 @@ from quorumlog.meta.ledgers import MetadataConflictsError
 
 if TYPE_CHECKING:
     from quorumlog.client.writing import LedgerHandle
-    from quorumlog.log.log import Log
     from quorumlog.meta.ledger_metadata import LedgerMetadata
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ FENCE_CAUSE_WAIT_S = 1.0
 
 
 async def append_ledger_to_list(
-    log_obj: Log,
+    ctx: LogContext,
     metadata: LogMetadata,
     version: int,
     ledger_id: int,
@@ -97,28 +97,28 @@ async def append_ledger_to_list(
     )
     try:
         done = await update_log(
-            log_obj.store,
-            log_obj.name,
+            ctx.store,
+            ctx.name,
             decide,
             what=f"adding ledger {ledger_id}",
-            attempts=log_obj.config.list_cas_retries,
+            attempts=ctx.config.list_cas_retries,
             known=(metadata, version),
         )
     except NoSuchLogError:
         raise LogFencedError(
-            f"log {log_obj.name}: deleted while ledger {ledger_id} was being added"
+            f"log {ctx.name}: deleted while ledger {ledger_id} was being added"
         ) from None
     except MetadataConflictsError as exc:
         raise LogFencedError(exc.message) from None
     if done.metadata.ledgers[-1] != ledger_id:
         raise LogFencedError(
-            f"log {log_obj.name}: ledger {ledger_id} was added, but another writer added "
+            f"log {ctx.name}: ledger {ledger_id} was added, but another writer added "
             f"ledger {done.metadata.ledgers[-1]} after it"
         )
     return done.metadata, done.version
 
 
-async def _discard(log_obj: Log, handle: LedgerHandle) -> None:
+async def _discard(ctx: LogContext, handle: LedgerHandle) -> None:
     """Close a ledger this writer could not add to the list, and delete it once a read of
     the list shows it is not there (best effort).
 
@@ -131,15 +131,15 @@ async def _discard(log_obj: Log, handle: LedgerHandle) -> None:
         await handle.close()
     try:
         # R18: the list as the store holds it now, not as a lagging server has it.
-        await log_obj.store.sync(log_path(log_obj.name))
-        metadata, _ = await read_log(log_obj.store, log_obj.name)
+        await ctx.store.sync(log_path(ctx.name))
+        metadata, _ = await read_log(ctx.store, ctx.name)
     except NoSuchLogError:
         pass  # the log is gone: nothing can list the ledger
     except BKError as exc:
         log.warning(
             "log %s: ledger %d kept (closed): the list could not be read to see whether "
             "it holds it: %s",
-            log_obj.name,
+            ctx.name,
             ledger_id,
             exc.message,
         )
@@ -148,9 +148,9 @@ async def _discard(log_obj: Log, handle: LedgerHandle) -> None:
         if ledger_id in metadata.ledgers:
             return  # added after all, by a set whose reply was lost: it stays, closed
     try:
-        await log_obj.bk.delete_ledger(ledger_id, log_obj.config.password)
+        await ctx.bk.delete_ledger(ledger_id, ctx.config.password)
     except BKError as exc:
-        log.warning("log %s: could not delete unused ledger %d: %s", log_obj.name, ledger_id, exc)
+        log.warning("log %s: could not delete unused ledger %d: %s", ctx.name, ledger_id, exc)
 
 
 _NOT_CONFIRMED = "appends not confirmed may or may not be in it"
@@ -159,7 +159,7 @@ _NOT_CONFIRMED = "appends not confirmed may or may not be in it"
 _FENCE_READS_AT_ONCE = 32
 
 
-async def fence_previous_ledgers(log_obj: Log, metadata: LogMetadata) -> list[int]:
+async def fence_previous_ledgers(ctx: LogContext, metadata: LogMetadata) -> list[int]:
     """Step 2 of R11: open with recovery every listed ledger that is not closed.
 
     Every ledger is looked at, not only the trailing ones: writers that crash one
@@ -172,35 +172,35 @@ async def fence_previous_ledgers(log_obj: Log, metadata: LogMetadata) -> list[in
     found: list[LedgerMetadata | None] = []
     for start in range(0, len(ids), _FENCE_READS_AT_ONCE):
         chunk = ids[start : start + _FENCE_READS_AT_ONCE]
-        found += await asyncio.gather(*(_ledger_metadata(log_obj, x) for x in chunk))
+        found += await asyncio.gather(*(_ledger_metadata(ctx, x) for x in chunk))
     fenced: list[int] = []
     for ledger_id, ledger_md in zip(ids, found, strict=True):
         if ledger_md is None or ledger_md.is_closed:
             continue
-        handle = await log_obj.bk.open_ledger(ledger_id, log_obj.config.password)
+        handle = await ctx.bk.open_ledger(ledger_id, ctx.config.password)
         await handle.close()
         fenced.append(ledger_id)
     return fenced
 
 
-async def _ledger_metadata(log_obj: Log, ledger_id: int) -> LedgerMetadata | None:
+async def _ledger_metadata(ctx: LogContext, ledger_id: int) -> LedgerMetadata | None:
     try:
-        return await log_obj.bk.ledger_metadata(ledger_id)
+        return await ctx.bk.ledger_metadata(ledger_id)
     except NoSuchLedgerError:
-        log.warning("log %s: ledger %d is listed but does not exist", log_obj.name, ledger_id)
+        log.warning("log %s: ledger %d is listed but does not exist", ctx.name, ledger_id)
         return None
 
 
-async def open_writer(log_obj: Log) -> LogWriter:
+async def open_writer(ctx: LogContext) -> LogWriter:
     """Become the log's writer (R11). See the module docstring for the steps."""
-    metadata, version = await read_log(log_obj.store, log_obj.name)
-    fenced = await fence_previous_ledgers(log_obj, metadata)
-    handle = await log_obj.create_ledger()
+    metadata, version = await read_log(ctx.store, ctx.name)
+    fenced = await fence_previous_ledgers(ctx, metadata)
+    handle = await ctx.create_ledger()
     try:
         # Every ledger listed was closed or fenced above: the list notes it.
         closed_through = metadata.ledgers[-1] if metadata.ledgers else -1
         metadata, version = await append_ledger_to_list(
-            log_obj,
+            ctx,
             metadata,
             version,
             handle.ledger_id,
@@ -208,11 +208,11 @@ async def open_writer(log_obj: Log) -> LogWriter:
             closed_through=closed_through,
         )
     except BaseException:
-        await _discard(log_obj, handle)
+        await _discard(ctx, handle)
         raise
     if fenced:
-        log.info("log %s: fenced ledger(s) %s", log_obj.name, fenced)
-    return LogWriter(log_obj, metadata, version, handle)
+        log.info("log %s: fenced ledger(s) %s", ctx.name, fenced)
+    return LogWriter(ctx, metadata, version, handle)
 
 
 def _transfer(target: asyncio.Future[Position], source: asyncio.Future[Position]) -> None:
@@ -239,9 +239,9 @@ class LogWriter:
     """
 
     def __init__(
-        self, log_obj: Log, metadata: LogMetadata, version: int, handle: LedgerHandle
+        self, ctx: LogContext, metadata: LogMetadata, version: int, handle: LedgerHandle
     ) -> None:
-        self._log = log_obj
+        self._ctx = ctx
         self._loop = asyncio.get_running_loop()
         self._metadata = metadata
         self._version = version
@@ -255,7 +255,7 @@ class LogWriter:
         # Finding out who fenced this writer's ledger (see _explain_fence).
         self._explaining: asyncio.Task[None] | None = None
         self._queue: deque[tuple[bytes, asyncio.Future[Position]]] = deque()
-        self._max_outstanding = log_obj.bk.config.max_outstanding_adds
+        self._max_outstanding = ctx.bk.config.max_outstanding_adds
         self._no_roll_before = 0.0
         # The cheap per-append test of whether _should_roll may say yes (see _plan_roll).
         self._roll_check_bytes = 0.0
@@ -267,7 +267,7 @@ class LogWriter:
 
     @property
     def name(self) -> str:
-        return self._log.name
+        return self._ctx.name
 
     @property
     def ledger_id(self) -> int:
@@ -446,7 +446,7 @@ class LogWriter:
         """What the list says of who fenced ``ledger_id``: a writer that appended a ledger
         after it, a Log.fence() that sealed it, or, when neither shows within
         FENCE_CAUSE_WAIT_S, a recovery of the ledger itself. None: it does not tell."""
-        store = self._log.store
+        store = self._ctx.store
         path = log_path(self.name)
         mine = set(self._metadata.ledgers)  # a rollover's new ledger is this writer's own
         changed = asyncio.Event()
@@ -502,7 +502,7 @@ class LogWriter:
         """Set the bytes and the time before which _should_roll cannot say yes, so that
         an append tests two numbers instead of reading the config and computing an age.
         Called whenever what _should_roll reads changes (a new ledger, a retry delay)."""
-        config = self._log.config
+        config = self._ctx.config
         size = config.rollover_size_bytes
         self._roll_check_bytes = size if size else float("inf")
         at = float("inf")
@@ -512,7 +512,7 @@ class LogWriter:
         self._roll_check_at = at
 
     def _should_roll(self) -> bool:
-        config = self._log.config
+        config = self._ctx.config
         now = self._loop.time()
         if now < self._no_roll_before:
             return False
@@ -568,12 +568,12 @@ class LogWriter:
     async def _rollover(self) -> None:
         old = self._handle
         try:
-            new = self._own(await self._log.create_ledger())
+            new = self._own(await self._ctx.create_ledger())
         except BKError as exc:
             if isinstance(exc, LogFencedError):
                 raise
             # No new ledger now (too few bookies?): keep writing to the current one.
-            retry_ms = self._log.config.rollover_retry_ms
+            retry_ms = self._ctx.config.rollover_retry_ms
             self._no_roll_before = self._loop.time() + retry_ms / 1000
             self._plan_roll()
             log.warning(
@@ -589,14 +589,14 @@ class LogWriter:
         before = [x for x in self._metadata.ledgers if x < old.ledger_id]
         try:
             self._metadata, self._version = await append_ledger_to_list(
-                self._log,
+                self._ctx,
                 self._metadata,
                 self._version,
                 new.ledger_id,
                 closed_through=before[-1] if before else -1,
             )
         except BaseException:
-            await _discard(self._log, new)
+            await _discard(self._ctx, new)
             raise
         # The new ledger is in the list: close the old one once its adds settled (R11).
         try:

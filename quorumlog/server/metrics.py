@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -34,11 +34,22 @@ from quorumlog.bookie.disk_checker import disk_usage
 from quorumlog.stats import Buckets
 
 if TYPE_CHECKING:
+    from quorumlog.bookie.bookie import Bookie
     from quorumlog.bookie.metrics import BookieCounters
     from quorumlog.bookie.read_cache import ReadCache
-    from quorumlog.server.server import BookieServer
 
-__all__ = ["BookieCollector", "bookie_registry", "directory_bytes"]
+__all__ = ["BookieCollector", "ScrapedServer", "bookie_registry", "directory_bytes"]
+
+
+class ScrapedServer(Protocol):
+    """What a scrape reads of a bookie server (:class:`quorumlog.server.server.BookieServer`)."""
+
+    @property
+    def connection_count(self) -> int: ...
+
+    @property
+    def bookie(self) -> Bookie | None: ...
+
 
 PREFIX = "quorumlog_bookie_"
 
@@ -69,9 +80,9 @@ def _histogram(name: str, doc: str, buckets: Buckets) -> HistogramMetricFamily:
 
 
 class BookieCollector(Collector):
-    """Reads one :class:`BookieServer`'s bookie at every scrape."""
+    """Reads one bookie server's bookie at every scrape."""
 
-    def __init__(self, server: BookieServer) -> None:
+    def __init__(self, server: ScrapedServer) -> None:
         self._server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -238,7 +249,7 @@ def _disk_usage_metrics(data_dir: Path) -> Iterator[Metric]:
     )
 
 
-def bookie_registry(server: BookieServer) -> CollectorRegistry:
+def bookie_registry(server: ScrapedServer) -> CollectorRegistry:
     """A registry of its own for one bookie server (never the process-wide default:
     tests run several bookies in one process)."""
     registry = CollectorRegistry(auto_describe=False)

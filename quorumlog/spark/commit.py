@@ -576,7 +576,7 @@ class _Commit:
         if not self.checked:
             await check_staged(self.bk, self.log_name, self.token, self.results)
             self.checked = True
-        await fence_previous_ledgers(self.log_obj, metadata)
+        await fence_previous_ledgers(self.log_obj.ctx, metadata)
         if self.ledgers and not self.marked:
             await _mark_commit(self.bk, self.log_name, self.token)
             self.marked = True

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from support import holds_for, poll_until
 
-from quorumlog.aio import BookKeeper
+from quorumlog.aio import BookKeeper, LogNamespace
 from quorumlog.db.replica import log_name_of
 from quorumlog.db.snapshot import Snapshot, list_snapshots
 from quorumlog.log.position import Position
@@ -33,7 +33,7 @@ def _answers(replica: DbProcess) -> bool:
 async def _log_state(uri: str) -> tuple[int, object, int]:
     bk = await BookKeeper.connect(uri)
     try:
-        the_log = await bk.open_log(log_name_of(DB))
+        the_log = await LogNamespace(bk).open_log(log_name_of(DB))
         metadata, _ = await the_log.metadata()
         snapshots = await list_snapshots(the_log)
         return len(metadata.ledgers), metadata.truncated_before, len(snapshots)
@@ -44,7 +44,7 @@ async def _log_state(uri: str) -> tuple[int, object, int]:
 async def _snapshots(uri: str) -> list[Snapshot]:
     bk = await BookKeeper.connect(uri)
     try:
-        return await list_snapshots(await bk.open_log(log_name_of(DB)))
+        return await list_snapshots(await LogNamespace(bk).open_log(log_name_of(DB)))
     finally:
         await bk.close()
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from quorumlog.aio import BookKeeper as AsyncBookKeeper
+from quorumlog.aio import LogNamespace
 from quorumlog.apps.dice import LEADING, Roll
 from quorumlog.formats.dice import decode_value
 from quorumlog.log.checker import check_observations
@@ -166,7 +167,7 @@ def freeze_leader(leader: DiceProcess, procs: list[DiceProcess], events: list[st
 
 async def final_log(uri: str) -> tuple[list[tuple[Position, int]], list[int]]:
     async with await AsyncBookKeeper.connect(uri) as bk:
-        log = await bk.open_log(LOG_NAME)
+        log = await LogNamespace(bk).open_log(LOG_NAME)
         records = await log.read_all(fence=True)
         ledgers = await log.ledgers()
     out = []

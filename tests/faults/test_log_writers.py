@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from quorumlog.aio import LogNamespace
+
 LOG_NAME = "shared"
 _ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -52,7 +54,7 @@ async def _writer_main(uri: str, name: str) -> None:
     sent = 0
     writer = None
     async with await BookKeeper.connect(uri) as bk:
-        log = await bk.open_log(LOG_NAME, _config())
+        log = await LogNamespace(bk).open_log(LOG_NAME, _config())
         for _ in range(100_000):  # bounded; SIGTERM ends it
             if stop.is_set():
                 break
@@ -91,7 +93,7 @@ async def _reader_main(uri: str) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with await BookKeeper.connect(uri) as bk:
-        reader = await (await bk.open_log(LOG_NAME, _config())).open_reader()
+        reader = await (await LogNamespace(bk).open_log(LOG_NAME, _config())).open_reader()
         while not stop.is_set():
             record = await reader.read_next(timeout_ms=100)
             if record is not None:
@@ -221,7 +223,7 @@ def test_r11_competing_writer_processes_keep_one_consistent_log(cluster3, tmp_pa
 
     async def final() -> list[tuple[Position, bytes]]:
         async with await BookKeeper.connect(uri) as bk:
-            log = await bk.open_log(LOG_NAME)
+            log = await LogNamespace(bk).open_log(LOG_NAME)
             return [(r.position, r.data) for r in await log.read_all(fence=True)]
 
     final_log = asyncio.run(final())

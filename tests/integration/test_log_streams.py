@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from quorumlog import BookKeeper
+from quorumlog import BookKeeper, LogNamespace
 from quorumlog.aio import BookKeeper as AsyncBookKeeper
+from quorumlog.aio import LogNamespace as AsyncLogNamespace
 from quorumlog.log import (
     LogConfig,
     LogFencedError,
@@ -31,7 +32,7 @@ READ_BOUND_MS = 30_000
 
 def test_r11_append_read_rollover_truncate_round_trip(cluster3: LocalCluster) -> None:
     with BookKeeper(cluster3.metadata_uri) as bk:
-        log = bk.open_log("orders", SMALL_LEDGERS)
+        log = LogNamespace(bk).open_log("orders", SMALL_LEDGERS)
         writer = log.open_writer()
         assert writer.last_position is None
         payloads = [b"order-%04d-" % i + b"x" * 90 for i in range(50)]  # 100 bytes each
@@ -54,7 +55,7 @@ def test_r11_append_read_rollover_truncate_round_trip(cluster3: LocalCluster) ->
             50,
             True,
         )
-        assert bk.list_logs() == ["orders"]
+        assert LogNamespace(bk).list_logs() == ["orders"]
 
         cut = positions[30]
         removed = log.truncate(cut)
@@ -67,11 +68,11 @@ def test_r11_append_read_rollover_truncate_round_trip(cluster3: LocalCluster) ->
             rest = [reader.read_next(timeout_ms=READ_BOUND_MS) for _ in range(19)]
             assert [r.data for r in rest if r] == payloads[31:]
             assert reader.read_next(timeout_ms=100) is None
-        assert bk.delete_log("orders") == [x for x in ledgers if x >= cut.ledger_id]
-        assert bk.list_logs() == []
+        assert LogNamespace(bk).delete_log("orders") == [x for x in ledgers if x >= cut.ledger_id]
+        assert LogNamespace(bk).list_logs() == []
         assert not any(x in bk.list_ledgers() for x in ledgers)
         with pytest.raises(NoSuchLogError):
-            bk.delete_log("orders")
+            LogNamespace(bk).delete_log("orders")
 
 
 def test_r11_reader_follows_rollovers_and_a_new_writer(cluster3: LocalCluster) -> None:
@@ -82,11 +83,17 @@ def test_r11_reader_follows_rollovers_and_a_new_writer(cluster3: LocalCluster) -
             await AsyncBookKeeper.connect(uri) as bk_w2,
             await AsyncBookKeeper.connect(uri) as bk_r,
         ):
-            reader = await (await bk_r.open_log("tail", SMALL_LEDGERS)).open_reader()
-            writer = await (await bk_w1.open_log("tail", SMALL_LEDGERS)).open_writer()
+            reader = await (
+                await AsyncLogNamespace(bk_r).open_log("tail", SMALL_LEDGERS)
+            ).open_reader()
+            writer = await (
+                await AsyncLogNamespace(bk_w1).open_log("tail", SMALL_LEDGERS)
+            ).open_writer()
             written = [await writer.append(b"a" * 300) for _ in range(6)]  # rolls over
             # A new writer takes over without the first one closing (as after a crash).
-            successor = await (await bk_w2.open_log("tail", SMALL_LEDGERS)).open_writer()
+            successor = await (
+                await AsyncLogNamespace(bk_w2).open_log("tail", SMALL_LEDGERS)
+            ).open_writer()
             with pytest.raises(LogFencedError):
                 await writer.append(b"stale")
             written += [await successor.append(b"b" * 10) for _ in range(3)]
@@ -102,7 +109,7 @@ def test_r11_concurrent_writers_exactly_one_wins(cluster3: LocalCluster) -> None
         uri = cluster3.metadata_uri
         clients = [await AsyncBookKeeper.connect(uri) for _ in range(3)]
         try:
-            logs = [await bk.open_log("race") for bk in clients]
+            logs = [await AsyncLogNamespace(bk).open_log("race") for bk in clients]
             outcomes = await asyncio.gather(
                 *(lg.open_writer() for lg in logs), return_exceptions=True
             )
@@ -142,8 +149,8 @@ def test_reader_sees_each_record_of_an_idle_writer_without_a_next_append(
             await AsyncBookKeeper.connect(uri) as bk_w,
             await AsyncBookKeeper.connect(uri) as bk_r,
         ):
-            writer = await (await bk_w.open_log("latency")).open_writer()
-            reader = await (await bk_r.open_log("latency")).open_reader()
+            writer = await (await AsyncLogNamespace(bk_w).open_log("latency")).open_writer()
+            reader = await (await AsyncLogNamespace(bk_r).open_log("latency")).open_reader()
             await writer.append(b"warm-up")
             assert await reader.read_next(timeout_ms=READ_BOUND_MS) is not None
             latencies_ms: list[float] = []
@@ -169,8 +176,8 @@ def test_reader_sees_each_record_of_an_idle_writer_without_a_next_append(
 
 def test_sync_api_reader_iterates_while_a_thread_appends(cluster3: LocalCluster) -> None:
     with BookKeeper(cluster3.metadata_uri) as bk_w, BookKeeper(cluster3.metadata_uri) as bk_r:
-        reader = bk_r.open_log("iterate").open_reader()
-        writer = bk_w.open_log("iterate").open_writer()
+        reader = LogNamespace(bk_r).open_log("iterate").open_reader()
+        writer = LogNamespace(bk_w).open_log("iterate").open_writer()
         confirmed: list[Position] = []
 
         def produce() -> None:
@@ -190,7 +197,7 @@ def test_sync_api_reader_iterates_while_a_thread_appends(cluster3: LocalCluster)
         assert [r.position for r in seen] == confirmed
         assert [r.data for r in seen] == [b"%d" % i for i in range(30)]
         report = check_observations(
-            [(r.position, r.data) for r in bk_r.open_log("iterate").read_all()],
+            [(r.position, r.data) for r in LogNamespace(bk_r).open_log("iterate").read_all()],
             prefixes={"reader": [(r.position, r.data) for r in seen]},
         )
         assert report.ok, report.problems

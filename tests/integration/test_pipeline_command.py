@@ -10,6 +10,7 @@ from typing import NoReturn
 import pytest
 
 import quorumlog
+from quorumlog import LogNamespace
 from quorumlog.commands import pipeline
 from quorumlog.commands.pipeline import add_pipelines
 
@@ -45,7 +46,7 @@ def test_a_missing_log_is_reported_before_spark_starts(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with quorumlog.BookKeeper(metadata_uri) as bk:
-        bk.open_log("dice")  # a log that exists: the message lists it
+        LogNamespace(bk).open_log("dice")  # a log that exists: the message lists it
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
     status = pipeline.run(parse(*argv, "--metadata", metadata_uri))
     assert status == 1

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from quorumlog.aio import BookKeeper
+from quorumlog.aio import BookKeeper, LogNamespace
 from quorumlog.errors import InvalidArgumentError, MetadataError, NoNodeError
 from quorumlog.log.errors import LogFencedError
 from quorumlog.log.metadata import log_path
@@ -60,7 +60,7 @@ async def task(
 
 
 async def log_data(bk: BookKeeper, name: str) -> list[bytes]:
-    return [r.data for r in await (await bk.open_log(name)).read_all()]
+    return [r.data for r in await (await LogNamespace(bk).open_log(name)).read_all()]
 
 
 async def staging(bk: BookKeeper, token: str) -> list[str]:
@@ -318,7 +318,7 @@ def test_a_replayed_batch_keeps_what_the_first_run_committed(cluster3: LocalClus
                 await commits.commit(
                     bk, "replayed", token, [], sink=commits.SinkBatch("q1", "query-1", 3)
                 )
-            metadata, _ = await (await bk.open_log("replayed")).metadata()
+            metadata, _ = await (await LogNamespace(bk).open_log("replayed")).metadata()
             assert metadata.sink_batches == {"q1": 7}
 
     asyncio.run(main())
@@ -332,7 +332,9 @@ def test_a_writer_appending_during_the_job_makes_the_commit_fail_cleanly(
             await commits.prepare_log(bk, "contended")
             token = commits.new_write_token()
             results = [await task(bk, token, "contended", 0, 3)]
-            writer = await (await bk.open_log("contended")).open_writer()  # a later ledger
+            writer = await (
+                await LogNamespace(bk).open_log("contended")
+            ).open_writer()  # a later ledger
             await writer.append(b"w")
             with pytest.raises(LogFencedError, match="added by another writer"):
                 await commits.commit(bk, "contended", token, results)
@@ -351,7 +353,7 @@ def test_staging_left_by_a_dead_driver_is_swept_by_a_later_commit(cluster3: Loca
             await commits.prepare_log(bk, "swept")
             dead = commits.new_write_token()
             orphan = await task(bk, dead, "swept", 0, 2)  # its driver never commits
-            keep = (await (await bk.open_log("swept")).metadata())[0].ledgers
+            keep = (await (await LogNamespace(bk).open_log("swept")).metadata())[0].ledgers
             assert await commits.sweep_stale(bk, "swept", keep) == ()  # too young
             assert await commits.sweep_stale(bk, "swept", keep, older_than_ms=0) == (
                 orphan.ledger_id,
@@ -387,7 +389,9 @@ def test_l3_r13_a_commit_whose_compare_and_set_outcome_is_unknown_appends_once_a
                 b"p%d-%d" % (p, i) for p in range(2) for i in range(3)
             ]
             if streaming:
-                assert (await (await bk.open_log("unknown")).metadata())[0].sink_batches == {"q": 0}
+                assert (await (await LogNamespace(bk).open_log("unknown")).metadata())[
+                    0
+                ].sink_batches == {"q": 0}
             assert all([await bk.ledger_exists(r.ledger_id) for r in results])
             assert await staging(bk, token) == []
 
@@ -413,7 +417,7 @@ def test_l3_a_clean_up_that_fails_after_the_commit_does_not_fail_the_write(
             assert await log_data(bk, "messy") == [b"p0-%d" % i for i in range(3)]
             store.fail_staging = False
             # Left for later: the next clean-up of that write (here the day-old sweep's).
-            keep = (await (await bk.open_log("messy")).metadata())[0].ledgers
+            keep = (await (await LogNamespace(bk).open_log("messy")).metadata())[0].ledgers
             assert await commits.sweep_stale(bk, "messy", keep, older_than_ms=0) == (
                 failed.ledger_id,
             )
@@ -447,7 +451,7 @@ def test_l3_r13_abort_deletes_nothing_while_the_commits_outcome_is_unknown(
                 b"p%d-%d" % (p, i) for p in range(2) for i in range(2)
             ]
             assert "may be in the log" in str(raised.value)
-            keep = (await (await bk.open_log("late")).metadata())[0].ledgers
+            keep = (await (await LogNamespace(bk).open_log("late")).metadata())[0].ledgers
             assert await commits.sweep_stale(bk, "late", keep, older_than_ms=0) == ()
             assert await staging(bk, token) == []
 
@@ -486,7 +490,7 @@ def test_l2_the_commit_refuses_a_ledger_that_is_not_closed_with_the_rows_reporte
             with pytest.raises(commits.StagedLedgerError, match=f"ledger {culprit} of partition"):
                 await commits.commit(bk, name, token, results)
             assert await log_data(bk, name) == []
-            assert list((await (await bk.open_log(name)).metadata())[0].ledgers) == []
+            assert list((await (await LogNamespace(bk).open_log(name)).metadata())[0].ledgers) == []
 
     asyncio.run(main())
 
@@ -632,7 +636,7 @@ def test_k1_a_clean_up_is_bounded_and_leaves_the_rest_for_a_later_one(
             assert outcome.appended == (results[0].ledger_id,)
             assert 0 < len(outcome.deleted) < len(failed)
             bk.delete_ledger = delete  # type: ignore[method-assign]
-            keep = (await (await bk.open_log("bounded")).metadata())[0].ledgers
+            keep = (await (await LogNamespace(bk).open_log("bounded")).metadata())[0].ledgers
             later = await commits.clean_up(bk, "bounded", token, keep)
             assert sorted(outcome.deleted + later) == sorted(r.ledger_id for r in failed)
             assert await log_data(bk, "bounded") == [b"p0-0", b"p0-1"]

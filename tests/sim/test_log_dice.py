@@ -9,9 +9,9 @@ import random
 
 from support import run_virtual
 
+from quorumlog.aio import BookKeeper, LogNamespace
 from quorumlog.apps.dice import CATCHUP, FOLLOWING, LEADING, Dice, DiceConfig, Roll
 from quorumlog.formats.dice import decode_value
-from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.checker import check_observations
 from quorumlog.log.position import Position
 from quorumlog.meta.store import MetadataStore
@@ -82,7 +82,7 @@ def test_dice_instances_show_prefixes_of_one_log_across_a_crash_and_a_late_start
             await x.stop()
 
         checker_bk = BookKeeper(MemoryStore(tree), SIM_CONFIG, pool=cluster.network.pool("checker"))  # type: ignore[arg-type]
-        log = await checker_bk.open_log(CONFIG.log_name)
+        log = await LogNamespace(checker_bk).open_log(CONFIG.log_name)
         final: list[tuple[Position, int | None]] = [
             (r.position, decode_value(r.data)) for r in await log.read_all(fence=True)
         ]

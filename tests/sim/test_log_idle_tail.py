@@ -16,6 +16,7 @@ import random
 import pytest
 from support import run_virtual
 
+from quorumlog.aio import LogNamespace
 from quorumlog.log import LogConfig, Record
 from quorumlog.testing.memory_store import MetadataFaults
 from quorumlog.testing.sim import Cluster, NetworkFaults
@@ -43,8 +44,8 @@ async def _idle_writer_tail(loop: asyncio.AbstractEventLoop, seed: int) -> list[
     writer_bk = cluster.client("writer")
     reader_bk = cluster.client("reader", metadata_faults=slow_metadata)
     try:
-        writer = await (await writer_bk.open_log("tail", SMALL_LEDGERS)).open_writer()
-        reader = await (await reader_bk.open_log("tail", SMALL_LEDGERS)).open_reader()
+        writer = await (await LogNamespace(writer_bk).open_log("tail", SMALL_LEDGERS)).open_writer()
+        reader = await (await LogNamespace(reader_bk).open_log("tail", SMALL_LEDGERS)).open_reader()
         waits_ms: list[float] = []
         for i in range(RECORDS):
             pending = asyncio.ensure_future(reader.read_next(timeout_ms=ARRIVAL_BOUND_MS))

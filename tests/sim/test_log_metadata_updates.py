@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 import pytest
 from test_log_sim import Sim, run_sim
 
+from quorumlog.aio import BookKeeper, LogNamespace
 from quorumlog.errors import MetadataError
 from quorumlog.log import LogConfig, LogFencedError, Position
-from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.errors import LogOutcomeUnknownError
 from quorumlog.log.log import Log
 from quorumlog.log.metadata import log_path
@@ -72,7 +72,7 @@ async def lossy_log(
     store = LostReplyStore(sim.tree, log_path(name))
     bk = BookKeeper(store, SIM_CONFIG, pool=sim.network, rng=random.Random(sim.rng.random()))  # type: ignore[arg-type]
     sim.clients.append(bk)
-    return await bk.open_log(name, config), store
+    return await LogNamespace(bk).open_log(name, config), store
 
 
 async def records(log: Log) -> list[bytes]:
@@ -91,7 +91,7 @@ def test_r13_r11_a_rollover_whose_list_reply_is_lost_lists_its_ledger_once() -> 
         log, store = await lossy_log(sim, "append", LogConfig(rollover_size_bytes=4))
         writer = await log.open_writer()
         first = await writer.append(b"1234")  # the next append rolls over
-        other = await sim.client().open_log("append")
+        other = await LogNamespace(sim.client()).open_log("append")
         second = await writer.append(b"5678")  # rolls over from here on
         store.lose_sets = 1
         store.meanwhile = lambda: other.truncate(second)  # before the writer reads again
@@ -113,7 +113,7 @@ def test_r13_r11_a_rollover_whose_list_reply_is_lost_lists_its_ledger_once() -> 
 def test_r13_r11_opening_a_writer_whose_list_reply_is_lost_lists_its_ledger_once() -> None:
     async def body(sim: Sim) -> None:
         log, store = await lossy_log(sim, "open")
-        before = await (await sim.client().open_log("open")).open_writer()
+        before = await (await LogNamespace(sim.client()).open_log("open")).open_writer()
         await before.append(b"old")
         store.lose_sets = 1
         writer = await log.open_writer()  # fences `before`, appends its ledger: reply lost
@@ -139,7 +139,7 @@ def test_r13_an_append_whose_outcome_stays_unknown_says_so_and_keeps_its_ledger(
         with pytest.raises(LogOutcomeUnknownError, match="unknown"):
             await log.open_writer()
         store.fail_gets = 0
-        other = await sim.client().open_log("blind")
+        other = await LogNamespace(sim.client()).open_log("blind")
         [listed] = await other.ledgers()  # the compare-and-set had been applied
         assert await other.bk.ledger_exists(listed)
         successor = await other.open_writer()
@@ -159,7 +159,7 @@ async def _blind(store: LostReplyStore) -> None:
 
 def test_r13_r11_a_fence_whose_seal_reply_is_lost_seals_once_and_fences_the_writer() -> None:
     async def body(sim: Sim) -> None:
-        writer = await (await sim.client().open_log("fence")).open_writer()
+        writer = await (await LogNamespace(sim.client()).open_log("fence")).open_writer()
         confirmed = [await writer.append(b"w%d" % i) for i in range(3)]
         log, store = await lossy_log(sim, "fence")
         store.lose_sets = 1
@@ -187,7 +187,7 @@ def test_r13_a_truncation_whose_reply_is_lost_is_not_applied_again_to_a_newer_li
 
     async def body(sim: Sim) -> None:
         config = LogConfig(rollover_size_bytes=4)
-        writer = await (await sim.client().open_log("trunc", config)).open_writer()
+        writer = await (await LogNamespace(sim.client()).open_log("trunc", config)).open_writer()
         positions = [await writer.append(b"r%03d" % i) for i in range(4)]  # one per ledger
         log, store = await lossy_log(sim, "trunc", config)
         store.lose_sets = 1
@@ -239,7 +239,7 @@ def test_r13_a_sink_commit_whose_reply_is_lost_appends_its_ledgers_once() -> Non
         token = commits.stream_token("query-1", 0)
         results = [await staged(bk, token, "sink", p, 2) for p in range(2)]
         sink = commits.SinkBatch("q", "query-1", 0)
-        writer_log = await sim.client().open_log("sink")
+        writer_log = await LogNamespace(sim.client()).open_log("sink")
         later: list[int] = []
 
         async def a_writer_opens() -> None:
@@ -277,7 +277,7 @@ def test_r13_a_sink_commit_superseded_after_a_lost_reply_says_the_outcome_is_unk
         bk = log.bk
         token = commits.new_write_token()
         results = [await staged(bk, token, "superseded", p, 2) for p in range(2)]
-        other = await sim.client().open_log("superseded")
+        other = await LogNamespace(sim.client()).open_log("superseded")
 
         async def taken_over_and_truncated() -> None:
             writer = await other.open_writer()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from support import run_virtual
 
+from quorumlog.aio import BookKeeper, LogNamespace
 from quorumlog.errors import BKError, InvalidArgumentError, UnauthorizedError
 from quorumlog.log import (
     LogConfig,
@@ -24,7 +25,6 @@ from quorumlog.log import (
     Position,
     Record,
 )
-from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.checker import check_observations
 from quorumlog.testing.sim import Cluster, NetworkFaults
 
@@ -76,11 +76,11 @@ SMALL = LogConfig(rollover_size_bytes=40, read_batch_entries=7)
 
 def test_r11_append_returns_ordered_positions_and_a_reader_reads_them_all() -> None:
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("events")
+        log = await LogNamespace(sim.client()).open_log("events")
         writer = await log.open_writer()
         positions = [await writer.append(b"r%d" % i) for i in range(30)]
         assert positions == sorted(positions) and len(set(positions)) == 30
-        reader = await (await sim.client().open_log("events")).open_reader()
+        reader = await (await LogNamespace(sim.client()).open_log("events")).open_reader()
         got = [await reader.read_next(1000) for _ in range(30)]
         assert [r.position for r in got if r] == positions
         assert [r.data for r in got if r] == [b"r%d" % i for i in range(30)]
@@ -92,8 +92,8 @@ def test_r11_append_returns_ordered_positions_and_a_reader_reads_them_all() -> N
 def test_r11_rollover_by_size_adds_then_closes_and_reader_follows() -> None:
     async def body(sim: Sim) -> None:
         bk = sim.client()
-        log = await bk.open_log("roll", SMALL)
-        reader = await (await sim.client().open_log("roll", SMALL)).open_reader()
+        log = await LogNamespace(bk).open_log("roll", SMALL)
+        reader = await (await LogNamespace(sim.client()).open_log("roll", SMALL)).open_reader()
         writer = await log.open_writer()
         positions = [await writer.append(b"0123456789") for _ in range(20)]
         ledgers = await log.ledgers()
@@ -109,7 +109,7 @@ def test_r11_rollover_by_size_adds_then_closes_and_reader_follows() -> None:
 
 def test_r11_rollover_by_age() -> None:
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("aged", LogConfig(rollover_age_ms=100))
+        log = await LogNamespace(sim.client()).open_log("aged", LogConfig(rollover_age_ms=100))
         writer = await log.open_writer()
         first = await writer.append(b"a")
         await asyncio.sleep(0.2)
@@ -122,7 +122,7 @@ def test_r11_rollover_by_age() -> None:
 
 def test_r11_pipelined_appends_keep_order_across_a_rollover() -> None:
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("pipe", LogConfig(rollover_size_bytes=200))
+        log = await LogNamespace(sim.client()).open_log("pipe", LogConfig(rollover_size_bytes=200))
         writer = await log.open_writer()
         futures = [writer.append_nowait(b"%04d" % i) for i in range(300)]
         positions = await asyncio.gather(*futures)
@@ -138,9 +138,9 @@ def test_r11_pipelined_appends_keep_order_across_a_rollover() -> None:
 
 def test_r11_new_writer_fences_the_old_one_which_fails_on_every_later_append() -> None:
     async def body(sim: Sim) -> None:
-        old = await (await sim.client().open_log("owned")).open_writer()
+        old = await (await LogNamespace(sim.client()).open_log("owned")).open_writer()
         confirmed = [await old.append(b"old%d" % i) for i in range(5)]
-        new_log = await sim.client().open_log("owned")
+        new_log = await LogNamespace(sim.client()).open_log("owned")
         new = await new_log.open_writer()
         assert (await new_log.bk.ledger_metadata(old.ledger_id)).is_closed  # fenced, recovered
         for attempt in range(3):
@@ -159,7 +159,7 @@ def test_r11_new_writer_fences_the_old_one_which_fails_on_every_later_append() -
 
 def test_r11_two_writers_opening_at_once_exactly_one_wins() -> None:
     async def body(sim: Sim) -> None:
-        logs = [await sim.client().open_log("race") for _ in range(2)]
+        logs = [await LogNamespace(sim.client()).open_log("race") for _ in range(2)]
         outcomes = await asyncio.gather(*(lg.open_writer() for lg in logs), return_exceptions=True)
         opened = [o for o in outcomes if not isinstance(o, BaseException)]
         assert all(isinstance(o, LogFencedError) for o in outcomes if o not in opened)
@@ -177,11 +177,11 @@ def test_r11_two_writers_opening_at_once_exactly_one_wins() -> None:
 
 def test_r11_rollover_losing_its_compare_and_set_fences_the_writer() -> None:
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("cas", LogConfig(rollover_size_bytes=4))
+        log = await LogNamespace(sim.client()).open_log("cas", LogConfig(rollover_size_bytes=4))
         writer = await log.open_writer()
         await writer.append(b"1234")  # the next append rolls over
         # Another writer appends a ledger first; the old writer's CAS must lose.
-        other_log = await sim.client().open_log("cas")
+        other_log = await LogNamespace(sim.client()).open_log("cas")
         metadata, version = await other_log.metadata()
         await other_log.store.set(other_log.path, metadata.with_ledger(10_000).to_bytes(), version)
         with pytest.raises(LogFencedError, match="another writer changed the ledger list"):
@@ -194,11 +194,11 @@ def test_r11_rollover_losing_its_compare_and_set_fences_the_writer() -> None:
 
 def test_r11_truncation_during_rollover_does_not_fence_the_writer() -> None:
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("trunc", LogConfig(rollover_size_bytes=4))
+        log = await LogNamespace(sim.client()).open_log("trunc", LogConfig(rollover_size_bytes=4))
         writer = await log.open_writer()
         positions = [await writer.append(b"abcd") for _ in range(3)]
         # A truncation changes the list version under the writer's feet.
-        removed = await (await sim.client().open_log("trunc")).truncate(positions[2])
+        removed = await (await LogNamespace(sim.client()).open_log("trunc")).truncate(positions[2])
         assert removed == [positions[0].ledger_id, positions[1].ledger_id]
         more = [await writer.append(b"efgh") for _ in range(3)]
         assert not writer.is_fenced
@@ -211,7 +211,7 @@ def test_r11_truncation_during_rollover_does_not_fence_the_writer() -> None:
 def test_truncate_removes_whole_ledgers_and_readers_before_it_get_a_clear_error() -> None:
     async def body(sim: Sim) -> None:
         bk = sim.client()
-        log = await bk.open_log("cut", LogConfig(rollover_size_bytes=8))
+        log = await LogNamespace(bk).open_log("cut", LogConfig(rollover_size_bytes=8))
         writer = await log.open_writer()
         positions = [await writer.append(b"1234") for _ in range(8)]  # 2 per ledger
         early_reader = await log.open_reader()
@@ -241,13 +241,13 @@ def test_truncate_removes_whole_ledgers_and_readers_before_it_get_a_clear_error(
 
 def test_reader_follows_a_crashed_writer_replaced_by_a_new_one() -> None:
     async def body(sim: Sim) -> None:
-        reader = await (await sim.client().open_log("handover")).open_reader()
-        crashed = await (await sim.client().open_log("handover")).open_writer()
+        reader = await (await LogNamespace(sim.client()).open_log("handover")).open_reader()
+        crashed = await (await LogNamespace(sim.client()).open_log("handover")).open_writer()
         first = [await crashed.append(b"a%d" % i) for i in range(3)]
         got = [await reader.read_next(1000) for _ in range(3)]
         assert [r.position for r in got if r] == first
         # The first writer stops without closing (a crash); a new writer fences its ledger.
-        successor = await (await sim.client().open_log("handover")).open_writer()
+        successor = await (await LogNamespace(sim.client()).open_log("handover")).open_writer()
         second = [await successor.append(b"b%d" % i) for i in range(3)]
         got = [await reader.read_next(3000) for _ in range(3)]
         assert [r.position for r in got if r] == second
@@ -257,7 +257,7 @@ def test_reader_follows_a_crashed_writer_replaced_by_a_new_one() -> None:
 
 def test_reader_from_a_position_is_inclusive_and_skips_missing_ledgers() -> None:
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("from", LogConfig(rollover_size_bytes=2))
+        log = await LogNamespace(sim.client()).open_log("from", LogConfig(rollover_size_bytes=2))
         writer = await log.open_writer()
         positions = [await writer.append(b"xy") for _ in range(4)]  # one per ledger
         reader = await log.open_reader(positions[2])
@@ -273,7 +273,7 @@ def test_reader_from_a_position_is_inclusive_and_skips_missing_ledgers() -> None
 
 def test_positions_report_first_last_and_count() -> None:
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("count", LogConfig(rollover_size_bytes=3))
+        log = await LogNamespace(sim.client()).open_log("count", LogConfig(rollover_size_bytes=3))
         empty = await log.positions()
         assert empty.first is None and empty.last is None and empty.record_count == 0
         writer = await log.open_writer()
@@ -289,21 +289,21 @@ def test_positions_report_first_last_and_count() -> None:
 def test_delete_log_removes_the_list_and_its_ledgers_and_stops_the_writer() -> None:
     async def body(sim: Sim) -> None:
         bk = sim.client()
-        log = await bk.open_log("gone", LogConfig(rollover_size_bytes=3))
+        log = await LogNamespace(bk).open_log("gone", LogConfig(rollover_size_bytes=3))
         writer = await log.open_writer()
         for _ in range(3):
             await writer.append(b"abc")
         ledgers = await log.ledgers()
-        assert await bk.list_logs() == ["gone"]
-        assert await bk.delete_log("gone") == ledgers
-        assert await bk.list_logs() == []
+        assert await LogNamespace(bk).list_logs() == ["gone"]
+        assert await LogNamespace(bk).delete_log("gone") == ledgers
+        assert await LogNamespace(bk).list_logs() == []
         for ledger_id in ledgers:
             assert not await bk.ledger_exists(ledger_id)
         with pytest.raises(LogFencedError):
             for _ in range(3):  # the ledger is gone on its bookies, or the list is
                 await writer.append(b"abc")
         with pytest.raises(NoSuchLogError):
-            await bk.delete_log("gone")
+            await LogNamespace(bk).delete_log("gone")
 
     run_sim(body)
 
@@ -321,7 +321,7 @@ async def _compete(sim: Sim, writers: int, appends: int) -> dict[str, Any]:
 
     async def write(name: str) -> None:
         nonlocal fenced
-        log = await sim.client().open_log("shared", config)
+        log = await LogNamespace(sim.client()).open_log("shared", config)
         sent = 0
         for _ in range(200):  # bounded number of terms
             if sent >= appends:
@@ -345,7 +345,7 @@ async def _compete(sim: Sim, writers: int, appends: int) -> dict[str, Any]:
             await asyncio.sleep(sim.rng.uniform(0.001, 0.02))
 
     async def tail(stop: asyncio.Event) -> None:
-        reader = await (await sim.client().open_log("shared", config)).open_reader()
+        reader = await (await LogNamespace(sim.client()).open_log("shared", config)).open_reader()
         while not stop.is_set():
             record = await reader.read_next(50)
             if record is not None:
@@ -354,7 +354,7 @@ async def _compete(sim: Sim, writers: int, appends: int) -> dict[str, Any]:
     stop = asyncio.Event()
     tailer = asyncio.ensure_future(tail(stop))
     await asyncio.gather(*(write(f"w{i}") for i in range(writers)))
-    final = await (await sim.client().open_log("shared", config)).read_all(fence=True)
+    final = await (await LogNamespace(sim.client()).open_log("shared", config)).read_all(fence=True)
     await asyncio.sleep(1.0)  # let the reader catch up
     stop.set()
     await tailer
@@ -379,11 +379,11 @@ def test_r11_competing_writers_seeded_history_is_consistent(seed: int) -> None:
 def test_r10_reader_with_the_wrong_password_gets_an_error_not_silence() -> None:
     async def body(sim: Sim) -> None:
         writer = await (
-            await sim.client().open_log("secret", LogConfig(password=b"pw"))
+            await LogNamespace(sim.client()).open_log("secret", LogConfig(password=b"pw"))
         ).open_writer()
         await writer.append(b"hidden")
         reader = await (
-            await sim.client().open_log("secret", LogConfig(password=b"wrong"))
+            await LogNamespace(sim.client()).open_log("secret", LogConfig(password=b"wrong"))
         ).open_reader()
         with pytest.raises(UnauthorizedError, match="wrong password"):
             await reader.read_next(1000)

@@ -14,10 +14,10 @@ import random
 import pytest
 from test_log_sim import Sim, run_sim
 
+from quorumlog.aio import BookKeeper, LogNamespace
 from quorumlog.client.writing import LedgerHandle
 from quorumlog.errors import MetadataError
 from quorumlog.log import LogConfig, LogFencedError, LogTruncatedError, Position
-from quorumlog.log.bookkeeper import BookKeeper
 from quorumlog.log.log import Log
 from quorumlog.log.metadata import log_path
 from quorumlog.log.writer import LogWriter
@@ -77,7 +77,7 @@ async def assert_listed_ledgers_exist_and_read(log: Log, expected: list[bytes]) 
 def test_l4_r13_open_writer_whose_list_cas_reply_is_lost_keeps_its_listed_ledger() -> None:
     async def body(sim: Sim) -> None:
         store = LostReplyStore(sim.tree, log_path("lost"))
-        log = await client_on(sim, store).open_log("lost")
+        log = await LogNamespace(client_on(sim, store)).open_log("lost")
         store.lose_sets = 1  # the compare-and-set adding the writer's ledger
         writer = await log.open_writer()  # re-reads the list: its ledger is in it
         assert (await log.ledgers())[-1] == writer.ledger_id
@@ -91,7 +91,9 @@ def test_l4_r13_open_writer_whose_list_cas_reply_is_lost_keeps_its_listed_ledger
 def test_l4_r13_rollover_whose_list_cas_reply_is_lost_keeps_its_listed_ledger() -> None:
     async def body(sim: Sim) -> None:
         store = LostReplyStore(sim.tree, log_path("lostroll"))
-        log = await client_on(sim, store).open_log("lostroll", LogConfig(rollover_size_bytes=4))
+        log = await LogNamespace(client_on(sim, store)).open_log(
+            "lostroll", LogConfig(rollover_size_bytes=4)
+        )
         writer = await log.open_writer()
         first = await writer.append(b"1234")
         store.lose_sets = 1  # the next append rolls over: its compare-and-set is lost
@@ -106,13 +108,13 @@ def test_l4_r13_rollover_whose_list_cas_reply_is_lost_keeps_its_listed_ledger() 
 def test_l4_r13_an_unresolved_cas_outcome_never_deletes_the_ledger() -> None:
     async def body(sim: Sim) -> None:
         store = LostReplyStore(sim.tree, log_path("unknown"))
-        log = await client_on(sim, store).open_log("unknown")
+        log = await LogNamespace(client_on(sim, store)).open_log("unknown")
         store.lose_sets = 1
         store.then_fail_gets = 1_000  # the list cannot be read back: the outcome stays unknown
         with pytest.raises(MetadataError):
             await log.open_writer()  # it gives up, but must not delete a ledger maybe listed
         store.fail_gets = 0
-        other = await sim.client().open_log("unknown")
+        other = await LogNamespace(sim.client()).open_log("unknown")
         successor = await other.open_writer()
         position = await successor.append(b"next")
         assert position.ledger_id == successor.ledger_id
@@ -129,7 +131,7 @@ async def _two_crashed_writers(sim: Sim, name: str) -> tuple[Log, LogWriter, lis
     """A log whose first ledger is open behind a closed one: writer 1 crashed mid-rollover
     (its next ledger listed, its current one not closed), then writer 2 crashed while
     fencing, after it had closed the newer ledger and before the older one."""
-    log = await sim.client().open_log(name)
+    log = await LogNamespace(sim.client()).open_log(name)
     first = await log.open_writer()
     confirmed = [await first.append(b"a%d" % i) for i in range(3)]
     following = await log.create_ledger()  # writer 1's rollover: created, listed ...
@@ -144,7 +146,7 @@ async def _two_crashed_writers(sim: Sim, name: str) -> tuple[Log, LogWriter, lis
 def test_l5_r11_a_new_writer_fences_an_open_ledger_behind_a_closed_one() -> None:
     async def body(sim: Sim) -> None:
         log, first, confirmed = await _two_crashed_writers(sim, "crashes")
-        third = await (await sim.client().open_log("crashes")).open_writer()
+        third = await (await LogNamespace(sim.client()).open_log("crashes")).open_writer()
         assert (await log.bk.ledger_metadata(first.ledger_id)).is_closed
         with pytest.raises(LogFencedError):
             await first.append(b"stale")
@@ -170,12 +172,12 @@ def test_l5_opening_a_writer_reads_only_the_ledgers_a_previous_writer_may_hold()
     async def body(sim: Sim) -> None:
         config = LogConfig(rollover_size_bytes=4)
         for _ in range(2):  # writers rolling over many times, then a crashed one
-            writer = await (await sim.client().open_log("long", config)).open_writer()
+            writer = await (await LogNamespace(sim.client()).open_log("long", config)).open_writer()
             for i in range(8):
                 await writer.append(b"r%03d" % i)
         crashed = writer.ledger_id
         bk = sim.client()
-        log = await bk.open_log("long", config)
+        log = await LogNamespace(bk).open_log("long", config)
         assert len(await log.ledgers()) == 16  # one ledger per record
         looked_at: list[int] = []
         read_metadata = bk.ledger_metadata
@@ -199,7 +201,7 @@ def test_l5_opening_a_writer_reads_only_the_ledgers_a_previous_writer_may_hold()
 
 def test_l6_a_reader_at_the_end_of_a_closed_ledger_resumes_after_a_truncation_next_to_it() -> None:
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("resume", LogConfig(rollover_size_bytes=4))
+        log = await LogNamespace(sim.client()).open_log("resume", LogConfig(rollover_size_bytes=4))
         writer = await log.open_writer()
         positions = [await writer.append(b"r%03d" % i) for i in range(4)]  # one per ledger
         assert len({p.ledger_id for p in positions}) == 4
@@ -224,7 +226,7 @@ def test_l6_a_reader_at_the_end_of_a_closed_ledger_resumes_after_a_truncation_ne
 def test_l6_empty_ledgers_before_the_truncation_point_hold_nothing_to_miss() -> None:
     async def body(sim: Sim) -> None:
         bk = sim.client()
-        log = await bk.open_log("empties")
+        log = await LogNamespace(bk).open_log("empties")
         writer = await log.open_writer()
         first = await writer.append(b"first")
         await writer.close()
@@ -252,9 +254,9 @@ def test_l6_empty_ledgers_before_the_truncation_point_hold_nothing_to_miss() -> 
 
 def test_l7_r11_log_fence_stops_a_writer_that_rolls_over_afterwards() -> None:
     async def body(sim: Sim) -> None:
-        writer = await (await sim.client().open_log("final")).open_writer()
+        writer = await (await LogNamespace(sim.client()).open_log("final")).open_writer()
         confirmed = [await writer.append(b"w%d" % i) for i in range(3)]
-        log = await sim.client().open_log("final")
+        log = await LogNamespace(sim.client()).open_log("final")
         assert await log.fence() == [writer.ledger_id]
         with pytest.raises(LogFencedError):
             await writer.rollover()  # its old ledger closed where the fence closed it
@@ -273,9 +275,9 @@ def test_l7_r11_log_fence_stops_a_writer_that_rolls_over_afterwards() -> None:
 def test_l7_r11_read_all_fenced_is_final_for_a_writer_rolling_over_by_age() -> None:
     async def body(sim: Sim) -> None:
         config = LogConfig(rollover_age_ms=100)
-        writer = await (await sim.client().open_log("aged", config)).open_writer()
+        writer = await (await LogNamespace(sim.client()).open_log("aged", config)).open_writer()
         confirmed = [await writer.append(b"w%d" % i) for i in range(3)]
-        log = await sim.client().open_log("aged", config)
+        log = await LogNamespace(sim.client()).open_log("aged", config)
         final = await log.read_all(fence=True)
         assert [r.position for r in final] == confirmed
         await asyncio.sleep(0.2)  # the next append rolls over to a new ledger
@@ -294,7 +296,7 @@ def test_k2_read_available_and_read_next_0_fetch_what_is_readable_now() -> None:
     records of closed ledgers, and an open ledger's up to the LAC its bookies report."""
 
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("now", LogConfig(long_poll_ms=5_000))
+        log = await LogNamespace(sim.client()).open_log("now", LogConfig(long_poll_ms=5_000))
         writer = await log.open_writer()
         closed = [await writer.append(b"c%d" % i) for i in range(10)]
         await writer.close()
@@ -347,7 +349,7 @@ def test_k3_a_truncation_during_a_rollover_records_where_the_old_ledger_ends() -
     that ledger's records end (removed_end): a reader at its end lost nothing."""
 
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("rolling")
+        log = await LogNamespace(sim.client()).open_log("rolling")
         old, new = await _rollover_under_way(log, 3)
         await new.add_entry(b"b0")
         live = await log.open_reader()
@@ -377,7 +379,9 @@ def test_k3_a_truncation_waits_a_bounded_time_for_an_old_ledger_no_one_closes() 
     on after ``truncate_close_wait_ms``, and where the old ledger ends stays unknown."""
 
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("stuck", LogConfig(truncate_close_wait_ms=300))
+        log = await LogNamespace(sim.client()).open_log(
+            "stuck", LogConfig(truncate_close_wait_ms=300)
+        )
         old, new = await _rollover_under_way(log, 2)
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -400,7 +404,7 @@ def test_k6_a_writer_whose_ledger_a_recovery_fenced_says_so_not_another_writer()
     and so does one that log.fence() stopped."""
 
     async def body(sim: Sim) -> None:
-        log = await sim.client().open_log("idle")
+        log = await LogNamespace(sim.client()).open_log("idle")
         writer = await log.open_writer()
         await writer.append(b"before")
         await (await sim.client().open_ledger(writer.ledger_id)).close()  # the recovery
@@ -411,18 +415,18 @@ def test_k6_a_writer_whose_ledger_a_recovery_fenced_says_so_not_another_writer()
         with pytest.raises(LogFencedError, match="recovery of the ledger"):
             await writer.append(b"later")
 
-        taken = await sim.client().open_log("taken")
+        taken = await LogNamespace(sim.client()).open_log("taken")
         first = await taken.open_writer()
         await first.append(b"first")
-        second = await (await sim.client().open_log("taken")).open_writer()
+        second = await (await LogNamespace(sim.client()).open_log("taken")).open_writer()
         with pytest.raises(LogFencedError, match="fenced by another writer") as raised:
             await first.append(b"late")
         assert f"ledger {second.ledger_id}" in raised.value.message
 
-        sealed = await sim.client().open_log("sealed")
+        sealed = await LogNamespace(sim.client()).open_log("sealed")
         third = await sealed.open_writer()
         await third.append(b"third")
-        await (await sim.client().open_log("sealed")).fence()
+        await (await LogNamespace(sim.client()).open_log("sealed")).fence()
         with pytest.raises(LogFencedError, match=r"log\.fence\(\)"):
             await third.append(b"late")
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import quorumlog
+from quorumlog import LogNamespace
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,12 +33,14 @@ def test_spark_example_leaves_the_readmes_orders_log_alone(
 ) -> None:
     """The README's log-stream example creates ``orders``; the Spark example once deleted
     a log of that name before writing its own."""
-    writer = bk.open_log("orders").open_writer()
+    writer = LogNamespace(bk).open_log("orders").open_writer()
     writer.append(b"order #1 of the README")
     writer.close()
-    before = set(bk.list_logs())
+    before = set(LogNamespace(bk).list_logs())
 
     load_example("spark_pipeline").run(bk, spark, orders_count=20)
 
-    assert set(bk.list_logs()) == before  # its own logs deleted, nobody else's
-    assert [r.data for r in bk.open_log("orders").read_all()] == [b"order #1 of the README"]
+    assert set(LogNamespace(bk).list_logs()) == before  # its own logs deleted, nobody else's
+    assert [r.data for r in LogNamespace(bk).open_log("orders").read_all()] == [
+        b"order #1 of the README"
+    ]

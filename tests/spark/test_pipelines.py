@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import quorumlog
+from quorumlog import LogNamespace
 from quorumlog.commands import OneLineArgumentParser
 from quorumlog.commands.pipeline import add_pipelines
 from quorumlog.errors import InvalidArgumentError, NoSuchLedgerError
@@ -49,7 +50,7 @@ def stage_lines(text: str, name: str) -> list[str]:
 def write_epochs(bk: quorumlog.BookKeeper, name: str, epochs: list[list[bytes]]) -> list[int]:
     """A log with one ledger per list (each written by a writer of its own, as a new
     leader would), every ledger closed; returns the ledger ids."""
-    log = bk.open_log(name, FULL_COPIES)
+    log = LogNamespace(bk).open_log(name, FULL_COPIES)
     ledgers = []
     for records in epochs:
         writer = log.open_writer()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import quorumlog
+from quorumlog import LogNamespace
 
 pytestmark = pytest.mark.spark
 
@@ -52,7 +53,7 @@ def test_batch_write_appends_every_row_once_in_partition_order_after_a_task_fail
         "append"
     ).save()
     assert (tmp_path / "failed-2").exists()  # the failure did happen, mid-partition
-    log = bk.open_log("batch-out")
+    log = LogNamespace(bk).open_log("batch-out")
     data = [r.data for r in log.read_all()]
     assert data == [b"%06d" % i for i in range(1_000)]  # all, once, in partition order
     ledgers = log.ledgers()
@@ -67,7 +68,7 @@ def test_batch_write_of_a_failed_job_leaves_no_record_and_no_ledger(
 ):
     uri = module_cluster.metadata_uri
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
-    log = bk.open_log("aborted-out")
+    log = LogNamespace(bk).open_log("aborted-out")
     writer = log.open_writer()
     writer.append(b"kept")
     writer.close()
@@ -105,7 +106,7 @@ def test_streaming_write_is_exactly_once_through_a_task_failure_and_a_replayed_b
     spark, module_cluster, bk, tmp_path
 ):
     uri = module_cluster.metadata_uri
-    src = bk.open_log("stream-src")
+    src = LogNamespace(bk).open_log("stream-src")
     writer = src.open_writer()
     for i in range(900):
         writer.append(b"%06d" % i)
@@ -143,7 +144,7 @@ def test_streaming_write_is_exactly_once_through_a_task_failure_and_a_replayed_b
 
     assert start("200").awaitTermination(180)
     assert (marker_dir / "failed").exists()
-    dst = bk.open_log("stream-dst")
+    dst = LogNamespace(bk).open_log("stream-dst")
     expected = [b"%06d" % i for i in range(900)]
     assert [r.data for r in dst.read_all()] == expected
     metadata, _ = dst.metadata()
@@ -172,7 +173,7 @@ def test_r11_a_batch_write_takes_the_log_over_from_a_live_writer(spark, module_c
     """The commit fences the ledger a writer still holds, as open_writer does: the
     writer's confirmed records stay, before the job's rows, and its next append fails."""
     uri = module_cluster.metadata_uri
-    log = bk.open_log("taken-over")
+    log = LogNamespace(bk).open_log("taken-over")
     writer = log.open_writer()
     for i in range(20):
         writer.append(b"w%d" % i)
@@ -199,7 +200,7 @@ def test_l2_a_second_query_on_a_sink_id_in_use_fails_and_no_row_is_lost(
 
     uri = module_cluster.metadata_uri
     for source, prefix in (("l2-src-a", b"a"), ("l2-src-b", b"b")):
-        writer = bk.open_log(source).open_writer()
+        writer = LogNamespace(bk).open_log(source).open_writer()
         for i in range(40):
             writer.append(prefix + b"%03d" % i)
         writer.close()
@@ -221,8 +222,8 @@ def test_l2_a_second_query_on_a_sink_id_in_use_fails_and_no_row_is_lost(
 
     assert copy("l2-src-a", tmp_path / "a").awaitTermination(180)
     first = [b"a%03d" % i for i in range(40)]
-    assert sorted(r.data for r in bk.open_log("l2-dst").read_all()) == first
+    assert sorted(r.data for r in LogNamespace(bk).open_log("l2-dst").read_all()) == first
     second = copy("l2-src-b", tmp_path / "b")
     with pytest.raises(StreamingQueryException, match="sinkId"):
         second.awaitTermination(180)
-    assert sorted(r.data for r in bk.open_log("l2-dst").read_all()) == first
+    assert sorted(r.data for r in LogNamespace(bk).open_log("l2-dst").read_all()) == first

@@ -10,6 +10,7 @@ import pytest
 from support import poll_until
 
 import quorumlog
+from quorumlog import LogNamespace
 from quorumlog.server.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.spark
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.spark
 
 def write_records(bk: quorumlog.BookKeeper, name: str, counts: list[int]) -> list[bytes]:
     """A log whose ledgers hold ``counts`` records each (the last ledger left open)."""
-    log = bk.open_log(name)
+    log = LogNamespace(bk).open_log(name)
     writer = log.open_writer()
     records: list[bytes] = []
     for index, count in enumerate(counts):
@@ -40,7 +41,7 @@ def read_df(spark, uri: str, **options: str):
 def test_batch_read_of_a_multi_ledger_log_in_parallel_partitions(spark, module_cluster, bk):
     uri = module_cluster.metadata_uri
     records = write_records(bk, "multi", [700, 0, 450, 300])
-    ledgers = bk.open_log("multi").ledgers()
+    ledgers = LogNamespace(bk).open_log("multi").ledgers()
     df = read_df(spark, uri, log="multi", entriesPerPartition="200")
     assert df.schema.simpleString() == (
         "struct<log:string,ledger_id:bigint,entry_id:bigint,data:binary>"
@@ -57,7 +58,7 @@ def test_batch_read_of_a_multi_ledger_log_in_parallel_partitions(spark, module_c
 
 def test_batch_read_stops_at_the_open_ledgers_confirmed_entries(spark, module_cluster, bk):
     uri = module_cluster.metadata_uri
-    log = bk.open_log("growing")
+    log = LogNamespace(bk).open_log("growing")
     writer = log.open_writer()
     for i in range(50):
         writer.append(b"%d" % i)
@@ -72,7 +73,7 @@ def test_batch_read_stops_at_the_open_ledgers_confirmed_entries(spark, module_cl
 def test_batch_read_of_position_ranges_and_of_ledgers(spark, module_cluster, bk):
     uri = module_cluster.metadata_uri
     write_records(bk, "ranged", [100, 100])
-    first, second = bk.open_log("ranged").ledgers()
+    first, second = LogNamespace(bk).open_log("ranged").ledgers()
     df = read_df(
         spark,
         uri,
@@ -122,7 +123,7 @@ def test_streaming_query_stopped_and_restarted_while_a_writer_appends(
     """No record lost or repeated across a stop and a restart from the checkpoint, while
     the writer keeps appending and rolls over; availableNow drains the rest."""
     uri = module_cluster.metadata_uri
-    log = bk.open_log("tailed")
+    log = LogNamespace(bk).open_log("tailed")
     writer = log.open_writer()
     for i in range(200):
         writer.append(b"t%d" % i)
@@ -185,14 +186,14 @@ def test_streaming_follows_a_writer_change_and_reads_only_confirmed_records(
     spark, module_cluster, bk, tmp_path
 ):
     uri = module_cluster.metadata_uri
-    log = bk.open_log("handover")
+    log = LogNamespace(bk).open_log("handover")
     first = log.open_writer()
     for i in range(30):
         first.append(b"a%d" % i)
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     once = run_stream_to_parquet(spark, uri, "handover", out, checkpoint).trigger(availableNow=True)
     assert once.start().awaitTermination(120)
-    second = bk.open_log("handover").open_writer()  # fences the first writer's ledger
+    second = LogNamespace(bk).open_log("handover").open_writer()  # fences the first writer's ledger
     for i in range(20):
         second.append(b"b%d" % i)
     assert once.start().awaitTermination(120)
@@ -240,7 +241,7 @@ def test_both_forms_of_latest_offset_and_available_now_on_the_reader_itself(modu
     end = new_style.latestOffset(start, ReadMaxRows(50))
     assert rows_between(new_style, start, end) == records[:50]
     new_style.prepareForTriggerAvailableNow()  # the target: the log's end now
-    writer = bk.open_log("offsets").open_writer()
+    writer = LogNamespace(bk).open_log("offsets").open_writer()
     writer.append(b"after the target")
     final = new_style.latestOffset(end, ReadAllAvailable())
     assert rows_between(new_style, end, final) == records[50:]  # not the later record
@@ -266,7 +267,7 @@ def split_lac_ledger(cluster: LocalCluster, name: str) -> tuple[list[bytes], lis
     from quorumlog.testing.raw_client import RawClient, make_entry, master_key
 
     with quorumlog.BookKeeper(cluster.metadata_uri) as client:
-        writer = client.open_log(name).open_writer()
+        writer = LogNamespace(client).open_log(name).open_writer()
         records = [b"%s-%d" % (name.encode(), i) for i in range(12)]
         for data in records[:10]:
             writer.append(data)

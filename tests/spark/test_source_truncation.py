@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import quorumlog
+from quorumlog import LogNamespace
 from quorumlog.log import Position
 from quorumlog.server.local_cluster import LocalCluster
 
@@ -23,7 +24,7 @@ def test_l6_a_stream_checkpointed_at_a_closed_ledgers_end_resumes_after_truncati
     opts = ReadOptions.parse(
         {"metadata": module_cluster.metadata_uri, "log": "resumed"}, streaming=True
     )
-    log = bk.open_log("resumed")
+    log = LogNamespace(bk).open_log("resumed")
     writer = log.open_writer()
     first = [writer.append(b"a%d" % i) for i in range(3)]
     writer.close()

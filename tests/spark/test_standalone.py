@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import quorumlog
+from quorumlog import LogNamespace
 from quorumlog.server.local_cluster import running_cluster
 
 pytestmark = pytest.mark.spark
@@ -134,7 +135,7 @@ def test_a_job_on_a_standalone_master_and_worker(standalone, tmp_path):
     uri = f"sqlite://{base}/metadata.db"
     for _ in running_cluster(uri, base / "cluster", 3):
         with quorumlog.BookKeeper(uri) as bk:
-            writer = bk.open_log("events").open_writer()
+            writer = LogNamespace(bk).open_log("events").open_writer()
             for i in range(500):
                 writer.append(b"event-%d" % i)
                 if i == 249:
@@ -152,7 +153,7 @@ def test_a_job_on_a_standalone_master_and_worker(standalone, tmp_path):
             assert summary["master"] == standalone
             assert summary["rows"] == 500 and summary["partitions"] >= 2
             assert summary["executors"] >= 1  # the work ran in the worker's executor JVM
-            copied = [r.data for r in bk.open_log("events-copy").read_all()]
+            copied = [r.data for r in LogNamespace(bk).open_log("events-copy").read_all()]
             assert copied == [b"event-%d" % i for i in range(500)]
 
 

@@ -27,10 +27,10 @@ from typing import Any, cast
 
 from quorumlog.bookie.bookie import Bookie, BookieStartError
 from quorumlog.bookie.config import BookieConfig
+from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.connection import ConnectionPool, request_future
 from quorumlog.errors import BKError, BookieUnavailableError, Status, TimeoutError_
-from quorumlog.log.bookkeeper import BookKeeper as LogBookKeeper
 from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.proto.codec import (
     AddRequest,
@@ -768,7 +768,7 @@ class Cluster:
         kind: type[Any] | None = None,
         rng: random.Random | None = None,
     ) -> Any:
-        """A new client (``kind``: the BookKeeper class, the log streams' by default) with
+        """A new client (``kind``: the BookKeeper class, quorumlog.aio.BookKeeper by default) with
         its own metadata session and connections, named for partitions and the trace.
         Its random source is drawn from the cluster's, unless ``rng`` is given."""
         if name is None:
@@ -778,7 +778,7 @@ class Cluster:
         if metadata_faults is not None and self.trace.enabled:
             metadata_faults.on_event = lambda what: self.trace(name, "metadata: %s", what)
         self.stores[name] = store
-        cls = kind or LogBookKeeper
+        cls = kind or BookKeeper
         bk = cls(
             store,
             config or SIM_CONFIG,

@@ -41,7 +41,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from quorumlog.aio import BookKeeper, ClientConfig
+from quorumlog.aio import BookKeeper, ClientConfig, LogNamespace
 from quorumlog.log.config import LogConfig
 from quorumlog.recipes.election import LeaderElection
 from tests.harness.netns.history import HistoryRecorder, pair_operations, read_events
@@ -204,7 +204,7 @@ async def log_writer(args: argparse.Namespace) -> None:
         session = f"{args.process}.{epoch}"
         op_id = history.invoke("open", args.log, session)
         try:
-            log = await asyncio.wait_for(bk.open_log(args.log, _log_config(args)), 10)
+            log = await asyncio.wait_for(LogNamespace(bk).open_log(args.log, _log_config(args)), 10)
             writer = await asyncio.wait_for(log.open_writer(), 10)
         except Exception:
             history.complete(op_id, "info", "open", args.log)
@@ -245,7 +245,7 @@ async def log_writer(args: argparse.Namespace) -> None:
 async def log_tail(args: argparse.Namespace) -> None:
     history = _recorder(args)
     bk = await BookKeeper.connect(args.metadata, config=CLIENT_CONFIG)
-    log = await bk.open_log(args.log, _log_config(args))
+    log = await LogNamespace(bk).open_log(args.log, _log_config(args))
     deadline = time.monotonic() + args.duration_s
     seen: list[str] = []
     op_id = history.invoke("read", args.log, None)
@@ -277,7 +277,7 @@ async def final_log(args: argparse.Namespace) -> None:
     for reader, fence in (("final", True), ("final-2", False)):
         op_id = history.invoke("read", args.log, None)
         bk = await BookKeeper.connect(args.metadata, config=CLIENT_CONFIG)
-        log = await bk.open_log(args.log, _log_config(args))
+        log = await LogNamespace(bk).open_log(args.log, _log_config(args))
         records = await _retry(lambda lg=log, f=fence: lg.read_all(fence=f), args.retry_s)
         values = [record.data.decode() for record in records]
         history.complete(op_id, "ok", "read", args.log, {"reader": reader, "values": values})

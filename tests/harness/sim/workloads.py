@@ -48,6 +48,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any
 
+from quorumlog.aio import LogNamespace
 from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.errors import BKError, InvalidArgumentError, NoSuchEntryError, Status
 from quorumlog.log.config import LogConfig
@@ -859,7 +860,7 @@ async def _tail_log(stream: _LogStreamRun, stop: asyncio.Event) -> None:
 async def _open_log(run: _Run, bk: Any, name: str, config: LogConfig) -> Any:
     for _ in range(20):
         try:
-            return await bk.open_log(name, config)
+            return await LogNamespace(bk).open_log(name, config)
         except BKError as exc:
             run.trace(run.cluster.names.get(id(bk), "client"), "open_log failed: %s", exc)
             await asyncio.sleep(0.02)
