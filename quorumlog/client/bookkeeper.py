@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import random
 import weakref
@@ -22,10 +23,11 @@ from typing import TYPE_CHECKING, Self
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.connection import ConnectionPool, SslContextSource
 from quorumlog.client.context import ClientContext
-from quorumlog.client.placement import BookiePlacement
+from quorumlog.client.placement import BookiePlacement, placed
 from quorumlog.client.reading import ReadHandle
 from quorumlog.client.recovery import LedgerRecovery
 from quorumlog.client.writing import LedgerHandle
+from quorumlog.core.placement import PlacementPolicy
 from quorumlog.core.quorum import check_quorum_shape
 from quorumlog.errors import (
     BKError,
@@ -90,7 +92,10 @@ class BookKeeper:
         # Bookie placement draws from rng; the simulator passes a seeded one.
         self.rng = rng or random.Random()
         # What the handles this client opens use of it (they never see the client).
-        self.ctx = ClientContext(loop, config, store, pool, BookiePlacement(self.rng))
+        policy = PlacementPolicy(
+            config.placement, config.min_racks_per_write_quorum, config.enforce_placement
+        )
+        self.ctx = ClientContext(loop, config, store, pool, BookiePlacement(self.rng, policy))
         self._closed = False
         self._handles: weakref.WeakSet[ReadHandle] = weakref.WeakSet()
 
@@ -101,13 +106,17 @@ class BookKeeper:
         *,
         config: ClientConfig | None = None,
         create: bool = False,
+        placement: str | None = None,
     ) -> Self:
         """Open the metadata store (explicit URI, else $QUORUMLOG_METADATA, else ./.quorumlog).
 
         A store that does not exist is a MetadataError naming it, unless ``create``:
-        bookies make stores, a client with a mistyped URI must not.
+        bookies make stores, a client with a mistyped URI must not. ``placement``
+        (``random``, ``rack-aware``, ``region-aware``) overrides the config's policy.
         """
         config = config or ClientConfig()
+        if placement is not None:
+            config = dataclasses.replace(config, placement=placement)
         store = await open_store(
             resolve_metadata_uri(metadata),
             session_timeout_ms=config.metadata_session_timeout_ms,
@@ -202,6 +211,9 @@ class BookKeeper:
                     f"ensemble_bookies must name {ensemble} distinct bookies: {ensemble_bookies}"
                 )
             bookies = tuple(ensemble_bookies)
+        elif self.placement.needs_locations:
+            writable_at = placed(await self.registry.writable_locations())
+            bookies = self.placement.new_placed_ensemble(writable_at, ensemble, write_quorum)
         else:
             writable = await self.registry.writable_bookies()
             bookies = self.placement.new_ensemble(writable, ensemble)

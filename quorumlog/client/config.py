@@ -77,3 +77,9 @@ class ClientConfig:
     # The token presented to bookies, read from this file (again when it changes); None:
     # from QUORUMLOG_TOKEN when set, else no token (bookies without auth need none).
     token_file: str | None = None
+    # Where new ensembles and replacements go (core/placement.py): random, rack-aware
+    # (each write set spans min_racks_per_write_quorum racks) or region-aware; enforced:
+    # a choice that cannot meet it fails (NotEnoughBookiesError), else best effort.
+    placement: str = "random"
+    min_racks_per_write_quorum: int = 2
+    enforce_placement: bool = False

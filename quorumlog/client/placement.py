@@ -13,8 +13,11 @@ quorumlog:
   ensemble that was given the fewest entries so far, ties broken at random, so a
   lost bookie's data spreads over the survivors.
 
-The policy is the same in all three: every writable bookie is a candidate unless
-excluded, and chance decides among equals. The policy reads nothing itself: callers
+With the default policy (``random``) every writable bookie is a candidate unless
+excluded, and chance decides among equals. The rack-aware and region-aware policies
+(``ClientConfig.placement``, decided in :mod:`quorumlog.core.placement`) choose new
+ensembles and replacements so that each write set spans racks (or regions), reading
+where each writable bookie stands from its registration. The policy reads nothing itself: callers
 pass the writable bookies they read from the registry (:func:`choose_replacements` does
 that read for a writer's and a recovery's ensemble changes). Every random draw comes
 from the client's random source, which the simulator seeds so that its runs replay.
@@ -23,25 +26,60 @@ from the client's random source, which the simulator seeds so that its runs repl
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from quorumlog.client.metadata_updates import as_metadata_error
+from quorumlog.core import placement as policies
+from quorumlog.core.placement import DEFAULT_LOCATION, PlacementPolicy
 from quorumlog.core.writer import BookiesChosen, ChooseBookies, NoBookies
 from quorumlog.errors import NotEnoughBookiesError
 
 
 class WritableBookies(Protocol):
-    """The registry's one question placement asks (``BookieRegistry``)."""
+    """The registry's questions placement asks (``BookieRegistry``)."""
 
     async def writable_bookies(self) -> Collection[str]: ...
 
+    async def writable_locations(self) -> Mapping[str, str | None]: ...
+
+
+def placed(locations: Mapping[str, str | None]) -> dict[str, str]:
+    """Bookie -> /REGION/RACK, the default place for one that recorded none."""
+    return {b: where or DEFAULT_LOCATION for b, where in locations.items()}
+
 
 class BookiePlacement:
-    """Chooses bookies among the writable ones, drawing from ``rng``."""
+    """Chooses bookies among the writable ones by ``policy``, drawing from ``rng``."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, policy: PlacementPolicy | None = None) -> None:
         self.rng = rng
+        self.policy = policy or PlacementPolicy()
+
+    @property
+    def needs_locations(self) -> bool:
+        """Whether choices need where the bookies stand (every policy but random)."""
+        return self.policy.name != "random"
+
+    def new_placed_ensemble(
+        self, writable: Mapping[str, str], size: int, write_quorum: int
+    ) -> tuple[str, ...]:
+        """``size`` bookies for a new ledger by the policy, from ``writable`` (bookie ->
+        location); NotEnoughBookiesError if too few or (enforced) the policy is unmet."""
+        return policies.choose_ensemble(self.policy, self.rng, writable, size, write_quorum)
+
+    def placed_replacements(
+        self,
+        writable: Mapping[str, str],
+        ensemble: Sequence[str],
+        slots: Sequence[int],
+        write_quorum: int,
+        exclude: Collection[str],
+    ) -> list[str]:
+        """Replacements for ``slots`` of ``ensemble`` by the policy."""
+        return policies.choose_replacements(
+            self.policy, self.rng, writable, ensemble, slots, write_quorum, exclude
+        )
 
     def new_ensemble(self, writable: Collection[str], size: int) -> tuple[str, ...]:
         """``size`` distinct bookies for a new ledger; NotEnoughBookiesError if too few."""
@@ -83,11 +121,22 @@ async def choose_replacements(
     placement: BookiePlacement,
     effect: ChooseBookies,
     refusal: str,
+    *,
+    ensemble: Sequence[str] = (),
+    write_quorum: int = 0,
 ) -> BookiesChosen | NoBookies:
     """The core's answer to ``effect`` (an ensemble change of a writer or a recovery):
     replacements for its slots from the writable bookies, or NoBookies when there are
-    too few (its message starts with ``refusal``) or the registry cannot be read."""
+    too few (its message starts with ``refusal``) or the registry cannot be read.
+    ``ensemble`` and ``write_quorum`` (the ensemble being changed) let a rack- or
+    region-aware policy keep each write set spread."""
     try:
+        if placement.needs_locations and ensemble and write_quorum:
+            writable_at = placed(await registry.writable_locations())
+            chosen = placement.placed_replacements(
+                writable_at, ensemble, effect.slots, write_quorum, set(effect.excluded)
+            )
+            return BookiesChosen(effect.slots, tuple(chosen))
         writable = await registry.writable_bookies()
         chosen = placement.replacements(writable, set(effect.excluded), len(effect.slots))
     except NotEnoughBookiesError as exc:

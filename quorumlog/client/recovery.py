@@ -269,7 +269,14 @@ class LedgerRecovery:
         ctx = self._ctx
         failed = ", ".join(self._machine.write_ensemble[i] for i in effect.slots)
         refusal = f"ledger {self.ledger_id}: recovery cannot replace bookie(s) {failed}"
-        event = await choose_replacements(ctx.registry, ctx.placement, effect, refusal)
+        event = await choose_replacements(
+            ctx.registry,
+            ctx.placement,
+            effect,
+            refusal,
+            ensemble=self._machine.write_ensemble,
+            write_quorum=self.metadata.write_quorum,
+        )
         if isinstance(event, BookiesChosen):
             log.warning(
                 "ledger %d: recovery replaces bookie(s) %s with %s",

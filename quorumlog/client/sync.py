@@ -567,10 +567,18 @@ class BookKeeper(Blocking[_aio.BookKeeper]):
             print([e.data for e in bk.open_ledger(lh.ledger_id, b"pw").read_entries(0, 1)])
     """
 
-    def __init__(self, metadata: str | None = None, *, config: ClientConfig | None = None):
+    def __init__(
+        self,
+        metadata: str | None = None,
+        *,
+        config: ClientConfig | None = None,
+        placement: str | None = None,
+    ):
         runner = LoopThread()
         try:
-            client = runner.run(_aio.BookKeeper.connect(metadata, config=config))
+            client = runner.run(
+                _aio.BookKeeper.connect(metadata, config=config, placement=placement)
+            )
         except BaseException:
             runner.stop()
             raise

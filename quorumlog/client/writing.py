@@ -601,7 +601,16 @@ class LedgerHandle(ReadHandle):
         failed = ", ".join(self._writer.ensemble[i] for i in effect.slots)
         refusal = f"ledger {self.ledger_id}: cannot replace bookie(s) {failed}"
         ctx = self._ctx
-        self._step(await choose_replacements(ctx.registry, ctx.placement, effect, refusal))
+        self._step(
+            await choose_replacements(
+                ctx.registry,
+                ctx.placement,
+                effect,
+                refusal,
+                ensemble=self._writer.ensemble,
+                write_quorum=self.metadata.write_quorum,
+            )
+        )
 
     async def _update_metadata(self, decide: Callable[[LedgerView], Decision]) -> None:
         """One read-decide-compare-and-set with the core's decision (R5, R6, R13)."""

@@ -60,7 +60,7 @@ def _region(location: str) -> str:
 
 @dataclass(frozen=True)
 class PlacementPolicy:
-    name: PolicyName = "random"
+    name: str = "random"  # one of POLICIES, checked
     min_racks_per_write_quorum: int = 2
     enforce: bool = False
 

@@ -150,6 +150,22 @@ class BookieRegistry:
         """Addresses of the registered read-only bookies, sorted."""
         return await self._list(READONLY_PATH)
 
+    async def writable_locations(self) -> dict[str, str | None]:
+        """The registered writable bookies and where each stands (its ``rack``,
+        /REGION/RACK), None for one that recorded no place (an earlier version). One
+        read per bookie, in parallel: placement policies other than random ask it."""
+        bookies = await self._list(AVAILABLE_PATH)
+
+        async def rack(address: str) -> str | None:
+            try:
+                node = await self.store.get(f"{AVAILABLE_PATH}/{address}")
+            except NoNodeError:  # gone since the listing: placed nowhere in particular
+                return None
+            return parse_service_info(node.data).get("rack")
+
+        racks = await asyncio.gather(*(rack(b) for b in bookies))
+        return dict(zip(bookies, racks, strict=True))
+
     async def read_service_info(self, address: str) -> dict[str, str] | None:
         """What a registered bookie published about itself, or None if it is not registered.
 

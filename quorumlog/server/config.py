@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from quorumlog.core.placement import DEFAULT_LOCATION
 from quorumlog.proto.codec import MAX_FRAME_SIZE_BYTES_DEFAULT
 from quorumlog.security.tls import TlsReloader
 from quorumlog.security.tokens import TokenVerifier
@@ -52,6 +53,9 @@ class ServerConfig:
     listen_backlog: int = 1024
     # The HTTP admin API and /metrics on 127.0.0.1 (0: a free port); None: not served.
     http_port: int | None = None
+    # The bookie's place, /REGION/RACK, recorded in its registration for the clients'
+    # placement policies (core/placement.py).
+    location: str = DEFAULT_LOCATION
     # Security (docs/SECURITY.md). TLS on the bookie port (and HTTPS on the admin API):
     # None serves plain TCP. A token verifier: None lets every connection in (the local
     # cluster's zero set-up); with one, only connections that present a valid token.

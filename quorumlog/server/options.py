@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 from quorumlog.bookie.config import BookieConfig
+from quorumlog.core.placement import DEFAULT_LOCATION, check_location
+from quorumlog.errors import InvalidArgumentError
 from quorumlog.security import options as security_options
 from quorumlog.server.addresses import add_address_options, resolve_addresses
 from quorumlog.server.config import ServerConfig
@@ -44,6 +46,13 @@ def add_bookie_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="serve the HTTP admin API and /metrics on the bind address, port PORT (0: a "
         "free port, printed on stdout; default: not served)",
+    )
+    p.add_argument(
+        "--rack",
+        default=DEFAULT_LOCATION,
+        metavar="/REGION/RACK",
+        help="where this bookie stands, recorded in its registration for rack- and "
+        "region-aware placement (default: %(default)s)",
     )
     security_options.add_server_tls_options(p, "the bookie port and the admin API")
     security_options.add_token_key_option(p)
@@ -238,6 +247,10 @@ def configs_from_args(args: argparse.Namespace) -> tuple[BookieConfig, ServerCon
         raise ValueError("--max-in-flight-bytes must be positive")
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
         raise ValueError(f"--http-port {args.http_port}: expected 0..65535")
+    try:
+        check_location(args.rack)
+    except InvalidArgumentError as exc:
+        raise ValueError(f"--rack: {exc.message}") from None
     data_dir = args.data_dir.absolute()
     journal_dir = args.journal_dir.absolute() if args.journal_dir is not None else None
     config = BookieConfig(
@@ -277,6 +290,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[BookieConfig, ServerCon
         tls_handshake_timeout_ms=args.tls_handshake_timeout_ms,
         max_in_flight_bytes=args.max_in_flight_bytes,
         http_port=args.http_port,
+        location=args.rack,
         tls=security_options.server_tls(args),
         token_verifier=security_options.token_verifier(args),
     )

@@ -231,12 +231,15 @@ class BookieServer:
         )
 
     def _service_info(self) -> bytes:
-        """The registration's data: the admin API's address when it serves."""
+        """The registration's data: the bookie's place (``rack``, /REGION/RACK) and the
+        admin API's address when it serves."""
         # The advertised host, as for the bookie's own address: the bind address may be
         # a wildcard other machines cannot connect to.
         scheme = "https" if self.server_config.tls is not None else "http"
         http = f"{scheme}://{self._advertised_host}:{self.http_port}"
-        info = {"http": http} if self._admin else {}
+        info = {"rack": self.server_config.location}
+        if self._admin:
+            info["http"] = http
         return json.dumps(info, sort_keys=True).encode()
 
     def _gc_metadata(self) -> StoreGcMetadata:

@@ -104,6 +104,6 @@ def test_locations_and_policies_are_checked_by_name() -> None:
         with pytest.raises(InvalidArgumentError, match="/REGION/RACK"):
             check_location(bad)
     with pytest.raises(InvalidArgumentError, match="rack_aware"):
-        PlacementPolicy("rack_aware")  # type: ignore[arg-type]
+        PlacementPolicy("rack_aware")
     with pytest.raises(InvalidArgumentError, match="min_racks_per_write_quorum=0"):
         PlacementPolicy("rack-aware", min_racks_per_write_quorum=0)
