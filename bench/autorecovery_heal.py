@@ -181,7 +181,7 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="quorumlog-heal-"))
         if args.zookeeper:
-            from quorumlog.testing.zookeeper import ZooKeeperServer
+            from quorumlog.server.local_zookeeper import ZooKeeperServer
 
             zk = ZooKeeperServer().start()
             stack.callback(zk.stop)

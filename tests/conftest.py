@@ -26,7 +26,7 @@ import pytest
 
 from quorumlog.meta.factory import open_store
 from quorumlog.server.local_cluster import LocalCluster, running_cluster
-from quorumlog.testing.zookeeper import (
+from quorumlog.server.local_zookeeper import (
     ZooKeeperServer,
     missing_zookeeper_message,
     zookeeper_installed,

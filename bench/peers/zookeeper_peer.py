@@ -65,7 +65,7 @@ class ZooKeeperEnsemble(PeerCluster):
         self.client_ports: list[int] = []
 
     def launch(self) -> None:
-        from quorumlog.testing.zookeeper import (
+        from quorumlog.server.local_zookeeper import (
             missing_zookeeper_message,
             zookeeper_classpath,
             zookeeper_installed,
@@ -122,7 +122,7 @@ class ZooKeeperEnsemble(PeerCluster):
 
     @staticmethod
     def _srvr(port: int) -> str:
-        from quorumlog.testing.zookeeper import four_letter_word
+        from quorumlog.server.local_zookeeper import four_letter_word
 
         return four_letter_word(port, "srvr", timeout_s=1.0)
 

@@ -51,6 +51,11 @@ Nothing shipped imports this package: it is for tests.
 """
 
 from quorumlog.server.local_cluster import BookieProcess, ClusterError, LocalCluster
+from quorumlog.server.local_zookeeper import (
+    ZooKeeperServer,
+    ZooKeeperUnavailableError,
+    zookeeper_installed,
+)
 from quorumlog.testing.checkers import RunHistory, check_run
 from quorumlog.testing.faults import kill_process, pause_process, resume_process
 from quorumlog.testing.fixtures import local_cluster
@@ -64,11 +69,6 @@ from quorumlog.testing.sim import (
     SimNetwork,
     SimulationDeadlock,
     VirtualTimeLoop,
-)
-from quorumlog.testing.zookeeper import (
-    ZooKeeperServer,
-    ZooKeeperUnavailableError,
-    zookeeper_installed,
 )
 
 __all__ = [

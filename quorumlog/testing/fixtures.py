@@ -42,7 +42,7 @@ def local_cluster(
     when the block begins, all stopped (by pid) when it ends, whatever happened.
 
     The metadata store is ``metadata_uri`` (for instance a
-    :class:`~quorumlog.testing.zookeeper.ZooKeeperServer`'s ``uri("/my-test")``), else an
+    :class:`~quorumlog.server.local_zookeeper.ZooKeeperServer`'s ``uri("/my-test")``), else an
     embedded one in the cluster's directory: ``cluster.metadata_uri`` is what clients
     connect to. The directories (data, journal, each bookie's stdout and stderr logs) are
     under ``base_dir``, which is kept for a post-mortem (pytest's ``tmp_path``), else in a

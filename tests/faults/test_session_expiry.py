@@ -32,8 +32,8 @@ from quorumlog.errors import NoNodeError
 from quorumlog.meta.bookies import BookieRegistry
 from quorumlog.meta.factory import open_store
 from quorumlog.server.local_cluster import LocalCluster
+from quorumlog.server.local_zookeeper import ZooKeeperServer
 from quorumlog.testing.raw_client import RawClient, make_entry, master_key
-from quorumlog.testing.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper
 

@@ -33,7 +33,7 @@ from support import holds_for, holds_for_async
 from test_election import SESSION_TIMEOUT_MS, ContenderProcess
 
 from quorumlog.recipes.election import LeaderElection
-from quorumlog.testing.zookeeper import ZooKeeperServer
+from quorumlog.server.local_zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper
 

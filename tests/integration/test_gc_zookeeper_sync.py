@@ -20,7 +20,7 @@ from quorumlog.meta.ledgers import LEDGERS_PATH, LedgerManager
 from quorumlog.meta.zk_store import ZkStore
 from quorumlog.proto.entry import DigestType
 from quorumlog.server.gc import StoreGcMetadata, collect_once
-from quorumlog.testing.zookeeper import ZooKeeperServer
+from quorumlog.server.local_zookeeper import ZooKeeperServer
 
 ADDRESS = "127.0.0.1:3181"
 

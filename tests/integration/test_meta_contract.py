@@ -38,12 +38,12 @@ from quorumlog.errors import (
 )
 from quorumlog.meta import factory
 from quorumlog.meta.store import EventType, MetadataStore, SessionState, WatchEvent
-from quorumlog.testing.memory_store import MemoryStore, MemoryTree
-from quorumlog.testing.zookeeper import (
+from quorumlog.server.local_zookeeper import (
     ZooKeeperServer,
     missing_zookeeper_message,
     zookeeper_installed,
 )
+from quorumlog.testing.memory_store import MemoryStore, MemoryTree
 
 SHORT_SESSION_MS = 1_000
 # A bound for a watch event to arrive at all, not a latency target: events come within

@@ -15,7 +15,7 @@ from tls_certs import write_hmac_key
 import quorumlog.errors
 from quorumlog import BookKeeper
 from quorumlog.server.local_cluster import LocalCluster
-from quorumlog.testing.zookeeper import ZooKeeperServer
+from quorumlog.server.local_zookeeper import ZooKeeperServer
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str]) -> None:

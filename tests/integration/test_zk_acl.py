@@ -27,7 +27,7 @@ from quorumlog.errors import InvalidArgumentError, MetadataError
 from quorumlog.meta.factory import open_store
 from quorumlog.recipes.election import LeaderElection
 from quorumlog.server.local_cluster import LocalCluster
-from quorumlog.testing.zookeeper import ZooKeeperServer
+from quorumlog.server.local_zookeeper import ZooKeeperServer
 
 _chroots = itertools.count(1)
 USER, PASSWORD = "quorumlog", "s3cret-for-tests"

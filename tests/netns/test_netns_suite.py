@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.testing.zookeeper import missing_zookeeper_message, zookeeper_installed
+from quorumlog.server.local_zookeeper import missing_zookeeper_message, zookeeper_installed
 from tests.harness.netns.cluster import BOOKIE_PORT, NetnsCluster
 from tests.harness.netns.network import netns_unavailable_reason, removal_on_signals
 from tests.harness.netns.runner import (

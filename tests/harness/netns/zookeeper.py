@@ -3,7 +3,7 @@
 Each server runs in its own namespace and listens on that namespace's address only
 (client port 2181, quorum ports 2888 and 3888), so a partition of the network is a
 partition of the ensemble. Java and the jars come from Debian's ``zookeeper``
-package, as for :class:`quorumlog.testing.zookeeper.ZooKeeperServer`; sessions are as
+package, as for :class:`quorumlog.server.local_zookeeper.ZooKeeperServer`; sessions are as
 short as 200 ms (tickTime 100 ms).
 
 Example::
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quorumlog.server.child_process import ChildProcess, kill_now
-from quorumlog.testing.zookeeper import (
+from quorumlog.server.local_zookeeper import (
     ZooKeeperUnavailableError,
     missing_zookeeper_message,
     zookeeper_classpath,

@@ -1,4 +1,5 @@
-"""A real standalone ZooKeeper for tests, from Debian's ``zookeeper`` package.
+"""A real standalone ZooKeeper on this machine, from Debian's ``zookeeper`` package, for
+tests and benchmarks (beside :mod:`quorumlog.server.local_cluster`'s bookies).
 
 Example::
 
