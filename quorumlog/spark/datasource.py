@@ -309,7 +309,10 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         positions = self._decode(given)
         names = set(positions)
         if self.opts.log_pattern is not None:
-            names |= set(scan.run(_log_names(self.opts)))
+            found = set(scan.run(_log_names(self.opts)))
+            if self._target is not None:
+                found &= set(self._target)  # Trigger.AvailableNow: only logs it started with
+            names |= found
         begins: dict[str, Position] = {}
         extents_of: dict[str, list[planning.LedgerExtent]] = {}
         available: dict[str, int] = {}
@@ -320,7 +323,9 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                     _snapshot(self.opts, name, from_ledger_id=known.ledger_id if known else 0)
                 )
             except NoSuchLogError:
-                if self.opts.fail_on_data_loss or known is None:
+                if known is None:
+                    continue  # matched the pattern, and was deleted since
+                if self.opts.fail_on_data_loss:
                     raise
                 log.warning("log %s was deleted; failOnDataLoss=false: reading on without it", name)
                 continue

@@ -395,3 +395,26 @@ def test_progress_shows_each_logs_latest_offset(spark, module_cluster, bk, tmp_p
     source = q.recentProgress[0]["sources"][0]
     assert json.loads(source["endOffset"])["entry"] == 10
     assert json.loads(source["latestOffset"])["entry"] == 50  # 40 records behind
+
+
+def test_available_now_on_a_pattern_ignores_logs_created_after_it_started(module_cluster, bk):
+    """The stream reader as Spark drives it: the end of Trigger.AvailableNow is each log's
+    end when the query started, and a log created since is left to a later query."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from quorumlog.spark.datasource import QuorumlogStreamReader
+    from quorumlog.spark.options import ReadOptions
+
+    write_log(bk, "now-one", [3], close=True)
+    opts = ReadOptions.parse(
+        {"metadata": module_cluster.metadata_uri, "logPattern": "now-.*"}, streaming=True
+    )
+    reader = QuorumlogStreamReader(opts)
+    start = reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    write_log(bk, "now-two", [2], close=True)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert set(end) == {"now-one"} and end["now-one"]["entry"] == 3
+    assert reader.latestOffset(end, ReadAllAvailable()) == end  # done: the query stops
+    later = QuorumlogStreamReader(opts)
+    assert set(later.latestOffset(end, ReadAllAvailable())) == {"now-one", "now-two"}
