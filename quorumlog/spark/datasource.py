@@ -342,6 +342,8 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             begins[name], extents_of[name] = begin, extents
             available[name] = planning.count_between(extents, begin, top)
         opts = self.opts
+        if opts.log is not None and opts.log not in begins:
+            return dict(given)  # the log was deleted (failOnDataLoss=false): nothing to read
         waiting = sum(available.values())
         if (
             limited

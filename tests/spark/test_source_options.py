@@ -418,3 +418,36 @@ def test_available_now_on_a_pattern_ignores_logs_created_after_it_started(module
     assert reader.latestOffset(end, ReadAllAvailable()) == end  # done: the query stops
     later = QuorumlogStreamReader(opts)
     assert set(later.latestOffset(end, ReadAllAvailable())) == {"now-one", "now-two"}
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_deleted_log_fails_the_stream_unless_fail_on_data_loss_is_false(
+    module_cluster, bk, fail_on_data_loss
+):
+    """The stream reader as Spark drives it, for a read of two logs and of one."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from quorumlog.log.errors import NoSuchLogError
+    from quorumlog.spark.datasource import QuorumlogStreamReader
+    from quorumlog.spark.options import ReadOptions
+
+    tag = str(fail_on_data_loss).lower()
+    kept, gone, alone = f"kept-{tag}", f"gone-{tag}", f"alone-{tag}"
+    for name in (kept, gone, alone):
+        write_log(bk, name, [3], close=True)
+    base = {"metadata": module_cluster.metadata_uri, "failOnDataLoss": tag}
+    pair = QuorumlogStreamReader(
+        ReadOptions.parse({**base, "logs": f"{kept},{gone}"}, streaming=True)
+    )
+    one = QuorumlogStreamReader(ReadOptions.parse({**base, "log": alone}, streaming=True))
+    pair_start, one_start = pair.initialOffset(), one.initialOffset()
+    bk.delete_log(gone)
+    bk.delete_log(alone)
+    if fail_on_data_loss:
+        for reader, start in ((pair, pair_start), (one, one_start)):
+            with pytest.raises(NoSuchLogError):
+                reader.latestOffset(start, ReadAllAvailable())
+        return
+    end = pair.latestOffset(pair_start, ReadAllAvailable())
+    assert set(end) == {kept} and end[kept]["entry"] == 3  # read on without the deleted log
+    assert one.latestOffset(one_start, ReadAllAvailable()) == one_start  # nothing to read
