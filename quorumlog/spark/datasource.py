@@ -11,6 +11,7 @@ Spark pickles them to its Python workers, which open their own clients.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,13 +28,16 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
+    ReadMaxBytes,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from quorumlog.errors import InvalidArgumentError
-from quorumlog.log.metadata import read_log
+from quorumlog.log.errors import LogTruncatedError, NoSuchLogError
+from quorumlog.log.metadata import list_log_names, read_log
 from quorumlog.log.position import Position
 from quorumlog.spark import commit as commits
 from quorumlog.spark import planning, scan
@@ -59,7 +63,7 @@ class QuorumlogDataSource(DataSource):
         # the place to reject bad read options and missing logs before any task.
         scan.freeze_startup_objects()  # in the Python worker that answers this
         opts = ReadOptions.parse(self.options, streaming=False, lenient_stream=True)
-        scan.run(_snapshot(opts, check_only=True))
+        scan.run(_check_exists(opts))
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -78,56 +82,73 @@ class QuorumlogDataSource(DataSource):
 # ---------------------------------------------------------------- reading
 
 
-def _partitions(ranges: Sequence[planning.EntryRange]) -> list[InputPartition]:
+def _partitions(
+    log_name: str | None, ranges: Sequence[planning.EntryRange]
+) -> list[InputPartition]:
     # Spark wants a list; the value is plain data so that it pickles cheaply.
-    return [InputPartition((r.ledger_id, r.first_entry_id, r.last_entry_id)) for r in ranges]
+    return [
+        InputPartition((log_name, r.ledger_id, r.first_entry_id, r.last_entry_id)) for r in ranges
+    ]
 
 
 def _read_partition(opts: ReadOptions, partition: InputPartition) -> Iterator[Any]:
     value = partition.value
     if value is None:  # Spark's stand-in for "no partitions"
         return iter(())
-    ledger_id, first, last = value
+    log_name, ledger_id, first, last = value
     scan.freeze_startup_objects()  # in a Python worker of an executor
     return scan.read_range_batches(
-        opts.metadata_uri, opts.password, opts.log, planning.EntryRange(ledger_id, first, last)
+        opts.metadata_uri, opts.password, log_name, planning.EntryRange(ledger_id, first, last)
     )
+
+
+async def _check_exists(opts: ReadOptions) -> None:
+    """That the logs named (not those of a pattern) or the ledgers exist."""
+    bk = await scan.client_for(opts.metadata_uri)
+    for name in opts.logs or ():
+        await read_log(bk.store, name)
+    for ledger_id in opts.ledgers or ():
+        await bk.ledger_metadata(ledger_id)
+
+
+async def _log_names(opts: ReadOptions) -> list[str]:
+    """The logs read now: those named, or those whose names match logPattern."""
+    if opts.log_pattern is None:
+        return list(opts.logs or ())
+    bk = await scan.client_for(opts.metadata_uri)
+    return [name for name in await list_log_names(bk.store) if opts.wants(name)]
 
 
 async def _snapshot(
     opts: ReadOptions,
+    log_name: str,
     *,
-    check_only: bool = False,
     from_ledger_id: int = 0,
     to_ledger_id: int | None = None,
     read_lac: bool = True,
 ) -> tuple[Position | None, list[planning.LedgerExtent]]:
-    """The truncation point (logs) and the readable extents (of a log's ledgers from
-    ``from_ledger_id`` on, up to ``to_ledger_id``), looked at now. With ``check_only``,
-    only that the log or the ledgers exist; without ``read_lac``, an open ledger's
-    extent comes from its metadata alone (see :func:`scan.log_snapshot`)."""
+    """The truncation point and the readable extents of a log's ledgers from
+    ``from_ledger_id`` on, up to ``to_ledger_id``, looked at now; without ``read_lac``,
+    an open ledger's extent comes from its metadata alone (see :func:`scan.log_snapshot`)."""
     bk = await scan.client_for(opts.metadata_uri)
-    if check_only:
-        if opts.log is not None:
-            await read_log(bk.store, opts.log)
-        for ledger_id in opts.ledgers or ():
-            await bk.ledger_metadata(ledger_id)
-        return None, []
-    if opts.log is not None:
-        metadata, extents = await scan.log_snapshot(
-            bk,
-            opts.log,
-            opts.password,
-            from_ledger_id,
-            to_ledger_id=to_ledger_id,
-            read_lac=read_lac,
-        )
-        # Records end at removed_end when it is set (nothing lies between it and the
-        # truncation point): an offset at a removed ledger's end lost nothing.
-        cut = metadata.truncated_before if metadata.removed_end is None else metadata.removed_end
-        return cut, extents
+    metadata, extents = await scan.log_snapshot(
+        bk,
+        log_name,
+        opts.password,
+        from_ledger_id,
+        to_ledger_id=to_ledger_id,
+        read_lac=read_lac,
+    )
+    # Records end at removed_end when it is set (nothing lies between it and the
+    # truncation point): an offset at a removed ledger's end lost nothing.
+    cut = metadata.truncated_before if metadata.removed_end is None else metadata.removed_end
+    return cut, extents
+
+
+async def _ledgers_snapshot(opts: ReadOptions) -> list[planning.LedgerExtent]:
     assert opts.ledgers is not None
-    return None, await scan.ledger_snapshot(bk, opts.ledgers, opts.password)
+    bk = await scan.client_for(opts.metadata_uri)
+    return await scan.ledger_snapshot(bk, opts.ledgers, opts.password)
 
 
 def _resolve(bound: Bound, extents: Sequence[planning.LedgerExtent]) -> Position:
@@ -139,12 +160,42 @@ def _resolve(bound: Bound, extents: Sequence[planning.LedgerExtent]) -> Position
     return bound
 
 
-def _check_not_truncated(opts: ReadOptions, start: Position, cut: Position | None) -> None:
-    if cut is not None and start < cut:
-        raise InvalidArgumentError(
-            f"log {opts.log}: position {start} is before the truncation point {cut}; "
-            "records before it were removed"
+def _skipped(begin: Position, cut: Position, seen: Sequence[planning.LedgerExtent]) -> int:
+    """The records in ``[begin, cut)`` this reader knows of: those of the ledgers it saw
+    before they were removed, or at least the entries cut off in the cut's own ledger."""
+    counted = planning.count_between(seen, begin, cut)
+    below_cut = cut.entry_id - (begin.entry_id if begin.ledger_id == cut.ledger_id else 0)
+    return max(counted, below_cut)
+
+
+def _after_loss(
+    opts: ReadOptions,
+    log_name: str,
+    begin: Position,
+    cut: Position | None,
+    seen: Sequence[planning.LedgerExtent] = (),
+) -> tuple[Position, int]:
+    """Where reading from ``begin`` goes on, and how many records were skipped: a
+    position before the truncation point is LogTruncatedError, or with
+    failOnDataLoss=false the truncation point itself."""
+    if cut is None or not begin < cut:
+        return begin, 0
+    if opts.fail_on_data_loss:
+        raise LogTruncatedError(
+            f"log {log_name}: position {begin} is before the truncation point {cut}; "
+            "records before it were removed (failOnDataLoss=false reads on from there)"
         )
+    skipped = _skipped(begin, cut, seen)
+    log.warning(
+        "log %s: position %s is before the truncation point %s; failOnDataLoss=false: "
+        "reading on from there, %d record(s) skipped (ledgers removed before this reader "
+        "saw them are not counted)",
+        log_name,
+        begin,
+        cut,
+        skipped,
+    )
+    return cut, skipped
 
 
 class QuorumlogBatchReader(DataSourceReader):
@@ -154,100 +205,255 @@ class QuorumlogBatchReader(DataSourceReader):
     def __init__(self, opts: ReadOptions) -> None:
         scan.freeze_startup_objects()  # in the Python worker that plans the read
         self.opts = opts
-        cut, extents = scan.run(_snapshot(opts))
+        partitions: list[InputPartition] = []
         if opts.ledgers is not None:
             # Each ledger on its own: every one is read up to its own last confirmed entry.
-            ranges: list[planning.EntryRange] = []
-            for extent in extents:
+            for extent in scan.run(_ledgers_snapshot(opts)):
                 start = _resolve(opts.start, [extent])
                 end = _resolve(opts.end, [extent])
-                ranges += planning.split([extent], start, end, opts.entries_per_partition)
+                ranges = planning.split([extent], start, end, opts.entries_per_partition)
+                partitions += _partitions(None, ranges)
         else:
-            start = _resolve(opts.start, extents)
-            end = _resolve(opts.end, extents)
-            if opts.start != "earliest":
-                _check_not_truncated(opts, start, cut)
-            ranges = planning.split(extents, start, end, opts.entries_per_partition)
-        self.ranges = ranges
+            for name in scan.run(_log_names(opts)):
+                cut, extents = scan.run(_snapshot(opts, name))
+                start = _resolve(opts.start_of(name), extents)
+                end = _resolve(opts.end_of(name), extents)
+                if opts.start_of(name) != "earliest":
+                    start, _ = _after_loss(opts, name, start, cut)
+                ranges = planning.split(extents, start, end, opts.entries_per_partition)
+                partitions += _partitions(name, ranges)
+        self._partitions = partitions
 
     def partitions(self) -> list[InputPartition]:
-        return _partitions(self.ranges)
+        return self._partitions
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read_partition(self.opts, partition)
 
 
 class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets are bounds ``{"ledger": L, "entry": E}``: the next record to read.
+    """Offsets are bounds ``{"ledger": L, "entry": E}``, the next record to read: one
+    for a read of ``log``, one per log by name for ``logs`` and ``logPattern``.
 
     Only confirmed records are offered (the LAC of an open ledger, nothing after
     an open ledger), so a batch never contains a record that could later vanish,
-    and the same ``(start, end)`` always plans the same records.
+    and the same ``(start, end)`` always plans the same records. A log that appears
+    in an end offset but not in the start (created while the query ran, found by
+    logPattern) is read from its earliest record.
     """
 
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
-        self._target: Position | None = None  # Trigger.AvailableNow's stopping point
-        self._last_end: Position | None = None  # for PySpark's older latestOffset()
-        scan.run(_snapshot(opts, check_only=True))  # fail on the driver if the log is missing
+        self._target: dict[str, Position] | None = None  # Trigger.AvailableNow's end
+        self._last_end: dict[str, Any] | None = None  # for PySpark's older latestOffset()
+        # Kafka's source starts with 0 too: the first batch never waits for the minimum.
+        self._last_batch_s = 0.0
+        self._seen: dict[str, list[planning.LedgerExtent]] = {}  # the last snapshot of each
+        self._latest: dict[str, Position] = {}  # each log's end, for the query's progress
+        self.skipped_records = 0  # failOnDataLoss=false: records skipped over
+        scan.run(_check_exists(opts))  # fail on the driver if a log is missing
 
-    def initialOffset(self) -> dict[str, int]:
-        _, extents = scan.run(_snapshot(self.opts))
-        return planning.offset_of(_resolve(self.opts.start, extents))
+    # Offsets as Spark keeps them.
+
+    def _encode(self, positions: dict[str, Position]) -> dict[str, Any]:
+        if self.opts.log is not None:
+            return planning.offset_of(positions[self.opts.log])
+        return planning.log_offsets_of(positions)
+
+    def _decode(self, offset: object) -> dict[str, Position]:
+        if self.opts.log is not None:
+            return {self.opts.log: planning.position_of(offset)}
+        return planning.log_positions_of(offset)
+
+    def initialOffset(self) -> dict[str, Any]:
+        positions: dict[str, Position] = {}
+        for name in scan.run(_log_names(self.opts)):
+            _, extents = scan.run(_snapshot(self.opts, name))
+            positions[name] = _resolve(self.opts.start_of(name), extents)
+        return self._encode(positions)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.opts.max_records_per_trigger is not None:
-            return ReadMaxRows(self.opts.max_records_per_trigger)
+        # PySpark 4.3 has ReadMaxRows, ReadMaxBytes and ReadMinRows but no
+        # CompositeReadLimit, and its ReadMinRows carries no maxTriggerDelay: Spark hands
+        # the limit returned here back to latestOffset (or ReadAllAvailable when the
+        # trigger wants everything), so the reader applies every limit of its options
+        # itself whenever Spark asks for anything but ReadAllAvailable.
+        opts = self.opts
+        if opts.max_records_per_trigger is not None:
+            return ReadMaxRows(opts.max_records_per_trigger)
+        if opts.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(opts.max_bytes_per_trigger)
+        if opts.min_records_per_trigger is not None:
+            return ReadMinRows(opts.min_records_per_trigger)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        _, extents = scan.run(_snapshot(self.opts))
-        self._target = planning.latest(extents)
+        target: dict[str, Position] = {}
+        for name in scan.run(_log_names(self.opts)):
+            _, extents = scan.run(_snapshot(self.opts, name))
+            target[name] = planning.latest(extents)
+        self._target = target
 
     def latestOffset(
-        self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
-    ) -> dict[str, int]:
+        self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, Any]:
         # Both forms Spark calls: latestOffset(start, limit) (PySpark 4.2+, chosen since
         # the method takes parameters) and latestOffset() (before 4.2; the reader then
-        # goes on from the end it returned last, with maxRecordsPerTrigger as the limit).
+        # goes on from the end it returned last, with its options' limits).
         if start is None:
-            begin = self._last_end or planning.position_of(self.initialOffset())
-            max_records = self.opts.max_records_per_trigger
+            given = self._last_end or self.initialOffset()
+            limited = True
         else:
-            begin = planning.position_of(start)
-            max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        cut, extents = scan.run(_snapshot(self.opts, from_ledger_id=begin.ledger_id))
-        _check_not_truncated(self.opts, begin, cut)
-        end = planning.advance(extents, begin, max_records)
-        if self._target is not None and self._target < end:
-            end = max(begin, self._target)
-        self._last_end = end
-        return planning.offset_of(end)
+            given = start
+            limited = not isinstance(limit, ReadAllAvailable)
+        positions = self._decode(given)
+        names = set(positions)
+        if self.opts.log_pattern is not None:
+            found = set(scan.run(_log_names(self.opts)))
+            if self._target is not None:
+                found &= set(self._target)  # Trigger.AvailableNow: only logs it started with
+            names |= found
+        begins: dict[str, Position] = {}
+        extents_of: dict[str, list[planning.LedgerExtent]] = {}
+        available: dict[str, int] = {}
+        for name in sorted(names):
+            known = positions.get(name)
+            try:
+                cut, extents = scan.run(
+                    _snapshot(self.opts, name, from_ledger_id=known.ledger_id if known else 0)
+                )
+            except NoSuchLogError:
+                if known is None:
+                    continue  # matched the pattern, and was deleted since
+                if self.opts.fail_on_data_loss:
+                    raise
+                log.warning("log %s was deleted; failOnDataLoss=false: reading on without it", name)
+                continue
+            if known is None:
+                begin = planning.earliest(extents)  # a log new to this query
+            else:
+                begin, skipped = _after_loss(self.opts, name, known, cut, self._seen.get(name, ()))
+                self.skipped_records += skipped
+            self._seen[name] = extents
+            top = max(begin, planning.latest(extents))
+            self._latest[name] = top
+            if self._target is not None:
+                top = max(begin, min(top, self._target.get(name, begin)))
+            begins[name], extents_of[name] = begin, extents
+            available[name] = planning.count_between(extents, begin, top)
+        opts = self.opts
+        if opts.log is not None and opts.log not in begins:
+            return dict(given)  # the log was deleted (failOnDataLoss=false): nothing to read
+        waiting = sum(available.values())
+        if (
+            limited
+            and opts.min_records_per_trigger is not None
+            and self._target is None  # Trigger.AvailableNow must reach its end
+            and waiting < opts.min_records_per_trigger
+            and time.monotonic() - self._last_batch_s < opts.max_trigger_delay_s
+        ):
+            return dict(given)  # no batch yet: wait for more records or for the delay
+        shares = dict(available)
+        if limited:
+            max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            max_rows = min(
+                x for x in (max_rows, opts.max_records_per_trigger, waiting) if x is not None
+            )
+            shares = planning.prorate(max_rows, available)
+        ends: dict[str, Position] = {}
+        for name, begin in begins.items():
+            extents = extents_of[name]
+            ends[name] = planning.advance(extents, begin, shares[name]) if shares[name] else begin
+        if limited and opts.max_bytes_per_trigger is not None and waiting:
+            for name, begin in begins.items():
+                if ends[name] == begin:
+                    continue
+                budget = max(1, opts.max_bytes_per_trigger * available[name] // waiting)
+                ends[name] = scan.run(
+                    _cut_by_bytes(opts, extents_of[name], begin, ends[name], budget)
+                )
+        if any(ends[name] != positions.get(name) for name in ends):
+            self._last_batch_s = time.monotonic()
+        offset = self._encode(ends)
+        self._last_end = offset
+        return offset
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """Each log's end as last seen: Spark shows it as the source's latestOffset in
+        the query's progress, beside the batch's endOffset."""
+        if not self._latest or (self.opts.log is not None and self.opts.log not in self._latest):
+            return None
+        return self._encode(dict(self._latest))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         # Planned from the offsets alone: latestOffset saw everything before ``end``
         # confirmed, while a LAC read now may answer lower (another pair of bookies);
         # cutting there would skip records, as the next batch starts at ``end``.
-        begin, stop = planning.position_of(start), planning.position_of(end)
-        if stop <= begin:
-            return []
-        cut, extents = scan.run(
-            _snapshot(
-                self.opts,
-                from_ledger_id=begin.ledger_id,
-                to_ledger_id=stop.ledger_id,
-                read_lac=False,
-            )
-        )
-        _check_not_truncated(self.opts, begin, cut)
-        ranges = planning.split_planned(extents, begin, stop, self.opts.entries_per_partition)
-        return _partitions(ranges)
+        begins, stops = self._decode(start), self._decode(end)
+        out: list[InputPartition] = []
+        for name in sorted(stops):
+            stop, known = stops[name], begins.get(name)
+            if known is not None and stop <= known:
+                continue
+            try:
+                cut, extents = scan.run(
+                    _snapshot(
+                        self.opts,
+                        name,
+                        from_ledger_id=known.ledger_id if known else 0,
+                        to_ledger_id=stop.ledger_id,
+                        read_lac=False,
+                    )
+                )
+            except NoSuchLogError:
+                if self.opts.fail_on_data_loss:
+                    raise
+                log.warning("log %s was deleted; failOnDataLoss=false: reading on without it", name)
+                continue
+            if known is None:
+                begin = planning.earliest(extents)  # a log new to this query
+            else:
+                begin, _ = _after_loss(self.opts, name, known, cut)
+            ranges = planning.split_planned(extents, begin, stop, self.opts.entries_per_partition)
+            out += _partitions(name, ranges)
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read_partition(self.opts, partition)
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the log keeps its records until it is truncated."""
+
+
+async def _cut_by_bytes(
+    opts: ReadOptions,
+    extents: Sequence[planning.LedgerExtent],
+    begin: Position,
+    end: Position,
+    budget: int,
+) -> Position:
+    """The end of the records of ``[begin, end)`` whose payloads fit in ``budget``
+    bytes, and at least one record. A whole closed ledger counts by the length in its
+    metadata; elsewhere the payloads are read here, on the driver (up to the budget)."""
+    bk = await scan.client_for(opts.metadata_uri)
+    remaining, took = budget, False
+    for extent, low, high in planning.ranges_between(extents, begin, end):
+        whole = extent.closed and extent.length >= 0 and low == 0 and high == extent.last_entry_id
+        if whole and extent.length <= remaining:
+            remaining -= extent.length
+            took = True
+            continue
+        sizes = await scan.payload_sizes(
+            bk, opts.password, extent.ledger_id, low, high, max(remaining, 0)
+        )
+        for index, size in enumerate(sizes):
+            if took and size > remaining:
+                return Position(extent.ledger_id, low + index)
+            remaining -= size
+            took = True
+        if len(sizes) < high - low + 1:
+            return Position(extent.ledger_id, low + len(sizes))
+    return end
 
 
 # ---------------------------------------------------------------- writing

@@ -9,10 +9,18 @@ Reading::
 
     metadata              metadata URI (default: as the client, $QUORUMLOG_METADATA or ./.quorumlog)
     log                   a log stream's name (or give it as the load()/save() path)
+    logs                  comma-separated log names (instead of log)
+    logPattern            a regular expression over log names (instead of log)
     ledgers               comma-separated ledger ids (instead of log; batch reads only)
     startingPosition      earliest | latest | {"ledger": L, "entry": E} | L:E   (inclusive)
     endingPosition        earliest | latest | a position (exclusive; batch reads only)
+    startingPositions     earliest | latest | {"<log>": <position or earliest/latest/-2/-1>}
+    endingPositions       the same, exclusive (batch reads only)
     maxRecordsPerTrigger  streaming: at most this many records per micro-batch
+    maxBytesPerTrigger    streaming: at most about this many payload bytes per micro-batch
+    minOffsetsPerTrigger  streaming: wait for this many records, at most maxTriggerDelay
+    maxTriggerDelay       a duration (15m, 30s, 500ms; default 15m)
+    failOnDataLoss        true (default): a truncated position fails; false: skip to the earliest
     entriesPerPartition   how many entries one Spark partition reads (default 100000)
     password              the ledgers' password (text)
 
@@ -28,8 +36,9 @@ Writing::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from quorumlog.core.quorum import check_quorum_shape
@@ -44,6 +53,7 @@ Bound = Literal["earliest", "latest"] | Position
 DEFAULT_ENTRIES_PER_PARTITION = 100_000
 DEFAULT_MAX_WRITE_PARTITIONS = 1024
 DEFAULT_SINK_ID = "spark"
+DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0  # Kafka's source waits as long
 
 # Spark's own writers put these in a sink's options; they mean nothing to us.
 _SPARK_WRITE_OPTIONS = {"path", "checkpointlocation"}
@@ -52,10 +62,18 @@ _READ_OPTIONS = {
     "metadata": "metadata",
     "log": "log",
     "path": "path",
+    "logs": "logs",
+    "logpattern": "logPattern",
     "ledgers": "ledgers",
     "startingposition": "startingPosition",
     "endingposition": "endingPosition",
+    "startingpositions": "startingPositions",
+    "endingpositions": "endingPositions",
     "maxrecordspertrigger": "maxRecordsPerTrigger",
+    "maxbytespertrigger": "maxBytesPerTrigger",
+    "minoffsetspertrigger": "minOffsetsPerTrigger",
+    "maxtriggerdelay": "maxTriggerDelay",
+    "failondataloss": "failOnDataLoss",
     "entriesperpartition": "entriesPerPartition",
     "password": "password",
 }
@@ -165,9 +183,118 @@ def _log_name(options: Mapping[str, str]) -> str | None:
         raise _bad("log", name, exc.message) from None
 
 
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|d)?\s*", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(label: str, raw: str) -> float:
+    """Seconds in ``raw``: ``500ms``, ``30s``, ``15m``, ``2h``, ``1d``; a bare number is
+    milliseconds, as in Spark's own time options."""
+    match = _DURATION.fullmatch(raw)
+    if match is None:
+        raise _bad(label, raw, "expected a duration such as 500ms, 30s, 15m or 2h")
+    unit = (match.group(2) or "ms").lower()
+    return float(match.group(1)) * _DURATION_UNITS.get(unit, 86400.0)
+
+
+def _bool(options: Mapping[str, str], key: str, label: str, default: bool) -> bool:
+    raw = _get(options, key)
+    if raw is None:
+        return default
+    if raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise _bad(label, raw, "expected true or false")
+
+
+def _bound_value(label: str, raw: str, log: str, value: object) -> Bound:
+    # Kafka's -2 (earliest) and -1 (latest) are understood too.
+    if value in (-2, "earliest"):
+        return "earliest"
+    if value in (-1, "latest"):
+        return "latest"
+    text = value if isinstance(value, str) else json.dumps(value)
+    try:
+        return parse_bound(label, text, "earliest")
+    except InvalidArgumentError:
+        raise _bad(
+            label, raw, f'log {log}: expected earliest, latest, {{"ledger": L, "entry": E}} or L:E'
+        ) from None
+
+
+def parse_bounds(
+    label: str, raw: str | None
+) -> tuple[Literal["earliest", "latest"] | None, dict[str, Bound]]:
+    """``earliest``/``latest`` for every log, or a JSON object naming a bound per log."""
+    if raw is None or raw.strip() == "":
+        return None, {}
+    text = raw.strip()
+    if text.lower() in ("earliest", "latest"):
+        return ("earliest" if text.lower() == "earliest" else "latest"), {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not value:
+        raise _bad(label, raw, 'expected earliest, latest or {"<log>": <position>, ...}')
+    out: dict[str, Bound] = {}
+    for name, bound in value.items():
+        try:
+            check_log_name(str(name))
+        except BKError as exc:
+            raise _bad(label, raw, exc.message) from None
+        out[str(name)] = _bound_value(label, raw, str(name), bound)
+    return None, out
+
+
+def _parse_logs(raw: str) -> tuple[str, ...]:
+    names: list[str] = []
+    for part in raw.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            names.append(check_log_name(part))
+        except BKError as exc:
+            raise _bad("logs", raw, exc.message) from None
+    if not names:
+        raise _bad("logs", raw, "names no log")
+    if len(set(names)) != len(names):
+        raise _bad("logs", raw, "names a log twice")
+    return tuple(names)
+
+
+def _parse_pattern(raw: str) -> str:
+    try:
+        re.compile(raw)
+    except re.error as exc:
+        raise _bad("logPattern", raw, f"not a regular expression: {exc}") from None
+    return raw
+
+
+def _one_bound(
+    options: Mapping[str, str],
+    singular: str,
+    plural: str,
+    default: Literal["earliest", "latest"],
+) -> tuple[Bound, dict[str, Bound]]:
+    one_raw = _get(options, singular.lower())
+    many_raw = _get(options, plural.lower())
+    if one_raw is not None and many_raw is not None:
+        raise _bad(plural, many_raw, f"give {singular} or {plural}, not both")
+    if many_raw is not None:
+        every, per_log = parse_bounds(plural, many_raw)
+        return every or default, per_log
+    return parse_bound(singular, one_raw, default), {}
+
+
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
-    """What to read: a log (or some ledgers), from where to where."""
+    """What to read: a log, several logs, or some ledgers, from where to where.
+
+    ``log`` is set for one log given by ``log`` (or the path): its streaming offsets
+    keep the one-log form ``{"ledger": L, "entry": E}``. ``logs`` lists the logs given
+    by ``log`` or ``logs``; ``log_pattern`` chooses logs by name instead. ``start`` and
+    ``end`` hold for every log not named in ``starts`` / ``ends``."""
 
     metadata_uri: str
     log: str | None
@@ -177,6 +304,26 @@ class ReadOptions:
     max_records_per_trigger: int | None
     entries_per_partition: int
     password: bytes
+    logs: tuple[str, ...] | None = None
+    log_pattern: str | None = None
+    starts: Mapping[str, Bound] = field(default_factory=dict)
+    ends: Mapping[str, Bound] = field(default_factory=dict)
+    max_bytes_per_trigger: int | None = None
+    min_records_per_trigger: int | None = None
+    max_trigger_delay_s: float = DEFAULT_MAX_TRIGGER_DELAY_S
+    fail_on_data_loss: bool = True
+
+    def start_of(self, log: str) -> Bound:
+        return self.starts.get(log, self.start)
+
+    def end_of(self, log: str) -> Bound:
+        return self.ends.get(log, self.end)
+
+    def wants(self, log: str) -> bool:
+        """Whether ``log`` is one of the logs read."""
+        if self.log_pattern is not None:
+            return re.fullmatch(self.log_pattern, log) is not None
+        return self.logs is not None and log in self.logs
 
     @classmethod
     def parse(
@@ -186,26 +333,75 @@ class ReadOptions:
         asked before Spark says whether the read is a batch or a stream)."""
         _check_known(options, _READ_OPTIONS, "read")
         log = _log_name(options)
+        logs_raw = _get(options, "logs")
+        pattern_raw = _get(options, "logpattern")
         ledgers_raw = _get(options, "ledgers")
         ledgers = None if ledgers_raw is None else _parse_ledgers(ledgers_raw)
-        if (log is None) == (ledgers is None):
-            raise InvalidArgumentError(
-                f"{SOURCE_NAME} source: give exactly one of the options log (a log stream name) "
-                f"and ledgers (comma-separated ledger ids); got "
-                f"{'both' if log is not None else 'neither'}"
+        given = [
+            name
+            for name, raw in (
+                ("log", log),
+                ("logs", logs_raw),
+                ("logPattern", pattern_raw),
+                ("ledgers", ledgers_raw),
             )
+            if raw is not None
+        ]
+        if len(given) != 1:
+            got = "neither" if not given else "both" if len(given) == 2 else ", ".join(given)
+            raise InvalidArgumentError(
+                f"{SOURCE_NAME} source: give exactly one of the options log (a log stream name), "
+                f"logs (comma-separated log names), logPattern (a regular expression over log "
+                f"names) and ledgers (comma-separated ledger ids); got {got}"
+            )
+        logs: tuple[str, ...] | None = (log,) if log is not None else None
+        if logs_raw is not None:
+            logs = _parse_logs(logs_raw)
+        pattern = None if pattern_raw is None else _parse_pattern(pattern_raw)
         if streaming and ledgers is not None:
             raise _bad("ledgers", ledgers_raw, "streaming reads need a log (option log)")
-        start = parse_bound("startingPosition", _get(options, "startingposition"), "earliest")
-        end_raw = _get(options, "endingposition")
+        start, starts = _one_bound(options, "startingPosition", "startingPositions", "earliest")
+        end_raw = _get(options, "endingposition") or _get(options, "endingpositions")
         if streaming and end_raw is not None and not lenient_stream:
-            raise _bad("endingPosition", end_raw, "streaming reads have no end")
-        end = parse_bound("endingPosition", end_raw, "latest")
-        if isinstance(start, Position) and isinstance(end, Position) and end < start:
-            raise _bad("endingPosition", end_raw, f"is before startingPosition {start}")
+            label = "endingPosition" if _get(options, "endingposition") else "endingPositions"
+            raise _bad(label, end_raw, "streaming reads have no end")
+        end, ends = _one_bound(options, "endingPosition", "endingPositions", "latest")
+        if ledgers is not None and (starts or ends):
+            raise _bad("ledgers", ledgers_raw, "startingPositions/endingPositions name logs")
+        for label, named in (("startingPositions", starts), ("endingPositions", ends)):
+            for name in named:
+                chosen = (
+                    re.fullmatch(pattern, name) is not None
+                    if pattern is not None
+                    else logs is not None and name in logs
+                )
+                if not chosen:
+                    raise _bad(label, json.dumps(_plain(named)), f"log {name} is not read")
+        for name in sorted(set(starts) | set(ends) | {""}):
+            low = starts.get(name, start) if name else start
+            high = ends.get(name, end) if name else end
+            if isinstance(low, Position) and isinstance(high, Position) and high < low:
+                label = "endingPositions" if ends else "endingPosition"
+                raise _bad(label, end_raw, f"is before startingPosition {low}")
         max_records = _positive_int(options, "maxrecordspertrigger", "maxRecordsPerTrigger", None)
-        if max_records is not None and not streaming and not lenient_stream:
-            raise _bad("maxRecordsPerTrigger", max_records, "only streaming reads have triggers")
+        max_bytes = _positive_int(options, "maxbytespertrigger", "maxBytesPerTrigger", None)
+        min_records = _positive_int(options, "minoffsetspertrigger", "minOffsetsPerTrigger", None)
+        delay_raw = _get(options, "maxtriggerdelay")
+        delay = (
+            DEFAULT_MAX_TRIGGER_DELAY_S
+            if delay_raw is None
+            else parse_duration("maxTriggerDelay", delay_raw)
+        )
+        for label, value in (
+            ("maxRecordsPerTrigger", max_records),
+            ("maxBytesPerTrigger", max_bytes),
+            ("minOffsetsPerTrigger", min_records),
+            ("maxTriggerDelay", delay_raw),
+        ):
+            if value is not None and not streaming and not lenient_stream:
+                raise _bad(label, value, "only streaming reads have triggers")
+        if min_records is not None and max_records is not None and min_records > max_records:
+            raise _bad("minOffsetsPerTrigger", min_records, "is above maxRecordsPerTrigger")
         per_partition = _positive_int(
             options, "entriesperpartition", "entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION
         )
@@ -219,7 +415,19 @@ class ReadOptions:
             max_records_per_trigger=max_records,
             entries_per_partition=per_partition,
             password=(_get(options, "password") or "").encode(),
+            logs=logs,
+            log_pattern=pattern,
+            starts=starts,
+            ends=ends,
+            max_bytes_per_trigger=max_bytes,
+            min_records_per_trigger=min_records,
+            max_trigger_delay_s=delay,
+            fail_on_data_loss=_bool(options, "failondataloss", "failOnDataLoss", True),
         )
+
+
+def _plain(bounds: Mapping[str, Bound]) -> dict[str, object]:
+    return {k: v if isinstance(v, str) else [v.ledger_id, v.entry_id] for k, v in bounds.items()}
 
 
 @dataclass(frozen=True, slots=True)

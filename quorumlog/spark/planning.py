@@ -15,7 +15,8 @@ grow, so nothing after it can be given a place in the log yet (R4, R11).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from quorumlog.errors import InvalidArgumentError
@@ -30,6 +31,7 @@ class LedgerExtent:
     first_entry_id: int
     last_entry_id: int
     closed: bool
+    length: int = -1  # a closed ledger's payload bytes, all entries (-1: not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,3 +192,32 @@ def position_of(offset: object) -> Position:
             f"not a quorumlog streaming offset: {offset!r} (expected ledger and entry)"
         )
     return Position(int(offset["ledger"]), int(offset["entry"]))
+
+
+def prorate(budget: int, available: Mapping[str, int]) -> dict[str, int]:
+    """``budget`` shared among logs in proportion to what each has waiting, as Kafka's
+    source shares maxOffsetsPerTrigger among partitions: a share below one is rounded
+    up (every log with something waiting moves), others down."""
+    total = sum(available.values())
+    if total <= budget:
+        return dict(available)
+    out: dict[str, int] = {}
+    for name, count in available.items():
+        share = budget * count / total
+        out[name] = min(count, math.ceil(share) if share < 1 else math.floor(share))
+    return out
+
+
+def log_offsets_of(positions: Mapping[str, Position]) -> dict[str, dict[str, int]]:
+    """The offset of a read of several logs: a bound per log, by name."""
+    return {name: offset_of(positions[name]) for name in sorted(positions)}
+
+
+def log_positions_of(offset: object) -> dict[str, Position]:
+    """Bounds per log back from a checkpointed offset of several logs."""
+    if not isinstance(offset, dict) or not all(isinstance(v, dict) for v in offset.values()):
+        raise InvalidArgumentError(
+            f"not a quorumlog streaming offset of several logs: {offset!r} "
+            '(expected {"<log>": {"ledger": L, "entry": E}, ...})'
+        )
+    return {str(name): position_of(value) for name, value in offset.items()}

@@ -158,7 +158,8 @@ async def _extent(
         return None
     try:
         if handle.is_closed:
-            return LedgerExtent(ledger_id, first_entry_id, handle.metadata.last_entry_id, True)
+            md = handle.metadata
+            return LedgerExtent(ledger_id, first_entry_id, md.last_entry_id, True, md.length)
         return LedgerExtent(ledger_id, first_entry_id, handle.last_add_confirmed, False)
     finally:
         await handle.close()
@@ -226,7 +227,7 @@ async def _closed_extent(
         return False, None
     if not metadata.is_closed:
         return True, None
-    return True, LedgerExtent(ledger_id, first, metadata.last_entry_id, True)
+    return True, LedgerExtent(ledger_id, first, metadata.last_entry_id, True, metadata.length)
 
 
 async def ledger_snapshot(
@@ -241,6 +242,35 @@ async def ledger_snapshot(
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
         out.append(extent)
     return out
+
+
+async def payload_sizes(
+    bk: BookKeeper,
+    password: bytes,
+    ledger_id: int,
+    first: int,
+    last: int,
+    budget: int,
+    chunk_entries: int = 1_024,
+) -> list[int]:
+    """The payload sizes of entries ``first..last`` (all confirmed), in order, read in
+    chunks until they add up to more than ``budget`` bytes: what maxBytesPerTrigger
+    needs where a ledger's length from its metadata does not answer."""
+    handle = await bk.open_ledger_no_recovery(ledger_id, password)
+    handle.learn_last_add_confirmed(last)
+    sizes: list[int] = []
+    total = 0
+    try:
+        for low in range(first, last + 1, chunk_entries):
+            payloads = await handle.read_payloads(low, min(last, low + chunk_entries - 1))
+            for payload in payloads:
+                sizes.append(len(payload))
+                total += len(payload)
+            if total > budget:
+                break
+    finally:
+        await handle.close()
+    return sizes
 
 
 # ---------------------------------------------------------------- executors: reading

@@ -267,3 +267,30 @@ def test_commit_orders_ledgers_by_partition_and_skips_failed_and_empty_tasks():
         TaskResult(1, None, 0),  # no rows, no ledger
     ]
     assert ledgers_in_order(results) == ([100, 300], 8)
+
+
+def test_prorate_shares_a_budget_as_kafkas_source_does():
+    from quorumlog.spark.planning import prorate
+
+    assert prorate(20, {"a": 90, "b": 10}) == {"a": 18, "b": 2}
+    assert prorate(20, {"a": 5, "b": 3}) == {"a": 5, "b": 3}  # all fits
+    assert prorate(10, {"a": 1000, "b": 1, "c": 0}) == {"a": 9, "b": 1, "c": 0}  # b moves
+
+
+def test_positions_per_log_and_their_offsets():
+    from quorumlog.spark.options import parse_bounds
+    from quorumlog.spark.planning import log_offsets_of, log_positions_of
+
+    assert parse_bounds("startingPositions", "LATEST") == ("latest", {})
+    every, per_log = parse_bounds(
+        "startingPositions", '{"a": {"ledger": 3, "entry": 1}, "b": -2, "c": "4:0", "d": -1}'
+    )
+    assert every is None
+    assert per_log == {"a": Position(3, 1), "b": "earliest", "c": Position(4, 0), "d": "latest"}
+    with pytest.raises(InvalidArgumentError, match="log a"):
+        parse_bounds("startingPositions", '{"a": "soon"}')
+    offset = log_offsets_of({"b": Position(1, 2), "a": Position(3, 4)})
+    assert offset == {"a": {"ledger": 3, "entry": 4}, "b": {"ledger": 1, "entry": 2}}
+    assert log_positions_of(offset) == {"a": Position(3, 4), "b": Position(1, 2)}
+    with pytest.raises(InvalidArgumentError, match="several logs"):
+        log_positions_of({"ledger": 1, "entry": 2})

@@ -1,0 +1,453 @@
+"""The source's Kafka-like options, read by a real SparkSession from real bookies:
+admission control, positions per log, several logs, failOnDataLoss, the latest offset
+in the query's progress."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+from support import poll_until
+
+import quorumlog
+from quorumlog.log import Position
+
+pytestmark = pytest.mark.spark
+
+
+def write_log(
+    bk: quorumlog.BookKeeper, name: str, counts: list[int], *, close: bool = False
+) -> list[bytes]:
+    """A log whose ledgers hold ``counts`` records of 10 bytes each (``name`` padded)."""
+    writer = bk.open_log(name).open_writer()
+    records: list[bytes] = []
+    for index, count in enumerate(counts):
+        if index:
+            writer.rollover()
+        for _ in range(count):
+            data = f"{name[:4]}{len(records):06d}".encode()
+            assert len(data) == 10
+            writer.append(data)
+            records.append(data)
+    if close:
+        writer.close()
+    return records
+
+
+def stream(spark, uri: str, **options: str):
+    reader = spark.readStream.format("quorumlog").option("metadata", uri)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def batch(spark, uri: str, **options: str):
+    reader = spark.read.format("quorumlog").option("metadata", uri)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def to_memory(df, name: str, checkpoint):
+    return (
+        df.writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(checkpoint))
+    )
+
+
+def batch_sizes(query) -> list[int]:
+    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+
+def rows_of(spark, table: str) -> list[tuple[str, bytes]]:
+    return sorted((r.log, bytes(r.data)) for r in spark.table(table).collect())
+
+
+# ---------------------------------------------------------------- admission control
+
+
+def test_available_now_honours_max_records_and_max_bytes(spark, module_cluster, bk, tmp_path):
+    uri = module_cluster.metadata_uri
+    records = write_log(bk, "admit", [20, 80])  # the first ledger closed, the last open
+    query = to_memory(
+        stream(spark, uri, log="admit", maxRecordsPerTrigger="30"), "admit_rows", tmp_path / "a"
+    )
+    q = query.trigger(availableNow=True).start()
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    assert batch_sizes(q) == [30, 30, 30, 10]
+    assert [data for _, data in rows_of(spark, "admit_rows")] == records
+
+    # 10-byte records: 250 bytes is 25 records (the closed ledger counted by its length,
+    # the open one by reading its payloads on the driver).
+    query = to_memory(
+        stream(spark, uri, log="admit", maxBytesPerTrigger="250"), "admit_bytes", tmp_path / "b"
+    )
+    q = query.trigger(availableNow=True).start()
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    assert batch_sizes(q) == [25, 25, 25, 25]
+    assert [data for _, data in rows_of(spark, "admit_bytes")] == records
+
+    # A record larger than the budget still goes, alone.
+    tiny = write_log(bk, "admittiny", [6, 6], close=True)
+    query = to_memory(
+        stream(spark, uri, log="admittiny", maxBytesPerTrigger="4"), "admit_tiny", tmp_path / "c"
+    )
+    q = query.trigger(availableNow=True).start()
+    assert q.awaitTermination(120)
+    assert batch_sizes(q) == [1] * 12
+    assert [data for _, data in rows_of(spark, "admit_tiny")] == tiny
+
+
+def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(
+    spark, module_cluster, bk, tmp_path
+):
+    uri = module_cluster.metadata_uri
+    writer = bk.open_log("minimum").open_writer()
+    for i in range(5):
+        writer.append(b"m%d" % i)
+    q = (
+        to_memory(
+            stream(
+                spark,
+                uri,
+                log="minimum",
+                minOffsetsPerTrigger="20",
+                maxTriggerDelay="8s",
+            ),
+            "minimum_rows",
+            tmp_path / "ckpt",
+        )
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+
+        def read_rows() -> int:
+            assert q.exception() is None
+            return sum(batch_sizes(q))
+
+        # As Kafka's source: the first batch does not wait.
+        poll_until(lambda: read_rows() == 5, timeout_s=60, what="the first 5 records")
+        for i in range(5, 10):
+            writer.append(b"m%d" % i)
+        appended = time.monotonic()
+        poll_until(lambda: read_rows() == 10, timeout_s=60, what="the delayed batch")
+        waited = time.monotonic() - appended
+        assert waited >= 4.0, waited  # held back (the delay runs from the last batch)
+        for i in range(10, 30):
+            writer.append(b"m%d" % i)
+        appended = time.monotonic()
+        poll_until(lambda: read_rows() == 30, timeout_s=60, what="the batch at the minimum")
+        assert time.monotonic() - appended < 6.0  # no wait once the minimum is there
+        assert batch_sizes(q) == [5, 5, 20]
+    finally:
+        q.stop()
+        writer.close()
+
+
+def test_trigger_options_are_checked():
+    from quorumlog.errors import InvalidArgumentError
+    from quorumlog.spark.options import ReadOptions, parse_duration
+
+    base = {"metadata": "sqlite:///tmp/x.db", "log": "x"}
+    assert parse_duration("maxTriggerDelay", "15m") == 900.0
+    assert parse_duration("maxTriggerDelay", "30s") == 30.0
+    assert parse_duration("maxTriggerDelay", "500") == 0.5  # milliseconds, as Spark's
+    opts = ReadOptions.parse({**base, "maxTriggerDelay": "2h"}, streaming=True)
+    assert opts.max_trigger_delay_s == 7200.0
+    for options, message in (
+        ({"maxTriggerDelay": "soon"}, "maxTriggerDelay"),
+        ({"maxBytesPerTrigger": "0"}, "maxBytesPerTrigger"),
+        ({"minOffsetsPerTrigger": "9", "maxRecordsPerTrigger": "5"}, "above"),
+        ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=message):
+            ReadOptions.parse({**base, **options}, streaming=True)
+    with pytest.raises(InvalidArgumentError, match="only streaming"):
+        ReadOptions.parse({**base, "maxBytesPerTrigger": "5"})
+
+
+# ---------------------------------------------------------------- positions per log
+
+
+def test_starting_and_ending_positions_per_log(spark, module_cluster, bk, tmp_path):
+    uri = module_cluster.metadata_uri
+    a = write_log(bk, "posa", [10, 10], close=True)
+    b = write_log(bk, "posb", [10], close=True)
+    c = write_log(bk, "posc", [5], close=True)
+    first_a, second_a = bk.open_log("posa").ledgers()
+    df = batch(
+        spark,
+        uri,
+        logs="posa,posb,posc",
+        startingPositions=json.dumps({"posa": {"ledger": first_a, "entry": 5}, "posb": "latest"}),
+        endingPositions=json.dumps({"posa": f"{second_a}:3", "posc": -1}),
+    )
+    got = sorted((r.log, bytes(r.data)) for r in df.collect())
+    assert got == sorted([("posa", x) for x in a[5:13]] + [("posc", x) for x in c])
+    assert batch(spark, uri, logs="posa,posb", startingPositions="latest").count() == 0
+    both = batch(spark, uri, logs="posa,posb", startingPositions=json.dumps({"posb": -2}))
+    assert both.count() == len(a) + len(b)
+    # The singular options keep working.
+    one = batch(spark, uri, log="posa", startingPosition=f"{second_a}:8")
+    assert [bytes(r.data) for r in one.collect()] == a[18:]
+
+    # Streaming: a new query starts where startingPositions says.
+    q = (
+        to_memory(
+            stream(
+                spark,
+                uri,
+                logs="posa,posb",
+                startingPositions=json.dumps({"posa": [second_a, 7], "posb": "earliest"}),
+            ),
+            "positions_rows",
+            tmp_path / "ckpt",
+        )
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    assert rows_of(spark, "positions_rows") == sorted(
+        [("posa", x) for x in a[17:]] + [("posb", x) for x in b]
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"log": "posa", "startingPositions": '{"posb": -2}'}, "log posb is not read"),
+        ({"log": "posa", "startingPositions": "[1, 2]"}, "startingPositions"),
+        ({"log": "posa", "startingPosition": "1:0", "startingPositions": "latest"}, "not both"),
+        ({"logs": "posa,posa"}, "names a log twice"),
+        ({"logPattern": "pos("}, "not a regular expression"),
+        ({"logs": "posa", "log": "posb"}, "got both"),
+    ],
+)
+def test_bad_positions_and_log_options_fail_on_the_driver(spark, module_cluster, options, message):
+    from pyspark.errors import AnalysisException
+
+    with pytest.raises(AnalysisException, match=message):
+        batch(spark, module_cluster.metadata_uri, **options)
+
+
+# ---------------------------------------------------------------- several logs
+
+
+def test_a_log_pattern_stream_picks_up_logs_created_while_it_runs(
+    spark, module_cluster, bk, tmp_path
+):
+    uri = module_cluster.metadata_uri
+    first = write_log(bk, "feed-one", [15], close=True)
+    write_log(bk, "other-feed", [7], close=True)  # does not match
+    q = (
+        to_memory(stream(spark, uri, logPattern="feed-.*"), "feed_rows", tmp_path / "ckpt")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        poll_until(
+            lambda: q.exception() is None and sum(batch_sizes(q)) == 15,
+            timeout_s=60,
+            what="the first log's records",
+        )
+        second = write_log(bk, "feed-two", [4, 6])
+        poll_until(
+            lambda: q.exception() is None and sum(batch_sizes(q)) == 25,
+            timeout_s=60,
+            what="the records of the log created later",
+        )
+        end = json.loads(q.lastProgress["sources"][0]["endOffset"])
+        assert set(end) == {"feed-one", "feed-two"}  # a bound per log
+        assert end["feed-one"]["entry"] == 15
+    finally:
+        q.stop()
+    assert q.exception() is None
+    assert rows_of(spark, "feed_rows") == sorted(
+        [("feed-one", x) for x in first] + [("feed-two", x) for x in second]
+    )
+    df = batch(spark, uri, logPattern="feed-.*")
+    assert df.schema["log"].dataType.simpleString() == "string"
+    assert sorted((r.log, bytes(r.data)) for r in df.collect()) == rows_of(spark, "feed_rows")
+
+
+def test_several_logs_share_max_records_per_trigger(spark, module_cluster, bk, tmp_path):
+    uri = module_cluster.metadata_uri
+    big = write_log(bk, "sharebig", [90], close=True)
+    small = write_log(bk, "sharesml", [10], close=True)
+    q = (
+        to_memory(
+            stream(spark, uri, logs="sharebig,sharesml", maxRecordsPerTrigger="20"),
+            "share_rows",
+            tmp_path / "ckpt",
+        )
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    sizes = batch_sizes(q)
+    assert max(sizes) <= 20 and sum(sizes) == 100
+    first = q.recentProgress[0]["sources"][0]
+    start = json.loads(first["endOffset"])
+    assert start["sharebig"]["entry"] == 18 and start["sharesml"]["entry"] == 2  # prorated
+    assert rows_of(spark, "share_rows") == sorted(
+        [("sharebig", x) for x in big] + [("sharesml", x) for x in small]
+    )
+
+
+# ---------------------------------------------------------------- failOnDataLoss
+
+
+def truncated_log(bk: quorumlog.BookKeeper, name: str) -> tuple[list[bytes], int, int]:
+    """Two closed ledgers of 10 records, truncated before the second's entry 4."""
+    records = write_log(bk, name, [10, 10], close=True)
+    first, second = bk.open_log(name).ledgers()
+    bk.open_log(name).truncate(Position(second, 4))
+    return records, first, second
+
+
+def test_fail_on_data_loss(spark, module_cluster, bk, tmp_path):
+    from pyspark.errors import AnalysisException, StreamingQueryException
+
+    uri = module_cluster.metadata_uri
+    records, first, _ = truncated_log(bk, "lossy")
+    start = f"{first}:0"
+    with pytest.raises(
+        AnalysisException, match=r"LogTruncatedError: log lossy: position .* truncation"
+    ):
+        batch(spark, uri, log="lossy", startingPosition=start).collect()
+    df = batch(spark, uri, log="lossy", startingPosition=start, failOnDataLoss="false")
+    assert [bytes(r.data) for r in df.collect()] == records[14:]
+
+    def run(checkpoint, **options):
+        return (
+            to_memory(
+                stream(spark, uri, log="lossy", startingPosition=start, **options), *checkpoint
+            )
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    failing = run(("lossy_fail", tmp_path / "a"))
+    with pytest.raises(StreamingQueryException, match="LogTruncatedError"):
+        failing.awaitTermination(120)
+    going_on = run(("lossy_rows", tmp_path / "b"), failOnDataLoss="false")
+    assert going_on.awaitTermination(120)
+    assert going_on.exception() is None
+    assert [data for _, data in rows_of(spark, "lossy_rows")] == records[14:]
+
+
+def test_fail_on_data_loss_false_counts_what_was_skipped(module_cluster, bk, caplog):
+    """The stream reader as Spark drives it: the records it skips over are counted
+    (in ``skipped_records``, and in a WARNING of the driver's log)."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from quorumlog.spark.datasource import QuorumlogStreamReader
+    from quorumlog.spark.options import ReadOptions
+
+    records = write_log(bk, "skipper", [10, 10], close=True)
+    first, second = bk.open_log("skipper").ledgers()
+    opts = ReadOptions.parse(
+        {"metadata": module_cluster.metadata_uri, "log": "skipper", "failOnDataLoss": "false"},
+        streaming=True,
+    )
+    reader = QuorumlogStreamReader(opts)
+    end = reader.latestOffset(reader.initialOffset(), ReadMaxRows(2))
+    assert end == {"ledger": first, "entry": 2}
+    bk.open_log("skipper").truncate(Position(second, 4))
+    with caplog.at_level(logging.WARNING, logger="quorumlog.spark.datasource"):
+        later = reader.latestOffset(end, ReadMaxRows(2))
+    assert later == {"ledger": second, "entry": 6}
+    assert reader.skipped_records == 8 + 4  # the rest of the first ledger, 4 of the second
+    assert "12 record(s) skipped" in caplog.text
+    rows = [
+        row
+        for partition in reader.partitions(end, later)
+        for batch_ in reader.read(partition)
+        for row in batch_.column("data").to_pylist()
+    ]
+    assert rows == records[14:16]
+
+
+# ---------------------------------------------------------------- progress
+
+
+def test_progress_shows_each_logs_latest_offset(spark, module_cluster, bk, tmp_path):
+    uri = module_cluster.metadata_uri
+    write_log(bk, "lagged", [50], close=True)
+    q = (
+        to_memory(
+            stream(spark, uri, log="lagged", maxRecordsPerTrigger="10"),
+            "lagged_rows",
+            tmp_path / "ckpt",
+        )
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(120)
+    source = q.recentProgress[0]["sources"][0]
+    assert json.loads(source["endOffset"])["entry"] == 10
+    assert json.loads(source["latestOffset"])["entry"] == 50  # 40 records behind
+
+
+def test_available_now_on_a_pattern_ignores_logs_created_after_it_started(module_cluster, bk):
+    """The stream reader as Spark drives it: the end of Trigger.AvailableNow is each log's
+    end when the query started, and a log created since is left to a later query."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from quorumlog.spark.datasource import QuorumlogStreamReader
+    from quorumlog.spark.options import ReadOptions
+
+    write_log(bk, "now-one", [3], close=True)
+    opts = ReadOptions.parse(
+        {"metadata": module_cluster.metadata_uri, "logPattern": "now-.*"}, streaming=True
+    )
+    reader = QuorumlogStreamReader(opts)
+    start = reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    write_log(bk, "now-two", [2], close=True)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert set(end) == {"now-one"} and end["now-one"]["entry"] == 3
+    assert reader.latestOffset(end, ReadAllAvailable()) == end  # done: the query stops
+    later = QuorumlogStreamReader(opts)
+    assert set(later.latestOffset(end, ReadAllAvailable())) == {"now-one", "now-two"}
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_deleted_log_fails_the_stream_unless_fail_on_data_loss_is_false(
+    module_cluster, bk, fail_on_data_loss
+):
+    """The stream reader as Spark drives it, for a read of two logs and of one."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from quorumlog.log.errors import NoSuchLogError
+    from quorumlog.spark.datasource import QuorumlogStreamReader
+    from quorumlog.spark.options import ReadOptions
+
+    tag = str(fail_on_data_loss).lower()
+    kept, gone, alone = f"kept-{tag}", f"gone-{tag}", f"alone-{tag}"
+    for name in (kept, gone, alone):
+        write_log(bk, name, [3], close=True)
+    base = {"metadata": module_cluster.metadata_uri, "failOnDataLoss": tag}
+    pair = QuorumlogStreamReader(
+        ReadOptions.parse({**base, "logs": f"{kept},{gone}"}, streaming=True)
+    )
+    one = QuorumlogStreamReader(ReadOptions.parse({**base, "log": alone}, streaming=True))
+    pair_start, one_start = pair.initialOffset(), one.initialOffset()
+    bk.delete_log(gone)
+    bk.delete_log(alone)
+    if fail_on_data_loss:
+        for reader, start in ((pair, pair_start), (one, one_start)):
+            with pytest.raises(NoSuchLogError):
+                reader.latestOffset(start, ReadAllAvailable())
+        return
+    end = pair.latestOffset(pair_start, ReadAllAvailable())
+    assert set(end) == {kept} and end[kept]["entry"] == 3  # read on without the deleted log
+    assert one.latestOffset(one_start, ReadAllAvailable()) == one_start  # nothing to read
