@@ -21,7 +21,7 @@ def write_log(
     bk: quorumlog.BookKeeper, name: str, counts: list[int], *, close: bool = False
 ) -> list[bytes]:
     """A log whose ledgers hold ``counts`` records of 10 bytes each (``name`` padded)."""
-    writer = bk.open_log(name).open_writer()
+    writer = quorumlog.LogNamespace(bk).open_log(name).open_writer()
     records: list[bytes] = []
     for index, count in enumerate(counts):
         if index:
@@ -107,7 +107,7 @@ def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(
     spark, module_cluster, bk, tmp_path
 ):
     uri = module_cluster.metadata_uri
-    writer = bk.open_log("minimum").open_writer()
+    writer = quorumlog.LogNamespace(bk).open_log("minimum").open_writer()
     for i in range(5):
         writer.append(b"m%d" % i)
     q = (
@@ -180,7 +180,7 @@ def test_starting_and_ending_positions_per_log(spark, module_cluster, bk, tmp_pa
     a = write_log(bk, "posa", [10, 10], close=True)
     b = write_log(bk, "posb", [10], close=True)
     c = write_log(bk, "posc", [5], close=True)
-    first_a, second_a = bk.open_log("posa").ledgers()
+    first_a, second_a = quorumlog.LogNamespace(bk).open_log("posa").ledgers()
     df = batch(
         spark,
         uri,
@@ -308,8 +308,8 @@ def test_several_logs_share_max_records_per_trigger(spark, module_cluster, bk, t
 def truncated_log(bk: quorumlog.BookKeeper, name: str) -> tuple[list[bytes], int, int]:
     """Two closed ledgers of 10 records, truncated before the second's entry 4."""
     records = write_log(bk, name, [10, 10], close=True)
-    first, second = bk.open_log(name).ledgers()
-    bk.open_log(name).truncate(Position(second, 4))
+    first, second = quorumlog.LogNamespace(bk).open_log(name).ledgers()
+    quorumlog.LogNamespace(bk).open_log(name).truncate(Position(second, 4))
     return records, first, second
 
 
@@ -353,7 +353,7 @@ def test_fail_on_data_loss_false_counts_what_was_skipped(module_cluster, bk, cap
     from quorumlog.spark.options import ReadOptions
 
     records = write_log(bk, "skipper", [10, 10], close=True)
-    first, second = bk.open_log("skipper").ledgers()
+    first, second = quorumlog.LogNamespace(bk).open_log("skipper").ledgers()
     opts = ReadOptions.parse(
         {"metadata": module_cluster.metadata_uri, "log": "skipper", "failOnDataLoss": "false"},
         streaming=True,
@@ -361,7 +361,7 @@ def test_fail_on_data_loss_false_counts_what_was_skipped(module_cluster, bk, cap
     reader = QuorumlogStreamReader(opts)
     end = reader.latestOffset(reader.initialOffset(), ReadMaxRows(2))
     assert end == {"ledger": first, "entry": 2}
-    bk.open_log("skipper").truncate(Position(second, 4))
+    quorumlog.LogNamespace(bk).open_log("skipper").truncate(Position(second, 4))
     with caplog.at_level(logging.WARNING, logger="quorumlog.spark.datasource"):
         later = reader.latestOffset(end, ReadMaxRows(2))
     assert later == {"ledger": second, "entry": 6}
@@ -441,8 +441,8 @@ def test_a_deleted_log_fails_the_stream_unless_fail_on_data_loss_is_false(
     )
     one = QuorumlogStreamReader(ReadOptions.parse({**base, "log": alone}, streaming=True))
     pair_start, one_start = pair.initialOffset(), one.initialOffset()
-    bk.delete_log(gone)
-    bk.delete_log(alone)
+    quorumlog.LogNamespace(bk).delete_log(gone)
+    quorumlog.LogNamespace(bk).delete_log(alone)
     if fail_on_data_loss:
         for reader, start in ((pair, pair_start), (one, one_start)):
             with pytest.raises(NoSuchLogError):
