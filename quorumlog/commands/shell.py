@@ -1,7 +1,7 @@
 """``quorumlog shell``: the operator's commands, after BookKeeper's shell.
 
     quorumlog shell [--metadata URI] listbookies
-    quorumlog shell listledgers
+    quorumlog shell listledgers [--reads-per-s R]
     quorumlog shell ledgermetadata ID
     quorumlog shell readledger ID [--first N] [--last M] [--password TEXT] [--recover]
     quorumlog shell deleteledger ID [--password TEXT]
@@ -56,7 +56,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     security_options.add_token_file_option(shell)
     commands = shell.add_subparsers(dest="shell_command", metavar="COMMAND", required=True)
     commands.add_parser("listbookies", help="list available bookies (writable and read-only)")
-    commands.add_parser("listledgers", help="list ledger ids")
+    listledgers = commands.add_parser("listledgers", help="list ledger ids")
+    listledgers.add_argument(
+        "--reads-per-s",
+        type=float,
+        default=None,
+        help="at most this many metadata listings a second (default: no limit)",
+    )
     meta = commands.add_parser("ledgermetadata", help="print a ledger's metadata as JSON")
     meta.add_argument("ledger_id", type=int)
     read = commands.add_parser(
@@ -241,7 +247,8 @@ async def _listbookies(bk, args: argparse.Namespace) -> int:  # type: ignore[no-
 
 
 async def _listledgers(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    for ledger_id in await bk.list_ledgers():
+    # Walks the layout level by level: printed as found, never listed whole.
+    async for ledger_id in bk.ledgers.ledger_ids(reads_per_s=args.reads_per_s):
         print(ledger_id)
     return 0
 
