@@ -162,3 +162,36 @@ def test_migration_moves_ledgers_created_flat_by_a_client_that_had_not_seen_the_
             assert await flat_ids(store) == []
 
     run(body())
+
+
+def test_a_watch_follows_its_ledger_to_the_new_place(metadata_uri):
+    """A watch set on a flat ledger reports the move's re-read (same metadata, a new
+    version) and then the changes made at the hierarchical place."""
+
+    async def body():
+        async with (
+            await open_store(metadata_uri) as store,
+            await open_store(metadata_uri) as watcher_store,
+        ):
+            await make_flat(store, [9])
+            watcher = LedgerManager(watcher_store)
+            original, _ = await watcher.read(9)  # the watcher knows the cluster as flat
+            seen: asyncio.Queue[LedgerMetadata | None] = asyncio.Queue()
+            watch = watcher.watch(9, seen.put_nowait)
+            await watcher_store.exists(LEDGERS_PATH)  # a round trip: the watch is in force
+            await migrate_to_hierarchical(store, level_digits=2)
+            writer = LedgerManager(store)
+            md, version = await writer.read(9)
+            grown = md.with_new_fragment(3, ("x:1", *BOOKIES[1:]))
+            await writer.write(grown, version)
+            # The move's re-read may come before the write or be folded into it (a
+            # watch skips versions already superseded): the original, then the write.
+            reported = await asyncio.wait_for(seen.get(), 10)
+            if reported == original:
+                reported = await asyncio.wait_for(seen.get(), 10)
+            assert reported == grown
+            await writer.delete(9)
+            assert await asyncio.wait_for(seen.get(), 10) is None
+            watch.cancel()
+
+    run(body())
