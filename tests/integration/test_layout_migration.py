@@ -6,6 +6,11 @@ a client that had not seen the marker yet (docs/METADATA.md)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from support import run
@@ -195,3 +200,47 @@ def test_a_watch_follows_its_ledger_to_the_new_place(metadata_uri):
             watch.cancel()
 
     run(body())
+
+
+@pytest.mark.parametrize("metadata_uri", ["sqlite"], indirect=True)
+def test_migratelayout_killed_mid_way_and_run_again_loses_nothing(metadata_uri):
+    """The command killed (SIGKILL) part way through its moves, then run again: every
+    ledger is at one place at every moment, and the second run finishes the job."""
+    ids = list(range(1, 41))
+
+    async def prepare() -> None:
+        async with await open_store(metadata_uri) as store:
+            await make_flat(store, ids)
+
+    async def where() -> tuple[list[int], list[int]]:
+        async with await open_store(metadata_uri) as store:
+            ledgers = LedgerManager(store)
+            listed = await ledgers.list_ledger_ids()
+            for ledger_id in ids:
+                await ledgers.read(ledger_id)  # readable, wherever it is
+            return listed, await flat_ids(store)
+
+    run(prepare())
+    command = [sys.executable, "-m", "quorumlog", "shell", "--metadata", metadata_uri]
+    process = subprocess.Popen(
+        [*command, "migratelayout", "--reads-per-s", "40"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            listed, flat = run(where())
+            assert listed == ids
+            if len(flat) < len(ids) - 3:
+                break
+            time.sleep(0.05)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    listed, flat = run(where())
+    assert listed == ids and 0 < len(flat) < len(ids)  # stopped part way
+    again = subprocess.run([*command, "migratelayout"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert f"{len(flat)} ledger(s) moved" in again.stdout
+    assert run(where()) == (ids, [])
