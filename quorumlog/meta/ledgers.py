@@ -147,6 +147,8 @@ class LedgerManager:
         if self._layout is not None and self._layout.is_hierarchical:
             return self._layout
         layout = await self._read_marker()
+        if layout is None and self._layout is not None:
+            return self._layout  # flat, /ledgers seen: only a marker can change that
         if layout is None:
             if await self.store.exists(LEDGERS_PATH) is None:
                 return None
