@@ -1,7 +1,8 @@
 """``quorumlog shell``: the operator's commands, after BookKeeper's shell.
 
     quorumlog shell [--metadata URI] listbookies
-    quorumlog shell listledgers
+    quorumlog shell listledgers [--reads-per-s R]
+    quorumlog shell migratelayout [--level-digits D] [--reads-per-s R]
     quorumlog shell ledgermetadata ID
     quorumlog shell readledger ID [--first N] [--last M] [--password TEXT] [--recover]
     quorumlog shell deleteledger ID [--password TEXT]
@@ -57,7 +58,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     security_options.add_token_file_option(shell)
     commands = shell.add_subparsers(dest="shell_command", metavar="COMMAND", required=True)
     commands.add_parser("listbookies", help="list available bookies (writable and read-only)")
-    commands.add_parser("listledgers", help="list ledger ids")
+    listledgers = commands.add_parser("listledgers", help="list ledger ids")
+    listledgers.add_argument(
+        "--reads-per-s",
+        type=float,
+        default=None,
+        help="at most this many metadata listings a second (default: no limit)",
+    )
+    migrate = commands.add_parser(
+        "migratelayout",
+        help="move a flat cluster's ledger metadata to the hierarchical layout "
+        "(safe to stop and to run again, while clients run)",
+    )
+    migrate.add_argument(
+        "--level-digits",
+        type=int,
+        default=4,
+        help="digits per level of a cluster not yet hierarchical (4: 10,000 children)",
+    )
+    migrate.add_argument(
+        "--reads-per-s",
+        type=float,
+        default=None,
+        help="at most this many metadata reads a second (default: no limit)",
+    )
     meta = commands.add_parser("ledgermetadata", help="print a ledger's metadata as JSON")
     meta.add_argument("ledger_id", type=int)
     read = commands.add_parser(
@@ -174,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     handlers: dict[str, Callable[..., Awaitable[int]]] = {
         "listbookies": _listbookies,
         "listledgers": _listledgers,
+        "migratelayout": _migratelayout,
         "ledgermetadata": _ledgermetadata,
         "readledger": _readledger,
         "deleteledger": _deleteledger,
@@ -242,9 +267,23 @@ async def _listbookies(bk, args: argparse.Namespace) -> int:  # type: ignore[no-
 
 
 async def _listledgers(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    for ledger_id in await bk.list_ledgers():
+    # Walks the layout level by level: printed as found, never listed whole.
+    async for ledger_id in bk.ledgers.ledger_ids(reads_per_s=args.reads_per_s):
         print(ledger_id)
     return 0
+
+
+async def _migratelayout(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from quorumlog.meta.migrate import migrate_to_hierarchical
+
+    report = await migrate_to_hierarchical(
+        bk.store, level_digits=args.level_digits, reads_per_s=args.reads_per_s
+    )
+    print(
+        f"layout {report.layout.kind} ({report.layout.level_digits} digits a level): "
+        f"{report.moved} ledger(s) moved in {report.passes} pass(es), {report.left} flat left"
+    )
+    return 0 if report.left == 0 else 1
 
 
 async def _ledgermetadata(bk, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]

@@ -1,20 +1,33 @@
 """Where ledgers live in the metadata store, and the operations on them.
 
-Layout (see docs/METADATA.md)::
+Layout (see docs/METADATA.md and :mod:`quorumlog.meta.layout`)::
 
-    /ledgers/<ledger id>     ledger metadata JSON (LedgerMetadata.to_bytes), decimal id
-    next_id("ledgers")       ledger ids, unique across every client, from 1
+    /ledgers/LAYOUT                        which layout new ledgers go to (JSON)
+    /ledgers/0000/0000/0000/0000/L0001     ledger 1 in the hierarchical layout (default)
+    /ledgers/<ledger id>                   a ledger in the flat layout (older clusters)
+    next_id("ledgers")                     ledger ids, unique across every client, from 1
 
 Every change is a compare-and-set on the node version (R5, R6, R7 rely on it), and
 every read-modify-write goes through :meth:`LedgerManager.update`, the one conflict
 policy: on a version conflict, read again and decide again.
+
+A cluster moving from the flat to the hierarchical layout holds ledgers in both places
+(``quorumlog shell migratelayout`` moves each with one atomic multi-operation: create
+the hierarchical node, delete the flat one at the version read). Ledgers only ever move
+that way, so a lookup tries the hierarchical place, then the flat one, then the
+hierarchical one again: a ledger that moved between the first two reads is found by the
+third. The version a caller gets says where it was read: a flat node's version is
+offset by :data:`FLAT_VERSION_BASE`, so a compare-and-set against a copy read before a
+move never matches the moved node's version (which starts again at 0): it fails with
+MetadataVersionError and the caller reads again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -26,13 +39,32 @@ from quorumlog.errors import (
     NoNodeError,
     NoSuchLedgerError,
 )
+from quorumlog.meta.layout import (
+    DEFAULT_LAYOUT,
+    LAYOUT_PATH,
+    LEDGERS_PATH,
+    Layout,
+    ReadPacer,
+    check_ledger_id,
+    flat_ledger_id,
+    flat_path,
+)
 from quorumlog.meta.ledger_metadata import LedgerMetadata
-from quorumlog.meta.store import MetadataStore, Watch, WatchEvent
+from quorumlog.meta.store import CreateOp, MetadataStore, Versioned, Watch, WatchEvent
 
 log = logging.getLogger(__name__)
 
-LEDGERS_PATH = "/ledgers"
+__all__ = [
+    "FLAT_VERSION_BASE",
+    "LEDGERS_PATH",
+    "LEDGER_ID_COUNTER",
+    "LedgerManager",
+]
+
 LEDGER_ID_COUNTER = "ledgers"
+# Versions of flat nodes are reported offset by this much (a store's versions are
+# 32-bit): never equal to a version of the same ledger's hierarchical node.
+FLAT_VERSION_BASE = 1 << 32
 
 LedgerCallback = Callable[[LedgerMetadata | None], None]
 
@@ -75,13 +107,6 @@ class MetadataConflictsError(MetadataError):
     """Every compare-and-set of an update met a concurrent change of the ledger."""
 
 
-def ledger_path(ledger_id: int) -> str:
-    """The metadata path of one ledger."""
-    if ledger_id < 0:
-        raise NoSuchLedgerError(f"ledger {ledger_id}: ledger ids are not negative")
-    return f"{LEDGERS_PATH}/{ledger_id}"
-
-
 class LedgerManager:
     """Ledger metadata in a :class:`MetadataStore`.
 
@@ -92,10 +117,17 @@ class LedgerManager:
         version = await ledgers.create(new_ledger_metadata(ledger_id, ensemble, 2, 2, ...))
         metadata, version = await ledgers.read(ledger_id)
         version = await ledgers.write(closed_metadata, version)   # CAS
+        async for ledger_id in ledgers.ledger_ids(reads_per_s=1000):
+            ...
+
+    ``new_layout`` is the layout a store without ledgers gets with its first ledger
+    (tests pass a small ``level_digits`` to see levels fill without 10,000 ledgers).
     """
 
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, store: MetadataStore, *, new_layout: Layout = DEFAULT_LAYOUT) -> None:
         self.store = store
+        self.new_layout = new_layout
+        self._layout: Layout | None = None  # kept once hierarchical: it never goes back
 
     async def new_ledger_id(self) -> int:
         """A ledger id no client ever got before (starts at 1)."""
@@ -106,63 +138,257 @@ class LedgerManager:
         :meth:`new_ledger_id`; returns the first of them."""
         return await self.store.next_id(LEDGER_ID_COUNTER, count) - count + 1
 
+    # ------------------------------------------------------------------ layout
+
+    async def layout(self) -> Layout | None:
+        """The cluster's layout: its ``/ledgers/LAYOUT`` marker; an unmarked flat layout
+        when ``/ledgers`` exists without one (a cluster from before layouts); None when
+        there is no ``/ledgers`` (no ledger was ever created)."""
+        if self._layout is not None and self._layout.is_hierarchical:
+            return self._layout
+        layout = await self._read_marker()
+        if layout is None and self._layout is not None:
+            return self._layout  # flat, /ledgers seen: only a marker can change that
+        if layout is None:
+            if await self.store.exists(LEDGERS_PATH) is None:
+                return None
+            # /ledgers and the marker of a new cluster are created together: a marker
+            # still missing now is a flat cluster's.
+            layout = await self._read_marker() or Layout.flat(marked=False)
+        self._layout = layout
+        return layout
+
+    async def _read_marker(self) -> Layout | None:
+        try:
+            found = await self.store.get(LAYOUT_PATH)
+        except NoNodeError:
+            return None
+        return Layout.from_bytes(found.data)
+
+    async def _layout_for_create(self) -> Layout:
+        layout = await self.layout()
+        if layout is None:
+            marker = self.new_layout.to_bytes()
+            # NodeExistsError: another client made the cluster's first ledger.
+            with contextlib.suppress(NodeExistsError):
+                await self.store.multi([CreateOp(LEDGERS_PATH), CreateOp(LAYOUT_PATH, marker)])
+            layout = await self.layout()
+            if layout is None:
+                raise MetadataError(f"{LEDGERS_PATH} vanished while it was being created")
+        return layout
+
+    async def _hierarchical(self) -> Layout | None:
+        layout = await self.layout()
+        return layout if layout is not None and layout.is_hierarchical else None
+
+    async def path_of(self, ledger_id: int) -> str | None:
+        """Where the ledger's metadata is now (None: nowhere)."""
+        found = await self._find(ledger_id)
+        return None if found is None else found[0]
+
+    async def _get(self, path: str) -> Versioned | None:
+        try:
+            return await self.store.get(path)
+        except NoNodeError:
+            return None
+
+    async def _find(self, ledger_id: int) -> tuple[str, Versioned, int] | None:
+        """(path, node, version as reported) of a ledger, wherever it is, or None.
+
+        Moves go from flat to hierarchical only: hierarchical, flat, hierarchical again
+        finds a ledger that moved between the first two reads."""
+        check_ledger_id(ledger_id)
+        known = self._layout if self._layout is not None and self._layout.is_hierarchical else None
+        if known is not None:
+            path = known.hierarchical_path(ledger_id)
+            found = await self._get(path)
+            if found is not None:
+                return path, found, found.version
+        flat = flat_path(ledger_id)
+        found = await self._get(flat)
+        if found is not None:
+            return flat, found, found.version + FLAT_VERSION_BASE
+        hierarchical = await self._hierarchical()
+        if hierarchical is not None:
+            path = hierarchical.hierarchical_path(ledger_id)
+            found = await self._get(path)
+            if found is not None:
+                return path, found, found.version
+        return None
+
+    # ------------------------------------------------------------------ one ledger
+
     async def create(self, metadata: LedgerMetadata) -> int:
-        """Store the metadata of a new ledger; returns its version (0).
+        """Store the metadata of a new ledger; returns its version (0 in the
+        hierarchical layout).
 
         NodeExistsError if the ledger already exists.
         """
-        path = ledger_path(metadata.ledger_id)
+        ledger_id = check_ledger_id(metadata.ledger_id)
+        layout = await self._layout_for_create()
+        path = layout.path(ledger_id)
+        other = flat_path(ledger_id) if layout.is_hierarchical else None
+        if other is not None and await self.store.exists(other) is not None:
+            raise NodeExistsError(f"ledger {ledger_id} already exists ({other})")
         try:
             await self.store.create(path, metadata.to_bytes())
         except NodeExistsError:
-            raise NodeExistsError(f"ledger {metadata.ledger_id} already exists ({path})") from None
-        return 0
+            raise NodeExistsError(f"ledger {ledger_id} already exists ({path})") from None
+        return 0 if layout.is_hierarchical else FLAT_VERSION_BASE
 
     async def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         """The metadata of a ledger and its version; NoSuchLedgerError if absent."""
-        path = ledger_path(ledger_id)
-        try:
-            found = await self.store.get(path)
-        except NoNodeError:
-            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist ({path})") from None
-        return _decode(ledger_id, found.data), found.version
+        found = await self._find(ledger_id)
+        if found is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+        _, node, version = found
+        return _decode(ledger_id, node.data), version
+
+    async def _where(self, ledger_id: int, version: int) -> tuple[str, int]:
+        """The path a compare-and-set at ``version`` goes to, and the store's version."""
+        if version == -1:
+            found = await self._find(ledger_id)
+            if found is None:
+                raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+            return found[0], -1
+        if version >= FLAT_VERSION_BASE:
+            return flat_path(ledger_id), version - FLAT_VERSION_BASE
+        hierarchical = await self._hierarchical()
+        if hierarchical is None:
+            return flat_path(ledger_id), -2  # no such version there: a conflict or absence
+        return hierarchical.hierarchical_path(ledger_id), version
+
+    async def _missing(self, ledger_id: int, version: int) -> BKError:
+        """The error of a compare-and-set whose node is gone: the ledger moved (its copy
+        is stale) or was deleted."""
+        if await self._find(ledger_id) is not None:
+            return MetadataVersionError(
+                f"ledger {ledger_id}: metadata moved or changed since version {version}"
+            )
+        return NoSuchLedgerError(f"ledger {ledger_id} does not exist")
 
     async def write(self, metadata: LedgerMetadata, version: int) -> int:
         """Compare-and-set the metadata; returns the new version.
 
-        MetadataVersionError if someone else changed it since ``version``;
+        MetadataVersionError if someone else changed (or moved) it since ``version``;
         NoSuchLedgerError if the ledger was deleted.
         """
         ledger_id = metadata.ledger_id
-        path = ledger_path(ledger_id)
+        path, stored = await self._where(ledger_id, version)
+        if stored == -2:
+            raise await self._missing(ledger_id, version)
         try:
-            return await self.store.set(path, metadata.to_bytes(), version)
+            new_version = await self.store.set(path, metadata.to_bytes(), stored)
         except NoNodeError:
-            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist ({path})") from None
+            raise await self._missing(ledger_id, version) from None
         except MetadataVersionError:
             raise MetadataVersionError(
                 f"ledger {ledger_id}: metadata changed since version {version}"
             ) from None
+        return new_version + (FLAT_VERSION_BASE if path == flat_path(ledger_id) else 0)
 
     async def delete(self, ledger_id: int, version: int = -1) -> None:
         """Delete a ledger's metadata; NoSuchLedgerError if absent."""
-        path = ledger_path(ledger_id)
+        path, stored = await self._where(ledger_id, version)
+        if stored == -2:
+            raise await self._missing(ledger_id, version)
         try:
-            await self.store.delete(path, version)
+            await self.store.delete(path, stored)
         except NoNodeError:
-            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist ({path})") from None
+            if version == -1:  # moved between the lookup and the delete: once more
+                path, _ = await self._where(ledger_id, -1)
+                try:
+                    await self.store.delete(path, -1)
+                except NoNodeError:
+                    raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+                return
+            raise await self._missing(ledger_id, version) from None
         except MetadataVersionError:
             raise MetadataVersionError(
                 f"ledger {ledger_id}: metadata changed since version {version}"
             ) from None
 
-    async def list_ledger_ids(self) -> list[int]:
-        """Every ledger id, in increasing order."""
+    # ------------------------------------------------------------------ listing
+
+    async def ledger_ids(
+        self, *, reads_per_s: float | None = None, missing_ok: bool = True
+    ) -> AsyncIterator[int]:
+        """Every ledger id, in increasing order, walking the layout level by level.
+
+        At most one listing per level is held at a time (10,000 names by default),
+        never the whole cluster's, except the flat ledgers of a flat cluster (that
+        layout has but one level). Listings are spaced to ``reads_per_s`` (None: no
+        limit). A ledger created or deleted during the walk may or may not be listed;
+        one that moves from the flat to the hierarchical layout meanwhile is listed
+        once. Without ``/ledgers`` there are no ledgers, or NoNodeError when
+        ``missing_ok`` is false (a wiped store is not an empty one, R15).
+        """
+        pacer = ReadPacer(reads_per_s)
+        await pacer.wait()
         try:
             names = await self.store.children(LEDGERS_PATH)
         except NoNodeError:
-            return []
-        return sorted(int(name) for name in names if name.isdigit())
+            if missing_ok:
+                return
+            raise
+        flat_ids = sorted(i for i in map(flat_ledger_id, names) if i is not None)
+        layout = await self._hierarchical() if len(flat_ids) < len(names) else None
+        tops = [] if layout is None else [n for n in names if layout.is_level_name(n, 0)]
+        del names
+        position = 0
+        if layout is not None:
+            async for ledger_id in self._walk(layout, LEDGERS_PATH, tops, 0, "", pacer):
+                while position < len(flat_ids) and flat_ids[position] < ledger_id:
+                    yield flat_ids[position]
+                    position += 1
+                if position < len(flat_ids) and flat_ids[position] == ledger_id:
+                    position += 1  # moved during the walk: listed once
+                yield ledger_id
+        for ledger_id in flat_ids[position:]:
+            yield ledger_id
+
+    async def _walk(
+        self, layout: Layout, path: str, names: list[str], depth: int, digits: str, pacer: ReadPacer
+    ) -> AsyncIterator[int]:
+        last = layout.levels - 1
+        for name in names:
+            if depth == last:
+                leaf = layout.leaf_digits(name)
+                if leaf is not None:
+                    yield int(digits + leaf)
+                continue
+            if not layout.is_level_name(name, depth):
+                continue
+            below = f"{path}/{name}"
+            await pacer.wait()
+            try:
+                children = await self.store.children(below)
+            except NoNodeError:
+                continue  # removed meanwhile: nothing below it
+            async for ledger_id in self._walk(
+                layout, below, children, depth + 1, digits + name, pacer
+            ):
+                yield ledger_id
+
+    async def ledgers(
+        self, *, reads_per_s: float | None = None
+    ) -> AsyncIterator[tuple[int, LedgerMetadata, int]]:
+        """(id, metadata, version) of every ledger, in id order, as :meth:`ledger_ids`
+        walks them; each read (and listing) spaced to ``reads_per_s``. Ledgers deleted
+        during the walk are skipped."""
+        pacer = ReadPacer(reads_per_s)
+        async for ledger_id in self.ledger_ids(reads_per_s=reads_per_s):
+            await pacer.wait()
+            try:
+                metadata, version = await self.read(ledger_id)
+            except NoSuchLedgerError:
+                continue
+            yield ledger_id, metadata, version
+
+    async def list_ledger_ids(self) -> list[int]:
+        """Every ledger id, in increasing order, in one list (small clusters, tests;
+        scans of a whole cluster walk :meth:`ledger_ids` instead)."""
+        return [ledger_id async for ledger_id in self.ledger_ids()]
 
     async def update(
         self,
@@ -232,7 +458,11 @@ def _decode(ledger_id: int, data: bytes) -> LedgerMetadata:
 
 
 class _LedgerWatch(Watch):
-    """Turns store events into re-reads of the metadata, one read at a time."""
+    """Turns store events into re-reads of the metadata, one read at a time.
+
+    It watches the ledger's flat node and, once the layout is known to be
+    hierarchical, its hierarchical node too: a ledger moved by a migration is
+    followed to its new place (the move deletes the flat node, an event)."""
 
     def __init__(self, manager: LedgerManager, ledger_id: int, callback: LedgerCallback) -> None:
         self.manager = manager
@@ -242,11 +472,31 @@ class _LedgerWatch(Watch):
         self.dirty = False
         self.reader: asyncio.Task[None] | None = None
         self.last_version: int | None = None  # last version reported; -1 after deletion
-        self.store_watch = manager.store.watch(ledger_path(ledger_id), self._on_event)
+        self.store_watches = [manager.store.watch(flat_path(ledger_id), self._on_event)]
+        self.hierarchical_watched: set[str] = set()
+        # Before the layout is read, the new clusters' one is the likely one: watched at
+        # once, so a change made right after this call is seen (a cluster with another
+        # level width gets its watch after the first read, which reads once more).
+        layout = manager._layout
+        self._watch_hierarchical(
+            layout if layout is not None and layout.is_hierarchical else manager.new_layout
+        )
+
+    def _watch_hierarchical(self, layout: Layout) -> bool:
+        """Watch the ledger's node in ``layout``; False when it is watched already."""
+        if not layout.is_hierarchical:
+            return False
+        path = layout.hierarchical_path(self.ledger_id)
+        if path in self.hierarchical_watched:
+            return False
+        self.store_watches.append(self.manager.store.watch(path, self._on_event))
+        self.hierarchical_watched.add(path)
+        return True
 
     def cancel(self) -> None:
         self.active = False
-        self.store_watch.cancel()
+        for store_watch in self.store_watches:
+            store_watch.cancel()
         if self.reader is not None and not self.reader.done():
             self.reader.cancel()
 
@@ -269,7 +519,14 @@ class _LedgerWatch(Watch):
             except MetadataError as exc:
                 log.warning("ledger %d watch: cannot read metadata: %s", self.ledger_id, exc)
                 continue
-            if not self.active or version == self.last_version:
+            if not self.active:
+                return
+            layout = self.manager._layout
+            if layout is not None and self._watch_hierarchical(layout):
+                # Watching the ledger's place only now: read once more, so a change made
+                # there before this watch existed is seen.
+                self.dirty = True
+            if version == self.last_version:
                 continue
             self.last_version = version
             try:

@@ -39,7 +39,7 @@ import sqlite3
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from quorumlog.errors import (
@@ -61,10 +61,15 @@ from quorumlog.meta.paths import (
     parent_of,
 )
 from quorumlog.meta.store import (
+    CheckOp,
+    CreateOp,
+    DeleteOp,
     EventType,
     MetadataStore,
+    Op,
     SessionCallback,
     SessionState,
+    SetOp,
     Versioned,
     Watch,
     WatchCallback,
@@ -628,6 +633,57 @@ class SqliteStore(MetadataStore):
                 raise NotEmptyError(f"metadata path {path} has children")
             conn.execute("DELETE FROM nodes WHERE path = ?", (path,))
             _log_change(conn, path, EventType.DELETED)
+        self._committed()
+
+    async def multi(self, ops: Sequence[Op]) -> None:
+        for op in ops:
+            check_path(op.path)
+            if op.path == ROOT and not isinstance(op, CheckOp):
+                raise MetadataError("metadata path / cannot be created, set or deleted")
+        await self._in_thread(self._multi, list(ops))
+        for op in ops:
+            if isinstance(op, DeleteOp):
+                self._own_ephemerals.discard(op.path)
+
+    def _multi(self, ops: list[Op]) -> None:
+        """One write transaction: every op or, on the first error, a rollback."""
+        conn = self._db()
+        with _Txn(conn):
+            for op in ops:
+                row = conn.execute(
+                    "SELECT version, owner FROM nodes WHERE path = ?", (op.path,)
+                ).fetchone()
+                if isinstance(op, CreateOp):
+                    if row is not None:
+                        raise NodeExistsError(f"metadata path {op.path} already exists")
+                    self._create_ancestors(conn, op.path)
+                    conn.execute(
+                        "INSERT INTO nodes (path, parent, name, data, version, owner)"
+                        " VALUES (?, ?, ?, ?, 0, NULL)",
+                        (op.path, parent_of(op.path), name_of(op.path), bytes(op.data)),
+                    )
+                    _log_change(conn, op.path, EventType.CREATED)
+                    continue
+                if row is None:
+                    raise NoNodeError(f"metadata path {op.path} does not exist")
+                if op.version != -1 and row[0] != op.version:
+                    raise MetadataVersionError(
+                        f"metadata path {op.path}: version is {row[0]}, expected {op.version}"
+                    )
+                if isinstance(op, SetOp):
+                    conn.execute(
+                        "UPDATE nodes SET data = ?, version = version + 1 WHERE path = ?",
+                        (bytes(op.data), op.path),
+                    )
+                    _log_change(conn, op.path, EventType.CHANGED)
+                elif isinstance(op, DeleteOp):
+                    child = conn.execute(
+                        "SELECT 1 FROM nodes WHERE parent = ? LIMIT 1", (op.path,)
+                    ).fetchone()
+                    if child is not None:
+                        raise NotEmptyError(f"metadata path {op.path} has children")
+                    conn.execute("DELETE FROM nodes WHERE path = ?", (op.path,))
+                    _log_change(conn, op.path, EventType.DELETED)
         self._committed()
 
     async def children(self, path: str) -> list[str]:

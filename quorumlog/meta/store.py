@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from quorumlog.errors import MetadataError
 
 
 class SessionState(enum.Enum):
@@ -52,6 +54,41 @@ class Watch(abc.ABC):
     @abc.abstractmethod
     def cancel(self) -> None: ...
 
+
+@dataclass(frozen=True, slots=True)
+class CreateOp:
+    """One operation of :meth:`MetadataStore.multi`: create ``path`` (persistent)."""
+
+    path: str
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class SetOp:
+    """One operation of :meth:`MetadataStore.multi`: compare-and-set ``path``."""
+
+    path: str
+    data: bytes
+    version: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOp:
+    """One operation of :meth:`MetadataStore.multi`: delete ``path`` at ``version``."""
+
+    path: str
+    version: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOp:
+    """One operation of :meth:`MetadataStore.multi`: ``path`` is at ``version``."""
+
+    path: str
+    version: int
+
+
+Op = CreateOp | SetOp | DeleteOp | CheckOp
 
 WatchCallback = Callable[[WatchEvent], None]
 SessionCallback = Callable[[SessionState], None]
@@ -102,6 +139,17 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     async def children(self, path: str) -> list[str]:
         """Names (not paths) of the children of ``path``, sorted. NoNodeError if absent."""
+
+    async def multi(self, ops: Sequence[Op]) -> None:
+        """Apply ``ops`` in order, all or none (ZooKeeper's ``multi``).
+
+        When one fails nothing is applied and its error is raised (NoNodeError,
+        NodeExistsError, MetadataVersionError, NotEmptyError), naming its path. The
+        missing parents of a CreateOp are created first, outside the transaction
+        (empty persistent nodes, harmless if the transaction then fails). Watches fire
+        after the whole transaction, as for single operations. A store that cannot do
+        this raises MetadataError."""
+        raise MetadataError(f"metadata store {self.uri} cannot apply operations atomically")
 
     @abc.abstractmethod
     async def sync(self, path: str = "/") -> None:

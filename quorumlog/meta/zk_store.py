@@ -42,7 +42,7 @@ import os
 import random
 import stat
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,12 +63,23 @@ from quorumlog.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from quorumlog.meta.paths import ROOT, check_counter_name, check_id_count, check_path
+from quorumlog.meta.paths import (
+    ROOT,
+    check_counter_name,
+    check_id_count,
+    check_path,
+    parent_of,
+)
 from quorumlog.meta.store import (
+    CheckOp,
+    CreateOp,
+    DeleteOp,
     EventType,
     MetadataStore,
+    Op,
     SessionCallback,
     SessionState,
+    SetOp,
     Versioned,
     Watch,
     WatchCallback,
@@ -436,6 +447,49 @@ class ZkStore(MetadataStore):
                 f"metadata path {path}: version is not {version} any more"
             ) from None
         self._own_ephemerals.discard(path)
+
+    async def multi(self, ops: Sequence[Op]) -> None:
+        ops = list(ops)
+        for op in ops:
+            check_path(op.path)
+            if op.path == ROOT and not isinstance(op, CheckOp):
+                raise MetadataError("metadata path / cannot be created, set or deleted")
+            self._check_alive_for(op.path)
+        created = {op.path for op in ops if isinstance(op, CreateOp)}
+        parents = set()
+        for path in created:
+            parent = parent_of(path)
+            while parent in created:  # made by the transaction itself: its parent then
+                parent = parent_of(parent)
+            parents.add(parent)
+        for parent in sorted(parents - {ROOT}):
+            await self._ensure_path(parent)
+
+        def start() -> AsyncResult:
+            transaction = self._client.transaction()
+            for op in ops:
+                if isinstance(op, CreateOp):
+                    transaction.create(op.path, bytes(op.data))
+                elif isinstance(op, SetOp):
+                    transaction.set_data(op.path, bytes(op.data), op.version)
+                elif isinstance(op, DeleteOp):
+                    transaction.delete(op.path, op.version)
+                else:
+                    transaction.check(op.path, op.version)
+            return transaction.commit_async()
+
+        what = ops[0].path if ops else ROOT
+        results = await self._call("multi", what, start)
+        for op, result in zip(ops, results or [], strict=False):
+            if isinstance(result, kz.RolledBackError) or not isinstance(result, Exception):
+                continue
+            raise self._translate(result, "multi", op.path)
+        for op in ops:
+            if isinstance(op, DeleteOp):
+                self._own_ephemerals.discard(op.path)
+
+    async def _ensure_path(self, path: str) -> None:
+        await self._call("create", path, lambda: self._client.ensure_path_async(path))
 
     async def children(self, path: str) -> list[str]:
         check_path(path)

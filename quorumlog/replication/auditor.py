@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from quorumlog.errors import BKError, NoNodeError, NoSuchLedgerError
 from quorumlog.meta.bookies import BOOKIES_PATH
+from quorumlog.meta.layout import WALK_READS_PER_S_DEFAULT
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.underreplication import (
     AUDIT_REQUEST_PATH,
@@ -123,12 +124,10 @@ def bookies_to_repair(audit: LedgerAudit, available: Iterable[str]) -> set[str]:
     return bad & up
 
 
-def sample(ledger_ids: list[int], fraction: float, rng: random.Random) -> list[int]:
-    """A random ``fraction`` (0..1] of ``ledger_ids``, at least one when any; sorted."""
-    if fraction >= 1.0 or not ledger_ids:
-        return sorted(ledger_ids)
-    count = max(1, round(len(ledger_ids) * fraction))
-    return sorted(rng.sample(ledger_ids, count))
+def chosen(fraction: float, rng: random.Random) -> bool:
+    """Whether a ledger met during a walk is audited: each with probability ``fraction``
+    (a walk never holds the whole list to sample from)."""
+    return fraction >= 1.0 or rng.random() < fraction
 
 
 # ---------------------------------------------------------------- the auditor
@@ -139,6 +138,8 @@ class AuditorConfig:
     audit_interval_s: float = AUDIT_INTERVAL_S_DEFAULT
     # The fraction of closed ledgers each periodic audit checks (1: all of them).
     audit_sample_fraction: float = 1.0
+    # Metadata reads per second of the walks over every ledger (BP-66); None: no limit.
+    metadata_reads_per_s: float | None = WALK_READS_PER_S_DEFAULT
     bookie_check_interval_s: float = BOOKIE_CHECK_INTERVAL_S_DEFAULT
     # Password of the ledgers (needed for MAC digests); one for all, as BookKeeper's
     # autorecovery uses the configured one.
@@ -307,13 +308,12 @@ class Auditor:
             self._wake.set()
 
     async def _read_index(self) -> dict[str, set[int]]:
-        ledgers: dict[int, LedgerMetadata] = {}
-        for ledger_id in await self.bk.ledgers.list_ledger_ids():
-            try:
-                ledgers[ledger_id], _ = await self.bk.ledgers.read(ledger_id)
-            except NoSuchLedgerError:
-                continue
-        return bookie_index(ledgers)
+        index: dict[str, set[int]] = {}
+        walk = self.bk.ledgers.ledgers(reads_per_s=self.config.metadata_reads_per_s)
+        async for ledger_id, md, _ in walk:
+            for bookie in md.all_bookies():
+                index.setdefault(bookie, set()).add(ledger_id)
+        return index
 
     async def _mark_lost(self, index: Mapping[str, set[int]], due: set[str]) -> None:
         marked = 0
@@ -347,41 +347,34 @@ class Auditor:
     async def audit_all(self, available: set[str]) -> dict[str, object]:
         """The periodic check: audit a sample of the closed ledgers, mark what is bad."""
         started = self.clock()
-        ids = await self.bk.ledgers.list_ledger_ids()
-        closed = []
-        for ledger_id in ids:
-            try:
-                md, _ = await self.bk.ledgers.read(ledger_id)
-            except NoSuchLedgerError:
+        listed, closed, audited, marked, failed = 0, 0, 0, 0, 0
+        last_closed: int | None = None
+        fraction = self.config.audit_sample_fraction
+        walk = self.bk.ledgers.ledgers(reads_per_s=self.config.metadata_reads_per_s)
+        async for ledger_id, md, _ in walk:
+            listed += 1
+            if not md.is_closed:
                 continue
-            if md.is_closed:
-                closed.append(ledger_id)
-        chosen = sample(closed, self.config.audit_sample_fraction, self.rng)
-        marked, failed = 0, 0
-        for ledger_id in chosen:
-            try:
-                audit = await audit_ledger(
-                    self.bk, ledger_id, password=self.config.password, any_password=True
-                )
-            except NoSuchLedgerError:
+            closed += 1
+            last_closed = ledger_id
+            if not chosen(fraction, self.rng):
                 continue
-            except BKError as exc:
-                failed += 1
-                log.warning("auditor: ledger %d could not be audited: %s", ledger_id, exc)
-                continue
-            bad = bookies_to_repair(audit, available)
-            recorded = await self.marks.lost_ledger(ledger_id)
-            if recorded is not None and set(bad) <= set(recorded.bookies):
-                continue  # reported lost already: nothing left to copy from
-            if bad and await self.marks.mark(ledger_id, bad):
-                marked += 1
+            audited += 1
+            outcome = await self._audit_one(ledger_id, available)
+            marked += outcome == "marked"
+            failed += outcome == "failed"
+        if closed and not audited and last_closed is not None:  # at least one when any
+            audited += 1
+            outcome = await self._audit_one(last_closed, available)
+            marked += outcome == "marked"
+            failed += outcome == "failed"
         summary: dict[str, object] = {
             "auditor": self.identifier,
             "started_ms": int(started * 1000),
             "elapsed_ms": int((self.clock() - started) * 1000),
-            "ledgers": len(ids),
-            "closed": len(closed),
-            "audited": len(chosen),
+            "ledgers": listed,
+            "closed": closed,
+            "audited": audited,
             "marked": marked,
             "failed": failed,
         }
@@ -390,3 +383,22 @@ class Auditor:
         with contextlib.suppress(BKError):
             await self.marks.put_last_audit(summary)
         return summary
+
+    async def _audit_one(self, ledger_id: int, available: set[str]) -> str:
+        """Audit one ledger; "marked", "failed" or "ok"."""
+        try:
+            audit = await audit_ledger(
+                self.bk, ledger_id, password=self.config.password, any_password=True
+            )
+        except NoSuchLedgerError:
+            return "ok"
+        except BKError as exc:
+            log.warning("auditor: ledger %d could not be audited: %s", ledger_id, exc)
+            return "failed"
+        bad = bookies_to_repair(audit, available)
+        recorded = await self.marks.lost_ledger(ledger_id)
+        if recorded is not None and set(bad) <= set(recorded.bookies):
+            return "ok"  # reported lost already: nothing left to copy from
+        if bad and await self.marks.mark(ledger_id, bad):
+            return "marked"
+        return "ok"

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from quorumlog.errors import NoSuchLedgerError
 from quorumlog.meta.ledgers import LEDGERS_PATH
 from quorumlog.replication.report import RecoveryReport
 from quorumlog.replication.rereplicate import recover_bookie
@@ -59,15 +58,9 @@ async def ledgers_naming(bk: BookKeeper, bookie: str) -> list[int]:
     none lets the bookie's cookie and registration go, so a sync comes first (R18; a
     lagging server may not have a ledger created on the bookie moments ago)."""
     await bk.store.sync(LEDGERS_PATH)
-    found = []
-    for ledger_id in await bk.ledgers.list_ledger_ids():
-        try:
-            md, _ = await bk.ledgers.read(ledger_id)
-        except NoSuchLedgerError:
-            continue
-        if bookie in md.all_bookies():
-            found.append(ledger_id)
-    return found
+    return [
+        ledger_id async for ledger_id, md, _ in bk.ledgers.ledgers() if bookie in md.all_bookies()
+    ]
 
 
 async def decommission_bookie(

@@ -15,9 +15,11 @@ and only while the store is still the one this bookie started on:
    so every ledger of the snapshot;
 3. this bookie's cookie must be in the store: a store wiped or re-created empty has
    none, and there every ledger would look deleted;
-4. the ledgers' node is listed; a missing node is a wiped store, not "no ledgers", and
-   an empty listing while the bookie holds ledgers proves nothing either (a store being
-   restored, a server that lost its data): the round stops there;
+4. the ledger layout is walked level by level (never one listing of the whole cluster,
+   its reads paced to ``reads_per_s``), keeping only the ids of the snapshot; a missing
+   ``/ledgers`` is a wiped store, not "no ledgers", and an empty listing while the
+   bookie holds ledgers proves nothing either (a store being restored, a server that
+   lost its data): the round stops there;
 5. each candidate missing from the listing is read on its own, each batch of reads
    after a sync of its own; only "no such node" confirms it (a listing can be stale;
    an error or timeout is unknown, R13, and keeps the ledger);
@@ -68,7 +70,9 @@ class GcMetadata(Protocol):
 
     async def cookie_exists(self) -> bool: ...
 
-    async def list_ledgers(self) -> set[int]: ...
+    async def list_ledgers(self, among: set[int]) -> tuple[set[int], int]:
+        """The ledgers of ``among`` the store lists, and how many it lists in all."""
+        ...
 
     async def ledger_exists(self, ledger_id: int) -> bool: ...
 
@@ -76,10 +80,23 @@ class GcMetadata(Protocol):
 class StoreGcMetadata:
     """:class:`GcMetadata` on the server's current store (it changes after a lost session)."""
 
-    def __init__(self, store: Callable[[], MetadataStore], address: str) -> None:
+    def __init__(
+        self,
+        store: Callable[[], MetadataStore],
+        address: str,
+        *,
+        reads_per_s: float | None = None,
+    ) -> None:
         self._store = store
         self.address = address
+        self.reads_per_s = reads_per_s
         self._synced: MetadataStore | None = None  # the store the last sync went to
+        self._manager: LedgerManager | None = None
+
+    def _ledgers(self, store: MetadataStore) -> LedgerManager:
+        if self._manager is None or self._manager.store is not store:
+            self._manager = LedgerManager(store)
+        return self._manager
 
     async def sync(self) -> None:
         store = self._store()
@@ -101,21 +118,27 @@ class StoreGcMetadata:
         store = await self._read_store()
         return await BookieRegistry(store).read_cookie(self.address) is not None
 
-    async def list_ledgers(self) -> set[int]:
+    async def list_ledgers(self, among: set[int]) -> tuple[set[int], int]:
         store = await self._read_store()
+        found: set[int] = set()
+        count = 0
+        walk = self._ledgers(store).ledger_ids(reads_per_s=self.reads_per_s, missing_ok=False)
         try:
-            names = await store.children(LEDGERS_PATH)
+            async for ledger_id in walk:
+                count += 1
+                if ledger_id in among:
+                    found.add(ledger_id)
         except NoNodeError:
             raise GcSkipped(
                 f"the metadata store has no {LEDGERS_PATH} node: a wiped or re-created "
                 f"store, not a store without ledgers"
             ) from None
-        return {int(name) for name in names if name.isdigit()}
+        return found, count
 
     async def ledger_exists(self, ledger_id: int) -> bool:
         store = await self._read_store()
         try:
-            await LedgerManager(store).read(ledger_id)
+            await self._ledgers(store).read(ledger_id)
         except NoSuchLedgerError:
             return False
         return True
@@ -129,8 +152,8 @@ async def collect_once(bookie: Collectable, metadata: GcMetadata) -> int:
         return 0
     await metadata.sync()  # R18: what the store holds now, not what a lagging server has
     await _check_cookie(metadata)
-    listed = await metadata.list_ledgers()
-    if not listed:
+    listed, listed_count = await metadata.list_ledgers(snapshot)
+    if not listed_count:
         raise GcSkipped(
             f"the metadata store lists no ledgers while this bookie holds {len(snapshot)} "
             f"ledgers: an empty listing proves nothing (a store being restored, or one that "

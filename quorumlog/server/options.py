@@ -132,6 +132,13 @@ def add_bookie_options(p: argparse.ArgumentParser) -> None:
         default=_SERVER_DEFAULTS.gc_interval_ms,
         help="garbage collection interval (default: %(default)s)",
     )
+    p.add_argument(
+        "--gc-metadata-reads-per-s",
+        type=float,
+        default=_SERVER_DEFAULTS.gc_metadata_reads_per_s,
+        help="most metadata reads a second of a garbage collection round's walk of the "
+        "ledgers; 0: no limit (default: %(default)s)",
+    )
     _add_compaction_options(p)
     p.add_argument(
         "--max-connections",
@@ -235,6 +242,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[BookieConfig, ServerCon
         raise ValueError("--journal-max-group-wait-ms must not be negative")
     if args.gc_interval_ms <= 0:
         raise ValueError("--gc-interval-ms must be positive")
+    if args.gc_metadata_reads_per_s < 0:
+        raise ValueError("--gc-metadata-reads-per-s must not be negative")
     if args.metadata_session_timeout_ms <= 0:
         raise ValueError("--metadata-session-timeout-ms must be positive")
     if args.max_connections <= 0:
@@ -284,6 +293,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[BookieConfig, ServerCon
         raise ValueError("; ".join(problems))
     server_config = ServerConfig(
         gc_interval_ms=args.gc_interval_ms,
+        gc_metadata_reads_per_s=args.gc_metadata_reads_per_s or None,
         metadata_session_timeout_ms=args.metadata_session_timeout_ms,
         max_connections=args.max_connections,
         auth_timeout_ms=args.auth_timeout_ms,

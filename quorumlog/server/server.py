@@ -247,7 +247,9 @@ class BookieServer:
             assert self.store is not None
             return self.store  # the current one: a lost session brings a new store
 
-        return StoreGcMetadata(store, self.address)
+        return StoreGcMetadata(
+            store, self.address, reads_per_s=self.server_config.gc_metadata_reads_per_s
+        )
 
     # ------------------------------------------------------------ session loss
 

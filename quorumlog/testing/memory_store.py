@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from quorumlog.errors import (
@@ -51,10 +51,15 @@ from quorumlog.errors import (
 )
 from quorumlog.meta.paths import check_counter_name, check_id_count, check_path
 from quorumlog.meta.store import (
+    CheckOp,
+    CreateOp,
+    DeleteOp,
     EventType,
     MetadataStore,
+    Op,
     SessionCallback,
     SessionState,
+    SetOp,
     Versioned,
     Watch,
     WatchCallback,
@@ -420,6 +425,69 @@ class MemoryStore(MetadataStore):
         del nodes[path]
         self._own_ephemerals.discard(path)
         self._fire(path, EventType.DELETED)
+
+    async def multi(self, ops: Sequence[Op]) -> None:
+        ops = list(ops)
+        for op in ops:
+            check_path(op.path)
+            if op.path == "/" and not isinstance(op, CheckOp):
+                raise MetadataError("metadata path / cannot be created, set or deleted")
+            self._check_alive_for(op.path)
+        what = ops[0].path if ops else "/"
+        await self._gate("multi", what)
+        try:
+            self._check_multi(ops)
+        except MetadataError:
+            self._caught_up()
+            raise
+        for op in ops:  # every op checked: none of these can fail now
+            if isinstance(op, CreateOp):
+                self._create(op.path, bytes(op.data), False, False, True)
+            elif isinstance(op, SetOp):
+                self._set(op.path, bytes(op.data), op.version)
+            elif isinstance(op, DeleteOp):
+                self._delete(op.path, op.version)
+                self._own_ephemerals.discard(op.path)
+        await self._reply("multi", what, True)
+        self._caught_up()
+
+    def _check_multi(self, ops: list[Op]) -> None:
+        """Raise the error the first failing op would meet, after the ops before it."""
+        nodes = self.tree.nodes
+        versions: dict[str, int | None] = {}  # the ops' effects so far (None: deleted)
+
+        def version_of(path: str) -> int | None:
+            if path in versions:
+                return versions[path]
+            node = nodes.get(path)
+            return None if node is None else node.version
+
+        for op in ops:
+            current = version_of(op.path)
+            if isinstance(op, CreateOp):
+                if current is not None:
+                    raise NodeExistsError(f"metadata path {op.path} already exists")
+                parent = _parent(op.path)
+                parent_node = nodes.get(parent)
+                if parent_node is not None and parent_node.owner is not None:
+                    raise MetadataError(f"metadata path {parent} is ephemeral")
+                versions[op.path] = 0
+                continue
+            if current is None:
+                raise NoNodeError(f"metadata path {op.path} does not exist")
+            if op.version != -1 and current != op.version:
+                raise MetadataVersionError(
+                    f"metadata path {op.path}: version {current}, expected {op.version}"
+                )
+            if isinstance(op, SetOp):
+                versions[op.path] = current + 1
+            elif isinstance(op, DeleteOp):
+                prefix = op.path + "/"
+                live = {p for p in nodes if p.startswith(prefix)}
+                live |= {p for p, v in versions.items() if v is not None and p.startswith(prefix)}
+                if any(version_of(p) is not None for p in live):
+                    raise NotEmptyError(f"metadata path {op.path} has children")
+                versions[op.path] = None
 
     async def children(self, path: str) -> list[str]:
         check_path(path)

@@ -15,6 +15,7 @@ from support import run
 
 from quorumlog.meta.bookies import COOKIES_PATH, BookieRegistry
 from quorumlog.meta.factory import open_store
+from quorumlog.meta.layout import DEFAULT_LAYOUT, LAYOUT_PATH
 from quorumlog.meta.ledger_metadata import new_ledger_metadata
 from quorumlog.meta.ledgers import LEDGERS_PATH, LedgerManager
 from quorumlog.meta.zk_store import ZkStore
@@ -92,11 +93,21 @@ def test_r18_gc_on_zookeeper_syncs_before_the_listing_and_the_existence_reads(
     dropped, calls, gone = run(scenario())
     assert dropped == 1
     cookie = f"{COOKIES_PATH}/{ADDRESS}"
+    leaf = DEFAULT_LAYOUT.path(1)  # /ledgers/0000/0000/0000/0000/L0001
+    directories = leaf.split("/")[2:-1]
+    levels = [LEDGERS_PATH + "/" + "/".join(directories[:n]) for n in range(1, 5)]
+    missing = DEFAULT_LAYOUT.path(gone)
     assert calls == [
         ("sync", LEDGERS_PATH),
         ("get", cookie),
         ("children", LEDGERS_PATH),
+        ("get", LAYOUT_PATH),
+        *(("children", level) for level in levels),  # the walk, level by level
         ("sync", LEDGERS_PATH),
+        # Absence is proven in both layouts: hierarchical, flat, hierarchical again (a
+        # ledger moved between the first two reads is found by the third).
+        ("get", missing),
         ("get", f"{LEDGERS_PATH}/{gone}"),
+        ("get", missing),
         ("get", cookie),
     ]

@@ -37,7 +37,16 @@ from quorumlog.errors import (
     SessionExpiredError,
 )
 from quorumlog.meta import factory
-from quorumlog.meta.store import EventType, MetadataStore, SessionState, WatchEvent
+from quorumlog.meta.store import (
+    CheckOp,
+    CreateOp,
+    DeleteOp,
+    EventType,
+    MetadataStore,
+    SessionState,
+    SetOp,
+    WatchEvent,
+)
 from quorumlog.server.local_zookeeper import (
     ZooKeeperServer,
     missing_zookeeper_message,
@@ -267,6 +276,46 @@ def test_create_get_set_versions_start_at_zero_and_cas(metadata_uri):
             assert await store.get("/a") == type(found)(b"any", 2)
             with pytest.raises(NoNodeError, match="/b"):
                 await store.set("/b", b"x")
+
+    run(body())
+
+
+def test_multi_applies_every_operation_or_none(metadata_uri):
+    """A move of a node, as a layout migration does it: create the new place and delete
+    the old one at the version read, in one transaction; when any op fails, nothing of
+    the transaction is applied and the failing op's error is raised."""
+
+    async def body():
+        async with await open_store(metadata_uri) as store:
+            await store.create("/old/7", b"metadata")
+            await store.set("/old/7", b"metadata v1", 0)
+            # The delete is at a stale version: the create before it is not applied.
+            with pytest.raises(MetadataVersionError, match="/old/7"):
+                await store.multi([CreateOp("/new/a/7", b"metadata"), DeleteOp("/old/7", 0)])
+            assert await store.exists("/new/a/7") is None
+            assert (await store.get("/old/7")).version == 1
+            with pytest.raises(NodeExistsError, match="/old/7"):
+                await store.multi([SetOp("/old/7", b"x", 1), CreateOp("/old/7")])
+            assert (await store.get("/old/7")).data == b"metadata v1"
+            with pytest.raises(NoNodeError, match="/nothing"):
+                await store.multi([CheckOp("/old/7", 1), DeleteOp("/nothing")])
+            with pytest.raises(NotEmptyError, match="/old"):
+                await store.multi([DeleteOp("/old")])
+            # Parents of a create are made first; the ops see each other's effects.
+            await store.multi(
+                [
+                    CreateOp("/new/a/7", b"metadata v1"),
+                    CheckOp("/old/7", 1),
+                    DeleteOp("/old/7", 1),
+                    SetOp("/new/a/7", b"metadata v2", 0),
+                ]
+            )
+            assert await store.exists("/old/7") is None
+            assert await store.get("/new/a/7") == type(await store.get("/new/a/7"))(
+                b"metadata v2", 1
+            )
+            await store.multi([CreateOp("/fresh"), CreateOp("/fresh/child", b"c")])
+            assert await store.children("/fresh") == ["child"]
 
     run(body())
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 
 import pytest
@@ -18,6 +18,7 @@ from quorumlog.log.errors import LogFencedError
 from quorumlog.log.metadata import log_path
 from quorumlog.meta.store import (
     MetadataStore,
+    Op,
     SessionCallback,
     SessionState,
     Versioned,
@@ -155,6 +156,11 @@ class FaultyStore(MetadataStore):
     async def delete(self, path: str, version: int = -1) -> None:
         self._staging_fails(path)
         await self.inner.delete(path, version)
+
+    async def multi(self, ops: Sequence[Op]) -> None:
+        for op in ops:
+            self._staging_fails(op.path)
+        await self.inner.multi(ops)
 
     async def children(self, path: str) -> list[str]:
         self._staging_fails(path)

@@ -66,9 +66,9 @@ class Metadata:
         self.cookie_reads.append(found)
         return found
 
-    async def list_ledgers(self) -> set[int]:
+    async def list_ledgers(self, among: set[int]) -> tuple[set[int], int]:
         self.calls.append("list")
-        return set(self.listed)
+        return self.listed & among, len(self.listed)
 
     async def ledger_exists(self, ledger_id: int) -> bool:
         self.calls.append(f"exists {ledger_id}")
@@ -204,7 +204,7 @@ def test_r18_the_server_gc_metadata_syncs_the_store_it_then_reads():
         calls.clear()
         await metadata.sync()
         assert await metadata.cookie_exists()
-        assert await metadata.list_ledgers() == {1}
+        assert await metadata.list_ledgers({1, 2}) == ({1}, 1)
         current[0] = second  # the session was lost: the server opened a new store
         assert not await metadata.ledger_exists(2)
         return calls

@@ -15,9 +15,9 @@ from quorumlog.replication.auditor import (
     LossTracker,
     bookie_index,
     bookies_to_repair,
+    chosen,
     lost_bookies,
     marks_for_lost,
-    sample,
 )
 from quorumlog.replication.autorecovery import AutoRecovery
 from quorumlog.replication.report import LedgerAudit
@@ -101,14 +101,11 @@ def test_audit_marks_available_bookies_only() -> None:
     assert bookies_to_repair(audit, [A, B, D]) == {A, B}
 
 
-def test_sample_takes_a_fraction_and_at_least_one() -> None:
+def test_sample_takes_each_ledger_with_the_fraction_as_the_walk_meets_it() -> None:
     rng = random.Random(7)
-    ids = list(range(100))
-    chosen = sample(ids, 0.1, rng)
-    assert len(chosen) == 10 and set(chosen) <= set(ids) and chosen == sorted(chosen)
-    assert len(sample([5], 0.01, rng)) == 1
-    assert sample(ids, 1.0, rng) == ids
-    assert sample([], 0.5, rng) == []
+    taken = sum(chosen(0.1, rng) for _ in range(10_000))
+    assert 800 < taken < 1200
+    assert all(chosen(1.0, rng) for _ in range(100))
 
 
 def test_open_ledger_grace_period() -> None:

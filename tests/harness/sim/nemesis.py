@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quorumlog.errors import Status
+from quorumlog.meta.layout import DEFAULT_LAYOUT, flat_path
 from quorumlog.meta.ledger_metadata import LedgerMetadata
-from quorumlog.meta.ledgers import LEDGERS_PATH
 from quorumlog.proto.codec import AddFlag, AddRequest, AddResponse, Request, Response
 from quorumlog.testing.memory_store import MetadataFaults, StaleReads
 from quorumlog.testing.sim.cluster import BookieNode, Cluster
@@ -464,7 +464,8 @@ class ReplacementDeaths:
 
     def _first_ensemble(self, ledger_id: int) -> tuple[str, ...] | None:
         if ledger_id not in self._first_ensembles:
-            node = self.nemesis.cluster.tree.nodes.get(f"{LEDGERS_PATH}/{ledger_id}")
+            nodes = self.nemesis.cluster.tree.nodes
+            node = nodes.get(DEFAULT_LAYOUT.path(ledger_id)) or nodes.get(flat_path(ledger_id))
             first = None
             if node is not None:
                 first = tuple(LedgerMetadata.from_bytes(node.data).ensembles[0][1])
