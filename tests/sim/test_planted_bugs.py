@@ -314,7 +314,11 @@ PLANTED = {
     "a new fragment starting one entry too late (R5)": Planted(
         _fragment_one_entry_late, DURABILITY
     ),
-    "an ack quorum off by one (R3)": Planted(_ack_quorum_off_by_one, DURABILITY),
+    # Entries confirmed one ack short: lost from the ledger (durability), or read by a
+    # tailer under a LAC past the end the recovery then finds (R4-tail).
+    "an ack quorum off by one (R3)": Planted(
+        _ack_quorum_off_by_one, DURABILITY | frozenset({"R4-tail"})
+    ),
     "acks before the journal sync (R2)": Planted(_acks_before_the_journal_sync, DURABILITY),
     "fence state not persisted across a restart (R7)": Planted(
         _fence_not_persisted, frozenset({"R7-fencing", "R8-durability"})
