@@ -11,7 +11,9 @@ quorumlog:
 - re-replication of a lost bookie's fragments:
   :meth:`BookiePlacement.least_loaded`, the writable bookie outside the fragment's
   ensemble that was given the fewest entries so far, ties broken at random, so a
-  lost bookie's data spreads over the survivors.
+  lost bookie's data spreads over the survivors (with a rack- or region-aware policy,
+  :meth:`BookiePlacement.least_loaded_placed`: first the bookies that keep the
+  fragment's write sets closest to the policy).
 
 With the default policy (``random``) every writable bookie is a candidate unless
 excluded, and chance decides among equals. The rack-aware and region-aware policies
@@ -114,6 +116,32 @@ class BookiePlacement:
             return None
         rng = self.rng
         return min(candidates, key=lambda b: (load.get(b, 0), rng.random()))
+
+    def least_loaded_placed(
+        self,
+        writable: Mapping[str, str],
+        exclude: Collection[str],
+        load: Mapping[str, int],
+        ensemble: Sequence[str],
+        slot: int,
+        write_quorum: int,
+    ) -> str | None:
+        """The re-replication target for ``slot`` of ``ensemble`` by the policy: among
+        the writable bookies (bookie -> location) outside ``exclude``, those leaving the
+        write sets through the slot closest to the policy, then the smallest ``load``,
+        then chance; None if every writable bookie is excluded. The other slots' bookies
+        not writable now are taken to stand at the default place."""
+        candidates = sorted(b for b in writable if b not in exclude)
+        if not candidates:
+            return None
+        locations = {**{b: DEFAULT_LOCATION for b in ensemble}, **writable}
+        rng, policy = self.rng, self.policy
+
+        def rank(bookie: str) -> tuple[tuple[int, int], int, float]:
+            short = policies.shortfall(policy, ensemble, slot, bookie, locations, write_quorum)
+            return short, load.get(bookie, 0), rng.random()
+
+        return min(candidates, key=rank)
 
 
 async def choose_replacements(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from quorumlog.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from quorumlog.commands.config_file import enable_config_file
+from quorumlog.core.placement import POLICIES, PlacementPolicy
 from quorumlog.errors import BKError
 from quorumlog.replication.auditor import AUDIT_INTERVAL_S_DEFAULT, BOOKIE_CHECK_INTERVAL_S_DEFAULT
 from quorumlog.replication.autorecovery import AutoRecovery, AutoRecoveryConfig
@@ -143,6 +144,20 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help="metadata session timeout of the daemon: how long a dead worker's claims and "
         "a dead auditor's place outlive it (default: %(default)s)",
     )
+    p.add_argument(
+        "--placement",
+        choices=list(POLICIES),
+        default="random",
+        help="placement policy: the auditor marks closed ledgers whose write sets break it, "
+        "and workers choose re-replication targets by it (default: %(default)s)",
+    )
+    p.add_argument(
+        "--min-racks-per-write-quorum",
+        type=int,
+        default=PlacementPolicy().min_racks_per_write_quorum,
+        help="racks each write set should span under rack-aware and region-aware "
+        "placement (default: %(default)s)",
+    )
     p.add_argument("--password", default="", help="the ledgers' password (text)")
     p.add_argument(
         "--no-auditor", action="store_true", help="run a replication worker only, never audit"
@@ -166,6 +181,8 @@ def config_from_args(args: argparse.Namespace) -> AutoRecoveryConfig:
         raise ValueError("--replication-rate-bytes-per-s must not be negative (0: no bound)")
     if args.autorecovery_session_timeout_ms <= 0:
         raise ValueError("--autorecovery-session-timeout-ms must be positive")
+    if args.min_racks_per_write_quorum < 1:
+        raise ValueError("--min-racks-per-write-quorum must be at least 1")
     config = AutoRecoveryConfig(
         election_session_timeout_ms=args.autorecovery_session_timeout_ms,
         metadata_session_timeout_ms=args.autorecovery_session_timeout_ms,
@@ -176,6 +193,8 @@ def config_from_args(args: argparse.Namespace) -> AutoRecoveryConfig:
     config.auditor.audit_sample_fraction = args.audit_sample
     config.auditor.bookie_check_interval_s = args.bookie_check_interval_s
     config.auditor.password = password
+    config.auditor.placement = args.placement
+    config.auditor.min_racks_per_write_quorum = args.min_racks_per_write_quorum
     config.worker.open_ledger_grace_s = args.open_ledger_grace_s
     config.worker.retry_backoff_s = args.retry_backoff_s
     config.worker.ledgers_in_flight = args.ledgers_in_flight

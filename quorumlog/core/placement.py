@@ -13,8 +13,9 @@ BookKeeper has them:
 With ``enforce``, a choice that cannot meet the policy is refused
 (NotEnoughBookiesError naming what was short); without it, the best the writable
 bookies allow is taken (BookKeeper's best effort). The same rules decide new ensembles,
-replacements in ensemble changes and recoveries, and re-replication targets, and
-:func:`violations` tells the auditor which write sets break the policy.
+replacements in ensemble changes and recoveries, and re-replication targets
+(:func:`shortfall`); :func:`violations` tells the auditor which write sets break the
+policy, and :func:`bookie_to_move` which bookie to move to mend them.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ __all__ = [
     "DEFAULT_LOCATION",
     "POLICIES",
     "PlacementPolicy",
+    "bookie_to_move",
     "check_location",
     "choose_ensemble",
     "choose_replacements",
+    "shortfall",
     "violations",
 ]
 
@@ -266,3 +269,50 @@ def violations(
     sets = all_write_sets(len(ensemble), write_quorum)
     unique = list(dict.fromkeys(tuple(sorted(s)) for s in sets))
     return _broken(policy, ensemble, locations, write_quorum, unique)
+
+
+def shortfall(
+    policy: PlacementPolicy,
+    ensemble: Sequence[str],
+    slot: int,
+    bookie: str,
+    locations: Mapping[str, str],
+    write_quorum: int,
+) -> tuple[int, int]:
+    """How far the write sets through ``slot`` of ``ensemble`` fall short of ``policy``
+    with ``bookie`` in that slot: (regions, racks) missing, summed over them; (0, 0)
+    when they meet it. Smaller is better (regions first)."""
+    working: list[str | None] = list(ensemble)
+    working[slot] = bookie
+    sets = all_write_sets(len(working), write_quorum)
+    regions, racks = _score(working, slot, sets, locations, policy.wanted(write_quorum))
+    return -regions, -racks
+
+
+def bookie_to_move(
+    policy: PlacementPolicy,
+    ensemble: Sequence[str],
+    locations: Mapping[str, str],
+    write_quorum: int,
+    candidates: Collection[str],
+) -> str | None:
+    """The bookie of ``ensemble`` to move elsewhere so that its write sets come closer to
+    ``policy``: one sharing a rack (or region) with another of a broken write set, the
+    one whose slot one of ``candidates`` (bookies outside the ensemble, placed in
+    ``locations``) improves most, the first of equals. None when the ensemble meets the
+    policy, or no candidate would improve it (moving then would only churn)."""
+    if policy.name == "random":
+        return None
+    outside = [b for b in candidates if b not in ensemble]
+    best: tuple[tuple[int, int], str] | None = None
+    for slot, bookie in enumerate(ensemble):
+        now = shortfall(policy, ensemble, slot, bookie, locations, write_quorum)
+        if now == (0, 0) or not outside:
+            continue
+        after = min(shortfall(policy, ensemble, slot, c, locations, write_quorum) for c in outside)
+        if after >= now:
+            continue
+        gain = (now[0] - after[0], now[1] - after[1])
+        if best is None or gain > best[0]:
+            best = (gain, bookie)
+    return None if best is None else best[1]

@@ -12,7 +12,15 @@ election group ``autorecovery-auditor``). While it leads it
   :func:`~quorumlog.replication.audit_ledger`) and marks each ledger where an
   available bookie misses or holds a damaged copy, naming that bookie. Open
   ledgers are left out: their last copies may still be on their way (Qa < Qw),
-  and their last fragment belongs to the writer.
+  and their last fragment belongs to the writer;
+- in the same walk, given a rack- or region-aware placement policy
+  (``AuditorConfig.placement``), checks every closed ledger's ensembles against it
+  (BookKeeper's placement policy check), logs each one that breaks it, naming the
+  ledger and the write set, and marks it under-replicated naming a bookie to move:
+  one of two sharing a rack (or region) in a broken write set, when some writable
+  bookie outside the ensemble would do better in its place. That bookie is alive:
+  the worker copies its share from the other replicas onto a target the policy
+  prefers, as a decommission does.
 
 It never copies anything: the replication workers do. The decisions (which
 bookies are lost, since when, which ledgers to mark) are pure functions and a small
@@ -30,6 +38,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from quorumlog.client.placement import placed
+from quorumlog.core.placement import PlacementPolicy, bookie_to_move, shortfall, violations
 from quorumlog.errors import BKError, NoNodeError, NoSuchLedgerError
 from quorumlog.meta.bookies import BOOKIES_PATH
 from quorumlog.meta.layout import WALK_READS_PER_S_DEFAULT
@@ -124,6 +134,42 @@ def bookies_to_repair(audit: LedgerAudit, available: Iterable[str]) -> set[str]:
     return bad & up
 
 
+def placement_moves(
+    policy: PlacementPolicy, md: LedgerMetadata, locations: Mapping[str, str]
+) -> tuple[list[str], set[str]]:
+    """The write sets of ``md``'s ensembles that break ``policy`` (one line each), and
+    the bookies to move to mend them (see :func:`~quorumlog.core.placement.bookie_to_move`;
+    ``locations`` places the writable bookies). An ensemble with a bookie that is not
+    writable now (read-only, or lost: the lost-bookie path's business) is left alone:
+    where it stands is not known."""
+    broken: list[str] = []
+    moves: set[str] = set()
+    if policy.name == "random":
+        return broken, moves
+    for _, ensemble in md.ensembles:
+        if any(b not in locations for b in ensemble):
+            continue
+        found = violations(policy, ensemble, locations, md.write_quorum)
+        if not found:
+            continue
+        broken.extend(found)
+        # One move may not mend every write set: plan the next ones on the ensemble as
+        # the first would leave it (its target as the workers rank them, first of equals).
+        working = list(ensemble)
+        for _ in range(len(working)):
+            bookie = bookie_to_move(policy, working, locations, md.write_quorum, list(locations))
+            if bookie is None or bookie not in ensemble:
+                break
+            moves.add(bookie)
+            slot = working.index(bookie)
+            outside = sorted(b for b in locations if b not in working)
+            working[slot] = min(
+                outside,
+                key=lambda b: shortfall(policy, working, slot, b, locations, md.write_quorum),
+            )
+    return broken, moves
+
+
 def chosen(fraction: float, rng: random.Random) -> bool:
     """Whether a ledger met during a walk is audited: each with probability ``fraction``
     (a walk never holds the whole list to sample from)."""
@@ -144,6 +190,10 @@ class AuditorConfig:
     # Password of the ledgers (needed for MAC digests); one for all, as BookKeeper's
     # autorecovery uses the configured one.
     password: bytes = b""
+    # The placement policy closed ledgers are checked against (core/placement.py):
+    # random (no check), rack-aware or region-aware.
+    placement: str = "random"
+    min_racks_per_write_quorum: int = 2
 
 
 @dataclass
@@ -152,6 +202,8 @@ class AuditorStats:
     audits: int = 0
     ledgers_marked: int = 0
     lost_marked: set[str] = field(default_factory=set)
+    # Closed ledgers found, audit after audit, with write sets that break the policy.
+    placement_violations: int = 0
 
 
 class Auditor:
@@ -171,6 +223,7 @@ class Auditor:
         self.bk = bk
         self.identifier = identifier
         self.config = config or AuditorConfig()
+        self.policy = PlacementPolicy(self.config.placement, self.config.min_racks_per_write_quorum)
         # Wall-clock seconds, for marks and audit summaries (the simulator's is virtual).
         self.clock = clock
         self.marks = UnderReplicationManager(bk.store, clock=clock)
@@ -350,6 +403,10 @@ class Auditor:
         listed, closed, audited, marked, failed = 0, 0, 0, 0, 0
         last_closed: int | None = None
         fraction = self.config.audit_sample_fraction
+        locations: dict[str, str] = {}
+        if self.policy.name != "random":
+            locations = placed(await self.bk.registry.writable_locations())
+        misplaced = 0
         walk = self.bk.ledgers.ledgers(reads_per_s=self.config.metadata_reads_per_s)
         async for ledger_id, md, _ in walk:
             listed += 1
@@ -357,6 +414,10 @@ class Auditor:
                 continue
             closed += 1
             last_closed = ledger_id
+            if locations:
+                placement = await self._check_placement(md, locations)
+                misplaced += placement != "ok"
+                marked += placement == "marked"
             if not chosen(fraction, self.rng):
                 continue
             audited += 1
@@ -378,11 +439,31 @@ class Auditor:
             "marked": marked,
             "failed": failed,
         }
+        if locations:
+            summary["misplaced"] = misplaced
         self.stats.audits += 1
         self.stats.ledgers_marked += marked
         with contextlib.suppress(BKError):
             await self.marks.put_last_audit(summary)
         return summary
+
+    async def _check_placement(self, md: LedgerMetadata, locations: Mapping[str, str]) -> str:
+        """Check one closed ledger's ensembles against the placement policy; "ok",
+        "broken" (logged, counted, nothing to move) or "marked"."""
+        broken, moves = placement_moves(self.policy, md, locations)
+        if not broken:
+            return "ok"
+        self.stats.placement_violations += 1
+        log.warning(
+            "auditor: ledger %d breaks the %s placement: %s%s",
+            md.ledger_id,
+            self.policy.name,
+            "; ".join(broken),
+            f"; marked to move {', '.join(sorted(moves))}" if moves else "; no bookie can mend it",
+        )
+        if moves and await self.marks.mark(md.ledger_id, moves):
+            return "marked"
+        return "broken"
 
     async def _audit_one(self, ledger_id: int, available: set[str]) -> str:
         """Audit one ledger; "marked", "failed" or "ok"."""

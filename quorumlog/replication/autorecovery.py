@@ -99,6 +99,9 @@ class AutoRecovery:
     async def _session(self) -> None:
         client_config = ClientConfig(
             metadata_session_timeout_ms=self.config.metadata_session_timeout_ms,
+            # The auditor's policy is the workers' too: targets that mend what it marks.
+            placement=self.config.auditor.placement,
+            min_racks_per_write_quorum=self.config.auditor.min_racks_per_write_quorum,
             tls=self.config.tls,
             token_file=self.config.token_file,
         )

@@ -132,6 +132,12 @@ class AutoRecoveryCollector(Collector):
                 "Distinct bookies whose ledgers this process's auditor marked as lost.",
                 len(a.lost_marked),
             ),
+            (
+                "placement_violations_total",
+                "Closed ledgers an audit found with write sets that break the placement "
+                "policy (--placement), counted at each audit.",
+                a.placement_violations,
+            ),
         ):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
 

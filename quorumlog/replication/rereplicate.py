@@ -6,7 +6,9 @@ ensembles name the lost bookie, and for each fragment that names it, it
 
 1. chooses a replacement among the writable bookies that are not in that
    fragment's ensemble (the one with the fewest entries given to it by this run,
-   ties broken at random), never the lost bookie itself;
+   ties broken at random; with the client's rack- or region-aware placement, first
+   those that keep the fragment's write sets within the policy), never the lost
+   bookie itself;
 2. copies every entry of the fragment whose write set holds the lost bookie's
    index (R1), reading it from the other replicas of its write set, with each copy
    checked against the entry digest (a damaged copy is skipped for another one,
@@ -54,6 +56,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from quorumlog.client.placement import placed
 from quorumlog.errors import (
     BKError,
     InvalidArgumentError,
@@ -466,7 +469,7 @@ class _Run:
 
     async def _plan(self, md: LedgerMetadata, fragment: Fragment) -> FragmentReplication:
         entries = entries_held(md, fragment)
-        target = await self._choose_replacement(fragment.ensemble, (), entries)
+        target = await self._choose_replacement(fragment, md.write_quorum, (), entries)
         return FragmentReplication(
             first_entry_id=fragment.first,
             last_entry_id=fragment.last,
@@ -493,7 +496,7 @@ class _Run:
         errors: list[str] = []
         try:
             for _ in range(self.replacement_attempts):
-                target = await self._choose_replacement(fragment.ensemble, tried, entries)
+                target = await self._choose_replacement(fragment, md.write_quorum, tried, entries)
                 if target is None:
                     errors.append(_no_replacement_message(md.ledger_id, fragment, tried))
                     break
@@ -528,14 +531,30 @@ class _Run:
         return out
 
     async def _choose_replacement(
-        self, ensemble: Sequence[str], tried: Sequence[str], entries: int
+        self, fragment: Fragment, write_quorum: int, tried: Sequence[str], entries: int
     ) -> str | None:
-        """The placement of one fragment's copy: a writable bookie outside ``ensemble``
+        """The placement of one fragment's copy: a writable bookie outside its ensemble
         that was not tried, did not fail and is not down in this run, the one given the
-        fewest entries so far (ties broken at random); None if there is none."""
-        writable = await metadata_call(self.bk, self.bk.registry.writable_bookies(), "bookies")
-        excluded = {*ensemble, *tried, *self.bad_targets, *self.down, self.lost}
-        chosen = self.bk.placement.least_loaded(writable, excluded, self.assigned)
+        fewest entries so far (ties broken at random); None if there is none. With a
+        rack- or region-aware policy, first those that keep the write sets through the
+        fragment's slot closest to the policy."""
+        excluded = {*fragment.ensemble, *tried, *self.bad_targets, *self.down, self.lost}
+        placement = self.bk.placement
+        if placement.needs_locations:
+            locations = await metadata_call(
+                self.bk, self.bk.registry.writable_locations(), "bookies"
+            )
+            chosen = placement.least_loaded_placed(
+                placed(locations),
+                excluded,
+                self.assigned,
+                fragment.ensemble,
+                fragment.index,
+                write_quorum,
+            )
+        else:
+            writable = await metadata_call(self.bk, self.bk.registry.writable_bookies(), "bookies")
+            chosen = placement.least_loaded(writable, excluded, self.assigned)
         if chosen is None:
             return None
         self.assigned[chosen] += max(1, entries)

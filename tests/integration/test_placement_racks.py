@@ -1,6 +1,8 @@
 """Rack-aware placement with real bookie processes, on both metadata drivers: bookies
 record ``--rack`` in their registration, a rack-aware client spreads every write set
-over two racks, for new ledgers and for the replacements of an ensemble change."""
+over two racks, for new ledgers and for the replacements of an ensemble change, and a
+rack-aware autorecovery daemon moves closed ledgers' copies until every write set
+spans two racks."""
 
 from __future__ import annotations
 
@@ -8,12 +10,18 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from support import poll_until
+from test_autorecovery import Daemon, assert_fully_replicated, daemon_log, daemons, marks, payload
+from test_metrics import scrape
 
 from quorumlog import BookKeeper
 from quorumlog.core.placement import DEFAULT_LOCATION, PlacementPolicy, violations
 from quorumlog.server.local_cluster import LocalCluster, running_cluster
+
+__all__ = ["daemons"]  # the fixture, shared with test_autorecovery
 
 RACKS = {0: "/east/a", 1: "/east/a", 2: "/east/b", 3: "/east/b", 4: "/east/c", 5: "/east/c"}
 
@@ -78,3 +86,77 @@ def test_a_bookie_with_a_bad_rack_refuses_to_start_naming_it(tmp_path: Path) -> 
     )
     assert done.returncode != 0
     assert "--rack" in done.stderr and "/REGION/RACK" in done.stderr, done.stderr
+
+
+def test_a_rack_aware_autorecovery_moves_copies_until_every_write_set_spans_two_racks(
+    racked: LocalCluster, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    uri = racked.metadata_uri
+    rack_aware = PlacementPolicy("rack-aware")
+    with BookKeeper(uri) as bk:  # the random policy: some write sets in one rack
+        places = where(bk)
+        by_rack: dict[str, list[str]] = {}
+        for bookie, rack in sorted(places.items()):
+            by_rack.setdefault(rack, []).append(bookie)
+        (a1, a2), (b1, b2), (c1, c2) = (by_rack[r] for r in sorted(by_rack))
+        shapes = [
+            ((3, 2, 2), (a1, a2, b1)),  # one write set in rack a
+            ((4, 2, 2), (a1, a2, b1, b2)),  # one in rack a, one in rack b
+            ((2, 2, 2), (c1, c2)),  # every write set in rack c
+            ((3, 3, 2), (b1, b2, c1)),  # two racks: meets the policy already
+            ((3, 2, 2), (a1, b1, c1)),  # meets it
+        ]
+        ledgers: list[int] = []
+        for (size, quorum, ack), ensemble in shapes:
+
+            async def write(
+                size: int = size, quorum: int = quorum, ack: int = ack, on: Any = ensemble
+            ) -> int:
+                lh = await bk.aio.create_ledger(size, quorum, ack, ensemble_bookies=on)
+                for i in range(60):
+                    await lh.append(payload(lh.ledger_id, i))
+                await lh.close()
+                return lh.ledger_id
+
+            ledgers.append(bk.run(write()))
+        quorums = {i: bk.ledger_metadata(i).write_quorum for i in ledgers}
+
+        def broken() -> dict[int, list[str]]:
+            found = {}
+            for i in ledgers:
+                md = bk.ledger_metadata(i)
+                q = quorums[i]
+                bad = [v for _, e in md.ensembles for v in violations(rack_aware, e, places, q)]
+                if bad:
+                    found[i] = bad
+            return found
+
+        misplaced = sorted(broken())
+        assert misplaced == ledgers[:3]
+        daemon = Daemon(
+            uri,
+            tmp_path / "ar",
+            "--placement",
+            "rack-aware",
+            "--audit-interval-s",
+            "2",
+            "--http-port",
+            "0",
+        )
+        daemons.append(daemon)
+        poll_until(
+            lambda: not broken() and not marks(bk),
+            timeout_s=120,
+            interval_s=0.5,
+            what="every write set across two racks",
+        )
+        for ledger_id in ledgers:
+            assert_fully_replicated(bk, ledger_id)
+            data = [e.data for e in bk.open_ledger(ledger_id).read_entries(0, 59)]
+            assert data == [payload(ledger_id, i) for i in range(60)]
+        _, metrics = scrape(daemon.admin_port)
+        assert metrics["quorumlog_autorecovery_placement_violations_total"] >= len(misplaced)
+        assert metrics["quorumlog_autorecovery_ledger_repair_failures_total"] == 0
+        text = daemon_log(daemon)
+        for ledger_id in misplaced:
+            assert f"ledger {ledger_id} breaks the rack-aware placement: write set" in text

@@ -18,6 +18,7 @@ from quorumlog.replication.auditor import (
     chosen,
     lost_bookies,
     marks_for_lost,
+    placement_moves,
 )
 from quorumlog.replication.autorecovery import AutoRecovery
 from quorumlog.replication.report import LedgerAudit
@@ -45,6 +46,30 @@ def ledger(ledger_id: int, *ensembles: tuple[int, tuple[str, ...]]) -> LedgerMet
 def test_index_names_every_bookie_of_every_fragment() -> None:
     ledgers = {1: ledger(1, (0, (A, B)), (50, (C, B))), 2: ledger(2, (0, (B, D)))}
     assert bookie_index(ledgers) == {A: {1}, B: {1, 2}, C: {1}, D: {2}}
+
+
+def test_placement_check_names_broken_write_sets_and_a_bookie_to_move() -> None:
+    from quorumlog.core.placement import PlacementPolicy
+
+    racks = {A: "/r/a", B: "/r/a", C: "/r/b", D: "/r/c"}
+    rack_aware = PlacementPolicy("rack-aware")
+    # Fragment one: (A, B, C) with Qw 2 puts (A, B) in rack a; fragment two is fine.
+    md = ledger(1, (0, (A, B, C)), (50, (A, D, C)))
+    broken, moves = placement_moves(rack_aware, md, racks)
+    assert broken == [f"write set {A}, {B} spans 1 rack(s), 2 wanted"]
+    assert moves in ({A}, {B})
+    assert placement_moves(PlacementPolicy(), md, racks) == ([], set())
+    # A bookie not writable now (unplaced): its ensemble is left to the lost-bookie path.
+    assert placement_moves(rack_aware, md, {B: "/r/a", C: "/r/b", D: "/r/c"}) == ([], set())
+    # Broken, but no bookie outside the ensemble would do better: reported, nothing moved.
+    broken, moves = placement_moves(rack_aware, ledger(2, (0, (A, B, C))), {**racks, D: "/r/b"})
+    assert broken and moves == set()
+    # Two write sets in one rack each: two bookies to move, planned together.
+    e, f = "h:5", "h:6"
+    six = {**racks, D: "/r/b", e: "/r/c", f: "/r/c"}
+    broken, moves = placement_moves(rack_aware, ledger(3, (0, (A, B, C, D))), six)
+    assert len(broken) == 2 and len(moves) == 2
+    assert len(moves & {A, B}) == 1 and len(moves & {C, D}) == 1
 
 
 def test_lost_bookies_are_those_named_but_not_available() -> None:

@@ -107,3 +107,22 @@ def test_locations_and_policies_are_checked_by_name() -> None:
         PlacementPolicy("rack_aware")
     with pytest.raises(InvalidArgumentError, match="min_racks_per_write_quorum=0"):
         PlacementPolicy("rack-aware", min_racks_per_write_quorum=0)
+
+
+def test_the_bookie_to_move_is_one_of_two_sharing_a_rack_when_a_move_mends_it() -> None:
+    from quorumlog.core.placement import bookie_to_move, shortfall
+
+    places = cluster(3, 2)  # racks 0, 1, 2 with two bookies each
+    a1, a2, b1, b2, c1, c2 = sorted(places)
+    ensemble = [a1, a2, b1]  # Qw 2: the write set (a1, a2) sits in one rack
+    assert violations(RACK_AWARE, ensemble, places, 2)
+    moved = bookie_to_move(RACK_AWARE, ensemble, places, 2, list(places))
+    assert moved in (a1, a2)
+    slot = ensemble.index(moved)
+    assert shortfall(RACK_AWARE, ensemble, slot, c1, places, 2) == (0, 0)
+    assert shortfall(RACK_AWARE, ensemble, slot, moved, places, 2) == (0, 1)
+    # Nothing to mend, a random policy, or no bookie that would do better: no move.
+    assert bookie_to_move(RACK_AWARE, [a1, b1, c1], places, 2, list(places)) is None
+    assert bookie_to_move(PlacementPolicy(), ensemble, places, 2, list(places)) is None
+    assert bookie_to_move(RACK_AWARE, ensemble, places, 2, [a1, a2, b1, b2]) is None
+    assert bookie_to_move(RACK_AWARE, [a1, a2], places, 2, [c1, c2]) in (a1, a2)

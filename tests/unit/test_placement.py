@@ -65,3 +65,40 @@ def test_least_loaded_spreads_the_entries_and_breaks_ties_at_random() -> None:
         assert chosen is not None
         given[chosen] += 1
     assert set(given.values()) == {12} and BOOKIES[0] not in given
+
+
+RACKS = {
+    "a1:1": "/east/a",
+    "a2:1": "/east/a",
+    "b1:1": "/east/b",
+    "b2:1": "/east/b",
+    "c1:1": "/east/c",
+    "c2:1": "/east/c",
+}
+
+
+def test_a_rack_aware_re_replication_target_keeps_write_sets_across_racks() -> None:
+    # Slot 1 of (a1, a2, b1) with Qw 2: its write sets are (a1, X) and (X, b1), so only
+    # a bookie of rack c keeps both within two racks, however loaded it is.
+    from quorumlog.core.placement import PlacementPolicy
+
+    placement = BookiePlacement(random.Random(3), PlacementPolicy("rack-aware"))
+    ensemble = ("a1:1", "a2:1", "b1:1")
+    load = Counter({"c1:1": 50, "c2:1": 70})
+    for _ in range(20):
+        target = placement.least_loaded_placed(RACKS, set(ensemble), load, ensemble, 1, 2)
+        assert target == "c1:1"  # rack c first, then the least loaded of it
+    # Rack c excluded: the best left (b2 leaves one write set in rack b) is still chosen.
+    excluded = {*ensemble, "c1:1", "c2:1"}
+    assert placement.least_loaded_placed(RACKS, excluded, load, ensemble, 1, 2) == "b2:1"
+    everything = set(RACKS)
+    assert placement.least_loaded_placed(RACKS, everything, load, ensemble, 1, 2) is None
+
+
+def test_a_random_policy_re_replication_target_is_the_least_loaded_as_before() -> None:
+    # The rack-blind choice draws exactly as least_loaded does (seeded runs replay).
+    one, two = BookiePlacement(random.Random(9)), BookiePlacement(random.Random(9))
+    load = Counter({"a1:1": 1})
+    excluded = {"b1:1"}
+    for _ in range(10):
+        assert one.least_loaded(RACKS, excluded, load) == two.least_loaded(RACKS, excluded, load)
