@@ -231,3 +231,27 @@ def test_the_command_explores_a_world_and_prints_what_it_did(capsys):
     out = capsys.readouterr().out
     assert status == 0, out
     assert "states" in out and "every rule held" in out
+
+
+def test_p3_r8_the_second_replacement_bug_is_found_when_planted(monkeypatch):
+    """P3 as it was (a recovery's second replacement sent only the entries from its own
+    stuck one on): planted in the real recovery machine, the checker finds a confirmed
+    entry missing, in a world of a dead bookie and two spares. The simulator's seeds
+    reach this schedule rarely (its planted-bug file leaves P3 to this test)."""
+    from tests.sim.test_planted_bugs import _second_replacement_gets_only_its_own_entries
+
+    _second_replacement_gets_only_its_own_entries(monkeypatch)
+    cfg = WorldConfig(
+        write_quorum=3,
+        ack_quorum=3,
+        entries=4,
+        spares=2,
+        dead_at_start=("C",),
+        close=False,
+        **{**_QUIET, "bookie_failures": 1},  # the first replacement dies part-way
+    )
+    result = explore(cfg)
+    counterexample = result.counterexample
+    assert counterexample is not None, result.text()
+    rules = {v.rule for v in counterexample.violations}
+    assert rules & {"R8-durability", "R8-closed-entries"}, rules

@@ -154,7 +154,11 @@ def _second_replacement_gets_only_its_own_entries(mp: pytest.MonkeyPatch) -> Non
     """P3 (found by the model checker, fixed in core/recovery.py): when a recovery's
     replacement dies part-way and another replaces it, only the entries from the second
     change's first stuck entry are checked again, though the fragment recorded names
-    the second replacement from the first change's entry. The method as it was."""
+    the second replacement from the first change's entry. The method as it was.
+
+    Planted by tests/model/test_model_checker.py (found in a second): the simulator's
+    seeds reach a replacement dying during a recovery's rewrites too rarely to be sure
+    of it within the bounded seeds."""
     machine = core_recovery.LedgerRecoveryMachine
 
     def own_entries_only(
@@ -339,9 +343,6 @@ PLANTED = {
     "re-replication swapping in a replacement it copied nothing to": Planted(
         _rereplication_copies_nothing, DURABILITY
     ),
-    "a recovery's second replacement given only its own entries (P3)": Planted(
-        _second_replacement_gets_only_its_own_entries, DURABILITY
-    ),
     "the writer striping entries one write set off (R1)": Planted(_striping_off_by_one, DURABILITY),
     "creation accepting any quorum shape (R1)": Planted(
         _any_shape_accepted, frozenset({"R1-shape"})
@@ -356,8 +357,10 @@ PLANTED = {
     "a bookie answering a damaged entry as absent (R9)": Planted(
         _corruption_read_as_absence, DURABILITY | {"R9-absence"}
     ),
+    # A client without the password then fences, recovers and writes as if it were the
+    # owner: a second value, or a confirmed entry left on fewer than Qa bookies.
     "a bookie accepting any master key (R10)": Planted(
-        _any_master_key_accepted, frozenset({"R10-password", "single-value"})
+        _any_master_key_accepted, frozenset({"R10-password", "single-value", "R3-replicas"})
     ),
     "a failed journal sync taken as done (R14)": Planted(
         _a_failed_sync_taken_as_done, DURABILITY | {"R9-absence", "bookie-restart"}
