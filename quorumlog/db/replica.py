@@ -34,7 +34,7 @@ import secrets
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -183,6 +183,13 @@ class ReplicaConfig:
 class WriteAnswer:
     position: Position
     results: list[StatementResult]
+
+
+def _writes_in(records: Iterable[DbRecord]) -> int:
+    """How many of ``records`` change the database: the snapshot triggers count these,
+    not the barriers and verification records that follow writes (a snapshot taken for
+    a VERIFY alone would copy a file no write changed)."""
+    return sum(1 for record in records if record.kind == EXECUTE)
 
 
 @dataclass(slots=True)
@@ -614,7 +621,7 @@ class Replica:
                 commit = functools.partial(machine.commit_ahead, positions, records)
                 await self._on_sqlite(commit)
                 self._applied_event.set()
-                self.records_since_snapshot += len(group)
+                self.records_since_snapshot += _writes_in(records)
                 answers = list(results)
         except ReplicaStorageError as exc:
             self.failure = str(exc)
@@ -663,7 +670,7 @@ class Replica:
         apply = functools.partial(self.machine.apply_group, records, results_wanted=results_wanted)
         results = await self._on_sqlite(apply)
         self._applied_event.set()
-        self.records_since_snapshot += len(records)
+        self.records_since_snapshot += _writes_in(r for _, r in records)
         return results
 
     # ------------------------------------------------------------ snapshots
