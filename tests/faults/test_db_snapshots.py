@@ -109,7 +109,10 @@ def test_db_wiped_replica_rebuilds_from_snapshot_and_log_stays_truncated(
         def log_bounded() -> bool:
             state[:] = [asyncio.run(_log_state(cluster3.metadata_uri))]
             ledgers, truncated_before, snapshots = state[0]
-            return snapshots >= 1 and truncated_before is not None and ledgers <= 3
+            # 300 writes fill 5-6 ledgers; a loaded machine's writes are slower, so more
+            # VERIFY records (one a second) sit between them and the kept span may reach
+            # one ledger more: at most 4 left still shows whole ledgers dropped.
+            return snapshots >= 1 and truncated_before is not None and ledgers <= 4
 
         try:
             poll_until(log_bounded, timeout_s=30, what="the log truncated", interval_s=0.25)

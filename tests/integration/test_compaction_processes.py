@@ -257,7 +257,10 @@ def test_shell_gc_collects_and_compacts_on_every_bookie_named(
         assert entry_log_bytes(bookie.data_dir) == before  # bookie 0 was not asked
 
         published = run(published_service_info(metadata_uri, cluster.addresses))
-        assert published == [{"http": admin} for admin in admins]
+        # Each registration publishes its admin API beside its place (--rack).
+        assert published == [
+            {"http": admin, "rack": "/default-region/default-rack"} for admin in admins
+        ]
 
         done = shell(metadata_uri, "gc")  # every bookie found through its registration
         assert done.returncode == 0, (done.stdout, done.stderr)
