@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import sys
@@ -35,6 +34,7 @@ from quorumlog.security import options as security_options
 from quorumlog.security.tls import TlsReloader
 from quorumlog.security.tokens import TokenVerifier
 from quorumlog.server.addresses import LOCAL_HOST, resolve_addresses
+from quorumlog.server.options import configure_logging
 
 if TYPE_CHECKING:
     from quorumlog.server.admin_http import AdminServer
@@ -211,14 +211,7 @@ def run(args: argparse.Namespace) -> int:
     from quorumlog.client.sync import new_event_loop
     from quorumlog.meta.factory import resolve_metadata_uri
 
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if args.log_level != "DEBUG":
-        logging.getLogger("kazoo").setLevel(logging.ERROR)
-    security_options.redact_logs(args)
+    configure_logging(args)
     try:
         config = config_from_args(args)
         admin_security = _AdminSecurity(
