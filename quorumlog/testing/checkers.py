@@ -7,39 +7,7 @@ recovery read); :func:`check_ledger_history` and :func:`check_log_history` turn 
 into :class:`Violation`\\ s, each named after the rule it breaks, so a test can say
 which rule a run broke and a person can read why.
 
-Rules (names used in violations):
-
-``R3-order``          confirmations came in entry-id order, without gaps (but at adds
-                      whose owner gave up waiting: a cancelled future hears nothing)
-``R4-tail``           a tailing reader read only at or below a LAC it had learnt, and
-                      nothing past the recovered end
-``R1-shape``          a ledger of a shape other than E >= Qw >= Qa >= 1 is never created
-``R10-password``      an add or a fence with another master key is refused by a bookie
-                      that holds the ledger's key
-``R9-absence``        a bookie never answers "no such entry" (or ledger) for an entry it
-                      acknowledged: damage is an I/O error, never absence (R9, R17)
-``R4-lac``            a LAC a reader learnt from the bookies of an open ledger had been
-                      confirmed to the writer before (or was an add its owner gave up on)
-``single-value``      never two values at one (ledger, entry), across every read
-``R7-fencing``        nothing confirmed after a recovery's close lies beyond the closed
-                      last entry
-``R8-durability``     every confirmed entry is at or below the recovered last entry and
-                      reads back with its bytes
-``R3-replicas``       every confirmed entry is stored on at least Qa bookies of its write
-                      set, as the final metadata records it (read from the bookies'
-                      storage: what a reader relies on after more failures)
-``R8-agreement``      every close of a ledger agrees on its last entry
-``R8-final``          the checker's own recovery and reads at the end succeeded
-``R8-past-end``       nothing past the recovered last entry is readable
-``R11-log``           every record confirmed to a log writer is in the final log once,
-                      in order, and after every record confirmed before it was appended
-                      (whoever wrote it); a tailing reader saw a prefix of it
-``bookie-restart``    a bookie whose disk lost no synced byte starts again after a crash
-``core-invariant``    a state machine of ``core/`` found its own invariant broken at the
-                      end of a step (LAC only rises, confirmations held while a failure
-                      or a close is under way, ...: ``quorumlog.core.invariants``)
-``system-error``      the system raised where it must not (an assertion, a crash)
-``liveness``          the run did not finish within its virtual-time budget
+The rules, by the names violations carry, are :data:`RULES`.
 """
 
 from __future__ import annotations
@@ -62,26 +30,35 @@ __all__ = [
     "check_run",
 ]
 
-RULES = (
-    "R3-order",
-    "R1-shape",
-    "R10-password",
-    "R9-absence",
-    "R4-tail",
-    "R4-lac",
-    "single-value",
-    "R7-fencing",
-    "R8-durability",
-    "R8-agreement",
-    "R8-final",
-    "R8-past-end",
-    "R3-replicas",
-    "R11-log",
-    "bookie-restart",
-    "core-invariant",
-    "system-error",
-    "liveness",
-)
+# Each rule's name, as violations carry it, and what it demands.
+RULES: dict[str, str] = {
+    "R3-order": "confirmations come in entry-id order, without gaps (but at adds whose "
+    "owner gave up waiting: a cancelled future hears nothing)",
+    "R1-shape": "a ledger of a shape other than E >= Qw >= Qa >= 1 is never created",
+    "R10-password": "a bookie holding a ledger's key refuses an add or fence with another",
+    "R9-absence": "a bookie never answers 'no such entry' (or ledger) for an entry it "
+    "acknowledged: damage is an I/O error, never absence (R9, R17)",
+    "R4-tail": "a tailing reader reads only at or below a LAC it learnt, and nothing past "
+    "the recovered end",
+    "R4-lac": "a LAC learnt from an open ledger's bookies was confirmed to the writer "
+    "before (or was an add its owner gave up on)",
+    "single-value": "never two values at one (ledger, entry), across every read",
+    "R7-fencing": "nothing confirmed after a recovery's close lies past its last entry",
+    "R8-durability": "every confirmed entry is at or below the recovered last entry and "
+    "reads back with its bytes",
+    "R8-agreement": "every close of a ledger agrees on its last entry",
+    "R8-final": "the checker's own recovery and reads at the end succeed",
+    "R8-past-end": "nothing past the recovered last entry is readable",
+    "R3-replicas": "every confirmed entry is stored on at least Qa bookies of its write "
+    "set as the final metadata records it (read from the bookies' storage)",
+    "R11-log": "every record confirmed to a log writer is in the final log once, in order, "
+    "after every record confirmed before it was appended; a tailing reader saw a prefix",
+    "bookie-restart": "a bookie whose disk lost no synced byte starts again after a crash",
+    "core-invariant": "a core/ state machine keeps its own invariants at the end of each "
+    "step (quorumlog.core.invariants)",
+    "system-error": "the system never raises where it must not (an assertion, a crash)",
+    "liveness": "the run finishes within its virtual-time budget",
+}
 
 
 @dataclass(frozen=True)

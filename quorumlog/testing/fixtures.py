@@ -1,23 +1,5 @@
-"""A local cluster of real bookie processes for your tests, as a context manager.
-
-Example (pytest)::
-
-    import pytest
-    from quorumlog import BookKeeper
-    from quorumlog.testing import local_cluster
-
-    @pytest.fixture
-    def cluster(tmp_path):
-        with local_cluster(3, base_dir=tmp_path) as cluster:
-            yield cluster
-
-    def test_my_app_survives_a_bookie_crash(cluster):
-        with BookKeeper(cluster.metadata_uri) as bk:
-            ...
-            cluster.kill(0)  # kill -9, by pid
-            ...
-            cluster.restart(0)  # same directories, same port
-"""
+"""A local cluster of real bookie processes for your tests, as a context manager
+(docs/TESTING.md shows it in a pytest fixture)."""
 
 from __future__ import annotations
 

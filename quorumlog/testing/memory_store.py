@@ -40,6 +40,7 @@ import itertools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from quorumlog.errors import (
     MetadataError,
@@ -65,6 +66,8 @@ from quorumlog.meta.store import (
     WatchCallback,
     WatchEvent,
 )
+
+_T = TypeVar("_T")
 
 __all__ = ["MemoryStore", "MemoryStoreFactory", "MemoryTree", "MetadataFaults", "StaleReads"]
 
@@ -338,15 +341,23 @@ class MemoryStore(MetadataStore):
             raise SessionExpiredError(
                 f"metadata session {self.session_id} expired: cannot create ephemeral {path}"
             )
-        await self._gate("create", path)
+        return await self._write(
+            "create",
+            path,
+            lambda: self._create(path, bytes(data), ephemeral, sequential, make_parents),
+        )
+
+    async def _write(self, op: str, path: str, apply: Callable[[], _T]) -> _T:
+        """A write through the faults: its reply names what it applied (a created path)."""
+        await self._gate(op, path)
         try:
-            created = self._create(path, bytes(data), ephemeral, sequential, make_parents)
+            result = apply()
         except MetadataError:
             self._caught_up()  # a server applies the writes before its answer
             raise
-        await self._reply("create", created, True)
+        await self._reply(op, result if isinstance(result, str) else path, True)
         self._caught_up()
-        return created
+        return result
 
     def _create(
         self, path: str, data: bytes, ephemeral: bool, sequential: bool, make_parents: bool
@@ -375,15 +386,7 @@ class MemoryStore(MetadataStore):
     async def set(self, path: str, data: bytes, version: int = -1) -> int:
         check_path(path)
         self._check_alive_for(path)
-        await self._gate("set", path)
-        try:
-            new_version = self._set(path, bytes(data), version)
-        except MetadataError:
-            self._caught_up()  # a server applies the writes before its answer
-            raise
-        await self._reply("set", path, True)
-        self._caught_up()
-        return new_version
+        return await self._write("set", path, lambda: self._set(path, bytes(data), version))
 
     def _set(self, path: str, data: bytes, version: int) -> int:
         node = self.tree.nodes.get(path)
@@ -401,14 +404,7 @@ class MemoryStore(MetadataStore):
     async def delete(self, path: str, version: int = -1) -> None:
         check_path(path)
         self._check_alive_for(path)
-        await self._gate("delete", path)
-        try:
-            self._delete(path, version)
-        except MetadataError:
-            self._caught_up()  # a server applies the writes before its answer
-            raise
-        await self._reply("delete", path, True)
-        self._caught_up()
+        await self._write("delete", path, lambda: self._delete(path, version))
 
     def _delete(self, path: str, version: int) -> None:
         nodes = self.tree.nodes
@@ -433,13 +429,10 @@ class MemoryStore(MetadataStore):
             if op.path == "/" and not isinstance(op, CheckOp):
                 raise MetadataError("metadata path / cannot be created, set or deleted")
             self._check_alive_for(op.path)
-        what = ops[0].path if ops else "/"
-        await self._gate("multi", what)
-        try:
-            self._check_multi(ops)
-        except MetadataError:
-            self._caught_up()
-            raise
+        await self._write("multi", ops[0].path if ops else "/", lambda: self._apply_multi(ops))
+
+    def _apply_multi(self, ops: list[Op]) -> None:
+        self._check_multi(ops)
         for op in ops:  # every op checked: none of these can fail now
             if isinstance(op, CreateOp):
                 self._create(op.path, bytes(op.data), False, False, True)
@@ -447,9 +440,6 @@ class MemoryStore(MetadataStore):
                 self._set(op.path, bytes(op.data), op.version)
             elif isinstance(op, DeleteOp):
                 self._delete(op.path, op.version)
-                self._own_ephemerals.discard(op.path)
-        await self._reply("multi", what, True)
-        self._caught_up()
 
     def _check_multi(self, ops: list[Op]) -> None:
         """Raise the error the first failing op would meet, after the ops before it."""

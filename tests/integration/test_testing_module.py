@@ -3,20 +3,12 @@ names, a local cluster of real bookies, faults by pid."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import quorumlog.testing
 from quorumlog import BookKeeper
-from quorumlog.testing import (
-    LocalCluster,
-    kill_process,
-    local_cluster,
-    pause_process,
-    resume_process,
-)
+from quorumlog.testing import LocalCluster, local_cluster
 
 
 def process_state(pid: int) -> str:
@@ -81,17 +73,15 @@ def test_without_base_dir_the_cluster_lives_in_a_temporary_directory() -> None:
     assert not base_dir.exists()
 
 
-def test_process_faults_pause_resume_and_kill_by_pid() -> None:
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        pause_process(process.pid)
-        wait_stopped(process.pid, True)
-        resume_process(process.pid)
-        wait_stopped(process.pid, False)
-        pause_process(process.pid)
-        kill_process(process.pid)  # a paused process dies too
-        assert process.wait(timeout=10) == -9
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+def test_a_paused_bookie_is_stopped_until_resumed_and_a_paused_one_can_be_killed(
+    tmp_path: Path,
+) -> None:
+    with local_cluster(1, base_dir=tmp_path, journal_sync=False) as cluster:
+        pid = cluster.bookies[0].pid
+        cluster.pause(0)
+        wait_stopped(pid, True)
+        cluster.resume(0)
+        wait_stopped(pid, False)
+        cluster.pause(0)
+        cluster.kill(0)  # a paused process dies too
+        assert cluster.bookies[0].returncode == -9

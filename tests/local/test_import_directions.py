@@ -572,3 +572,12 @@ def test_log_node_builders_sees_helpers_attributes_and_spelt_paths(tmp_path: Pat
         "reads .LOGS_PATH",
         "spells '/logs/'",
     ]
+
+
+def test_the_public_testing_package_stays_small() -> None:
+    """quorumlog.testing ships with the product for applications' tests: a local cluster,
+    the in-memory store, the simulator's engine, the checkers and a raw client. The
+    project's own workloads and harnesses belong to tests/harness, not here."""
+    files = sorted((PACKAGE_DIR / "testing").rglob("*.py"))
+    lines = sum(len(path.read_text().splitlines()) for path in files)
+    assert lines < 3000, f"quorumlog/testing has {lines} lines in {len(files)} files"

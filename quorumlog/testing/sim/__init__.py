@@ -1,23 +1,9 @@
-"""The whole-system simulator: the real client and the real bookie, in virtual time.
-
-One seed drives one run, replayable exactly:
-
-- :mod:`.loop`: :class:`VirtualTimeLoop` (the clock jumps to the next timer) and
-  :class:`SimExecutor` (a bookie's threads as ordered jobs on the loop);
-- :mod:`.disk`: :class:`SimDisk` (unsynced writes lost or torn at a power loss, a
-  sync that fails once, ENOSPC, flipped bits, lost directory entries) and
-  :class:`MemoryIndex` (the index with LMDB's guarantees);
-- :mod:`.cluster`: :class:`BookieNode` (the real :class:`~quorumlog.bookie.bookie.Bookie`
-  on a simulated machine: kill, power loss, pause, restart), :class:`SimNetwork`
-  (the real codec, per-connection order, delays, drops, partitions) and
-  :class:`Cluster` (nodes, network, metadata and clients together);
-- :mod:`quorumlog.testing.checkers`: the rules, checked on the history, apart from
-  the system.
-
-The project's own workloads, faults drawn from the seed and the seeded runs live with
-its tests (``tests/harness/sim``): ``python -m tests.harness.sim --seed N --trace``
-from the repository root replays one seed with a readable trace; ``--seeds A..B``
-runs a range (docs/TESTING.md).
+"""The whole-system simulator's engine: the real client and the real bookie, in virtual
+time, one seed one run (:mod:`.loop`: the clock and the bookie's threads; :mod:`.disk`:
+a disk that loses unsynced writes, fails syncs, fills up and flips bits, and the index;
+:mod:`.cluster`: machines, network and clients). The project's own workloads and
+seeded runs live with its tests: ``python -m tests.harness.sim --seed N --trace``
+replays one seed (docs/TESTING.md).
 """
 
 from quorumlog.testing.sim.cluster import (

@@ -122,9 +122,6 @@ def _roundtrip(message: Message) -> Message:
     return decode_message(op, request_id, memoryview(frame)[_FRAME_HEADER.size :])
 
 
-# ---------------------------------------------------------------- bookies
-
-
 def sim_bookie_config(name: str, rng: random.Random) -> BookieConfig:
     """Small files and frequent checkpoints, so that a short run rotates journal files
     and entry logs, checkpoints and deletes journal files many times."""
@@ -391,9 +388,6 @@ class BookieNode:
         """End of the run: stop the process without closing files (nothing is checked
         after this)."""
         self._stop_process()
-
-
-# ---------------------------------------------------------------- network
 
 
 class SimNetwork:
@@ -690,9 +684,6 @@ class SimConnection:
         error = BookieUnavailableError(f"bookie {self.address}: connection closed by client")
         for answer in list(pending.values()):
             self.network.loop.call_soon(answer, error)
-
-
-# ---------------------------------------------------------------- a whole cluster
 
 
 class Cluster:

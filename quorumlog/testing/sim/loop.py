@@ -228,6 +228,9 @@ class SimExecutor(concurrent.futures.Executor):
     def freeze(self) -> None:
         """The process is paused: no job starts until :meth:`thaw`."""
         self.frozen = True
+        self._cancel_timer()
+
+    def _cancel_timer(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -239,16 +242,12 @@ class SimExecutor(concurrent.futures.Executor):
     def kill(self) -> None:
         """The process died: queued jobs never run."""
         self.dead = True
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self._cancel_timer()
         self._jobs.clear()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         # A thread pool's shutdown waits for the jobs queued before it: run them now.
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self._cancel_timer()
         while self._jobs and not self.dead:
             job = self._jobs.popleft()
             if cancel_futures:
