@@ -125,16 +125,19 @@ class BookiePlacement:
         ensemble: Sequence[str],
         slot: int,
         write_quorum: int,
+        elsewhere: Mapping[str, str] | None = None,
     ) -> str | None:
         """The re-replication target for ``slot`` of ``ensemble`` by the policy: among
         the writable bookies (bookie -> location) outside ``exclude``, those leaving the
         write sets through the slot closest to the policy, then the smallest ``load``,
-        then chance; None if every writable bookie is excluded. The other slots' bookies
-        not writable now are taken to stand at the default place."""
+        then chance; None if every writable bookie is excluded. ``elsewhere`` places
+        the other slots' bookies that are registered but not writable (read-only: they
+        still hold their copies); those known nowhere are taken to stand at the
+        default place."""
         candidates = sorted(b for b in writable if b not in exclude)
         if not candidates:
             return None
-        locations = {**{b: DEFAULT_LOCATION for b in ensemble}, **writable}
+        locations = {**{b: DEFAULT_LOCATION for b in ensemble}, **(elsewhere or {}), **writable}
         rng, policy = self.rng, self.policy
 
         def rank(bookie: str) -> tuple[tuple[int, int], int, float]:

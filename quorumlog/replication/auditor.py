@@ -453,6 +453,15 @@ class Auditor:
         broken, moves = placement_moves(self.policy, md, locations)
         if not broken:
             return "ok"
+        if moves:
+            # ``locations`` were read when the walk began, which may be long ago (audits
+            # of ledgers whose bookies time out): a rack cut off since still looks
+            # writable, and a move towards it would only have a worker shift the write
+            # set in one rack onto the racks that are left. Plan on the bookies writable
+            # now.
+            now = placed(await self.bk.registry.writable_locations())
+            if now != locations:
+                moves = placement_moves(self.policy, md, now)[1]
         self.stats.placement_violations += 1
         log.warning(
             "auditor: ledger %d breaks the %s placement: %s%s",

@@ -544,6 +544,7 @@ class _Run:
             locations = await metadata_call(
                 self.bk, self.bk.registry.writable_locations(), "bookies"
             )
+            elsewhere = await self._places_of_unwritable(fragment, locations)
             chosen = placement.least_loaded_placed(
                 placed(locations),
                 excluded,
@@ -551,6 +552,7 @@ class _Run:
                 fragment.ensemble,
                 fragment.index,
                 write_quorum,
+                elsewhere,
             )
         else:
             writable = await metadata_call(self.bk, self.bk.registry.writable_bookies(), "bookies")
@@ -559,6 +561,28 @@ class _Run:
             return None
         self.assigned[chosen] += max(1, entries)
         return chosen
+
+    async def _places_of_unwritable(
+        self, fragment: Fragment, writable: Mapping[str, str | None]
+    ) -> dict[str, str]:
+        """Where the fragment's other bookies that are not writable stand, as their
+        registrations say (a read-only bookie still holds its copies, so a target in its
+        rack would put two copies of a write set there); a bookie not registered at all
+        is left out (its place is not known)."""
+        others = [b for b in fragment.ensemble if b not in writable and b != self.lost]
+        if not others:
+            return {}
+        registry = self.bk.registry
+        infos = await metadata_call(
+            self.bk,
+            asyncio.gather(*(registry.read_service_info(b) for b in others)),
+            "bookies",
+        )
+        return {
+            bookie: info["rack"]
+            for bookie, info in zip(others, infos, strict=True)
+            if info is not None and info.get("rack")
+        }
 
 
 def _no_replacement_message(ledger_id: int, fragment: Fragment, tried: Sequence[str] = ()) -> str:

@@ -187,3 +187,41 @@ def test_k5_leadership_lost_and_regained_at_once_keeps_the_auditor_published() -
             await bk.close()
 
     asyncio.run(main())
+
+
+def test_a_placement_move_is_marked_only_if_the_bookies_writable_now_can_mend_it() -> None:
+    """An audit walk reads where the writable bookies stand once, at its start, and may
+    last long (audits of ledgers whose bookies time out). If a rack is cut off meanwhile,
+    its bookies still look writable to the walk: a move planned towards them would have
+    the worker copy a share onto the racks that are left, only shifting the write set in
+    one rack elsewhere. The move is checked against the bookies writable at marking."""
+    import json
+
+    from quorumlog.replication.auditor import Auditor, AuditorConfig
+
+    e, f = "h:5", "h:6"
+    racks = {A: "/r/a", B: "/r/a", C: "/r/b", D: "/r/b", e: "/r/c", f: "/r/c"}
+    left = {C, D, e, f}  # rack a cut off since the walk began
+
+    async def main() -> tuple[str, list[int], str]:
+        bk = BookKeeper(MemoryStore(MemoryTree()))
+        try:
+            for bookie in left:
+                info = json.dumps({"rack": racks[bookie]}).encode()
+                await bk.registry.register(bookie, service_info=info)
+            auditor = Auditor(bk, "ar-1", AuditorConfig(placement="rack-aware"))
+            # (e, C, D) with Qw 2: (C, D) in rack b; only rack a could mend it.
+            stale = await auditor._check_placement(ledger(7, (0, (e, C, D))), racks)
+            marked = await auditor.marks.marked_ledgers()
+            # With rack a back, the same check marks the move.
+            for bookie in (A, B):
+                info = json.dumps({"rack": racks[bookie]}).encode()
+                await bk.registry.register(bookie, service_info=info)
+            fresh = await auditor._check_placement(ledger(7, (0, (e, C, D))), racks)
+            return stale, marked, fresh
+        finally:
+            await bk.close()
+
+    stale, marked, fresh = asyncio.run(main())
+    assert (stale, marked) == ("broken", []), (stale, marked)
+    assert fresh == "marked"

@@ -126,3 +126,39 @@ def test_the_bookie_to_move_is_one_of_two_sharing_a_rack_when_a_move_mends_it() 
     assert bookie_to_move(PlacementPolicy(), ensemble, places, 2, list(places)) is None
     assert bookie_to_move(RACK_AWARE, ensemble, places, 2, [a1, a2, b1, b2]) is None
     assert bookie_to_move(RACK_AWARE, [a1, a2], places, 2, [c1, c2]) in (a1, a2)
+
+
+def test_a_rack_lost_leaves_two_racks_that_hold_some_shapes_in_both_modes_not_others() -> None:
+    """Rack a is gone (both its bookies): an ensemble change keeps 3/3/2, 4/3/2 and
+    2/2/2 within the policy whether enforced or not (two racks are what a write set
+    needs); 3/2/2 and a 4/2/2 with rack a at two slots cannot be kept: enforced, the
+    change is refused (the writer's ledger stops taking writes); best effort, it goes
+    on with a write set in one rack, for the auditor to mend once a third rack is back."""
+    left = {"b1:1": "/r/b", "b2:1": "/r/b", "c1:1": "/r/c", "c2:1": "/r/c"}
+    places = {**left, "a1:1": "/r/a", "a2:1": "/r/a"}
+    enforced = PlacementPolicy("rack-aware", enforce=True)
+    held = [
+        (("a1:1", "b1:1", "c1:1"), [0], 3),
+        (("a1:1", "b1:1", "c1:1", "a2:1"), [0, 3], 3),
+        (("a1:1", "b1:1"), [0], 2),
+    ]
+    not_held = [
+        (("a1:1", "b1:1", "c1:1"), [0], 2),
+        (("a1:1", "b1:1", "a2:1", "c1:1"), [0, 2], 2),
+    ]
+    for seed in range(20):
+        for ensemble, slots, quorum in held:
+            for policy in (enforced, RACK_AWARE):
+                rng = random.Random(seed)
+                chosen = choose_replacements(policy, rng, left, ensemble, slots, quorum)
+                after = list(ensemble)
+                for slot, bookie in zip(slots, chosen, strict=True):
+                    after[slot] = bookie
+                assert violations(RACK_AWARE, after, places, quorum) == [], (ensemble, after)
+        for ensemble, slots, quorum in not_held:
+            with pytest.raises(NotEnoughBookiesError, match="spans 1 rack"):
+                choose_replacements(enforced, random.Random(seed), left, ensemble, slots, quorum)
+            chosen = choose_replacements(
+                RACK_AWARE, random.Random(seed), left, ensemble, slots, quorum
+            )
+            assert len(chosen) == len(slots) and not set(chosen) & set(ensemble)

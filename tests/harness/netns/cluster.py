@@ -93,6 +93,7 @@ class NetnsCluster:
         bookie_session_timeout_ms: int = 2000,
         start_timeout_s: float = 60.0,
         network: Network | None = None,
+        racks: Sequence[str] = (),
     ) -> None:
         if driver not in ("sqlite", "zk"):
             raise ValueError(f"driver {driver!r}: expected sqlite or zk")
@@ -103,6 +104,10 @@ class NetnsCluster:
             raise ClusterStartError(f"{self.base_dir} holds an earlier run: give another")
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.num_bookies = bookies
+        if racks and len(racks) != bookies:
+            raise ValueError(f"{len(racks)} racks for {bookies} bookies: give one per bookie")
+        # Bookie N (from 1) registers racks[N - 1] (/REGION/RACK); none: the default place.
+        self.racks = list(racks)
         self.zookeeper_servers = zookeeper_servers
         self.bookie_session_timeout_ms = bookie_session_timeout_ms
         self.start_timeout_s = start_timeout_s
@@ -165,6 +170,8 @@ class NetnsCluster:
             "--metadata-session-timeout-ms", str(self.bookie_session_timeout_ms),
             "--journal-max-group-wait-ms", "1",
         ]  # fmt: skip
+        if self.racks:
+            bookie_argv += ["--rack", self.racks[index - 1]]
         proxy_argv = [
             sys.executable, "-m", "tests.harness.netns.proxy",
             "--listen", f"{advertised}:{BOOKIE_PORT}",
