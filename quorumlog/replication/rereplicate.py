@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from quorumlog.client.placement import placed
@@ -156,10 +156,11 @@ async def recover_bookie(
     # R18: a ledger a lagging server does not have yet would be left out (or reported
     # deleted), and a report that no ledger names the bookie lets it be forgotten.
     await metadata_call(bk, bk.store.sync(LEDGERS_PATH), "sync")
-    if ledger_ids is None:
-        ids = await metadata_call(bk, bk.ledgers.list_ledger_ids(), "the ledger list")
-    else:
-        ids = sorted(set(ledger_ids))
+    # A scan walks the layout a level at a time (never the whole cluster's ids in one
+    # list); explicit ids are few.
+    ids: AsyncIterator[int] = (
+        bk.ledgers.ledger_ids() if ledger_ids is None else _each(sorted(set(ledger_ids)))
+    )
     registered = await _is_registered(bk, lost_bookie)
 
     def recover_one(ledger_id: int) -> Awaitable[LedgerReplication | None]:
@@ -172,11 +173,11 @@ async def recover_bookie(
             scanning=not explicit,
         )
 
-    results = await _recover_each(ids, recover_one, ledgers_in_flight, progress)
+    results, scanned = await _recover_each(bk, ids, recover_one, ledgers_in_flight, progress)
     return RecoveryReport(
         bookie=lost_bookie,
         dry_run=dry_run,
-        ledgers_scanned=len(ids),
+        ledgers_scanned=scanned,
         ledgers=results,
         bookie_registered=registered,
         elapsed_ms=(time.monotonic() - started) * 1000,
@@ -200,19 +201,36 @@ async def _is_registered(bk: BookKeeper, bookie: str) -> bool:
     return bookie in await metadata_call(bk, bk.registry.readonly_bookies(), "bookies")
 
 
+async def _each(ids: list[int]) -> AsyncIterator[int]:
+    for ledger_id in ids:
+        yield ledger_id
+
+
 async def _recover_each(
-    ids: list[int],
+    bk: BookKeeper,
+    ids: AsyncIterator[int],
     recover_one: Callable[[int], Awaitable[LedgerReplication | None]],
     ledgers_in_flight: int,
     progress: Callable[[LedgerReplication], None] | None,
-) -> list[LedgerReplication]:
+) -> tuple[list[LedgerReplication], int]:
     """``recover_one`` for every id, ``ledgers_in_flight`` at a time; the results (None
-    left out) by ledger id."""
+    left out) by ledger id, and how many ids there were."""
     results: list[LedgerReplication] = []
-    pending = iter(ids)
+    taking = asyncio.Lock()  # one walk, shared: each id is taken by one worker
+    scanned = 0
+
+    async def next_id() -> int | None:
+        nonlocal scanned
+        async with taking:
+            try:
+                ledger_id = await metadata_call(bk, anext(ids), "the ledger list")
+            except StopAsyncIteration:
+                return None
+            scanned += 1
+            return ledger_id
 
     async def worker() -> None:
-        for ledger_id in pending:  # shared: each id is taken by one worker
+        while (ledger_id := await next_id()) is not None:
             result = await recover_one(ledger_id)
             if result is None:
                 continue
@@ -220,9 +238,9 @@ async def _recover_each(
             if progress is not None:
                 progress(result)
 
-    await all_or_cancel([worker() for _ in range(min(ledgers_in_flight, max(1, len(ids))))])
+    await all_or_cancel([worker() for _ in range(ledgers_in_flight)])
     results.sort(key=lambda r: r.ledger_id)
-    return results
+    return results, scanned
 
 
 async def replicate_ledger(
