@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quorumlog.errors import BKError, MetadataVersionError, NodeExistsError, NoNodeError
+from quorumlog.log.context import DB_SNAPSHOT, ownership_tags
 from quorumlog.log.metadata import log_node_name
 from quorumlog.log.position import Position
 
@@ -184,7 +185,7 @@ async def take_snapshot(the_log: Log, source: Path, *, keep: int = 2) -> Snapsho
         config.ack_quorum,
         config.digest_type,
         config.password,
-        {"dbsnapshot": the_log.name.encode()},
+        ownership_tags(DB_SNAPSHOT, the_log.name),
     )
     try:
         for offset in range(0, max(len(data), 1), CHUNK_BYTES):

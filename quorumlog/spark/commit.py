@@ -53,6 +53,7 @@ from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.client.reading import gather_in_order
 from quorumlog.client.writing import LedgerHandle
 from quorumlog.core.log_metadata import decide_commit_staged
+from quorumlog.core.orphans import SPARK_SINK, TAG_SPARK_WRITE, ownership_tags
 from quorumlog.errors import (
     BKError,
     InvalidArgumentError,
@@ -107,7 +108,7 @@ COMMIT_MARKER = "commit"
 # (a log deleted and created again starts with no owners).
 SINKS_PATH = "/spark-sinks"
 # Tags of a task's ledger: which write, log and partition it was written for.
-TAG_WRITE = "spark.write"
+TAG_WRITE = TAG_SPARK_WRITE
 TAG_LOG = "log"
 TAG_PARTITION = "spark.partition"
 
@@ -194,7 +195,7 @@ def query_of(results: Sequence[TaskResult | None]) -> str | None:
 def ledger_tags(log_name: str, token: str, partition: int) -> dict[str, bytes]:
     """The custom metadata of a task's ledger, checked by the commit before it appends."""
     return {
-        TAG_LOG: log_name.encode(),
+        **ownership_tags(SPARK_SINK, log_name),
         TAG_WRITE: token.encode(),
         TAG_PARTITION: str(partition).encode(),
     }
