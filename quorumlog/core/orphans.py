@@ -17,16 +17,18 @@ Every deletion path records its intent before it deletes a ledger: the referring
 is changed first (a log's node deleted, its list truncated, a snapshot dropped from the
 database's list, a staged ledger's registration deleted), the ledgers after. A crash
 between the two leaves ledgers nothing refers to, never a reference to a ledger that is
-gone. :func:`decide` tells those ledgers from live ones, from what the referring node
+gone (a database's snapshot list also names the snapshots it dropped until they are
+deleted). :func:`decide` tells those ledgers from live ones, from what the referring node
 says (:class:`OwnerView`, read by the caller after a ``sync``, R18).
 
 A ledger that its owner may still be about to refer to is not an orphan until it is
-older than ``min_age_ms``: a log writer's new ledger (created, not yet appended: its id
-lies above every listed one, or the log node was deleted and may be created again), a
-snapshot being written (created, recorded only once closed). A log ledger below the
-newest listed one and not listed can never be appended (a list's ids only grow), and a
-sink ledger neither listed nor registered belongs to a write that ended: those are
-orphans whatever their age.
+older than ``min_age_ms``: a log writer's new ledger (created open, not yet appended:
+its id lies above every listed one, or the log node was deleted and may be created
+again under the same name), a snapshot being written (created, recorded only once
+closed). A log ledger that its log does not list and that is closed, or lies below the
+newest listed one, can never be appended (a writer appends only the open ledger it
+has just created, and a list's ids only grow); a sink ledger neither listed nor
+registered belongs to a write that ended: those are orphans whatever their age.
 """
 
 from __future__ import annotations
@@ -100,12 +102,15 @@ class OwnerView:
 
     ``exists``: the referring node is there (a log's node; a database's snapshot list,
     absent until its first snapshot, counts as an empty one). ``listed``: the ledgers it
-    refers to (a log's list, the database's snapshots). ``registered``: for a sink's
-    ledger, whether its registration is still in its write's staging.
+    refers to (a log's list, the database's snapshots). ``dropped``: the ledgers it
+    names as dropped, to be deleted (the database's snapshots that a crash may have
+    left undeleted). ``registered``: for a sink's ledger, whether its registration is
+    still in its write's staging.
     """
 
     exists: bool
     listed: frozenset[int] = frozenset()
+    dropped: frozenset[int] = frozenset()
     registered: bool = False
 
 
@@ -120,12 +125,14 @@ def decide(
     owner: Owner,
     view: OwnerView,
     *,
+    closed: bool,
     age_ms: int,
     min_age_ms: int,
 ) -> Verdict:
     """Whether ``ledger_id``, owned by ``owner``, is an orphan given ``view``.
 
-    ``age_ms``: how long ago the ledger was created (its metadata's creation time).
+    ``closed``: the ledger's metadata says CLOSED. ``age_ms``: how long ago the ledger
+    was created (its metadata's creation time).
     """
     old = age_ms >= min_age_ms
     young = f"created {age_ms} ms ago (under {min_age_ms} ms): it may still be added"
@@ -138,11 +145,15 @@ def decide(
     if owner.component == DB_SNAPSHOT:
         if ledger_id in view.listed:
             return Verdict(False, f"a snapshot of database {owner.name}")
+        if ledger_id in view.dropped:
+            return Verdict(True, f"a snapshot database {owner.name} dropped")
         if not old:
             return Verdict(False, f"not a recorded snapshot of {owner.name}, but {young}")
         return Verdict(True, f"not a recorded snapshot of database {owner.name}")
     # A log's ledger.
     if not view.exists:
+        if closed:
+            return Verdict(True, f"log {owner.name} does not exist, and the ledger is closed")
         if not old:
             return Verdict(False, f"log {owner.name} does not exist, but the ledger was {young}")
         return Verdict(True, f"log {owner.name} does not exist")
@@ -153,6 +164,8 @@ def decide(
         return Verdict(
             True, f"not in log {owner.name}, and below its ledger {newest}: never appended"
         )
+    if closed:
+        return Verdict(True, f"not in log {owner.name}, and closed: never appended")
     if not old:
         return Verdict(False, f"not in log {owner.name} yet, {young}")
     return Verdict(True, f"not in log {owner.name}, and {age_ms} ms old")

@@ -18,8 +18,15 @@ from quorumlog.core.orphans import (
 HOUR_MS = 3_600_000
 
 
-def verdict(ledger_id: int, owner: Owner, view: OwnerView, age_ms: int = 2 * HOUR_MS) -> bool:
-    return decide(ledger_id, owner, view, age_ms=age_ms, min_age_ms=HOUR_MS).orphan
+def verdict(
+    ledger_id: int,
+    owner: Owner,
+    view: OwnerView,
+    age_ms: int = 2 * HOUR_MS,
+    *,
+    closed: bool = False,
+) -> bool:
+    return decide(ledger_id, owner, view, closed=closed, age_ms=age_ms, min_age_ms=HOUR_MS).orphan
 
 
 def test_tags_name_their_owner_and_untagged_ledgers_are_the_users() -> None:
@@ -47,18 +54,25 @@ def test_a_log_ledger_is_an_orphan_once_its_log_cannot_refer_to_it() -> None:
     # Above the newest: a writer may be adding it (R11), until it is old.
     assert not verdict(13, owner, live, age_ms=1000)
     assert verdict(13, owner, live)
+    # Closed and not listed: a writer appends only the open ledger it just created.
+    assert verdict(13, owner, live, age_ms=0, closed=True)
     # The log's node is gone: a deleted log, or one that may be created again soon.
     gone = OwnerView(exists=False)
     assert not verdict(10, owner, gone, age_ms=1000)
     assert verdict(10, owner, gone)
+    assert verdict(10, owner, gone, age_ms=0, closed=True)
 
 
 def test_a_snapshot_ledger_is_an_orphan_once_old_and_not_recorded() -> None:
     owner = Owner(DB_SNAPSHOT, "db/shop")
     recorded = OwnerView(exists=True, listed=frozenset({31}))
     assert not verdict(31, owner, recorded)
-    assert not verdict(30, owner, recorded, age_ms=1000)  # being written, or just dropped
+    # Being written (closed before it is recorded), or just dropped.
+    assert not verdict(30, owner, recorded, age_ms=1000, closed=True)
     assert verdict(30, owner, recorded)
+    # Dropped from the list (named as dropped in the same write): at any age.
+    dropping = OwnerView(exists=True, listed=frozenset({31}), dropped=frozenset({30}))
+    assert verdict(30, owner, dropping, age_ms=0, closed=True)
 
 
 def test_a_sink_ledger_is_an_orphan_once_its_write_forgot_it() -> None:
