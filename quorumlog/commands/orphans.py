@@ -20,8 +20,9 @@ worst these, never a reference to a ledger that is gone):
     collection removes it (``quorumlog shell gc``): it deletes data only once the
     metadata store says, for that ledger, that it no longer exists (R15).
 
-Exit status 0 when nothing is left over (or everything found was deleted, for (a)) and
-every registered bookie was asked; 1 otherwise.
+Exit status 0 when nothing is left over (or everything found was deleted, for (a)),
+every registered bookie was asked and every tagged ledger's owner could be read; 1
+otherwise.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from quorumlog.db.snapshot import SNAPSHOTS_PATH
 from quorumlog.errors import BKError, NoNodeError, NoSuchLedgerError
 from quorumlog.log.errors import NoSuchLogError
 from quorumlog.log.metadata import log_node_name, read_log
-from quorumlog.spark.commit import STAGING_PATH
+from quorumlog.spark.commit import STAGING_PATH, staging_abandoned
 
 if TYPE_CHECKING:
     from quorumlog.client.bookkeeper import BookKeeper
@@ -107,6 +108,8 @@ class OrphanReport:
     bookie_data: list[BookieLeftover] = field(default_factory=list)
     # (bookie, why) of registered bookies that could not be asked.
     unreached: list[tuple[str, str]] = field(default_factory=list)
+    # (ledger, why) of tagged ledgers whose owner could not be read: neither kind.
+    undecided: list[tuple[int, str]] = field(default_factory=list)
     checked_ledgers: int = 0
 
     @property
@@ -120,6 +123,7 @@ class OrphanReport:
             "ledgers": [asdict(o) for o in self.ledgers],
             "bookie_data": [asdict(b) for b in self.bookie_data],
             "unreached": [{"bookie": b, "why": why} for b, why in self.unreached],
+            "undecided": [{"ledger_id": x, "why": why} for x, why in self.undecided],
             "left": self.left,
         }
 
@@ -142,7 +146,7 @@ async def owner_view(bk: BookKeeper, ledger_id: int, owner: Owner) -> OwnerView:
         listed = frozenset(int(s["ledger"]) for s in raw.get("snapshots", []))
         dropped = frozenset(int(x) for x in raw.get("dropped", []))
         return OwnerView(exists=True, listed=listed, dropped=dropped)
-    registered = False
+    registered = abandoned = False
     if owner.component == SPARK_SINK:
         # The registration first, the log after: a commit appends the ledger before its
         # clean-up deletes the registration, so a registration seen gone means the log
@@ -150,11 +154,13 @@ async def owner_view(bk: BookKeeper, ledger_id: int, owner: Owner) -> OwnerView:
         registration = f"{STAGING_PATH}/{owner.write}/l{ledger_id}"
         await store.sync(registration)
         registered = await store.exists(registration) is not None
+        abandoned = registered and await staging_abandoned(bk, owner.write or "")
     try:
         metadata, _ = await read_log(store, owner.name, sync=True)
     except NoSuchLogError:
-        return OwnerView(exists=False, registered=registered)
-    return OwnerView(exists=True, listed=frozenset(metadata.ledgers), registered=registered)
+        return OwnerView(exists=False, registered=registered, abandoned=abandoned)
+    listed = frozenset(metadata.ledgers)
+    return OwnerView(exists=True, listed=listed, registered=registered, abandoned=abandoned)
 
 
 def _verdict(
@@ -176,10 +182,15 @@ def _now_ms() -> int:
 
 
 async def find_orphan_ledgers(
-    bk: BookKeeper, *, min_age_ms: int = int(DEFAULT_MIN_AGE_S * 1000)
+    bk: BookKeeper,
+    *,
+    min_age_ms: int = int(DEFAULT_MIN_AGE_S * 1000),
+    undecided: list[tuple[int, str]] | None = None,
 ) -> tuple[list[OrphanLedger], int]:
     """The tagged ledgers their owners no longer refer to, and how many ledgers were
-    looked at. Each ledger's metadata is read before its owner's node."""
+    looked at. Each ledger's metadata is read before its owner's node. A ledger whose
+    owner cannot be read (a damaged node, a store error) is neither: it goes to
+    ``undecided`` with why."""
     found: list[OrphanLedger] = []
     checked = 0
     await bk.store.sync("/")
@@ -188,7 +199,12 @@ async def find_orphan_ledgers(
         owner = owner_of(metadata.custom_metadata)
         if owner is None:
             continue  # a user's ledger
-        view = await owner_view(bk, ledger_id, owner)
+        try:
+            view = await owner_view(bk, ledger_id, owner)
+        except (BKError, ValueError, KeyError, TypeError) as exc:
+            if undecided is not None:
+                undecided.append((ledger_id, f"{owner} could not be read: {exc}"))
+            continue
         verdict = _verdict(metadata, owner, view, min_age_ms, _now_ms())
         if verdict.orphan:
             found.append(OrphanLedger(ledger_id, str(owner), verdict.why))
@@ -209,9 +225,12 @@ async def delete_orphan(
     if owner is None:
         orphan.error = "its tags changed: kept"
         return
-    verdict = _verdict(
-        metadata, owner, await owner_view(bk, orphan.ledger_id, owner), min_age_ms, _now_ms()
-    )
+    try:
+        view = await owner_view(bk, orphan.ledger_id, owner)
+    except (BKError, ValueError, KeyError, TypeError) as exc:
+        orphan.error = f"kept: {owner} could not be read again: {exc}"
+        return
+    verdict = _verdict(metadata, owner, view, min_age_ms, _now_ms())
     if not verdict.orphan:
         orphan.error = f"kept: {verdict.why}"
         return
@@ -291,7 +310,9 @@ async def _held_ledgers(http: str, credentials: gc_trigger._Credentials) -> tupl
 async def find(bk: BookKeeper, args: argparse.Namespace) -> OrphanReport:
     min_age_ms = int(args.min_age_s * 1000)
     report = OrphanReport()
-    report.ledgers, report.checked_ledgers = await find_orphan_ledgers(bk, min_age_ms=min_age_ms)
+    report.ledgers, report.checked_ledgers = await find_orphan_ledgers(
+        bk, min_age_ms=min_age_ms, undecided=report.undecided
+    )
     if args.delete:
         for orphan in report.ledgers:
             await delete_orphan(bk, orphan, password=args.password.encode(), min_age_ms=min_age_ms)
@@ -322,4 +343,7 @@ async def run_orphans(bk: BookKeeper, args: argparse.Namespace) -> int:
         )
     for bookie, why in report.unreached:
         print(f"{bookie}: {why}", file=sys.stderr)
-    return 0 if report.left == 0 and not report.unreached else 1
+    for ledger_id, why in report.undecided:
+        print(f"ledger {ledger_id}: not decided: {why}", file=sys.stderr)
+    clean = report.left == 0 and not report.unreached and not report.undecided
+    return 0 if clean else 1

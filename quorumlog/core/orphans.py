@@ -28,7 +28,9 @@ again under the same name), a snapshot being written (created, recorded only onc
 closed). A log ledger that its log does not list and that is closed, or lies below the
 newest listed one, can never be appended (a writer appends only the open ledger it
 has just created, and a list's ids only grow); a sink ledger neither listed nor
-registered belongs to a write that ended: those are orphans whatever their age.
+registered belongs to a write that ended, and one whose write's staging shows no life
+for as long as the sink's own sweep waits belongs to a write whose driver died: those
+are orphans whatever their age.
 """
 
 from __future__ import annotations
@@ -105,13 +107,15 @@ class OwnerView:
     refers to (a log's list, the database's snapshots). ``dropped``: the ledgers it
     names as dropped, to be deleted (the database's snapshots that a crash may have
     left undeleted). ``registered``: for a sink's ledger, whether its registration is
-    still in its write's staging.
+    still in its write's staging, and ``abandoned``, whether that staging showed no
+    life for as long as the sink's own sweep waits (its driver died).
     """
 
     exists: bool
     listed: frozenset[int] = frozenset()
     dropped: frozenset[int] = frozenset()
     registered: bool = False
+    abandoned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +143,10 @@ def decide(
     if owner.component == SPARK_SINK:
         if ledger_id in view.listed:
             return Verdict(False, f"in log {owner.name}")
+        if view.registered and view.abandoned:
+            return Verdict(
+                True, f"staged by write {owner.write}, whose staging shows no life (abandoned)"
+            )
         if view.registered:
             return Verdict(False, f"staged by write {owner.write} (still registered)")
         return Verdict(True, f"write {owner.write} ended and log {owner.name} does not list it")

@@ -867,6 +867,26 @@ async def sweep_stale(
     return tuple(deleted)
 
 
+async def staging_abandoned(
+    bk: BookKeeper,
+    token: str,
+    older_than_ms: int = STALE_STAGING_MS,
+    empty_older_than_ms: int = STALE_EMPTY_STAGING_MS,
+) -> bool:
+    """Whether write ``token``'s staging is one :func:`sweep_stale` would clean up:
+    nothing of it showed life within the window (its driver died). False when the
+    staging is gone (the write ended) or shows life."""
+    try:
+        header = json.loads((await bk.store.get(staging_path(token))).data or b"{}")
+        if not isinstance(header, dict):
+            header = {}
+        return not await _alive(bk, token, header, older_than_ms, empty_older_than_ms)
+    except NoNodeError:
+        return False
+    except ValueError:
+        return not await _alive(bk, token, {}, older_than_ms, empty_older_than_ms)
+
+
 async def _alive(
     bk: BookKeeper,
     token: str,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -169,6 +170,24 @@ async def crash_every_path(uri: str, tmp_path: Path) -> dict[str, Any]:
         with crash_at_ledger_delete(bk, 0), pytest.raises(Crash):
             await sink.abort(bk, "sunk", token)
         left["sink"] = {ledger_id}
+
+        # A Spark write whose driver died after its task wrote (no commit, no abort), its
+        # staging silent since: as old as the sink's own sweep waits for.
+        token = sink.new_write_token()
+        await sink.open_staging(bk, token, "sunk")
+        ledger_id = await sink.task_ledger_id(bk, token, "sunk", "s0", 0, 0, 4)
+        handle = await sink.create_task_ledger(bk, token, "sunk", 0, ledger_id, 3, 2, 2)
+        await handle.append(b"row")
+        await handle.close()
+        assert not await sink.staging_abandoned(bk, token)
+        silent_ms = int(time.time() * 1000) - sink.STALE_STAGING_MS - 60_000
+        stamp = {"log": "sunk", "created_ms": silent_ms, "alive_ms": silent_ms}
+        await bk.store.set(sink.staging_path(token), json.dumps(stamp).encode())
+        registration = f"{sink.staging_path(token)}/l{ledger_id}"
+        stamp = {"partition": 0, "alive_ms": silent_ms}
+        await bk.store.set(registration, json.dumps(stamp).encode())
+        assert await sink.staging_abandoned(bk, token)
+        left["sink-abandoned"] = {ledger_id}
 
         # A log writer that died after creating its next ledger, before adding it:
         # open, above the newest listed one, young: only with --min-age-s 0.

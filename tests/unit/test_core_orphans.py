@@ -79,6 +79,9 @@ def test_a_sink_ledger_is_an_orphan_once_its_write_forgot_it() -> None:
     owner = Owner(SPARK_SINK, "orders", "w1")
     assert not verdict(5, owner, OwnerView(exists=True, listed=frozenset({5})), age_ms=0)
     assert not verdict(5, owner, OwnerView(exists=True, registered=True))
+    # Registered in a staging silent for as long as the sink's sweep waits: abandoned.
+    abandoned = OwnerView(exists=True, registered=True, abandoned=True)
+    assert verdict(5, owner, abandoned, age_ms=0)
     # Registration gone and not appended: the write ended without it.
     assert verdict(5, owner, OwnerView(exists=True), age_ms=0)
     assert verdict(5, owner, OwnerView(exists=False), age_ms=0)
