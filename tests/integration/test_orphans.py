@@ -277,3 +277,31 @@ def test_every_deletion_path_crashed_at_every_step_leaves_nothing_after_orphans_
         assert position.ledger_id == live.ledgers()[-1]
         writer.close()
         live_bk.close()
+
+
+def test_the_next_snapshot_deletes_what_a_crash_left_dropped(cluster3: LocalCluster) -> None:
+    """A snapshot that crashed after recording the list, before deleting the snapshot it
+    dropped: the list names that ledger under ``dropped``; the next snapshot deletes it
+    and writes the list without it."""
+
+    async def main() -> None:
+        tmp = Path(cluster3.base_dir)
+        async with await BookKeeper.connect(cluster3.metadata_uri) as bk:
+            db, positions = await written_log(bk, "db/crm", 2)
+            first = await take_snapshot(db, sqlite_at(tmp / "a.sqlite", positions[0]), keep=1)
+            assert first is not None
+            with crash_at_ledger_delete(bk, 0), pytest.raises(Crash):
+                await take_snapshot(db, sqlite_at(tmp / "b.sqlite", positions[1]), keep=1)
+            node = json.loads((await bk.store.get("/dbsnapshots/db%2Fcrm")).data)
+            assert node["dropped"] == [first.ledger_id]
+            await bk.ledger_metadata(first.ledger_id)  # still there
+
+            third = await take_snapshot(db, sqlite_at(tmp / "c.sqlite", positions[2]), keep=1)
+            assert third is not None
+            node = json.loads((await bk.store.get("/dbsnapshots/db%2Fcrm")).data)
+            with pytest.raises(NoSuchLedgerError):
+                await bk.ledger_metadata(first.ledger_id)
+            assert first.ledger_id not in node.get("dropped", [])
+            assert [s.ledger_id for s in await list_snapshots(db)] == [third.ledger_id]
+
+    run(main(), timeout_s=120)
