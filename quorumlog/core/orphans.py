@@ -35,6 +35,7 @@ are orphans whatever their age.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ COMPONENTS = (LOG, DB_SNAPSHOT, SPARK_SINK)
 # The key that names the owner, per component (kept from before the component tag).
 _NAME_KEY = {LOG: "log", DB_SNAPSHOT: "dbsnapshot", SPARK_SINK: "log"}
 TAG_SPARK_WRITE = "spark.write"
+_WRITE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 
 
 def ownership_tags(component: str, name: str) -> dict[str, bytes]:
@@ -93,8 +95,8 @@ def owner_of(custom_metadata: Mapping[str, bytes]) -> Owner | None:
             write = custom_metadata[TAG_SPARK_WRITE].decode()
     except (KeyError, UnicodeDecodeError):
         return None
-    if not name or (component == SPARK_SINK and not write):
-        return None
+    if not name or (component == SPARK_SINK and not _WRITE.fullmatch(write or "")):
+        return None  # a staging token is one path component of letters, digits, '.', '-'
     return Owner(component, name, write)
 
 

@@ -39,6 +39,7 @@ def test_tags_name_their_owner_and_untagged_ledgers_are_the_users() -> None:
     assert owner_of({"log": b"orders"}) is None
     assert owner_of({"application": b"pulsar", "component": b"log", "log": b"x"}) is None
     assert owner_of({**ownership_tags(SPARK_SINK, "orders")}) is None  # no write: damaged
+    assert owner_of({**ownership_tags(SPARK_SINK, "orders"), "spark.write": b"../x"}) is None
     with pytest.raises(ValueError):
         ownership_tags("cache", "x")
 
