@@ -18,6 +18,8 @@
     quorumlog shell triggeraudit
     quorumlog shell decommissionbookie BOOKIE [--password TEXT]
     quorumlog shell gc [--http HOST:PORT ...] [--minor] [--json]
+    quorumlog shell orphans [--delete] [--json] [--password TEXT] [--min-age-s S]
+                            [--http HOST:PORT ...]
     quorumlog shell readjournal|readlog|listfilesondisc|lastmark|bookieinfo|cookie_get ...
         (a stopped bookie's files, read-only: quorumlog.commands.bookie_files)
 
@@ -38,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from quorumlog.bookie.errors import BookieStartError
-from quorumlog.commands import bookie_files, gc_trigger
+from quorumlog.commands import bookie_files, gc_trigger, orphans
 from quorumlog.errors import BKError
 from quorumlog.security import options as security_options
 
@@ -154,6 +156,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
             "gc", help="garbage collection and compaction now, through each bookie's admin API"
         )
     )
+    orphans.add_arguments(
+        commands.add_parser(
+            "orphans",
+            help="list (and with --delete remove) ledgers nothing refers to any more, and "
+            "bookie data of ledgers whose metadata is gone",
+        )
+    )
     bookie_files.add_commands(commands)
     shell.set_defaults(func=run)
 
@@ -213,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         "triggeraudit": _triggeraudit,
         "decommissionbookie": _decommissionbookie,
         "gc": _gc,
+        "orphans": orphans.run_orphans,
     }
     offline = args.shell_command in bookie_files.OFFLINE_COMMANDS or (
         args.shell_command == "cookie_get" and args.bookie is None

@@ -8,12 +8,16 @@ a compare-and-set, in the metadata node ``/dbsnapshots/<log name>`` (its '/' esc
 in ``/logs``: ``/dbsnapshots/db%2Fshop``):
 
     {"snapshots": [{"ledger": 31, "position": "27:1040", "size_bytes": 81920,
-                    "created_ms": 1760000000000}, ...]}   # oldest first
+                    "created_ms": 1760000000000}, ...],   # oldest first
+     "dropped": [24]}                                     # (optional)
 
-The newest ``keep`` snapshots are kept; older ones are dropped from the list, then
-their ledgers deleted. The log is then truncated before the position right after the
-oldest snapshot kept: every record a replica may still need is either in a kept
-snapshot or still in the log.
+The newest ``keep`` snapshots are kept; older ones move from the list to ``dropped``
+(in the same compare-and-set), then their ledgers are deleted. The next snapshot
+deletes whatever ``dropped`` still names (a crash before the deletion) before it
+writes the list without them, so a crash at any step leaves no ledger that nothing
+names: ``quorumlog shell orphans`` deletes the ledgers ``dropped`` names at once. The
+log is then truncated before the position right after the oldest snapshot kept: every
+record a replica may still need is either in a kept snapshot or still in the log.
 
 A replica whose file is missing, or whose applied position lies before the log's
 truncation point, restores the newest snapshot (replacing its file) and tails the
@@ -33,7 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quorumlog.errors import BKError, MetadataVersionError, NodeExistsError, NoNodeError
+from quorumlog.errors import (
+    BKError,
+    MetadataVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NoSuchLedgerError,
+)
+from quorumlog.log.context import DB_SNAPSHOT, ownership_tags
 from quorumlog.log.metadata import log_node_name
 from quorumlog.log.position import Position
 
@@ -89,12 +100,20 @@ def _path(the_log: Log) -> str:
 
 
 async def _read_list(the_log: Log) -> tuple[list[Snapshot], int | None]:
+    snapshots, _, version = await _read_node(the_log)
+    return snapshots, version
+
+
+async def _read_node(the_log: Log) -> tuple[list[Snapshot], list[int], int | None]:
+    """The recorded snapshots, the ledgers dropped but maybe not deleted yet, the
+    node's version (None: no node)."""
     try:
         node = await the_log.store.get(_path(the_log))
     except NoNodeError:
-        return [], None
+        return [], [], None
     raw = json.loads(node.data or b"{}")
-    return [Snapshot.from_json(s) for s in raw.get("snapshots", [])], node.version
+    dropped = [int(x) for x in raw.get("dropped", [])]
+    return [Snapshot.from_json(s) for s in raw.get("snapshots", [])], dropped, node.version
 
 
 async def list_snapshots(the_log: Log) -> list[Snapshot]:
@@ -184,7 +203,7 @@ async def take_snapshot(the_log: Log, source: Path, *, keep: int = 2) -> Snapsho
         config.ack_quorum,
         config.digest_type,
         config.password,
-        {"dbsnapshot": the_log.name.encode()},
+        ownership_tags(DB_SNAPSHOT, the_log.name),
     )
     try:
         for offset in range(0, max(len(data), 1), CHUNK_BYTES):
@@ -194,17 +213,23 @@ async def take_snapshot(the_log: Log, source: Path, *, keep: int = 2) -> Snapsho
     snapshot = Snapshot(handle.ledger_id, position, len(data), int(time.time() * 1000))
     dropped: list[Snapshot] = []
     for _ in range(_CAS_ATTEMPTS):
-        snapshots, version = await _read_list(the_log)
+        snapshots, pending, version = await _read_node(the_log)
         if any(s.position == position for s in snapshots):
             # Another leader recorded this very position: ours is a spare copy.
             kept, dropped = snapshots, [snapshot]
             break
+        # Ledgers an earlier snapshot dropped and may not have deleted (it crashed):
+        # deleted before the list stops naming them.
+        undeleted = await _delete_snapshot_ledgers(the_log, pending)
         # By position, whoever took them: a deposed leader whose copy is older than
         # snapshots the new leader recorded meanwhile must not push those out (their
         # ledgers deleted, the log truncated past what its own snapshot continues).
         updated = sorted([*snapshots, snapshot], key=lambda s: s.position)
         kept, dropped = updated[-keep:], updated[:-keep]
-        body = json.dumps({"snapshots": [s.to_json() for s in kept]}).encode()
+        doc: dict[str, object] = {"snapshots": [s.to_json() for s in kept]}
+        if dropped or undeleted:
+            doc["dropped"] = sorted({*undeleted, *(s.ledger_id for s in dropped)})
+        body = json.dumps(doc).encode()
         try:
             if version is None:
                 await the_log.store.create(_path(the_log), body)
@@ -215,17 +240,28 @@ async def take_snapshot(the_log: Log, source: Path, *, keep: int = 2) -> Snapsho
             continue
     else:
         raise BKError(f"database log {the_log.name}: snapshot list kept changing")
-    for old in dropped:
-        try:
-            await the_log.bk.delete_ledger(old.ledger_id, config.password)
-        except BKError as exc:
-            log.warning("snapshot ledger %d not deleted: %s", old.ledger_id, exc)
+    await _delete_snapshot_ledgers(the_log, [old.ledger_id for old in dropped])
     oldest = kept[0].position.next()
     try:
         await the_log.truncate(before=oldest)
     except BKError as exc:
         log.info("log %s not truncated before %s: %s", the_log.name, oldest, exc)
     return snapshot
+
+
+async def _delete_snapshot_ledgers(the_log: Log, ledger_ids: Sequence[int]) -> list[int]:
+    """Delete dropped snapshots' ledgers; those that could not be (still named in
+    ``dropped`` by the next list written, for a later try)."""
+    kept: list[int] = []
+    for ledger_id in ledger_ids:
+        try:
+            await the_log.bk.delete_ledger(ledger_id, the_log.config.password)
+        except NoSuchLedgerError:
+            continue
+        except BKError as exc:
+            log.warning("snapshot ledger %d not deleted: %s", ledger_id, exc)
+            kept.append(ledger_id)
+    return kept
 
 
 async def read_snapshot(the_log: Log, snapshot: Snapshot, target: Path) -> None:

@@ -11,6 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+# The owner tags of ledgers (re-exported for the layers above log streams).
+from quorumlog.core.orphans import DB_SNAPSHOT as DB_SNAPSHOT
+from quorumlog.core.orphans import LOG
+from quorumlog.core.orphans import ownership_tags as ownership_tags
 from quorumlog.log.config import LogConfig
 
 if TYPE_CHECKING:
@@ -75,5 +79,5 @@ class LogContext:
             config.ack_quorum,
             config.digest_type,
             config.password,
-            {"log": self.name.encode()},
+            ownership_tags(LOG, self.name),
         )

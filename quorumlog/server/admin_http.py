@@ -10,6 +10,9 @@ Endpoints (JSON answers; errors are ``{"error": message}`` with the status that 
 - ``GET /api/v1/bookie/state``: running, read-only (and why), shutting down.
   ``PUT /api/v1/bookie/state`` (or ``/api/v1/bookie/state/readonly``, BookKeeper's
   path) with ``{"readOnly": true|false}``: an operator's read-only mode.
+- ``GET /api/v1/bookie/ledgers``: the ids of the ledgers this bookie holds data or
+  state for (deleted ones, kept as tombstones, are not listed): what
+  ``quorumlog shell orphans`` compares with the metadata store.
 - ``GET /api/v1/bookie/list_bookies?type=rw|ro|all``: registered bookies.
 - ``GET /api/v1/ledger/list?print_metadata=true|false``: ledger ids (with metadata).
 - ``GET /api/v1/ledger/metadata?ledger_id=N``: one ledger's metadata.
@@ -204,6 +207,10 @@ class _Handlers:
             }
         )
 
+    async def bookie_ledgers(self, _request: web.Request) -> web.Response:
+        bookie = self._bookie()
+        return _json({"bookieId": self.ctx.bookie_id, "ledgers": sorted(bookie.ledger_ids())})
+
     def _state(self) -> dict[str, Any]:
         bookie = self._bookie()
         shutting_down = self.ctx.shutting_down()
@@ -350,6 +357,7 @@ def build_admin_app(ctx: AdminContext) -> web.Application:
     app.router.add_get("/heartbeat", h.heartbeat)
     app.router.add_get("/metrics", h.metrics)
     app.router.add_get("/api/v1/bookie/info", h.bookie_info)
+    app.router.add_get("/api/v1/bookie/ledgers", h.bookie_ledgers)
     app.router.add_get("/api/v1/bookie/state", h.get_state)
     app.router.add_put("/api/v1/bookie/state", h.put_state)
     app.router.add_put("/api/v1/bookie/state/readonly", h.put_state)

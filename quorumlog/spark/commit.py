@@ -53,6 +53,7 @@ from quorumlog.client.bookkeeper import BookKeeper
 from quorumlog.client.reading import gather_in_order
 from quorumlog.client.writing import LedgerHandle
 from quorumlog.core.log_metadata import decide_commit_staged
+from quorumlog.core.orphans import SPARK_SINK, TAG_SPARK_WRITE, ownership_tags
 from quorumlog.errors import (
     BKError,
     InvalidArgumentError,
@@ -107,7 +108,7 @@ COMMIT_MARKER = "commit"
 # (a log deleted and created again starts with no owners).
 SINKS_PATH = "/spark-sinks"
 # Tags of a task's ledger: which write, log and partition it was written for.
-TAG_WRITE = "spark.write"
+TAG_WRITE = TAG_SPARK_WRITE
 TAG_LOG = "log"
 TAG_PARTITION = "spark.partition"
 
@@ -194,7 +195,7 @@ def query_of(results: Sequence[TaskResult | None]) -> str | None:
 def ledger_tags(log_name: str, token: str, partition: int) -> dict[str, bytes]:
     """The custom metadata of a task's ledger, checked by the commit before it appends."""
     return {
-        TAG_LOG: log_name.encode(),
+        **ownership_tags(SPARK_SINK, log_name),
         TAG_WRITE: token.encode(),
         TAG_PARTITION: str(partition).encode(),
     }
@@ -864,6 +865,26 @@ async def sweep_stale(
             continue  # cleaned up meanwhile
         deleted += await clean_up(bk, log_name, token, keep, password=password, deadline=deadline)
     return tuple(deleted)
+
+
+async def staging_abandoned(
+    bk: BookKeeper,
+    token: str,
+    older_than_ms: int = STALE_STAGING_MS,
+    empty_older_than_ms: int = STALE_EMPTY_STAGING_MS,
+) -> bool:
+    """Whether write ``token``'s staging is one :func:`sweep_stale` would clean up:
+    nothing of it showed life within the window (its driver died). False when the
+    staging is gone (the write ended) or shows life."""
+    try:
+        header = json.loads((await bk.store.get(staging_path(token))).data or b"{}")
+        if not isinstance(header, dict):
+            header = {}
+        return not await _alive(bk, token, header, older_than_ms, empty_older_than_ms)
+    except NoNodeError:
+        return False
+    except ValueError:
+        return not await _alive(bk, token, {}, older_than_ms, empty_older_than_ms)
 
 
 async def _alive(

@@ -90,6 +90,11 @@ def test_every_admin_endpoint_answers_and_bad_parameters_are_refused(
     assert status == 200
     assert state["running"] is True and state["readOnly"] is False
 
+    # What the bookie itself holds (ensemble 3 of 3 bookies: this ledger, on each).
+    status, held, _ = http(port, "/api/v1/bookie/ledgers")
+    assert status == 200
+    assert held == {"bookieId": address, "ledgers": [ledger_id]}
+
     status, listed, _ = http(port, "/api/v1/bookie/list_bookies?type=rw")
     assert status == 200 and set(listed) == set(ports)
     status, listed, _ = http(port, "/api/v1/bookie/list_bookies")
