@@ -1,19 +1,25 @@
 """Ledger metadata at scale: create, open (read), delete and a GC scan, per layout.
 
-Creates ``--ledgers`` ledgers' metadata on an embedded store (or, with
-``--zookeeper``, a local ZooKeeper started for the run) in the ``--layout`` given
-(hierarchical by default; ``flat`` makes a cluster from before layouts), ``--in-flight``
-operations at a time, then times: reading each ledger, one GC scan (the walk a bookie's
-GC round makes, keeping the ids of a snapshot the size of the cluster), and deleting
-each ledger. Prints one JSON line per phase (operations, seconds, operations a second)::
+For each ``--ledgers`` size (a comma-separated list: ``10000,100000,1000000``), on an
+embedded store (or, with ``--zookeeper``, a local ZooKeeper started for the run) in the
+``--layout`` given (hierarchical by default; ``flat`` makes a cluster from before
+layouts): creates that many ledgers' metadata, ``--in-flight`` operations at a time, then
+times reading each ledger (open), a GC scan (the walk a bookie's GC round makes, keeping
+the ids of a snapshot the size of the cluster, paced to ``--scan-reads-per-s`` as a
+bookie paces it), and deleting each ledger. Create, open and delete report p50/p99 per
+operation. While scans repeat for ``--probe-s`` seconds, a writer on a session of its
+own creates and deletes one ledger's metadata at ``--probe-per-s``; the same writer runs
+as long with no scan first: the ratio of its p99s is what a scan costs writers.
 
-    python bench/ledger_layout.py --ledgers 10000
-    python bench/ledger_layout.py --ledgers 10000 --zookeeper
+Prints one JSON line per phase; ``--out FILE`` also writes every size's phases as one
+JSON document, and ``--plot FILE.png`` draws p99 and scan time against the size::
+
+    python bench/ledger_layout.py --ledgers 10000,100000,1000000 --out bench/results/layout.json
+    python bench/ledger_layout.py --ledgers 10000,100000 --zookeeper --plot layout-zk.png
     python bench/ledger_layout.py --ledgers 100000 --zookeeper --layout flat
 
 A flat ZooKeeper cluster above about 80,000 ledgers fails its scan (a listing over
-``jute.maxbuffer``): that is the point of the hierarchical layout. The scan here is
-unpaced (``reads_per_s=None``); a bookie paces it to ``gc_metadata_reads_per_s``.
+``jute.maxbuffer``): that is the point of the hierarchical layout.
 """
 
 from __future__ import annotations
@@ -24,99 +30,211 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from quorumlog.meta.factory import open_store
 from quorumlog.meta.layout import LEDGERS_PATH, Layout
 from quorumlog.meta.ledger_metadata import new_ledger_metadata
 from quorumlog.meta.ledgers import LedgerManager
+from quorumlog.meta.store import MetadataStore
 from quorumlog.proto.entry import DigestType
 from quorumlog.server.local_zookeeper import ZooKeeperServer
 
 BOOKIES = ("127.0.0.1:3181", "127.0.0.1:3182", "127.0.0.1:3183")
 
 
+def percentile_ms(latencies_s: Sequence[float], fraction: float) -> float:
+    ordered = sorted(latencies_s)
+    return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000, 3)
+
+
+def phase(name: str, count: int, elapsed_s: float, latencies_s: Sequence[float] = ()) -> dict:
+    row: dict[str, Any] = {
+        "phase": name,
+        "operations": count,
+        "seconds": round(elapsed_s, 2),
+        "per_s": round(count / elapsed_s, 1) if elapsed_s else None,
+    }
+    if latencies_s:
+        row["p50_ms"] = percentile_ms(latencies_s, 0.5)
+        row["p99_ms"] = percentile_ms(latencies_s, 0.99)
+    print(json.dumps(row), flush=True)
+    return row
+
+
 async def timed(
-    name: str, ids: Iterable[int], action: Callable[[int], Awaitable[object]], in_flight: int
-) -> None:
-    queue = list(ids)
-    count = len(queue)
+    name: str, ids: Sequence[int], action: Callable[[int], Awaitable[object]], in_flight: int
+) -> dict:
+    queue = list(reversed(ids))
+    latencies: list[float] = []
     started = time.monotonic()
 
     async def worker() -> None:
         while queue:
-            await action(queue.pop())
+            ledger_id = queue.pop()
+            began = time.perf_counter()
+            await action(ledger_id)
+            latencies.append(time.perf_counter() - began)
 
     await asyncio.gather(*(worker() for _ in range(in_flight)))
-    report(name, count, started)
+    return phase(name, len(ids), time.monotonic() - started, latencies)
 
 
-def report(name: str, count: int, started: float) -> None:
-    elapsed_s = time.monotonic() - started
-    print(
-        json.dumps(
-            {
-                "phase": name,
-                "operations": count,
-                "seconds": round(elapsed_s, 2),
-                "per_s": round(count / elapsed_s, 1) if elapsed_s else None,
-            }
-        ),
-        flush=True,
-    )
+async def probe(uri: str, first_id: int, per_s: float, seconds: float) -> list[float]:
+    """A writer on its own session: create then delete one ledger's metadata, at
+    ``per_s`` pairs a second for ``seconds``; the latency of each operation."""
+    store = await open_store(uri, create=False)
+    try:
+        ledgers = LedgerManager(store)
+        latencies: list[float] = []
+        period_s = 1 / per_s
+        started = time.monotonic()
+        n = 0
+        while time.monotonic() - started < seconds:
+            md = new_ledger_metadata(first_id + n, BOOKIES, 3, 2, DigestType.CRC32C, "key")
+            began = time.perf_counter()
+            await ledgers.create(md)
+            latencies.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            await ledgers.delete(first_id + n)
+            latencies.append(time.perf_counter() - began)
+            n += 1
+            await asyncio.sleep(max(0.0, started + n * period_s - time.monotonic()))
+        return latencies
+    finally:
+        await store.close()
 
 
-async def bench(uri: str, count: int, layout: Layout, in_flight: int) -> None:
-    store = await open_store(uri, create=True)
+async def scan(ledgers: LedgerManager, snapshot: set[int], reads_per_s: float | None) -> int:
+    found = 0
+    async for ledger_id in ledgers.ledger_ids(reads_per_s=reads_per_s):
+        found += ledger_id in snapshot
+    return found
+
+
+async def bench_one(uri: str, count: int, layout: Layout, args: argparse.Namespace) -> dict:
+    store: MetadataStore = await open_store(uri, create=True)
+    rows: dict[str, Any] = {"ledgers": count}
     try:
         if not layout.is_hierarchical:
             await store.create(LEDGERS_PATH)  # no marker: a flat cluster
         ledgers = LedgerManager(store, new_layout=layout)
-        first = await ledgers.reserve_ledger_ids(count)
+        first = await ledgers.reserve_ledger_ids(count + 2_000_000)
         ids = range(first, first + count)
+        probe_first = first + count  # the probe's ids, past the cluster's
 
         async def create(ledger_id: int) -> None:
             md = new_ledger_metadata(ledger_id, BOOKIES, 3, 2, DigestType.CRC32C, "key")
             await ledgers.create(md)
 
         await create(ids[0])  # the cluster's marker, once
-        await timed("create", ids[1:], create, in_flight)
-        await timed("open", ids, ledgers.read, in_flight)
-        started = time.monotonic()
+        rows["create"] = await timed("create", ids[1:], create, args.in_flight)
+        rows["open"] = await timed("open", ids, ledgers.read, args.in_flight)
         snapshot = set(ids)
-        found = 0
-        async for ledger_id in ledgers.ledger_ids():
-            found += ledger_id in snapshot
+        reads_per_s = args.scan_reads_per_s or None
+        started = time.monotonic()
+        found = await scan(ledgers, snapshot, reads_per_s)
         assert found == count, (found, count)
-        report("gc_scan", count, started)
-        await timed("delete", ids, ledgers.delete, in_flight)
+        rows["gc_scan"] = phase("gc_scan", count, time.monotonic() - started)
+
+        idle = await probe(uri, probe_first, args.probe_per_s, args.probe_s)
+        rows["writer_idle"] = phase("writer_idle", len(idle), args.probe_s, idle)
+        scans = 0
+
+        async def scan_repeatedly() -> None:
+            nonlocal scans
+            deadline = time.monotonic() + args.probe_s
+            while time.monotonic() < deadline:
+                await scan(ledgers, snapshot, reads_per_s)
+                scans += 1
+
+        busy, _ = await asyncio.gather(
+            probe(uri, probe_first + 1_000_000, args.probe_per_s, args.probe_s),
+            scan_repeatedly(),
+        )
+        rows["writer_during_scans"] = phase("writer_during_scans", len(busy), args.probe_s, busy)
+        rows["writer_p99_ratio"] = round(
+            rows["writer_during_scans"]["p99_ms"] / rows["writer_idle"]["p99_ms"], 2
+        )
+        rows["scans_during_probe"] = scans
+        print(json.dumps({"writer_p99_ratio": rows["writer_p99_ratio"], "scans": scans}))
+        rows["delete"] = await timed("delete", ids, ledgers.delete, args.in_flight)
     finally:
         await store.close()
+    return rows
+
+
+def plot(results: list[dict], path: str, title: str) -> None:
+    from quorumlog.bench.plot import pyplot
+
+    plt = pyplot()
+    sizes = [r["ledgers"] for r in results]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for name in ("create", "open", "delete"):
+        left.plot(sizes, [r[name]["p99_ms"] for r in results], marker="o", label=f"{name} p99")
+    left.plot(
+        sizes,
+        [r["writer_during_scans"]["p99_ms"] for r in results],
+        marker="x",
+        linestyle="--",
+        label="writer p99 during GC scans",
+    )
+    left.set_xscale("log")
+    left.set_xlabel("ledgers")
+    left.set_ylabel("ms")
+    left.legend()
+    right.plot(sizes, [r["gc_scan"]["seconds"] for r in results], marker="o")
+    right.set_xscale("log")
+    right.set_yscale("log")
+    right.set_xlabel("ledgers")
+    right.set_ylabel("GC scan, s")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--ledgers", type=int, default=10_000)
+    parser.add_argument("--ledgers", default="10000", help="sizes, comma-separated")
     parser.add_argument("--layout", choices=("hierarchical", "flat"), default="hierarchical")
     parser.add_argument("--zookeeper", action="store_true", help="a local ZooKeeper")
     parser.add_argument("--in-flight", type=int, default=32)
-    args = parser.parse_args()
-    layout = Layout.hierarchical() if args.layout == "hierarchical" else Layout.flat()
-    print(
-        json.dumps({"ledgers": args.ledgers, "layout": args.layout, "zookeeper": args.zookeeper}),
-        flush=True,
+    parser.add_argument(
+        "--scan-reads-per-s",
+        type=float,
+        default=1000.0,
+        help="the scan's pace, as a bookie's gc_metadata_reads_per_s (0: none)",
     )
+    parser.add_argument("--probe-per-s", type=float, default=100.0)
+    parser.add_argument("--probe-s", type=float, default=5.0)
+    parser.add_argument("--out", help="write every size's phases as one JSON document")
+    parser.add_argument("--plot", help="draw p99 and scan time against the size (PNG)")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.ledgers.split(",")]
+    layout = Layout.hierarchical() if args.layout == "hierarchical" else Layout.flat()
+    head = {"sizes": sizes, "layout": args.layout, "zookeeper": args.zookeeper}
+    print(json.dumps(head), flush=True)
+    results = []
     with tempfile.TemporaryDirectory(prefix="ledger-layout-") as tmp:
-        if args.zookeeper:
-            server = ZooKeeperServer().start()
-            try:
-                asyncio.run(bench(server.uri("/bench"), args.ledgers, layout, args.in_flight))
-            finally:
+        server = ZooKeeperServer().start() if args.zookeeper else None
+        try:
+            for count in sizes:
+                print(json.dumps({"ledgers": count}), flush=True)
+                if server is not None:
+                    uri = server.uri(f"/bench-{count}")
+                else:
+                    uri = f"sqlite://{Path(tmp) / f'metadata-{count}.db'}"
+                results.append(asyncio.run(bench_one(uri, count, layout, args)))
+        finally:
+            if server is not None:
                 server.stop()
-        else:
-            uri = f"sqlite://{Path(tmp) / 'metadata.db'}"
-            asyncio.run(bench(uri, args.ledgers, layout, args.in_flight))
+    if args.out:
+        Path(args.out).write_text(json.dumps({**head, "results": results}, indent=1) + "\n")
+    if args.plot:
+        driver = "ZooKeeper" if args.zookeeper else "embedded SQLite"
+        plot(results, args.plot, f"ledger metadata at scale ({driver}, {args.layout})")
     return 0
 
 
