@@ -7,7 +7,7 @@ layouts): creates that many ledgers' metadata, ``--in-flight`` operations at a t
 times reading each ledger (open), a GC scan (the walk a bookie's GC round makes, keeping
 the ids of a snapshot the size of the cluster, paced to ``--scan-reads-per-s`` as a
 bookie paces it), and deleting each ledger. Create, open and delete report p50/p99 per
-operation. While scans repeat for ``--probe-s`` seconds, a writer on a session of its
+operation. While scans repeat for ``--probe-s`` seconds, a writer in a process of its
 own creates and deletes one ledger's metadata at ``--probe-per-s``; the same writer runs
 as long with no scan first: the ratio of its p99s is what a scan costs writers.
 
@@ -82,9 +82,9 @@ async def timed(
     return phase(name, len(ids), time.monotonic() - started, latencies)
 
 
-async def probe(uri: str, first_id: int, per_s: float, seconds: float) -> list[float]:
-    """A writer on its own session: create then delete one ledger's metadata, at
-    ``per_s`` pairs a second for ``seconds``; the latency of each operation."""
+async def probe_here(uri: str, first_id: int, per_s: float, seconds: float) -> list[float]:
+    """A writer: create then delete one ledger's metadata, ``per_s`` pairs a second for
+    ``seconds``; the latency of each operation."""
     store = await open_store(uri, create=False)
     try:
         ledgers = LedgerManager(store)
@@ -105,6 +105,19 @@ async def probe(uri: str, first_id: int, per_s: float, seconds: float) -> list[f
         return latencies
     finally:
         await store.close()
+
+
+async def probe(uri: str, first_id: int, per_s: float, seconds: float) -> list[float]:
+    """:func:`probe_here` in a process of its own, so that what it measures is the
+    store's latency, not this process's loop busy with a scan."""
+    args = ["--probe", uri, str(first_id), str(per_s), str(seconds)]
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, *args, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await child.communicate()
+    if child.returncode != 0:
+        raise RuntimeError(f"the writer probe exited with status {child.returncode}")
+    return list(json.loads(out))
 
 
 async def scan(ledgers: LedgerManager, snapshot: set[int], reads_per_s: float | None) -> int:
@@ -196,6 +209,11 @@ def plot(results: list[dict], path: str, title: str) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--probe"]:
+        uri, first_id, per_s, seconds = sys.argv[2:6]
+        latencies = asyncio.run(probe_here(uri, int(first_id), float(per_s), float(seconds)))
+        print(json.dumps(latencies))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--ledgers", default="10000", help="sizes, comma-separated")
     parser.add_argument("--layout", choices=("hierarchical", "flat"), default="hierarchical")
@@ -209,6 +227,7 @@ def main() -> int:
     )
     parser.add_argument("--probe-per-s", type=float, default=100.0)
     parser.add_argument("--probe-s", type=float, default=5.0)
+    parser.add_argument("--zookeeper-heap-mb", type=int, default=2048)
     parser.add_argument("--out", help="write every size's phases as one JSON document")
     parser.add_argument("--plot", help="draw p99 and scan time against the size (PNG)")
     args = parser.parse_args()
@@ -218,7 +237,11 @@ def main() -> int:
     print(json.dumps(head), flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="ledger-layout-") as tmp:
-        server = ZooKeeperServer().start() if args.zookeeper else None
+        server = (
+            ZooKeeperServer(heap_mb=args.zookeeper_heap_mb, peak_throughput=True).start()
+            if args.zookeeper
+            else None
+        )
         try:
             for count in sizes:
                 print(json.dumps({"ledgers": count}), flush=True)

@@ -35,9 +35,7 @@ SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 _EXTRA_JARS = ("zookeeper-jute.jar", "slf4j-api.jar", "slf4j-simple.jar")
 _JVM_FLAGS = (
     "-Xms32m",
-    "-Xmx256m",
     "-XX:+UseSerialGC",
-    "-XX:TieredStopAtLevel=1",  # starts faster; a test server needs no peak throughput
     "-Djava.net.preferIPv4Stack=true",
     "-Dzookeeper.admin.enableServer=false",
     "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
@@ -112,8 +110,15 @@ class ZooKeeperServer:
         port: int | None = None,
         data_dir: str | None = None,
         start_timeout_s: float = 30.0,
+        heap_mb: int = 256,
+        peak_throughput: bool = False,
     ) -> None:
         self.tick_time_ms = tick_time_ms
+        # A test server starts faster with the first JIT tier only and needs little heap;
+        # a benchmark of a large tree asks for more of both.
+        self.jvm_flags = [*_JVM_FLAGS, f"-Xmx{heap_mb}m"]
+        if not peak_throughput:
+            self.jvm_flags.append("-XX:TieredStopAtLevel=1")
         self.port = port or 0
         self._port_fixed = port is not None
         self.start_timeout_s = start_timeout_s
@@ -178,7 +183,7 @@ class ZooKeeperServer:
             config = self._write_config()
             with open(self.log_path, "ab") as log_file:
                 self.process = subprocess.Popen(
-                    [java, *_JVM_FLAGS, "-cp", classpath, SERVER_MAIN, str(config)],
+                    [java, *self.jvm_flags, "-cp", classpath, SERVER_MAIN, str(config)],
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
