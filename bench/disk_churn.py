@@ -450,13 +450,25 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
         (line,) = top.plot(t, disk, label=f"bookie {i} disk")
         top.plot(t, live, linestyle=":", color=line.get_color(), label=f"bookie {i} live")
         bottom.plot(t, [d / b for d, b in zip(disk, bound, strict=True)], label=f"bookie {i}")
+    opened: dict[int, float] = {}
+    end_s = samples[-1]["t_s"]
+    for spell in [
+        *summary["read_only_spells"],
+        *({"t_s": end_s, "bookie": b, "why": ""} for b in range(len(samples[0]["bookies"]))),
+    ]:
+        if spell["why"] and spell["bookie"] not in opened:
+            opened[spell["bookie"]] = spell["t_s"]
+        elif not spell["why"] and spell["bookie"] in opened:
+            since = opened.pop(spell["bookie"])
+            for axes in (top, bottom):
+                axes.axvspan(since, spell["t_s"], color="grey", alpha=0.15)
     for kill in summary["kills"]:
         for axes in (top, bottom):
             axes.axvline(kill["t_s"], color="red", linewidth=0.8)
     bottom.axhline(1.0, color="black", linewidth=0.8)
     top.set_ylabel("MiB (entry logs + index; live payload dotted)")
     bottom.set_ylabel(f"disk / ({BOUND_FACTOR} x live + 1 entry log)")
-    bottom.set_xlabel("seconds (red: kill -9 during compaction)")
+    bottom.set_xlabel("seconds (red: kill -9 during compaction; grey: a bookie read-only)")
     top.legend(fontsize="x-small", ncol=2)
     bottom.legend(fontsize="x-small", ncol=4)
     figure.suptitle("Bookie disk use under churn")
