@@ -336,25 +336,34 @@ class Bookie:
         assert self._timers.loop is not None
         major = self.compactor.due(self._timers.loop.time())
         if major is not None and (self._compaction is None or self._compaction.done()):
-            if self._disk_checker.full:
-                if not self.config.compaction_allowed_when_disk_full:
+            room: int | None = None
+            if self._disk_checker.full and not self.config.compaction_allowed_when_disk_full:
+                # Compaction is what gives a full disk its space back: it goes on, one log
+                # at a time, within the room left beyond the reserved space.
+                room = self._room_bytes()
+                if room <= 0:
                     if not self._compaction_suspended:  # said once per full spell
                         log.warning(
-                            "bookie %s: compaction suspended: the disk is full", self.data_dir
+                            "bookie %s: compaction suspended: the disk is full and has no "
+                            "room beyond its reserved space",
+                            self.data_dir,
                         )
                     self._compaction_suspended = True
                     major = None
-                else:
-                    major = False  # only the cheap kind while space is short
-            else:
-                self._compaction_suspended = False
             if major is not None:
-                self._compaction = self._timers.loop.create_task(self._compact(major))
+                self._compaction_suspended = False
+                self._compaction = self._timers.loop.create_task(self._compact(major, room))
         self._schedule_compaction()
 
-    async def _compact(self, major: bool) -> CompactionResult:
+    def _room_bytes(self) -> int:
+        """Free bytes of the fullest disk beyond the reserved space: what compaction may
+        write ahead of the space it gives back while the disk is full."""
+        free = min((u.free_bytes for u in self._disk_checker.last), default=0)
+        return free - max(self.config.reserved_space_bytes, 0)
+
+    async def _compact(self, major: bool, room_bytes: int | None = None) -> CompactionResult:
         try:
-            return await self.compactor.run(major)
+            return await self.compactor.run(major, room_bytes)
         except OSError as exc:
             # A file could not be made (a new entry log): nothing was released, so the
             # old logs and the index stand; the next run tries again.

@@ -29,6 +29,12 @@ leaves an old log that the index no longer names: the first checkpoint after the
 start removes it, as for any log the index does not name. So a start always finds
 either the old state or the new one, and finishes it without a special case.
 
+On a full disk (over its usage threshold) compaction is what wins space back, and it
+needs little: ``room_bytes`` (what the disk has free beyond the space reserved for a
+start) bounds it. Each log is then committed and deleted before the next is copied,
+so at most one log's live bytes are ever written ahead of the space they give back;
+a log whose live bytes do not fit in what is left stays, and the result says so.
+
 A failed sync (R14) is sticky: the checkpoint fails before the commit, so no old log
 is deleted, and compaction stops until a restart. A damaged record (R9) is not copied
 and keeps its log: its entry goes on answering an I/O error rather than vanishing.
@@ -153,8 +159,9 @@ class Compactor:
             return False
         return None
 
-    async def run(self, major: bool) -> CompactionResult:
-        """One minor or major compaction of every log below its threshold."""
+    async def run(self, major: bool, room_bytes: int | None = None) -> CompactionResult:
+        """One minor or major compaction of every log below its threshold; with
+        ``room_bytes`` (a full disk), one log at a time and only what fits in it."""
         s = self.settings
         threshold = s.major_threshold if major else s.minor_threshold
         async with self._lock:
@@ -163,9 +170,9 @@ class Compactor:
             if major:
                 self.last_major = now
             self.runs += 1
-            return await self._run(threshold)
+            return await self._run(threshold, room_bytes)
 
-    async def _run(self, threshold: float) -> CompactionResult:
+    async def _run(self, threshold: float, room_bytes: int | None) -> CompactionResult:
         result = CompactionResult()
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -177,6 +184,12 @@ class Compactor:
             if why:
                 result.skipped.append(why)
                 break
+            if room_bytes is not None and usage.live_bytes > room_bytes:
+                result.skipped.append(
+                    f"entry log {usage.log_id}: its {usage.live_bytes} live bytes do not fit "
+                    f"in the {max(room_bytes, 0)} bytes of room the full disk has left"
+                )
+                continue
             log.info(
                 "compacting entry log %d: %d of %d bytes live",
                 usage.log_id,
@@ -197,16 +210,17 @@ class Compactor:
             moved.append((usage.log_id, usage.total_bytes + LOG_HEADER_SIZE))
             result.entries_copied += entries
             result.bytes_copied += size
+            if room_bytes is not None:
+                # A full disk: this log's file goes before the next one is copied.
+                freed = await self._switch(moved, result)
+                moved = []
+                room_bytes += freed - size
+                if storage.failure is not None:
+                    break
         if moved:
-            # New locations and the release commit together, then the files go.
-            await self._checkpoint()
-            for log_id, file_bytes in moved:
-                if log_id in storage.log_ledgers:
-                    continue  # the checkpoint failed; the next one retries
-                result.logs_compacted.append(log_id)
-                result.bytes_freed += file_bytes
-            if storage.failure is not None:
-                result.skipped.append(storage.failure)
+            await self._switch(moved, result)
+        if storage.failure is not None and storage.failure not in result.skipped:
+            result.skipped.append(storage.failure)
         result.duration_s = round(loop.time() - started, 3)
         if moved:
             log.info(
@@ -220,6 +234,19 @@ class Compactor:
                 result.duration_s,
             )
         return result
+
+    async def _switch(self, moved: list[tuple[int, int]], result: CompactionResult) -> int:
+        """New locations and the release commit together, then the files go; returns
+        the bytes freed."""
+        await self._checkpoint()
+        freed = 0
+        for log_id, file_bytes in moved:
+            if log_id in self.storage.log_ledgers:
+                continue  # the checkpoint failed; the next one retries
+            result.logs_compacted.append(log_id)
+            freed += file_bytes
+        result.bytes_freed += freed
+        return freed
 
     def _cannot_go_on(self) -> str | None:
         if self._stopped():

@@ -78,8 +78,9 @@ class BookieConfig:
     # Copy pace of compaction (0: unpaced), so that it leaves the disk to adds and reads.
     compaction_rate_bytes_per_s: float = 16 * 1024 * 1024
     compaction_rate_entries_per_s: float = 0.0
-    # While a disk is at its usage threshold compaction is suspended (its copies need
-    # room); with this on, minor compaction still runs then, to win space back.
+    # While a disk is at its usage threshold compaction goes on one log at a time, and
+    # only what fits in the room left beyond the reserved space (suspended without
+    # room); with this on, it runs as usual then, whatever the room.
     compaction_allowed_when_disk_full: bool = False
 
     def problems(self) -> list[str]:

@@ -226,7 +226,8 @@ def _add_compaction_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compaction-allowed-when-disk-full",
         action="store_true",
-        help="keep running minor compaction while the disk is over its usage threshold",
+        help="compact as usual while the disk is over its usage threshold (default: "
+        "one log at a time, within the room left beyond the reserved space)",
     )
 
 

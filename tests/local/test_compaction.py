@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.bookie.compaction import CompactionSettings, Compactor
+from quorumlog.bookie.compaction import CompactionResult, CompactionSettings, Compactor
 from quorumlog.bookie.entry_log import list_log_ids, log_file_name
 from quorumlog.bookie.fileops import FileOps
 from quorumlog.bookie.storage import LedgerStorage
@@ -188,6 +188,44 @@ def test_logs_above_the_threshold_are_left_alone(tmp_path: Path) -> None:
     try:
         asyncio.run(go())
         assert sorted(list_log_ids(data / "entrylogs")) == before
+    finally:
+        storage.close()
+
+
+def test_within_a_room_logs_go_one_at_a_time_and_those_that_do_not_fit_stay(
+    tmp_path: Path,
+) -> None:
+    """On a full disk compaction copies at most ``room_bytes`` before space comes back:
+    each log is committed and deleted before the next is copied, and a log whose live
+    bytes do not fit in what is left stays (with the reason)."""
+    data = tmp_path / "data"
+    storage = open_storage(data)
+    fill(storage, data)
+    drop_gone(storage)
+    checkpoint(storage, data)
+    checkpoints: list[int] = []
+
+    async def counted() -> None:
+        checkpoint(storage, data)
+        checkpoints.append(log_bytes(data))
+
+    try:
+        c = compactor(storage, data, counted)
+        live = [u.live_bytes for u in c.candidates(0.8)]
+        assert len(live) > 2
+
+        async def go(room: int) -> CompactionResult:
+            return await c.run(major=True, room_bytes=room)
+
+        kept = asyncio.run(go(min(live) - 1))
+        assert kept.logs_compacted == [] and checkpoints == []
+        assert kept.skipped and "room" in kept.skipped[0], kept.skipped
+        before = log_bytes(data)
+        done = asyncio.run(go(max(live)))
+        # One checkpoint per log, each giving the old file's space back.
+        assert len(done.logs_compacted) == len(live) == len(checkpoints)
+        assert checkpoints == sorted(checkpoints, reverse=True) and checkpoints[0] < before
+        all_kept_read_back(storage)
     finally:
         storage.close()
 

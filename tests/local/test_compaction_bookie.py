@@ -147,35 +147,43 @@ def test_a_close_in_the_middle_of_a_paced_compaction_loses_nothing(
     assert not driver.broken
 
 
-def test_a_full_disk_suspends_periodic_compaction_unless_allowed(
+def test_a_full_disk_compacts_within_the_room_it_has_left(
     make_driver: Callable[..., Driver], tmp_path: Path
 ) -> None:
-    async def scenario(allowed: bool) -> int:
+    """A disk over its usage threshold still has room (the threshold is a fraction of
+    it): periodic compaction, major included, goes on within what is free beyond the
+    reserved space, and wins the dead bytes back. With no such room it is suspended,
+    unless the operator allows it regardless."""
+
+    async def scenario(free_bytes: int, allowed: bool) -> tuple[int, bool, float]:
+        data_dir = tmp_path / f"data-{free_bytes}-{allowed}"
         driver = make_driver(
             **settings(
-                data_dir=tmp_path / f"data-{allowed}",
+                data_dir=data_dir,
                 minor_compaction_interval_ms=50,
                 major_compaction_threshold=0.9,
                 major_compaction_interval_ms=50,
                 compaction_allowed_when_disk_full=allowed,
+                reserved_space_bytes=4 * 1024 * 1024,
             )
         )
         bookie = await driver.start()
         await fill(driver)
         bookie.garbage_collect((), set(LEDGERS) - {KEEP})
         await bookie.checkpoint()
-        # The disk checker finds a disk at its threshold (the copies need room), at every
-        # check from now on (the timer's, and each new entry log's).
+        before_bytes = log_bytes(data_dir)
+        # The disk checker finds a disk at its threshold, at every check from now on
+        # (the timer's, and each new entry log's).
         total = 1 << 50
         checker = bookie._disk_checker
-        checker._usage_fn = lambda path: DiskUsage(path, 0.99, total // 100, total)
+        checker._usage_fn = lambda path: DiskUsage(path, 0.99, free_bytes, total)
         checker.check()
         assert checker.full
         await asyncio.sleep(0)
         before = bookie.compactor.runs
         last_major = bookie.compactor.last_major
         # Every tick of the compaction timer asks which compaction is due, then decides
-        # with the disk full: wait for several such decisions (and, allowed, a run).
+        # with the disk full: wait for several such decisions (and a run, where due).
         ticks: list[float] = []
         due = bookie.compactor.due
 
@@ -185,20 +193,28 @@ def test_a_full_disk_suspends_periodic_compaction_unless_allowed(
 
         bookie.compactor.due = counted_due  # type: ignore[method-assign]
         await poll_until_async(
-            lambda: len(ticks) >= 5 and (not allowed or bookie.compactor.runs > before),
+            lambda: len(ticks) >= 5 and (free_bytes < 1 << 30 or bookie.compactor.runs > before),
             timeout_s=30,
             what="five compaction ticks with the disk full",
         )
+        await poll_until_async(
+            lambda: bookie._compaction is None or bookie._compaction.done(),
+            timeout_s=30,
+            what="the compaction under way to end",
+        )
         runs = bookie.compactor.runs - before
-        # Allowed, only minor compactions run while the disk is full.
-        assert bookie.compactor.last_major == last_major
+        major_ran = bookie.compactor.last_major != last_major
+        shrunk = log_bytes(data_dir) / before_bytes
         await read_kept(driver)
         await driver.close()
         assert not driver.broken
-        return runs
+        return runs, major_ran, shrunk
 
-    assert asyncio.run(scenario(False)) == 0
-    assert asyncio.run(scenario(True)) > 0
+    runs, major_ran, shrunk = asyncio.run(scenario(1 << 40, allowed=False))
+    assert runs > 0 and major_ran and shrunk < 0.5, (runs, major_ran, shrunk)
+    # Less free than the reserved space: no room, so no copy.
+    assert asyncio.run(scenario(1 << 20, allowed=False))[0] == 0
+    assert asyncio.run(scenario(1 << 20, allowed=True))[0] > 0
 
 
 def test_the_pace_holds_compaction_to_its_rate(tmp_path: Path) -> None:
