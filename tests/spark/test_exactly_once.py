@@ -102,13 +102,11 @@ def wait_for_copy(query, done: Callable[[], bool], what: str) -> None:
     poll_until(check, timeout_s=EVENT_TIMEOUT_S, what=what, interval_s=0.1)
 
 
-def caught_up(query, bk: quorumlog.BookKeeper, target: str, expected: int) -> None:
-    """Wait until ``target`` holds ``expected`` records."""
-    wait_for_copy(
-        query,
-        lambda: record_count(bk, target) >= expected,
-        f"{target} holding {expected} records",
-    )
+def read_past(query, end: Position) -> None:
+    """Wait until the query's progress reports a batch read up to ``end``: its sink's
+    commit and Spark's commit of it in the checkpoint are done (Spark reports a batch
+    after both), so stopping the query then interrupts no commit."""
+    wait_for_copy(query, lambda: read_through(query) >= end, f"the query's progress at {end}")
 
 
 def data_batches(query) -> list[dict[str, Any]]:
@@ -186,17 +184,17 @@ def test_streaming_copy_is_exactly_once_across_rollovers_truncation_restart_and_
 
     query = start()
     append(40)
-    # The query's committed position: the end offset of a batch in its progress
-    # (Spark reports a batch once its commit is in the checkpoint). Records 36..39
-    # fill the writer's current ledger, still open: the cut is at its end.
+    # The query's committed position: the end offset of a batch in its progress.
+    # Records 36..39 fill the writer's current ledger, still open: the cut is at its end.
     committed = positions[-1].next()
     assert committed.entry_id == RECORDS_PER_LEDGER
-    wait_for_copy(query, lambda: read_through(query) >= committed, f"the query at {committed}")
+    read_past(query, committed)
     assert read_through(query) == committed and record_count(bk, "eo-dst") == 40
     removed = src.truncate(committed)
     assert len(removed) == 9 and all(p.ledger_id not in removed for p in positions[36:])
     append(40)  # the first append rolls over, past the cut
-    caught_up(query, bk, "eo-dst", 80)
+    read_past(query, positions[-1].next())
+    assert record_count(bk, "eo-dst") == 80
     query.stop()
 
     # As if the driver died right after the sink's commit of the last batch, before
@@ -211,7 +209,7 @@ def test_streaming_copy_is_exactly_once_across_rollovers_truncation_restart_and_
 
     query = start()
     append(40)
-    caught_up(query, bk, "eo-dst", 120)
+    read_past(query, positions[-1].next())
     writer.close()
     query.stop()
 
