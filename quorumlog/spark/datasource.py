@@ -35,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from quorumlog.errors import InvalidArgumentError
+from quorumlog.errors import InvalidArgumentError, NoSuchEntryError, NoSuchLedgerError
 from quorumlog.log.errors import LogTruncatedError, NoSuchLogError
 from quorumlog.log.metadata import list_log_names, read_log
 from quorumlog.log.position import Position
@@ -97,9 +97,57 @@ def _read_partition(opts: ReadOptions, partition: InputPartition) -> Iterator[An
         return iter(())
     log_name, ledger_id, first, last = value
     scan.freeze_startup_objects()  # in a Python worker of an executor
-    return scan.read_range_batches(
-        opts.metadata_uri, opts.password, log_name, planning.EntryRange(ledger_id, first, last)
-    )
+    entry_range = planning.EntryRange(ledger_id, first, last)
+    batches = scan.read_range_batches(opts.metadata_uri, opts.password, log_name, entry_range)
+    if log_name is None:
+        return batches  # ledgers read by id: a missing one is the user's error
+    return _read_log_range(opts, log_name, entry_range, batches)
+
+
+def _read_log_range(
+    opts: ReadOptions, log_name: str, entry_range: planning.EntryRange, batches: Iterator[Any]
+) -> Iterator[Any]:
+    """A task's read of a log's range. A truncation after the driver planned the batch
+    may delete the range's ledger before the task reads it: that is data loss as the
+    driver's check would have seen it (LogTruncatedError naming the log, the position
+    and the truncation point), or with failOnDataLoss=false a WARNING and no more
+    records from this range (those still stored are read, as planned)."""
+    try:
+        yield from batches
+    except (NoSuchLedgerError, NoSuchEntryError) as exc:
+        # The ledger itself (at open), or its entries once the bookies collected it.
+        try:
+            cut = scan.run(_truncation_point(opts, log_name))
+        except NoSuchLogError:
+            if opts.fail_on_data_loss:
+                raise
+            log.warning("log %s was deleted; failOnDataLoss=false: reading on without it", log_name)
+            return
+        ledger_id = entry_range.ledger_id
+        if cut is None or not ledger_id < cut.ledger_id:
+            raise  # not a ledger that a truncation deletes
+        begin = Position(ledger_id, entry_range.first_entry_id)
+        if opts.fail_on_data_loss:
+            raise LogTruncatedError(
+                f"log {log_name}: position {begin} is before the truncation point {cut}; "
+                f"ledger {ledger_id} was deleted after the read was planned "
+                "(failOnDataLoss=false reads on without it)"
+            ) from exc
+        log.warning(
+            "log %s: ledger %d was deleted by a truncation (before %s) after the read "
+            "was planned; failOnDataLoss=false: reading on without its entries %d..%d",
+            log_name,
+            ledger_id,
+            cut,
+            entry_range.first_entry_id,
+            entry_range.last_entry_id,
+        )
+
+
+async def _truncation_point(opts: ReadOptions, log_name: str) -> Position | None:
+    bk = await scan.client_for(opts.metadata_uri)
+    metadata, _ = await read_log(bk.store, log_name)
+    return metadata.truncated_before
 
 
 async def _check_exists(opts: ReadOptions) -> None:
