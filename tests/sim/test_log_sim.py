@@ -23,7 +23,6 @@ from quorumlog.log import (
     LogTruncatedError,
     NoSuchLogError,
     Position,
-    Record,
 )
 from quorumlog.log.checker import check_observations
 from quorumlog.testing.sim import Cluster, NetworkFaults
@@ -215,7 +214,7 @@ def test_truncate_removes_whole_ledgers_and_readers_before_it_get_a_clear_error(
         writer = await log.open_writer()
         positions = [await writer.append(b"1234") for _ in range(8)]  # 2 per ledger
         early_reader = await log.open_reader()
-        assert (await early_reader.read_next(1000)) == Record(positions[0], b"1234")
+        assert (await early_reader.read_next(1000))[:2] == (positions[0], b"1234")
         cut = positions[5]  # second record of the third ledger
         removed = await log.truncate(cut)
         assert removed == sorted({p.ledger_id for p in positions[:4]})
@@ -229,7 +228,7 @@ def test_truncate_removes_whole_ledgers_and_readers_before_it_get_a_clear_error(
             for _ in range(10):
                 await early_reader.read_next(1000)
         from_start = await log.open_reader()
-        assert (await from_start.read_next(1000)) == Record(cut, b"1234")
+        assert (await from_start.read_next(1000))[:2] == (cut, b"1234")
         info = await log.positions()
         assert info.first == cut and info.last == positions[-1] and info.record_count == 3
         with pytest.raises(InvalidArgumentError):
