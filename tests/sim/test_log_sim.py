@@ -88,6 +88,33 @@ def test_r11_append_returns_ordered_positions_and_a_reader_reads_them_all() -> N
     run_sim(body)
 
 
+def test_records_carry_their_append_time_which_never_goes_back(monkeypatch) -> None:
+    """The writer stamps its clock, the previous record's time if the clock went back,
+    or the time given; readers and read_all return it with the payload."""
+    from quorumlog.log import writer as writer_module
+
+    clock_ns = iter([5_000_000_000, 4_000_000_000, 6_000_000_000] + [7_000_000_000] * 10)
+    monkeypatch.setattr(writer_module.time, "time_ns", lambda: next(clock_ns))
+
+    async def body(sim: Sim) -> None:
+        log = await LogNamespace(sim.client()).open_log("stamps")
+        writer = await log.open_writer()
+        for data in (b"a", b"b", b"c"):
+            await writer.append(data)
+        await writer.append(b"replayed", 1_234)  # taken as is
+        await writer.append(b"d")
+        assert writer.last_timestamp_ms == 7_000
+        with pytest.raises(InvalidArgumentError, match="64-bit"):
+            writer.append_nowait(b"x", 1 << 63)
+        wanted = [(b"a", 5_000), (b"b", 5_000), (b"c", 6_000), (b"replayed", 1_234), (b"d", 7_000)]
+        assert [(r.data, r.timestamp_ms) for r in await log.read_all()] == wanted
+        reader = await log.open_reader()
+        got = [await reader.read_next(1000) for _ in range(5)]
+        assert [(r.data, r.timestamp_ms) for r in got if r] == wanted
+
+    run_sim(body)
+
+
 def test_r11_rollover_by_size_adds_then_closes_and_reader_follows() -> None:
     async def body(sim: Sim) -> None:
         bk = sim.client()
