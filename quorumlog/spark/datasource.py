@@ -44,7 +44,7 @@ from quorumlog.log.position import Position
 from quorumlog.log.record_format import HEADER_BYTES
 from quorumlog.spark import commit as commits
 from quorumlog.spark import planning, scan
-from quorumlog.spark.options import SOURCE_NAME, Bound, ReadOptions, WriteOptions
+from quorumlog.spark.options import SOURCE_NAME, AtTime, Bound, ReadOptions, WriteOptions
 from quorumlog.spark.writing import TaskIdentity, write_task
 
 SCHEMA = "log string, ledger_id bigint, entry_id bigint, data binary, timestamp timestamp"
@@ -154,11 +154,21 @@ async def _ledgers_snapshot(opts: ReadOptions) -> list[planning.LedgerExtent]:
     return await scan.ledger_snapshot(bk, opts.ledgers, opts.password)
 
 
-def _resolve(bound: Bound, extents: Sequence[planning.LedgerExtent]) -> Position:
+async def _at_time(
+    opts: ReadOptions, extents: Sequence[planning.LedgerExtent], timestamp_ms: int
+) -> Position:
+    bk = await scan.client_for(opts.metadata_uri)
+    return await scan.position_at_time(bk, opts.password, extents, timestamp_ms)
+
+
+def _resolve(opts: ReadOptions, bound: Bound, extents: Sequence[planning.LedgerExtent]) -> Position:
     if bound == "earliest":
         return planning.earliest(extents)
     if bound == "latest":
         return planning.latest(extents)
+    if isinstance(bound, AtTime):
+        # A binary search over the records' headers, on the driver (a few reads).
+        return scan.run(_at_time(opts, extents, bound.timestamp_ms))
     assert isinstance(bound, Position)
     return bound
 
@@ -212,15 +222,15 @@ class QuorumlogBatchReader(DataSourceReader):
         if opts.ledgers is not None:
             # Each ledger on its own: every one is read up to its own last confirmed entry.
             for extent in scan.run(_ledgers_snapshot(opts)):
-                start = _resolve(opts.start, [extent])
-                end = _resolve(opts.end, [extent])
+                start = _resolve(opts, opts.start, [extent])
+                end = _resolve(opts, opts.end, [extent])
                 ranges = planning.split([extent], start, end, opts.entries_per_partition)
                 partitions += _partitions(None, ranges)
         else:
             for name in scan.run(_log_names(opts)):
                 cut, extents = scan.run(_snapshot(opts, name))
-                start = _resolve(opts.start_of(name), extents)
-                end = _resolve(opts.end_of(name), extents)
+                start = _resolve(opts, opts.start_of(name), extents)
+                end = _resolve(opts, opts.end_of(name), extents)
                 if opts.start_of(name) != "earliest":
                     start, _ = _after_loss(opts, name, start, cut)
                 ranges = planning.split(extents, start, end, opts.entries_per_partition)
@@ -272,7 +282,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         positions: dict[str, Position] = {}
         for name in scan.run(_log_names(self.opts)):
             _, extents = scan.run(_snapshot(self.opts, name))
-            positions[name] = _resolve(self.opts.start_of(name), extents)
+            positions[name] = _resolve(self.opts, self.opts.start_of(name), extents)
         return self._encode(positions)
 
     def getDefaultReadLimit(self) -> ReadLimit:

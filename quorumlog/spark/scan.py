@@ -30,8 +30,9 @@ from quorumlog.client.reading import ReadHandle, gather_in_order
 from quorumlog.client.sync import LoopThread
 from quorumlog.errors import BKError, NoSuchLedgerError
 from quorumlog.log.metadata import LogMetadata, read_log
-from quorumlog.log.record_format import HEADER_BYTES, decode_arrow
-from quorumlog.spark.planning import EntryRange, LedgerExtent
+from quorumlog.log.position import Position
+from quorumlog.log.record_format import HEADER_BYTES, decode_arrow, timestamp_of
+from quorumlog.spark.planning import EntryRange, LedgerExtent, search_by_time
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -274,6 +275,33 @@ async def payload_sizes(
     finally:
         await handle.close()
     return sizes
+
+
+async def position_at_time(
+    bk: BookKeeper, password: bytes, extents: Sequence[LedgerExtent], timestamp_ms: int
+) -> Position:
+    """The bound before the first record of ``extents`` appended at or after
+    ``timestamp_ms`` (the end when there is none): the binary search of
+    :func:`quorumlog.spark.planning.search_by_time`, reading one record header per step."""
+    search = search_by_time(extents, timestamp_ms)
+    handles: dict[int, ReadHandle] = {}
+    lasts = {extent.ledger_id: extent.last_entry_id for extent in extents}
+    try:
+        probe = next(search)
+        while True:
+            handle = handles.get(probe.ledger_id)
+            if handle is None:
+                handle = await bk.open_ledger_no_recovery(probe.ledger_id, password)
+                handle.learn_last_add_confirmed(lasts[probe.ledger_id])
+                handles[probe.ledger_id] = handle
+            entry = (await handle.read_payloads(probe.entry_id, probe.entry_id))[0]
+            probe = search.send(timestamp_of(entry, probe.ledger_id, probe.entry_id))
+    except StopIteration as done:
+        found: Position = done.value
+        return found
+    finally:
+        for handle in handles.values():
+            await handle.close()
 
 
 # ---------------------------------------------------------------- executors: reading
