@@ -44,7 +44,7 @@ def test_batch_read_of_a_multi_ledger_log_in_parallel_partitions(spark, module_c
     ledgers = LogNamespace(bk).open_log("multi").ledgers()
     df = read_df(spark, uri, log="multi", entriesPerPartition="200")
     assert df.schema.simpleString() == (
-        "struct<log:string,ledger_id:bigint,entry_id:bigint,data:binary>"
+        "struct<log:string,ledger_id:bigint,entry_id:bigint,data:binary,timestamp:timestamp>"
     )
     assert df.rdd.getNumPartitions() == 4 + 3 + 2  # 700, 450 and 300 entries by 200
     rows = df.collect()
