@@ -257,7 +257,7 @@ class Dice:
                 value = self.rng.randint(1, 6)
                 data = encode_value(value)
                 position = await writer.append(data)
-                self._show(Record(position, data), LEADING)
+                self._show(Record(position, data, writer.last_timestamp_ms), LEADING)
         except LogFencedError as exc:
             self.status(f"dice: lost the log: {exc.message}")
         except BKError as exc:

@@ -1,7 +1,8 @@
 """A history checker for log streams, kept apart from the code it checks.
 
 Observers report what they saw as ``(position, value)`` pairs, in the order they
-saw them:
+saw them (a :class:`~quorumlog.log.position.Record` will do: its append time, after
+the pair, is not compared):
 
 - a **prefix observer** (a tailing reader, an instance of the dice application)
   shows the log in order from its beginning: its sequence must be exactly the
@@ -69,7 +70,7 @@ def check_observations(
 
     in_log: dict[Position, Hashable] = {}
     previous: Position | None = None
-    for position, value in final_log:
+    for position, value, *_ in final_log:
         if previous is not None and position <= previous:
             problem(f"final log: position {position} after {previous}")
         previous = position
@@ -80,7 +81,7 @@ def check_observations(
     for kind, observers in (("prefix", prefixes), ("subset", subsets)):
         for name, sequence in observers.items():
             last: Position | None = None
-            for index, (position, value) in enumerate(sequence):
+            for index, (position, value, *_) in enumerate(sequence):
                 if last is not None and position <= last:
                     what = "twice" if position == last else "out of order"
                     problem(f"{name}: position {position} reported {what} (after {last})")
@@ -94,7 +95,7 @@ def check_observations(
                         problem(f"{name}: shows {position} beyond the end of the log")
                         break
                     expected = final_log[index]
-                    if (position, value) != tuple(expected):
+                    if (position, value) != tuple(expected)[:2]:
                         problem(
                             f"{name}: record #{index} is {value!r} at {position}, the log has "
                             f"{expected[1]!r} at {expected[0]} (not a prefix of the log)"

@@ -15,7 +15,8 @@ class LogConfig:
 
     Every ledger a writer creates uses ``ensemble`` / ``write_quorum`` / ``ack_quorum``,
     ``digest_type`` and ``password``; readers need the same password. A writer starts
-    a new ledger once the current one holds ``rollover_size_bytes`` of records or is
+    a new ledger once the current one holds ``rollover_size_bytes`` of payloads (the
+    record headers of record_format.py not counted) or is
     ``rollover_age_ms`` old (0 turns a limit off); the check runs on each append.
     """
 

@@ -42,6 +42,14 @@ class LogClosedError(LogError):
     status = Status.BAD_REQUEST
 
 
+class LogRecordFormatError(LogError):
+    """A ledger entry of a log that is not a log record: shorter than the record
+    header, or of a record format version this reader does not know. The message
+    names the ledger and the entry. Retrying cannot help."""
+
+    status = Status.BAD_REQUEST
+
+
 class InvalidLogNameError(LogError, InvalidArgumentError):
     """A log name that cannot be one metadata path component."""
 
@@ -54,6 +62,7 @@ __all__ = [
     "LogError",
     "LogFencedError",
     "LogOutcomeUnknownError",
+    "LogRecordFormatError",
     "LogTruncatedError",
     "NoSuchLogError",
 ]

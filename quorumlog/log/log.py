@@ -39,6 +39,7 @@ from quorumlog.log.metadata import (
 from quorumlog.log.metadata_updates import log_view, update_log
 from quorumlog.log.position import LogPositions, Position, Record
 from quorumlog.log.reader import LogReader
+from quorumlog.log.record_format import record_of
 from quorumlog.log.writer import LogWriter, fence_previous_ledgers, open_writer
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ class Log:
                 step = self.config.read_batch_entries
                 for low in range(first, last + 1, step):
                     for entry in await handle.read_entries(low, min(last, low + step - 1)):
-                        out.append(Record(Position(ledger_id, entry.entry_id), entry.data))
+                        out.append(record_of(ledger_id, entry.entry_id, entry.data))
             finally:
                 await handle.close()
         return out

@@ -65,10 +65,14 @@ class Position(NamedTuple):
 
 
 class Record(NamedTuple):
-    """One record of a log: where it is, and the bytes appended."""
+    """One record of a log: where it is, the bytes appended, and when.
+
+    ``timestamp_ms`` is the append time the writer put in the record's header
+    (milliseconds since the Unix epoch; see :mod:`quorumlog.log.record_format`)."""
 
     position: Position
     data: bytes
+    timestamp_ms: int
 
 
 class LogPositions(NamedTuple):

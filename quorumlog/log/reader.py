@@ -31,9 +31,15 @@ from typing import TYPE_CHECKING
 
 from quorumlog.errors import BKError, InvalidArgumentError, NoSuchLedgerError, UnauthorizedError
 from quorumlog.log.context import LogContext
-from quorumlog.log.errors import LogClosedError, LogTruncatedError, NoSuchLogError
+from quorumlog.log.errors import (
+    LogClosedError,
+    LogRecordFormatError,
+    LogTruncatedError,
+    NoSuchLogError,
+)
 from quorumlog.log.metadata import LogMetadata, log_path, read_log
 from quorumlog.log.position import Position, Record
+from quorumlog.log.record_format import record_of
 
 if TYPE_CHECKING:
     from quorumlog.client.reading import ReadHandle
@@ -153,7 +159,7 @@ class LogReader:
         ledger's records, an open ledger's up to the LAC its bookies report now), and
         None if there is none. Returns None when the time is up. Raises
         LogTruncatedError when the next record was truncated away, NoSuchLogError when
-        the log was deleted.
+        the log was deleted, LogRecordFormatError when an entry is not a log record.
         """
         now_only = timeout_ms is not None and timeout_ms <= 0
         deadline = None if timeout_ms is None else self._loop.time() + timeout_ms / 1000
@@ -170,6 +176,7 @@ class LogReader:
                 moved = await self._step(deadline)
             except (
                 LogTruncatedError,
+                LogRecordFormatError,
                 NoSuchLogError,
                 LogClosedError,
                 UnauthorizedError,
@@ -261,8 +268,8 @@ class LogReader:
             self._bookie_s = self._loop.time()
             if not md.is_closed:  # its writer was still adding them
                 self._news_s = self._bookie_s
-            for entry in entries:
-                self._buffer.append(Record(Position(ledger_id, entry.entry_id), entry.data))
+            # All decoded before any is buffered: a bad entry leaves the reader where it was.
+            self._buffer.extend([record_of(ledger_id, e.entry_id, e.data) for e in entries])
             self._next = Position(ledger_id, entry_id + len(entries))
             return bool(entries)
         if md.is_closed:
@@ -305,7 +312,7 @@ class LogReader:
         if entry is None:
             self._frontier_s = now  # nothing confirmed beyond what is fetched
         if entry is not None and self._next == Position(handle.ledger_id, entry_id):
-            self._buffer.append(Record(Position(handle.ledger_id, entry_id), entry.data))
+            self._buffer.append(record_of(handle.ledger_id, entry_id, entry.data))
             self._next = Position(handle.ledger_id, entry_id + 1)
             self._news_s = now
             if lac <= entry_id:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING
@@ -52,6 +53,7 @@ from quorumlog.log.errors import LogClosedError, LogFencedError, NoSuchLogError
 from quorumlog.log.metadata import LogMetadata, log_path, read_log
 from quorumlog.log.metadata_updates import log_view, update_log
 from quorumlog.log.position import Position
+from quorumlog.log.record_format import HEADER_BYTES, VERSION, check_timestamp, pack_header
 from quorumlog.meta.ledgers import MetadataConflictsError
 
 if TYPE_CHECKING:
@@ -246,6 +248,9 @@ class LogWriter:
         self._metadata = metadata
         self._version = version
         self._last_position: Position | None = None
+        # The append time of the latest record: the next one gets no earlier time
+        # (record_format.py; a log's times are then in order while one writer writes).
+        self._last_timestamp_ms = 0
         self._handle = self._own(handle)
         self._ledger_opened_at = self._loop.time()
         self._ledger_bytes = 0
@@ -280,6 +285,11 @@ class LogWriter:
         return self._last_position
 
     @property
+    def last_timestamp_ms(self) -> int:
+        """The highest append time given to a record so far (0 before the first)."""
+        return self._last_timestamp_ms
+
+    @property
     def is_fenced(self) -> bool:
         return isinstance(self._failure, LogFencedError)
 
@@ -295,9 +305,14 @@ class LogWriter:
 
     # ------------------------------------------------------------ appending
 
-    def append_nowait(self, data: bytes) -> asyncio.Future[Position]:
+    def append_nowait(
+        self, data: bytes, timestamp_ms: int | None = None
+    ) -> asyncio.Future[Position]:
         """Send a record without waiting; the future gives its position once confirmed.
 
+        The record carries its append time in its header (record_format.py): the wall
+        clock in milliseconds since the epoch, or the time of the record before if the
+        clock went back, or ``timestamp_ms`` when given (a replay, a test; taken as is).
         Futures complete in append order. Raises at once if the writer lost the log
         (LogFencedError) or was closed, and TooManyRequestsError when the client's
         ``max_outstanding_adds`` appends are unconfirmed (queued ones count): wait first
@@ -305,8 +320,17 @@ class LogWriter:
         """
         if self._failure is not None or self._closed:
             self._check_usable()
-        if not isinstance(data, bytes):
-            data = bytes(data)
+        last_ms = self._last_timestamp_ms
+        if timestamp_ms is None:
+            timestamp_ms = time.time_ns() // 1_000_000
+            if timestamp_ms < last_ms:
+                timestamp_ms = last_ms
+        else:
+            check_timestamp(timestamp_ms)
+        if timestamp_ms > last_ms:
+            self._last_timestamp_ms = timestamp_ms
+        # One buffer, header and payload: the entry (bytes + any bytes-like object).
+        data = pack_header(VERSION, timestamp_ms) + data
         if (
             self._rolling is None
             and not self._queue
@@ -322,7 +346,7 @@ class LogWriter:
                 raise  # back-pressure: the writer goes on
             except BKError as exc:
                 raise self._lose(exc, handle.ledger_id) from None
-            self._ledger_bytes += len(data)
+            self._ledger_bytes += len(data) - HEADER_BYTES  # payload bytes
             return added  # type: ignore[return-value]  # completes with a Position (_own)
         if self._handle.outstanding_adds + len(self._queue) >= self._max_outstanding:
             # Back-pressure, not a lost log: the queue of a rollover is bounded too (R16).
@@ -337,14 +361,15 @@ class LogWriter:
             return future
         return self._send(data)
 
-    async def append(self, data: bytes) -> Position:
+    async def append(self, data: bytes, timestamp_ms: int | None = None) -> Position:
         """Append one record and wait until it is confirmed; returns its position.
+        ``timestamp_ms``: as in :meth:`append_nowait`.
 
         A LogFencedError raised here names who fenced the writer (another writer, a
         ``log.fence()``, or a recovery of its ledger), once the list has told."""
         try:
             await self.wait_for_capacity()
-            return await self.append_nowait(data)
+            return await self.append_nowait(data, timestamp_ms)
         except LogFencedError as exc:
             raise await self._fence_explained(exc) from None
 
@@ -393,7 +418,7 @@ class LogWriter:
         except BKError as exc:
             error = self._lose(exc, handle.ledger_id)
             raise error from None
-        self._ledger_bytes += len(data)
+        self._ledger_bytes += len(data) - HEADER_BYTES  # payload bytes
         return added  # type: ignore[return-value]  # completes with a Position (_own)
 
     def _error_of(self, ledger_id: int, exc: BKError) -> BKError:

@@ -1,11 +1,13 @@
 """The ``quorumlog`` data source for Spark (PySpark's Python Data Source API).
 
-Rows are ``log string, ledger_id bigint, entry_id bigint, data binary``. Batch and
-streaming reads plan on the driver (:mod:`quorumlog.spark.planning`) and read on
-executors as Arrow record batches (:mod:`quorumlog.spark.scan`); writes go through
-ledgers of the tasks' own, appended by the driver's commit
-(:mod:`quorumlog.spark.commit`). Everything kept on these objects is plain data:
-Spark pickles them to its Python workers, which open their own clients.
+Rows are ``log string, ledger_id bigint, entry_id bigint, data binary, timestamp
+timestamp``: a log record's payload and append time (a ledger's raw entries, with a
+null timestamp, when reading by ``ledgers``). Batch and streaming reads plan on the
+driver (:mod:`quorumlog.spark.planning`) and read on executors as Arrow record
+batches (:mod:`quorumlog.spark.scan`); writes go through ledgers of the tasks' own,
+appended by the driver's commit (:mod:`quorumlog.spark.commit`). Everything kept on
+these objects is plain data: Spark pickles them to its Python workers, which open their
+own clients.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ from quorumlog.errors import InvalidArgumentError, NoSuchEntryError, NoSuchLedge
 from quorumlog.log.errors import LogTruncatedError, NoSuchLogError
 from quorumlog.log.metadata import list_log_names, read_log
 from quorumlog.log.position import Position
+from quorumlog.log.record_format import HEADER_BYTES
 from quorumlog.spark import commit as commits
 from quorumlog.spark import planning, scan
-from quorumlog.spark.options import SOURCE_NAME, Bound, ReadOptions, WriteOptions
+from quorumlog.spark.options import SOURCE_NAME, AtTime, Bound, ReadOptions, WriteOptions
 from quorumlog.spark.writing import TaskIdentity, write_task
 
-SCHEMA = "log string, ledger_id bigint, entry_id bigint, data binary"
+SCHEMA = "log string, ledger_id bigint, entry_id bigint, data binary, timestamp timestamp"
 # What Spark's micro-batch execution tells each task of a streaming query.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
@@ -199,11 +202,21 @@ async def _ledgers_snapshot(opts: ReadOptions) -> list[planning.LedgerExtent]:
     return await scan.ledger_snapshot(bk, opts.ledgers, opts.password)
 
 
-def _resolve(bound: Bound, extents: Sequence[planning.LedgerExtent]) -> Position:
+async def _at_time(
+    opts: ReadOptions, extents: Sequence[planning.LedgerExtent], timestamp_ms: int
+) -> Position:
+    bk = await scan.client_for(opts.metadata_uri)
+    return await scan.position_at_time(bk, opts.password, extents, timestamp_ms)
+
+
+def _resolve(opts: ReadOptions, bound: Bound, extents: Sequence[planning.LedgerExtent]) -> Position:
     if bound == "earliest":
         return planning.earliest(extents)
     if bound == "latest":
         return planning.latest(extents)
+    if isinstance(bound, AtTime):
+        # A binary search over the records' headers, on the driver (a few reads).
+        return scan.run(_at_time(opts, extents, bound.timestamp_ms))
     assert isinstance(bound, Position)
     return bound
 
@@ -257,15 +270,15 @@ class QuorumlogBatchReader(DataSourceReader):
         if opts.ledgers is not None:
             # Each ledger on its own: every one is read up to its own last confirmed entry.
             for extent in scan.run(_ledgers_snapshot(opts)):
-                start = _resolve(opts.start, [extent])
-                end = _resolve(opts.end, [extent])
+                start = _resolve(opts, opts.start, [extent])
+                end = _resolve(opts, opts.end, [extent])
                 ranges = planning.split([extent], start, end, opts.entries_per_partition)
                 partitions += _partitions(None, ranges)
         else:
             for name in scan.run(_log_names(opts)):
                 cut, extents = scan.run(_snapshot(opts, name))
-                start = _resolve(opts.start_of(name), extents)
-                end = _resolve(opts.end_of(name), extents)
+                start = _resolve(opts, opts.start_of(name), extents)
+                end = _resolve(opts, opts.end_of(name), extents)
                 if opts.start_of(name) != "earliest":
                     start, _ = _after_loss(opts, name, start, cut)
                 ranges = planning.split(extents, start, end, opts.entries_per_partition)
@@ -317,7 +330,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         positions: dict[str, Position] = {}
         for name in scan.run(_log_names(self.opts)):
             _, extents = scan.run(_snapshot(self.opts, name))
-            positions[name] = _resolve(self.opts.start_of(name), extents)
+            positions[name] = _resolve(self.opts, self.opts.start_of(name), extents)
         return self._encode(positions)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -482,13 +495,15 @@ async def _cut_by_bytes(
 ) -> Position:
     """The end of the records of ``[begin, end)`` whose payloads fit in ``budget``
     bytes, and at least one record. A whole closed ledger counts by the length in its
-    metadata; elsewhere the payloads are read here, on the driver (up to the budget)."""
+    metadata (less a record header per entry); elsewhere the payloads are read here,
+    on the driver (up to the budget)."""
     bk = await scan.client_for(opts.metadata_uri)
     remaining, took = budget, False
     for extent, low, high in planning.ranges_between(extents, begin, end):
         whole = extent.closed and extent.length >= 0 and low == 0 and high == extent.last_entry_id
-        if whole and extent.length <= remaining:
-            remaining -= extent.length
+        payload_bytes = extent.length - HEADER_BYTES * (extent.last_entry_id + 1)
+        if whole and payload_bytes <= remaining:
+            remaining -= payload_bytes
             took = True
             continue
         sizes = await scan.payload_sizes(

@@ -16,6 +16,10 @@ Reading::
     endingPosition        earliest | latest | a position (exclusive; batch reads only)
     startingPositions     earliest | latest | {"<log>": <position or earliest/latest/-2/-1>}
     endingPositions       the same, exclusive (batch reads only)
+    startingTimestamp     ms since the epoch: each log from its first record appended at or after
+    endingTimestamp       the same as an exclusive end (batch reads only)
+    startingPositionsByTimestamp   {"<log>": ms, ...}: per log (logs not named: earliest)
+    endingPositionsByTimestamp     the same as exclusive ends (batch reads only; others: latest)
     maxRecordsPerTrigger  streaming: at most this many records per micro-batch
     maxBytesPerTrigger    streaming: at most about this many payload bytes per micro-batch
     minOffsetsPerTrigger  streaming: wait for this many records, at most maxTriggerDelay
@@ -39,7 +43,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from quorumlog.core.quorum import check_quorum_shape
 from quorumlog.errors import BKError, InvalidArgumentError
@@ -48,7 +52,17 @@ from quorumlog.log.position import Position
 from quorumlog.meta.factory import resolve_metadata_uri
 
 SOURCE_NAME = "quorumlog"
-Bound = Literal["earliest", "latest"] | Position
+
+
+class AtTime(NamedTuple):
+    """A bound given by time: before the first record appended at or after
+    ``timestamp_ms`` (Kafka's offsetsForTimes); the log's end when there is none.
+    The driver finds the position (``scan.position_at_time``)."""
+
+    timestamp_ms: int
+
+
+Bound = Literal["earliest", "latest"] | Position | AtTime
 
 DEFAULT_ENTRIES_PER_PARTITION = 100_000
 DEFAULT_MAX_WRITE_PARTITIONS = 1024
@@ -69,6 +83,10 @@ _READ_OPTIONS = {
     "endingposition": "endingPosition",
     "startingpositions": "startingPositions",
     "endingpositions": "endingPositions",
+    "startingtimestamp": "startingTimestamp",
+    "endingtimestamp": "endingTimestamp",
+    "startingpositionsbytimestamp": "startingPositionsByTimestamp",
+    "endingpositionsbytimestamp": "endingPositionsByTimestamp",
     "maxrecordspertrigger": "maxRecordsPerTrigger",
     "maxbytespertrigger": "maxBytesPerTrigger",
     "minoffsetspertrigger": "minOffsetsPerTrigger",
@@ -271,20 +289,81 @@ def _parse_pattern(raw: str) -> str:
     return raw
 
 
+def parse_timestamp(label: str, raw: str) -> AtTime:
+    """A time in milliseconds since the Unix epoch (a whole number, >= 0)."""
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise _bad(label, raw, "expected milliseconds since the Unix epoch") from None
+    if not 0 <= value < 1 << 63:
+        raise _bad(label, raw, "must be >= 0 (milliseconds since the Unix epoch)")
+    return AtTime(value)
+
+
+def parse_timestamps(label: str, raw: str) -> dict[str, Bound]:
+    """``{"<log>": ms, ...}``: a time per log."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not value:
+        raise _bad(label, raw, 'expected {"<log>": <ms since the Unix epoch>, ...}')
+    out: dict[str, Bound] = {}
+    for name, stamp in value.items():
+        try:
+            check_log_name(str(name))
+        except BKError as exc:
+            raise _bad(label, raw, exc.message) from None
+        if isinstance(stamp, bool) or not isinstance(stamp, int | str):
+            raise _bad(label, raw, f"log {name}: expected milliseconds since the Unix epoch")
+        try:
+            out[str(name)] = parse_timestamp(label, str(stamp))
+        except InvalidArgumentError:
+            raise _bad(
+                label, raw, f"log {name}: expected milliseconds since the Unix epoch, >= 0"
+            ) from None
+    return out
+
+
 def _one_bound(
     options: Mapping[str, str],
     singular: str,
     plural: str,
     default: Literal["earliest", "latest"],
 ) -> tuple[Bound, dict[str, Bound]]:
-    one_raw = _get(options, singular.lower())
-    many_raw = _get(options, plural.lower())
-    if one_raw is not None and many_raw is not None:
-        raise _bad(plural, many_raw, f"give {singular} or {plural}, not both")
-    if many_raw is not None:
-        every, per_log = parse_bounds(plural, many_raw)
+    """The start (or end) from whichever one of its four options was given.
+
+    Kafka's source lets a timestamp option silently win over the offset options; here
+    giving two is an error naming both, as a bound given twice is a mistake."""
+    prefix = singular.removesuffix("Position")  # starting / ending
+    by_time, per_log_time = f"{prefix}Timestamp", f"{prefix}PositionsByTimestamp"
+    labels = (singular, plural, by_time, per_log_time)
+    given = [(label, _get(options, label.lower())) for label in labels]
+    present = [(label, raw) for label, raw in given if raw is not None]
+    if len(present) > 1:
+        (first, _), (second, raw) = present[0], present[1]
+        raise _bad(second, raw, f"give {first} or {second}, not both")
+    if not present:
+        return default, {}
+    label, raw = present[0]
+    assert raw is not None
+    if label == plural:
+        every, per_log = parse_bounds(plural, raw)
         return every or default, per_log
-    return parse_bound(singular, one_raw, default), {}
+    if label == by_time:
+        return parse_timestamp(by_time, raw), {}
+    if label == per_log_time:
+        return default, parse_timestamps(per_log_time, raw)
+    return parse_bound(singular, raw, default), {}
+
+
+def _given(options: Mapping[str, str], *labels: str) -> tuple[str, str] | None:
+    """The first of ``labels`` given, with its value."""
+    for label in labels:
+        raw = _get(options, label.lower())
+        if raw is not None:
+            return label, raw
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,14 +440,31 @@ class ReadOptions:
         if streaming and ledgers is not None:
             raise _bad("ledgers", ledgers_raw, "streaming reads need a log (option log)")
         start, starts = _one_bound(options, "startingPosition", "startingPositions", "earliest")
-        end_raw = _get(options, "endingposition") or _get(options, "endingpositions")
-        if streaming and end_raw is not None and not lenient_stream:
-            label = "endingPosition" if _get(options, "endingposition") else "endingPositions"
-            raise _bad(label, end_raw, "streaming reads have no end")
+        ending = _given(
+            options,
+            "endingPosition",
+            "endingPositions",
+            "endingTimestamp",
+            "endingPositionsByTimestamp",
+        )
+        end_raw = None if ending is None else ending[1]
+        if streaming and ending is not None and not lenient_stream:
+            raise _bad(ending[0], ending[1], "streaming reads have no end")
         end, ends = _one_bound(options, "endingPosition", "endingPositions", "latest")
         if ledgers is not None and (starts or ends):
             raise _bad("ledgers", ledgers_raw, "startingPositions/endingPositions name logs")
-        for label, named in (("startingPositions", starts), ("endingPositions", ends)):
+        for label, bound in (("startingTimestamp", start), ("endingTimestamp", end)):
+            if ledgers is not None and isinstance(bound, AtTime):
+                raise _bad(
+                    label,
+                    bound.timestamp_ms,
+                    "a read of ledgers has no append times (it reads raw entries); read a log",
+                )
+        by_time = _get(options, "startingpositionsbytimestamp") is not None
+        start_label = "startingPositionsByTimestamp" if by_time else "startingPositions"
+        by_time = _get(options, "endingpositionsbytimestamp") is not None
+        end_label = "endingPositionsByTimestamp" if by_time else "endingPositions"
+        for label, named in ((start_label, starts), (end_label, ends)):
             for name in named:
                 chosen = (
                     re.fullmatch(pattern, name) is not None
@@ -383,6 +479,9 @@ class ReadOptions:
             if isinstance(low, Position) and isinstance(high, Position) and high < low:
                 label = "endingPositions" if ends else "endingPosition"
                 raise _bad(label, end_raw, f"is before startingPosition {low}")
+            if isinstance(low, AtTime) and isinstance(high, AtTime) and high < low:
+                label = end_label if ends else "endingTimestamp"
+                raise _bad(label, end_raw, f"is before the starting time {low.timestamp_ms}")
         max_records = _positive_int(options, "maxrecordspertrigger", "maxRecordsPerTrigger", None)
         max_bytes = _positive_int(options, "maxbytespertrigger", "maxBytesPerTrigger", None)
         min_records = _positive_int(options, "minoffsetspertrigger", "minOffsetsPerTrigger", None)
@@ -427,7 +526,14 @@ class ReadOptions:
 
 
 def _plain(bounds: Mapping[str, Bound]) -> dict[str, object]:
-    return {k: v if isinstance(v, str) else [v.ledger_id, v.entry_id] for k, v in bounds.items()}
+    return {
+        k: v
+        if isinstance(v, str)
+        else v.timestamp_ms
+        if isinstance(v, AtTime)
+        else [v.ledger_id, v.entry_id]
+        for k, v in bounds.items()
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ grow, so nothing after it can be given a place in the log yet (R4, R11).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 
 from quorumlog.errors import InvalidArgumentError
@@ -178,6 +178,44 @@ def advance(extents: Sequence[LedgerExtent], start: Position, max_records: int |
             return Position(extent.ledger_id, low + remaining)
         remaining -= available
     return top
+
+
+def search_by_time(
+    extents: Sequence[LedgerExtent], timestamp_ms: int
+) -> Generator[Position, int, Position]:
+    """The bound before the first readable record whose append time is at least
+    ``timestamp_ms`` (Kafka's offsetsForTimes), or :func:`latest` when there is none.
+
+    A generator, so that the search stays pure: it yields the position of each record
+    whose append time it needs and is sent that time back; it returns the bound.
+    A binary search over the ledgers (by their last record's time), then over the
+    entries of the ledger found: about log2(ledgers) + log2(entries) record headers
+    read. Exact when the times are in order along the log, which holds while one
+    writer writes (it never stamps a record earlier than the one before). A later
+    writer whose clock is behind may stamp records earlier than those before them:
+    the bound found is then still at a record at or after the time, with every record
+    the search probed before it earlier, but an earlier-stamped record may follow it
+    (Kafka's time index has the same limit across producers' clocks)."""
+    kept = [e for e in readable(extents) if e.last_entry_id >= e.first_entry_id]
+    low, high = 0, len(kept)
+    while low < high:  # the first ledger whose last record is at or after the time
+        middle = (low + high) // 2
+        extent = kept[middle]
+        if (yield Position(extent.ledger_id, extent.last_entry_id)) >= timestamp_ms:
+            high = middle
+        else:
+            low = middle + 1
+    if low == len(kept):
+        return latest(extents)
+    extent = kept[low]
+    first, last = extent.first_entry_id, extent.last_entry_id  # last is at or after it
+    while first < last:
+        middle = (first + last) // 2
+        if (yield Position(extent.ledger_id, middle)) >= timestamp_ms:
+            last = middle
+        else:
+            first = middle + 1
+    return Position(extent.ledger_id, first)
 
 
 def offset_of(position: Position) -> dict[str, int]:

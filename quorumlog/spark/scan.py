@@ -30,7 +30,9 @@ from quorumlog.client.reading import ReadHandle, gather_in_order
 from quorumlog.client.sync import LoopThread
 from quorumlog.errors import BKError, NoSuchLedgerError
 from quorumlog.log.metadata import LogMetadata, read_log
-from quorumlog.spark.planning import EntryRange, LedgerExtent
+from quorumlog.log.position import Position
+from quorumlog.log.record_format import HEADER_BYTES, decode_arrow, timestamp_of
+from quorumlog.spark.planning import EntryRange, LedgerExtent, search_by_time
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -253,9 +255,10 @@ async def payload_sizes(
     budget: int,
     chunk_entries: int = 1_024,
 ) -> list[int]:
-    """The payload sizes of entries ``first..last`` (all confirmed), in order, read in
-    chunks until they add up to more than ``budget`` bytes: what maxBytesPerTrigger
-    needs where a ledger's length from its metadata does not answer."""
+    """The payload sizes of the log records in entries ``first..last`` (all confirmed;
+    each without its record header), in order, read in chunks until they add up to
+    more than ``budget`` bytes: what maxBytesPerTrigger needs where a ledger's length
+    from its metadata does not answer."""
     handle = await bk.open_ledger_no_recovery(ledger_id, password)
     handle.learn_last_add_confirmed(last)
     sizes: list[int] = []
@@ -264,8 +267,9 @@ async def payload_sizes(
         for low in range(first, last + 1, chunk_entries):
             payloads = await handle.read_payloads(low, min(last, low + chunk_entries - 1))
             for payload in payloads:
-                sizes.append(len(payload))
-                total += len(payload)
+                size = len(payload) - HEADER_BYTES
+                sizes.append(size)
+                total += size
             if total > budget:
                 break
     finally:
@@ -273,26 +277,68 @@ async def payload_sizes(
     return sizes
 
 
+async def position_at_time(
+    bk: BookKeeper, password: bytes, extents: Sequence[LedgerExtent], timestamp_ms: int
+) -> Position:
+    """The bound before the first record of ``extents`` appended at or after
+    ``timestamp_ms`` (the end when there is none): the binary search of
+    :func:`quorumlog.spark.planning.search_by_time`, reading one record header per step."""
+    search = search_by_time(extents, timestamp_ms)
+    handles: dict[int, ReadHandle] = {}
+    lasts = {extent.ledger_id: extent.last_entry_id for extent in extents}
+    try:
+        probe = next(search)
+        while True:
+            handle = handles.get(probe.ledger_id)
+            if handle is None:
+                handle = await bk.open_ledger_no_recovery(probe.ledger_id, password)
+                handle.learn_last_add_confirmed(lasts[probe.ledger_id])
+                handles[probe.ledger_id] = handle
+            entry = (await handle.read_payloads(probe.entry_id, probe.entry_id))[0]
+            probe = search.send(timestamp_of(entry, probe.ledger_id, probe.entry_id))
+    except StopIteration as done:
+        found: Position = done.value
+        return found
+    finally:
+        for handle in handles.values():
+            await handle.close()
+
+
 # ---------------------------------------------------------------- executors: reading
 
 
+# Spark's TimestampType in the Arrow batches of a Python data source.
+TIMESTAMP_ARROW_UNIT = "us"
+
+
 def _arrow_batch(
-    log_name: str | None, ledger_id: int, first_entry_id: int, payloads: Sequence[bytes]
+    log_name: str | None, ledger_id: int, first_entry_id: int, entries: Sequence[bytes]
 ) -> pa.RecordBatch:
+    """A log's records (``log_name`` set: each entry is a record, its header gives the
+    timestamp and its payload the data) or a ledger's raw entries (timestamp null)."""
     # Columns built without a Python object per row where possible: repeated
     # scalars and a numpy range cost a third of building them from lists.
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-    count = len(payloads)
+    count = len(entries)
+    timestamp_type = pa.timestamp(TIMESTAMP_ARROW_UNIT, tz="UTC")
+    if log_name is None:
+        payloads = pa.array(entries, pa.binary())
+        times = pa.nulls(count, timestamp_type)
+    else:
+        millis, payloads = decode_arrow(entries, ledger_id, first_entry_id)
+        times = pc.multiply(millis, 1000).cast(timestamp_type)
     return pa.RecordBatch.from_arrays(
         [
             pa.repeat(pa.scalar(log_name, pa.string()), count),
             pa.repeat(pa.scalar(ledger_id, pa.int64()), count),
             pa.array(np.arange(first_entry_id, first_entry_id + count, dtype=np.int64)),
-            pa.array(payloads, pa.binary()),
+            payloads,
+            times,
         ],
-        names=["log", "ledger_id", "entry_id", "data"],
+        names=["log", "ledger_id", "entry_id", "data", "timestamp"],
     )
 
 
@@ -318,8 +364,8 @@ def read_range_batches(
     entry_range: EntryRange,
     chunk_entries: int = READ_CHUNK_ENTRIES,
 ) -> Iterator[pa.RecordBatch]:
-    """The entries of ``entry_range`` as record batches (log, ledger_id, entry_id, data),
-    in entry order, with up to ``CHUNKS_AHEAD`` further chunks being read meanwhile."""
+    """The entries of ``entry_range`` as record batches (log, ledger_id, entry_id, data,
+    timestamp), in entry order, with up to ``CHUNKS_AHEAD`` further chunks being read meanwhile."""
     ledger_id = entry_range.ledger_id
     bounds = [
         (low, min(entry_range.last_entry_id, low + chunk_entries - 1))

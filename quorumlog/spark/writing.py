@@ -1,5 +1,8 @@
 """A write task on an executor: its rows into a ledger of its own.
 
+Each row becomes a log record (:mod:`quorumlog.log.record_format`): the header, with
+the time the task sent the row's record batch, then the row's ``data``.
+
 The task's ledger id comes from :func:`quorumlog.spark.commit.task_ledger_id` (so
 ledgers sort in partition order and can be cleaned up); adds are pipelined, a
 record batch at a time, while Spark produces the next batch; the ledger is closed
@@ -9,12 +12,14 @@ before the task reports, so what the driver appends never changes again (R6).
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quorumlog.client.writing import LedgerHandle
 from quorumlog.errors import BKError, InvalidArgumentError
+from quorumlog.log.record_format import header
 from quorumlog.spark import scan
 from quorumlog.spark.commit import (
     TaskResult,
@@ -102,12 +107,16 @@ async def _open_ledger(opts: WriteOptions, token: str, who: TaskIdentity) -> Led
     )
 
 
-async def _append_all(handle: LedgerHandle, records: list[bytes], in_flight: int) -> None:
+async def _append_all(
+    handle: LedgerHandle, records: list[bytes], in_flight: int, timestamp_ms: int
+) -> None:
+    """Append ``records`` as log records (record_format.py) stamped ``timestamp_ms``."""
     append = handle.append
+    head = header(timestamp_ms)
     for data in records:
         if handle.outstanding_adds >= in_flight:  # a coroutine only when it must wait
             await handle.wait_for_capacity()
-        append(data)
+        append(head + data)
 
 
 async def _close(handle: LedgerHandle, rows: int) -> None:
@@ -136,6 +145,8 @@ def write_task(
     heartbeat: concurrent.futures.Future[None] | None = None
     rows = 0
     in_flight = None
+    # The records' append time: the task's clock when it sends a batch, never going back.
+    timestamp_ms = 0
     try:
         for batch in batches:
             records = data_column(batch, who.partition)
@@ -147,7 +158,8 @@ def write_task(
             if in_flight is not None:
                 in_flight.result(SUBMIT_TIMEOUT_S)
             limit = scan.max_outstanding_adds()
-            in_flight = scan.submit(_append_all(handle, records, limit))
+            timestamp_ms = max(timestamp_ms, time.time_ns() // 1_000_000)
+            in_flight = scan.submit(_append_all(handle, records, limit, timestamp_ms))
             rows += len(records)
         if in_flight is not None:
             in_flight.result(SUBMIT_TIMEOUT_S)

@@ -14,6 +14,7 @@ import pytest
 
 from quorumlog.aio import BookKeeper, LogNamespace
 from quorumlog.errors import InvalidArgumentError, MetadataError, NoNodeError
+from quorumlog.log import record_format
 from quorumlog.log.errors import LogFencedError
 from quorumlog.log.metadata import log_path
 from quorumlog.meta.store import (
@@ -55,7 +56,7 @@ async def task(
         bk, token, log, partition, ledger_id, 3, 3, 2, password=password
     )
     for i in range(rows):
-        await handle.add_entry(b"p%d-%d" % (partition, i))
+        await handle.add_entry(record_format.encode(b"p%d-%d" % (partition, i), i))
     await handle.close()
     return TaskResult(partition, ledger_id, rows)
 

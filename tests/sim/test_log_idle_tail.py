@@ -17,7 +17,7 @@ import pytest
 from support import run_virtual
 
 from quorumlog.aio import LogNamespace
-from quorumlog.log import LogConfig, Record
+from quorumlog.log import LogConfig
 from quorumlog.testing.memory_store import MetadataFaults
 from quorumlog.testing.sim import Cluster, NetworkFaults
 
@@ -55,7 +55,7 @@ async def _idle_writer_tail(loop: asyncio.AbstractEventLoop, seed: int) -> list[
             position = await writer.append(b"record-%02d" % i)
             confirmed_at = loop.time()
             record = await pending
-            assert record == Record(position, b"record-%02d" % i), (seed, i, record, position)
+            assert record[:2] == (position, b"record-%02d" % i), (seed, i, record, position)
             waits_ms.append((loop.time() - confirmed_at) * 1000)
         await reader.close()
         await writer.close()

@@ -19,7 +19,7 @@ from test_log_sim import Sim, run_sim
 
 from quorumlog.aio import BookKeeper, LogNamespace
 from quorumlog.errors import MetadataError
-from quorumlog.log import LogConfig, LogFencedError, Position
+from quorumlog.log import LogConfig, LogFencedError, Position, record_format
 from quorumlog.log.errors import LogOutcomeUnknownError
 from quorumlog.log.log import Log
 from quorumlog.log.metadata import log_path
@@ -222,7 +222,7 @@ async def staged(
     ledger_id = await commits.task_ledger_id(bk, token, log, "stage-1", partition, 0, 4)
     handle = await commits.create_task_ledger(bk, token, log, partition, ledger_id, 3, 3, 2)
     for i in range(rows):
-        await handle.add_entry(b"p%d-%d" % (partition, i))
+        await handle.add_entry(record_format.encode(b"p%d-%d" % (partition, i), i))
     await handle.close()
     return commits.TaskResult(partition, ledger_id, rows)
 

@@ -23,7 +23,6 @@ from quorumlog.log import (
     LogTruncatedError,
     NoSuchLogError,
     Position,
-    Record,
 )
 from quorumlog.log.checker import check_observations
 from quorumlog.testing.sim import Cluster, NetworkFaults
@@ -85,6 +84,33 @@ def test_r11_append_returns_ordered_positions_and_a_reader_reads_them_all() -> N
         assert [r.position for r in got if r] == positions
         assert [r.data for r in got if r] == [b"r%d" % i for i in range(30)]
         assert await reader.read_next(timeout_ms=50) is None  # nothing more, no hang
+
+    run_sim(body)
+
+
+def test_records_carry_their_append_time_which_never_goes_back(monkeypatch) -> None:
+    """The writer stamps its clock, the previous record's time if the clock went back,
+    or the time given; readers and read_all return it with the payload."""
+    from quorumlog.log import writer as writer_module
+
+    clock_ns = iter([5_000_000_000, 4_000_000_000, 6_000_000_000] + [7_000_000_000] * 10)
+    monkeypatch.setattr(writer_module.time, "time_ns", lambda: next(clock_ns))
+
+    async def body(sim: Sim) -> None:
+        log = await LogNamespace(sim.client()).open_log("stamps")
+        writer = await log.open_writer()
+        for data in (b"a", b"b", b"c"):
+            await writer.append(data)
+        await writer.append(b"replayed", 1_234)  # taken as is
+        await writer.append(b"d")
+        assert writer.last_timestamp_ms == 7_000
+        with pytest.raises(InvalidArgumentError, match="64-bit"):
+            writer.append_nowait(b"x", 1 << 63)
+        wanted = [(b"a", 5_000), (b"b", 5_000), (b"c", 6_000), (b"replayed", 1_234), (b"d", 7_000)]
+        assert [(r.data, r.timestamp_ms) for r in await log.read_all()] == wanted
+        reader = await log.open_reader()
+        got = [await reader.read_next(1000) for _ in range(5)]
+        assert [(r.data, r.timestamp_ms) for r in got if r] == wanted
 
     run_sim(body)
 
@@ -215,7 +241,7 @@ def test_truncate_removes_whole_ledgers_and_readers_before_it_get_a_clear_error(
         writer = await log.open_writer()
         positions = [await writer.append(b"1234") for _ in range(8)]  # 2 per ledger
         early_reader = await log.open_reader()
-        assert (await early_reader.read_next(1000)) == Record(positions[0], b"1234")
+        assert (await early_reader.read_next(1000))[:2] == (positions[0], b"1234")
         cut = positions[5]  # second record of the third ledger
         removed = await log.truncate(cut)
         assert removed == sorted({p.ledger_id for p in positions[:4]})
@@ -229,7 +255,7 @@ def test_truncate_removes_whole_ledgers_and_readers_before_it_get_a_clear_error(
             for _ in range(10):
                 await early_reader.read_next(1000)
         from_start = await log.open_reader()
-        assert (await from_start.read_next(1000)) == Record(cut, b"1234")
+        assert (await from_start.read_next(1000))[:2] == (cut, b"1234")
         info = await log.positions()
         assert info.first == cut and info.last == positions[-1] and info.record_count == 3
         with pytest.raises(InvalidArgumentError):

@@ -239,7 +239,7 @@ def test_log_to_parquet_copies_the_log_and_a_position_range(
 
     def parquet_rows(path: Path) -> list[tuple]:
         df = spark.read.parquet(str(path))
-        assert df.columns == ["log", "ledger_id", "entry_id", "data"]
+        assert df.columns == ["log", "ledger_id", "entry_id", "data", "timestamp"]
         return [
             (r.log, r.ledger_id, r.entry_id, bytes(r.data))
             for r in df.orderBy("ledger_id", "entry_id").collect()

@@ -11,6 +11,7 @@ from support import poll_until
 
 import quorumlog
 from quorumlog import LogNamespace
+from quorumlog.log.record_format import encode
 from quorumlog.server.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.spark
@@ -44,7 +45,7 @@ def test_batch_read_of_a_multi_ledger_log_in_parallel_partitions(spark, module_c
     ledgers = LogNamespace(bk).open_log("multi").ledgers()
     df = read_df(spark, uri, log="multi", entriesPerPartition="200")
     assert df.schema.simpleString() == (
-        "struct<log:string,ledger_id:bigint,entry_id:bigint,data:binary>"
+        "struct<log:string,ledger_id:bigint,entry_id:bigint,data:binary,timestamp:timestamp>"
     )
     assert df.rdd.getNumPartitions() == 4 + 3 + 2  # 700, 450 and 300 entries by 200
     rows = df.collect()
@@ -283,7 +284,7 @@ def split_lac_ledger(cluster: LocalCluster, name: str) -> tuple[list[bytes], lis
         for address, entries in zip(ensemble, ([(10, 9), (11, 10)], [(10, 9)], []), strict=True):
             raw = await RawClient.connect(address)
             for entry_id, lac in entries:
-                blob = make_entry(ledger_id, entry_id, records[entry_id], lac=lac)
+                blob = make_entry(ledger_id, entry_id, encode(records[entry_id], 0), lac=lac)
                 assert (await raw.add(ledger_id, key, [blob])).status == 0
             answer = await raw.request(ReadLacRequest(0, ledger_id))
             assert isinstance(answer, ReadLacResponse)

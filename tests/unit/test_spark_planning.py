@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from quorumlog.errors import InvalidArgumentError
 from quorumlog.log.position import Position
 from quorumlog.spark.commit import TaskResult, ledgers_in_order, query_of, stream_token
-from quorumlog.spark.options import ReadOptions, WriteOptions, parse_bound
+from quorumlog.spark.options import AtTime, ReadOptions, WriteOptions, parse_bound
 from quorumlog.spark.planning import (
     LedgerExtent,
     advance,
@@ -18,6 +18,7 @@ from quorumlog.spark.planning import (
     latest,
     offset_of,
     position_of,
+    search_by_time,
     split,
     split_planned,
 )
@@ -294,3 +295,109 @@ def test_positions_per_log_and_their_offsets():
     assert log_positions_of(offset) == {"a": Position(3, 4), "b": Position(1, 2)}
     with pytest.raises(InvalidArgumentError, match="several logs"):
         log_positions_of({"ledger": 1, "entry": 2})
+
+
+# ---------------------------------------------------------------- by time
+
+
+def _search(extents: list[LedgerExtent], times: dict[Position, int], at_ms: int):
+    """Run search_by_time against ``times``; (bound, positions probed)."""
+    search = search_by_time(extents, at_ms)
+    probed: list[Position] = []
+    try:
+        probe = next(search)
+        while True:
+            probed.append(probe)
+            probe = search.send(times[probe])
+    except StopIteration as done:
+        return done.value, probed
+
+
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=5),
+    st.lists(st.integers(0, 3), min_size=40, max_size=40),
+    st.integers(-1, 130),
+)
+def test_search_by_time_finds_the_first_record_at_or_after_the_time(sizes, steps, at_ms):
+    # Ledgers 1..n of sizes[i] entries (some empty), the first cut at entry 1 when it
+    # has two or more; times non-decreasing along the log.
+    extents, times, clock, step = [], {}, 0, iter(steps)
+    for index, size in enumerate(sizes):
+        first = 1 if index == 0 and size > 1 else 0
+        extents.append(LedgerExtent(index + 1, first, size - 1, True))
+        for entry_id in range(first, size):
+            clock += next(step, 1)
+            times[Position(index + 1, entry_id)] = clock
+    bound, probed = _search(extents, times, at_ms)
+    in_order = sorted(times)
+    wanted = next((p for p in in_order if times[p] >= at_ms), latest(extents))
+    assert bound == wanted
+    assert len(probed) <= 2 * (len(extents).bit_length() + 3)
+
+
+def test_search_by_time_stops_at_an_open_ledger_and_past_the_end_means_the_end():
+    extents = [closed(1, 1), LedgerExtent(2, 0, 1, False), closed(3, 0)]
+    times = {Position(1, 0): 10, Position(1, 1): 20, Position(2, 0): 30, Position(2, 1): 40}
+    assert _search(extents, times, 25)[0] == Position(2, 0)
+    assert _search(extents, times, 41)[0] == Position(2, 2) == latest(extents)
+    assert _search(extents, times, 0)[0] == Position(1, 0)
+    assert _search([], {}, 5)[0] == latest([])
+
+
+def test_timestamp_options():
+    opts = ReadOptions.parse({"metadata": URI, "log": "a", "startingTimestamp": "1000"})
+    assert opts.start == AtTime(1000)
+    opts = ReadOptions.parse(
+        {
+            "metadata": URI,
+            "logs": "a,b",
+            "startingPositionsByTimestamp": '{"a": 5, "b": "6"}',
+            "endingTimestamp": "9",
+        }
+    )
+    assert opts.starts == {"a": AtTime(5), "b": AtTime(6)} and opts.start == "earliest"
+    assert opts.end == AtTime(9)
+    opts = ReadOptions.parse(
+        {"metadata": URI, "logs": "a,b", "endingPositionsByTimestamp": '{"b": 3}'}
+    )
+    assert opts.ends == {"b": AtTime(3)} and opts.end == "latest"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"startingTimestamp": "5", "startingPosition": "1:0"},
+            "startingTimestamp='5': give startingPosition or startingTimestamp, not both",
+        ),
+        (
+            {"startingTimestamp": "5", "startingPositionsByTimestamp": '{"a": 5}'},
+            "give startingTimestamp or startingPositionsByTimestamp, not both",
+        ),
+        (
+            {"startingPositions": "earliest", "startingPositionsByTimestamp": '{"a": 5}'},
+            "give startingPositions or startingPositionsByTimestamp, not both",
+        ),
+        (
+            {"endingTimestamp": "5", "endingPositions": '{"a": "latest"}'},
+            "give endingPositions or endingTimestamp, not both",
+        ),
+        ({"startingTimestamp": "-1"}, "startingTimestamp='-1': must be >= 0"),
+        ({"startingTimestamp": "soon"}, "expected milliseconds since the Unix epoch"),
+        ({"endingPositionsByTimestamp": "[1]"}, 'expected {"<log>": <ms'),
+        ({"startingPositionsByTimestamp": '{"b": 1}'}, "log b is not read"),
+        ({"startingPositionsByTimestamp": '{"a": 1.5}'}, "log a: expected milliseconds"),
+        ({"startingTimestamp": "9", "endingTimestamp": "5"}, "is before the starting time 9"),
+    ],
+)
+def test_bad_timestamp_options_name_both_options(options, message):
+    with pytest.raises(InvalidArgumentError) as e:
+        ReadOptions.parse({"metadata": URI, "log": "a", **options})
+    assert message in e.value.message
+
+
+def test_timestamp_options_refused_for_ledgers_and_ends_of_streams():
+    with pytest.raises(InvalidArgumentError, match="a read of ledgers has no append times"):
+        ReadOptions.parse({"metadata": URI, "ledgers": "3", "startingTimestamp": "5"})
+    with pytest.raises(InvalidArgumentError, match="endingTimestamp='5': streaming reads"):
+        ReadOptions.parse({"metadata": URI, "log": "a", "endingTimestamp": "5"}, streaming=True)

@@ -1,10 +1,11 @@
 """``log-to-parquet``: a log, or a position range of it, copied into a Parquet table.
 
-The table at ``--out`` has the source's columns ``log, ledger_id, entry_id, data``,
-one row per record. ``--from`` is inclusive and ``--to`` exclusive, each
-``earliest``, ``latest``, ``L:E`` or ``{"ledger": L, "entry": E}``, as the source's
-``startingPosition`` / ``endingPosition``. Only confirmed records are copied: an
-open ledger up to its last add confirmed, nothing after it (R4).
+The table at ``--out`` has the source's columns ``log, ledger_id, entry_id, data,
+timestamp`` (the record's append time), one row per record. ``--from`` is inclusive
+and ``--to`` exclusive, each ``earliest``, ``latest``, ``L:E`` or
+``{"ledger": L, "entry": E}``, as the source's ``startingPosition`` / ``endingPosition``.
+Only confirmed records are copied: an open ledger up to its last add confirmed, nothing
+after it (R4).
 
 Stages: plan the read (the source snapshots the log on the driver), write the
 table, count its rows (from the Parquet files' footers, not by reading the log
@@ -26,7 +27,8 @@ NAME = "log-to-parquet"
 HELP = "copy a log (or a position range of it) into Parquet"
 DESCRIPTION = (
     "Copies the confirmed records of a log, from --from (inclusive) to --to (exclusive), "
-    "into a Parquet table at --out with columns log, ledger_id, entry_id, data; prints "
+    "into a Parquet table at --out with columns log, ledger_id, entry_id, data, timestamp; "
+    "prints "
     "the row count."
 )
 

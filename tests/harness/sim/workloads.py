@@ -54,6 +54,7 @@ from quorumlog.errors import BKError, InvalidArgumentError, NoSuchEntryError, St
 from quorumlog.log.config import LogConfig
 from quorumlog.log.errors import LogFencedError
 from quorumlog.log.position import Position
+from quorumlog.log.record_format import record_of
 from quorumlog.proto.codec import AddRequest, FenceRequest, ReadRequest
 from quorumlog.proto.entry import master_key
 from quorumlog.testing.checkers import LedgerHistory, LogHistory, RunHistory
@@ -884,7 +885,8 @@ async def _final_log_check(run: _Run, history: LogHistory, config: LogConfig) ->
                 rh = await bk.open_ledger(ledger_id, config.password)
                 last = rh.metadata.last_entry_id
                 for entry in await rh.read_entries(0, last) if last >= 0 else []:
-                    final.append((Position(ledger_id, entry.entry_id), entry.data))
+                    record = record_of(ledger_id, entry.entry_id, entry.data)
+                    final.append((record.position, record.data))
                 wanted = {
                     p.entry_id: d
                     for p, d in confirmed.items()
