@@ -49,6 +49,7 @@ from quorumlog.db.snapshot import SNAPSHOTS_PATH
 from quorumlog.errors import BKError, NoNodeError, NoSuchLedgerError
 from quorumlog.log.errors import NoSuchLogError
 from quorumlog.log.metadata import log_node_name, read_log
+from quorumlog.meta.layout import ReadPacer
 from quorumlog.spark.commit import STAGING_PATH, staging_abandoned
 
 if TYPE_CHECKING:
@@ -76,6 +77,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MIN_AGE_S,
         help="a ledger its owner may still add (a log writer's newest, a snapshot being "
         "written) counts as an orphan only once this old",
+    )
+    p.add_argument(
+        "--reads-per-s",
+        type=float,
+        default=None,
+        help="at most this many metadata reads a second (listings, ledgers and their "
+        "owners' nodes), to spare the store's other clients (default: no limit)",
     )
     p.add_argument(
         "--http",
@@ -186,26 +194,49 @@ async def find_orphan_ledgers(
     *,
     min_age_ms: int = int(DEFAULT_MIN_AGE_S * 1000),
     undecided: list[tuple[int, str]] | None = None,
+    reads_per_s: float | None = None,
 ) -> tuple[list[OrphanLedger], int]:
     """The tagged ledgers their owners no longer refer to, and how many ledgers were
-    looked at. Each ledger's metadata is read before its owner's node. A ledger whose
-    owner cannot be read (a damaged node, a store error) is neither: it goes to
-    ``undecided`` with why."""
+    looked at. Metadata reads (listings, ledgers and owners' nodes) are spaced to
+    ``reads_per_s`` (None: no limit). A ledger whose owner cannot be read (a damaged
+    node, a store error) is neither: it goes to ``undecided`` with why.
+
+    A log's or a database's node is read once per scan and kept for its other ledgers;
+    a ledger that kept view calls an orphan is judged again on its owner's node read
+    after its own metadata (a ledger committed to a list after the kept read must not
+    be called an orphan). A kept view that is older than a change can only hide an
+    orphan until the next scan, never invent one."""
     found: list[OrphanLedger] = []
     checked = 0
+    pacer = ReadPacer(reads_per_s)
+    kept: dict[tuple[str, str], OwnerView] = {}
+
+    async def view_of(ledger_id: int, owner: Owner, fresh: bool) -> OwnerView:
+        key = (owner.component, owner.name)
+        if owner.component == SPARK_SINK:  # a sink's view is per ledger (its registration)
+            await pacer.wait()
+            return await owner_view(bk, ledger_id, owner)
+        if fresh or key not in kept:
+            await pacer.wait()
+            kept[key] = await owner_view(bk, ledger_id, owner)
+        return kept[key]
+
     await bk.store.sync("/")
-    async for ledger_id, metadata, _version in bk.ledgers.ledgers():
+    async for ledger_id, metadata, _version in bk.ledgers.ledgers(pacer=pacer):
         checked += 1
         owner = owner_of(metadata.custom_metadata)
         if owner is None:
             continue  # a user's ledger
         try:
-            view = await owner_view(bk, ledger_id, owner)
+            view = await view_of(ledger_id, owner, fresh=False)
+            verdict = _verdict(metadata, owner, view, min_age_ms, _now_ms())
+            if verdict.orphan and owner.component != SPARK_SINK:
+                view = await view_of(ledger_id, owner, fresh=True)
+                verdict = _verdict(metadata, owner, view, min_age_ms, _now_ms())
         except (BKError, ValueError, KeyError, TypeError) as exc:
             if undecided is not None:
                 undecided.append((ledger_id, f"{owner} could not be read: {exc}"))
             continue
-        verdict = _verdict(metadata, owner, view, min_age_ms, _now_ms())
         if verdict.orphan:
             found.append(OrphanLedger(ledger_id, str(owner), verdict.why))
     return found, checked
@@ -311,7 +342,7 @@ async def find(bk: BookKeeper, args: argparse.Namespace) -> OrphanReport:
     min_age_ms = int(args.min_age_s * 1000)
     report = OrphanReport()
     report.ledgers, report.checked_ledgers = await find_orphan_ledgers(
-        bk, min_age_ms=min_age_ms, undecided=report.undecided
+        bk, min_age_ms=min_age_ms, undecided=report.undecided, reads_per_s=args.reads_per_s
     )
     if args.delete:
         for orphan in report.ledgers:

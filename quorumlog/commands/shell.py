@@ -19,7 +19,7 @@
     quorumlog shell decommissionbookie BOOKIE [--password TEXT]
     quorumlog shell gc [--http HOST:PORT ...] [--minor] [--json]
     quorumlog shell orphans [--delete] [--json] [--password TEXT] [--min-age-s S]
-                            [--http HOST:PORT ...]
+                            [--reads-per-s R] [--http HOST:PORT ...]
     quorumlog shell readjournal|readlog|listfilesondisc|lastmark|bookieinfo|cookie_get ...
         (a stopped bookie's files, read-only: quorumlog.commands.bookie_files)
 

@@ -311,7 +311,11 @@ class LedgerManager:
     # ------------------------------------------------------------------ listing
 
     async def ledger_ids(
-        self, *, reads_per_s: float | None = None, missing_ok: bool = True
+        self,
+        *,
+        reads_per_s: float | None = None,
+        missing_ok: bool = True,
+        pacer: ReadPacer | None = None,
     ) -> AsyncIterator[int]:
         """Every ledger id, in increasing order, walking the layout level by level.
 
@@ -321,9 +325,11 @@ class LedgerManager:
         limit). A ledger created or deleted during the walk may or may not be listed;
         one that moves from the flat to the hierarchical layout meanwhile is listed
         once. Without ``/ledgers`` there are no ledgers, or NoNodeError when
-        ``missing_ok`` is false (a wiped store is not an empty one, R15).
+        ``missing_ok`` is false (a wiped store is not an empty one, R15). A ``pacer``
+        given spaces these listings with the caller's other reads, in place of
+        ``reads_per_s``.
         """
-        pacer = ReadPacer(reads_per_s)
+        pacer = pacer or ReadPacer(reads_per_s)
         await pacer.wait()
         try:
             names = await self.store.children(LEDGERS_PATH)
@@ -371,13 +377,15 @@ class LedgerManager:
                 yield ledger_id
 
     async def ledgers(
-        self, *, reads_per_s: float | None = None
+        self, *, reads_per_s: float | None = None, pacer: ReadPacer | None = None
     ) -> AsyncIterator[tuple[int, LedgerMetadata, int]]:
         """(id, metadata, version) of every ledger, in id order, as :meth:`ledger_ids`
-        walks them; each read (and listing) spaced to ``reads_per_s``. Ledgers deleted
-        during the walk are skipped."""
-        pacer = ReadPacer(reads_per_s)
-        async for ledger_id in self.ledger_ids(reads_per_s=reads_per_s):
+        walks them; each read (and listing) spaced to ``reads_per_s``, or, with a
+        ``pacer``, listings and reads together by it. Ledgers deleted during the walk
+        are skipped."""
+        listings = pacer
+        pacer = pacer or ReadPacer(reads_per_s)
+        async for ledger_id in self.ledger_ids(reads_per_s=reads_per_s, pacer=listings):
             await pacer.wait()
             try:
                 metadata, version = await self.read(ledger_id)

@@ -305,3 +305,41 @@ def test_the_next_snapshot_deletes_what_a_crash_left_dropped(cluster3: LocalClus
             assert [s.ledger_id for s in await list_snapshots(db)] == [third.ledger_id]
 
     run(main(), timeout_s=120)
+
+
+def test_an_orphan_scan_reads_a_logs_node_once_and_judges_a_suspect_afresh(
+    cluster3: LocalCluster,
+) -> None:
+    """A scan keeps each log's node for the log's other ledgers (one read, not one per
+    ledger). A ledger the kept node does not list (a commit since) is judged again on a
+    node read after its own metadata, and not called an orphan when that lists it."""
+    from quorumlog.commands import orphans
+    from quorumlog.core.orphans import OwnerView
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster3.metadata_uri) as bk:
+            _log, positions = await written_log(bk, "scanned", 6)
+            ledgers = sorted({p.ledger_id for p in positions})
+            reads: list[str] = []
+            real_view = orphans.owner_view
+
+            async def counted(bk_: Any, ledger_id: int, owner: Any) -> OwnerView:
+                reads.append(owner.name)
+                view = await real_view(bk_, ledger_id, owner)
+                if len(reads) == 1:  # the kept read: as if taken before the last commit
+                    return OwnerView(exists=True, listed=view.listed - {ledgers[-1]})
+                return view
+
+            orphans.owner_view = counted  # type: ignore[assignment]
+            try:
+                found, checked = await orphans.find_orphan_ledgers(
+                    bk, min_age_ms=0, reads_per_s=200.0
+                )
+            finally:
+                orphans.owner_view = real_view  # type: ignore[assignment]
+            assert checked >= len(ledgers)
+            assert found == [], found
+            # One kept read, and one fresh read for the ledger it did not list.
+            assert reads == ["scanned", "scanned"], reads
+
+    run(main(), timeout_s=120)
