@@ -39,7 +39,9 @@ from quorumlog.security.tokens import TokenFile
 _POLL_S = 0.2
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_http_argument(p: argparse.ArgumentParser) -> None:
+    """``--http HOST:PORT``, repeatable: the bookies' admin APIs to ask (the commands
+    that reach bookies through them share it)."""
     p.add_argument(
         "--http",
         action="append",
@@ -48,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a bookie's admin API (its --http-port), repeatable; default: the address "
         "each registered bookie publishes",
     )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_http_argument(p)
     p.add_argument("--minor", action="store_true", help="a minor compaction instead of a major one")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait per bookie")
     p.add_argument("--json", action="store_true", help="one JSON object per bookie")

@@ -85,14 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="at most this many metadata reads a second (listings, ledgers and their "
         "owners' nodes), to spare the store's other clients (default: no limit)",
     )
-    p.add_argument(
-        "--http",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="a bookie's admin API (its --http-port), repeatable; default: the address "
-        "each registered bookie publishes",
-    )
+    gc_trigger.add_http_argument(p)
 
 
 @dataclass
