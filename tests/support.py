@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from quorumlog.bookie.entry_log import EntryLogger, format_records
 from quorumlog.bookie.fileops import FileOps
@@ -30,6 +30,9 @@ from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.entry import DigestType, EntryCodec, master_key
 from quorumlog.testing.raw_client import RawClient
 from quorumlog.testing.sim import VirtualTimeLoop
+
+if TYPE_CHECKING:
+    import quorumlog
 
 T = TypeVar("T")
 
@@ -332,3 +335,17 @@ def _close(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def staging_left(bk: quorumlog.BookKeeper) -> list[str]:
+    """The Spark sink's stagings still in the metadata store (none: every write's
+    clean-up ran)."""
+    from quorumlog.errors import BKError
+
+    async def children() -> list[str]:
+        try:
+            return await bk.aio.store.children("/spark-staging")
+        except BKError:
+            return []
+
+    return bk.run(children())

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import poll_until
+from support import poll_until, staging_left
 
 import quorumlog
 from quorumlog import LogNamespace
@@ -124,18 +124,6 @@ def read_through(query) -> Position:
     the checkpoint), or 0:0."""
     batches = data_batches(query)
     return offset_of(batches[-1], "endOffset") if batches else Position(0, 0)
-
-
-def staging_left(bk: quorumlog.BookKeeper) -> list[str]:
-    """The sink's stagings still in the metadata store."""
-
-    async def children() -> list[str]:
-        try:
-            return await bk.aio.store.children("/spark-staging")
-        except quorumlog.BKError:
-            return []
-
-    return bk.run(children())
 
 
 def committed_batches(checkpoint: Path) -> list[int]:

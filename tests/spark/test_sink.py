@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import staging_left
 
 import quorumlog
 from quorumlog import LogNamespace
@@ -27,16 +28,6 @@ def failing_once(marker_dir: Path, partition_to_fail: int, at_row: int, always: 
             yield (f"{value:06d}",)
 
     return mapper
-
-
-def staging_left(bk: quorumlog.BookKeeper) -> list[str]:
-    async def children() -> list[str]:
-        try:
-            return await bk.aio.store.children("/spark-staging")
-        except quorumlog.BKError:
-            return []
-
-    return bk.run(children())
 
 
 def test_batch_write_appends_every_row_once_in_partition_order_after_a_task_failure(
