@@ -37,4 +37,4 @@ ruff format --check .
 mypy  # strict on quorumlog/ and tests/harness/ ([tool.mypy] in pyproject.toml)
 # Commit subjects since the check was added: `area: imperative summary`, <= 72 characters.
 python scripts/check_commits.py
-python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -p no:cacheprovider --durations=25 "$@"
