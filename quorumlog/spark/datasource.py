@@ -377,6 +377,9 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         begins: dict[str, Position] = {}
         extents_of: dict[str, list[planning.LedgerExtent]] = {}
         available: dict[str, int] = {}
+        # Counted (and each snapshot kept for the next count) once the query moves on:
+        # a reader that waits for more records is asked again from the same start.
+        skipped_of: dict[str, int] = {}
         for name in sorted(names):
             known = positions.get(name)
             try:
@@ -393,9 +396,9 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if known is None:
                 begin = planning.earliest(extents)  # a log new to this query
             else:
-                begin, skipped = _after_loss(self.opts, name, known, cut, self._seen.get(name, ()))
-                self.skipped_records += skipped
-            self._seen[name] = extents
+                begin, skipped_of[name] = _after_loss(
+                    self.opts, name, known, cut, self._seen.get(name, ())
+                )
             top = max(begin, planning.latest(extents))
             self._latest[name] = top
             if self._target is not None:
@@ -435,6 +438,8 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 )
         if any(ends[name] != positions.get(name) for name in ends):
             self._last_batch_s = time.monotonic()
+        self.skipped_records += sum(skipped_of.values())
+        self._seen.update(extents_of)
         offset = self._encode(ends)
         self._last_end = offset
         return offset

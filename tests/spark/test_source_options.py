@@ -376,6 +376,48 @@ def test_fail_on_data_loss_false_counts_what_was_skipped(module_cluster, bk, cap
     assert rows == records[14:16]
 
 
+def test_a_reader_waiting_for_more_records_counts_a_skip_once(module_cluster, bk):
+    """The stream reader as Spark drives it: with minOffsetsPerTrigger, a truncation
+    ahead of the query while it waits is counted once, when the query moves on (Spark
+    asks again from the same start while the reader waits)."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from quorumlog.spark.datasource import QuorumlogStreamReader
+    from quorumlog.spark.options import ReadOptions
+
+    log_ = quorumlog.LogNamespace(bk).open_log("waiter")
+    writer = log_.open_writer()
+    try:
+        for index in range(20):
+            if index == 10:
+                writer.rollover()
+            writer.append(b"w%09d" % index)
+        first, second = log_.ledgers()  # the second open, 10 records
+        opts = ReadOptions.parse(
+            {
+                "metadata": module_cluster.metadata_uri,
+                "log": "waiter",
+                "failOnDataLoss": "false",
+                "maxRecordsPerTrigger": "5",
+                "minOffsetsPerTrigger": "3",
+                "maxTriggerDelay": "1h",
+            },
+            streaming=True,
+        )
+        reader = QuorumlogStreamReader(opts)
+        end = reader.latestOffset(reader.initialOffset(), ReadMaxRows(2))
+        assert end == {"ledger": first, "entry": 2}
+        log_.truncate(Position(second, 8))  # 2 records left: fewer than 3
+        for _ in range(3):
+            assert reader.latestOffset(end, ReadMaxRows(2)) == end  # waits
+        writer.append(b"w%09d" % 20)
+        later = reader.latestOffset(end, ReadMaxRows(2))
+    finally:
+        writer.close()
+    assert later == {"ledger": second, "entry": 10}
+    assert reader.skipped_records == 8 + 8  # the rest of the first ledger, 8 of the second
+
+
 # ---------------------------------------------------------------- progress
 
 
