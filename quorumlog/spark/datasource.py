@@ -310,8 +310,12 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # Kafka's source starts with 0 too: the first batch never waits for the minimum.
         self._last_batch_s = 0.0
         self._seen: dict[str, list[planning.LedgerExtent]] = {}  # the last snapshot of each
-        self._latest: dict[str, Position] = {}  # each log's end, for the query's progress
+        # For the query's progress: each log's end and the records between the end of
+        # the batch just planned and it, as the last latestOffset saw them.
+        self._latest: dict[str, Position] = {}
+        self._behind: dict[str, int] = {}
         self.skipped_records = 0  # failOnDataLoss=false: records skipped over
+        self._skipped_of: dict[str, int] = {}  # the same per log
         scan.run(_check_exists(opts))  # fail on the driver if a log is missing
 
     # Offsets as Spark keeps them.
@@ -377,6 +381,10 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         begins: dict[str, Position] = {}
         extents_of: dict[str, list[planning.LedgerExtent]] = {}
         available: dict[str, int] = {}
+        latest: dict[str, Position] = {}
+        # Counted (and each snapshot kept for the next count) once the query moves on:
+        # a reader that waits for more records is asked again from the same start.
+        skipped_of: dict[str, int] = {}
         for name in sorted(names):
             known = positions.get(name)
             try:
@@ -393,17 +401,18 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if known is None:
                 begin = planning.earliest(extents)  # a log new to this query
             else:
-                begin, skipped = _after_loss(self.opts, name, known, cut, self._seen.get(name, ()))
-                self.skipped_records += skipped
-            self._seen[name] = extents
+                begin, skipped_of[name] = _after_loss(
+                    self.opts, name, known, cut, self._seen.get(name, ())
+                )
             top = max(begin, planning.latest(extents))
-            self._latest[name] = top
+            latest[name] = top
             if self._target is not None:
                 top = max(begin, min(top, self._target.get(name, begin)))
             begins[name], extents_of[name] = begin, extents
             available[name] = planning.count_between(extents, begin, top)
         opts = self.opts
         if opts.log is not None and opts.log not in begins:
+            self._latest, self._behind = {}, {}
             return dict(given)  # the log was deleted (failOnDataLoss=false): nothing to read
         waiting = sum(available.values())
         if (
@@ -413,6 +422,7 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             and waiting < opts.min_records_per_trigger
             and time.monotonic() - self._last_batch_s < opts.max_trigger_delay_s
         ):
+            self._note_progress(latest, begins, extents_of)
             return dict(given)  # no batch yet: wait for more records or for the delay
         shares = dict(available)
         if limited:
@@ -435,16 +445,39 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 )
         if any(ends[name] != positions.get(name) for name in ends):
             self._last_batch_s = time.monotonic()
+        for name, skipped in skipped_of.items():
+            self._skipped_of[name] = self._skipped_of.get(name, 0) + skipped
+            self.skipped_records += skipped
+        self._seen.update(extents_of)
+        self._note_progress(latest, ends, extents_of)
         offset = self._encode(ends)
         self._last_end = offset
         return offset
 
+    def _note_progress(
+        self,
+        latest: dict[str, Position],
+        ends: dict[str, Position],
+        extents_of: dict[str, list[planning.LedgerExtent]],
+    ) -> None:
+        """Each log's end and how many records lie between ``ends`` and it: arithmetic
+        over the snapshot latestOffset took (ledger list, closed ledgers' last entries,
+        the open ledger's LAC), one record per entry, nothing read."""
+        self._latest = latest
+        self._behind = {
+            name: planning.count_between(extents_of[name], ends[name], latest[name])
+            for name in latest
+        }
+
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        """Each log's end as last seen: Spark shows it as the source's latestOffset in
-        the query's progress, beside the batch's endOffset."""
+        """Each log's end as last seen, with how far behind it the batch just planned
+        ends (:func:`planning.lag_report`): Spark shows it as the source's latestOffset
+        in the query's progress, beside the batch's endOffset, and uses it for nothing
+        else (it plans and checkpoints from latestOffset's answer)."""
         if not self._latest or (self.opts.log is not None and self.opts.log not in self._latest):
             return None
-        return self._encode(dict(self._latest))
+        skipped = None if self.opts.fail_on_data_loss else self._skipped_of
+        return planning.lag_report(self._latest, self._behind, skipped, self.opts.log)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         # Planned from the offsets alone: latestOffset saw everything before ``end``

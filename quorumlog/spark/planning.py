@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from quorumlog.errors import InvalidArgumentError
 from quorumlog.log.position import Position
@@ -244,6 +245,51 @@ def prorate(budget: int, available: Mapping[str, int]) -> dict[str, int]:
         share = budget * count / total
         out[name] = min(count, math.ceil(share) if share < 1 else math.floor(share))
     return out
+
+
+def lag_report(
+    latest: Mapping[str, Position],
+    behind: Mapping[str, int],
+    skipped: Mapping[str, int] | None,
+    one_log: str | None,
+) -> dict[str, Any]:
+    """The source's latestOffset in the query's progress: each log's end in the shape of
+    the query's offsets, with Kafka's lag metrics counted in records.
+
+    ``behind`` is, per log, the records between the end of the batch just planned and
+    the log's end; ``skipped`` (failOnDataLoss=false only) the records skipped so far.
+    A read of ``one_log`` gives ``{"ledger", "entry", "recordsBehindLatest", ...}``; a read
+    of several logs gives each log's bound with its own ``recordsBehindLatest`` (and
+    ``recordsSkipped``), and beside them ``minRecordsBehindLatest``,
+    ``maxRecordsBehindLatest``, ``avgRecordsBehindLatest`` over the logs and the total
+    ``recordsSkipped`` (a log named like one of these keeps its place: the number is
+    left out). Only progress reporting reads it: Spark plans and checkpoints from
+    latestOffset's answer alone."""
+    if one_log is not None:
+        latest = {one_log: latest[one_log]}
+    counts = [behind[name] for name in latest]
+    summary: dict[str, Any] = {}
+    if counts:
+        summary = {
+            "minRecordsBehindLatest": min(counts),
+            "maxRecordsBehindLatest": max(counts),
+            "avgRecordsBehindLatest": sum(counts) / len(counts),
+        }
+    if skipped is not None:
+        summary["recordsSkipped"] = sum(skipped.get(name, 0) for name in latest)
+
+    def one(name: str) -> dict[str, Any]:
+        out: dict[str, Any] = {**offset_of(latest[name]), "recordsBehindLatest": behind[name]}
+        if skipped is not None:
+            out["recordsSkipped"] = skipped.get(name, 0)
+        return out
+
+    if one_log is not None:
+        return {**one(one_log), **summary}
+    report: dict[str, Any] = {name: one(name) for name in sorted(latest)}
+    for key, value in summary.items():
+        report.setdefault(key, value)
+    return report
 
 
 def log_offsets_of(positions: Mapping[str, Position]) -> dict[str, dict[str, int]]:

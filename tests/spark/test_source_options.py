@@ -376,12 +376,77 @@ def test_fail_on_data_loss_false_counts_what_was_skipped(module_cluster, bk, cap
     assert rows == records[14:16]
 
 
+def test_a_reader_waiting_for_more_records_counts_a_skip_once(module_cluster, bk):
+    """The stream reader as Spark drives it: with minOffsetsPerTrigger, a truncation
+    ahead of the query while it waits is counted once, when the query moves on (Spark
+    asks again from the same start while the reader waits)."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from quorumlog.spark.datasource import QuorumlogStreamReader
+    from quorumlog.spark.options import ReadOptions
+
+    log_ = quorumlog.LogNamespace(bk).open_log("waiter")
+    writer = log_.open_writer()
+    try:
+        for index in range(20):
+            if index == 10:
+                writer.rollover()
+            writer.append(b"w%09d" % index)
+        first, second = log_.ledgers()  # the second open, 10 records
+        opts = ReadOptions.parse(
+            {
+                "metadata": module_cluster.metadata_uri,
+                "log": "waiter",
+                "failOnDataLoss": "false",
+                "maxRecordsPerTrigger": "5",
+                "minOffsetsPerTrigger": "3",
+                "maxTriggerDelay": "1h",
+            },
+            streaming=True,
+        )
+        reader = QuorumlogStreamReader(opts)
+        end = reader.latestOffset(reader.initialOffset(), ReadMaxRows(2))
+        assert end == {"ledger": first, "entry": 2}
+        log_.truncate(Position(second, 8))  # 2 records left: fewer than 3
+        for _ in range(3):
+            assert reader.latestOffset(end, ReadMaxRows(2)) == end  # waits
+        while_waiting = reader.reportLatestOffset()
+        writer.append(b"w%09d" % 20)
+        later = reader.latestOffset(end, ReadMaxRows(2))
+    finally:
+        writer.close()
+    assert later == {"ledger": second, "entry": 10}
+    assert reader.skipped_records == 8 + 8  # the rest of the first ledger, 8 of the second
+    assert while_waiting["recordsBehindLatest"] == 2  # from the truncation point
+    assert reader.reportLatestOffset() == {
+        "ledger": second,
+        "entry": 11,
+        "recordsBehindLatest": 1,
+        "minRecordsBehindLatest": 1,
+        "maxRecordsBehindLatest": 1,
+        "avgRecordsBehindLatest": 1.0,
+        "recordsSkipped": 16,
+    }
+
+
 # ---------------------------------------------------------------- progress
 
 
-def test_progress_shows_each_logs_latest_offset(spark, module_cluster, bk, tmp_path):
+def latest_reports(query) -> list[dict]:
+    """The source's latestOffset of each progress of a batch with records, parsed."""
+    return [
+        json.loads(p["sources"][0]["latestOffset"])
+        for p in query.recentProgress
+        if p["numInputRows"]
+    ]
+
+
+def test_progress_shows_how_far_behind_the_log_the_query_is(spark, module_cluster, bk, tmp_path):
+    """Kafka's lag metrics by record: after each batch, the records between its end and
+    the log's end, here across a closed ledger and an open one (counted to its LAC)."""
     uri = module_cluster.metadata_uri
-    write_log(bk, "lagged", [50], close=True)
+    write_log(bk, "lagged", [20, 30])  # the first ledger closed, the last open
+    _, last = quorumlog.LogNamespace(bk).open_log("lagged").ledgers()
     q = (
         to_memory(
             stream(spark, uri, log="lagged", maxRecordsPerTrigger="10"),
@@ -392,9 +457,83 @@ def test_progress_shows_each_logs_latest_offset(spark, module_cluster, bk, tmp_p
         .start()
     )
     assert q.awaitTermination(120)
-    source = q.recentProgress[0]["sources"][0]
-    assert json.loads(source["endOffset"])["entry"] == 10
-    assert json.loads(source["latestOffset"])["entry"] == 50  # 40 records behind
+    assert q.exception() is None
+    assert batch_sizes(q) == [10] * 5
+    first = q.recentProgress[0]["sources"][0]
+    assert json.loads(first["endOffset"])["entry"] == 10
+    reports = latest_reports(q)
+    # The log's end, in the offset's own shape, beside the lag.
+    assert all((r["ledger"], r["entry"]) == (last, 30) for r in reports)
+    assert [r["recordsBehindLatest"] for r in reports] == [40, 30, 20, 10, 0]
+    assert [r["maxRecordsBehindLatest"] for r in reports] == [40, 30, 20, 10, 0]
+    assert [r["minRecordsBehindLatest"] for r in reports] == [40, 30, 20, 10, 0]
+    assert [r["avgRecordsBehindLatest"] for r in reports] == [40.0, 30.0, 20.0, 10.0, 0.0]
+    assert "recordsSkipped" not in reports[0]  # failOnDataLoss=true never skips
+
+
+def test_progress_of_several_logs_shows_each_ones_lag_and_the_spread(
+    spark, module_cluster, bk, tmp_path
+):
+    uri = module_cluster.metadata_uri
+    write_log(bk, "spread-big", [60], close=True)
+    write_log(bk, "spread-sml", [20], close=True)
+    q = (
+        to_memory(
+            stream(spark, uri, logPattern="spread-.*", maxRecordsPerTrigger="20"),
+            "spread_rows",
+            tmp_path / "ckpt",
+        )
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    reports = latest_reports(q)
+    first, last = reports[0], reports[-1]
+    # 20 records shared 15/5 in proportion to what waits (60/20).
+    assert first["spread-big"] == {
+        "ledger": first["spread-big"]["ledger"],
+        "entry": 60,
+        "recordsBehindLatest": 45,
+    }
+    assert first["spread-sml"]["entry"] == 20
+    assert first["spread-sml"]["recordsBehindLatest"] == 15
+    assert first["minRecordsBehindLatest"] == 15
+    assert first["maxRecordsBehindLatest"] == 45
+    assert first["avgRecordsBehindLatest"] == 30.0
+    assert last["maxRecordsBehindLatest"] == 0 and last["avgRecordsBehindLatest"] == 0.0
+    assert sum(batch_sizes(q)) == 80
+
+
+def test_progress_counts_the_records_a_truncation_made_the_query_skip(
+    spark, module_cluster, bk, tmp_path
+):
+    """failOnDataLoss=false: the log is truncated ahead of the query while its first
+    batch runs; the next batch skips the rest of the first ledger and 4 records of the
+    second, and every later progress shows that count."""
+    uri = module_cluster.metadata_uri
+    records = write_log(bk, "skipped", [10, 10], close=True)
+    _, second = quorumlog.LogNamespace(bk).open_log("skipped").ledgers()
+    seen: list[bytes] = []
+
+    def sink(df, batch_id: int) -> None:
+        seen.extend(bytes(r.data) for r in df.collect())
+        if batch_id == 0:
+            quorumlog.LogNamespace(bk).open_log("skipped").truncate(Position(second, 4))
+
+    q = (
+        stream(spark, uri, log="skipped", maxRecordsPerTrigger="2", failOnDataLoss="false")
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    assert seen == records[:2] + records[14:]
+    reports = latest_reports(q)
+    assert [r["recordsSkipped"] for r in reports] == [0] + [8 + 4] * 3
+    assert [r["recordsBehindLatest"] for r in reports] == [18, 4, 2, 0]
 
 
 def test_available_now_on_a_pattern_ignores_logs_created_after_it_started(module_cluster, bk):

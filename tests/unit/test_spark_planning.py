@@ -297,6 +297,37 @@ def test_positions_per_log_and_their_offsets():
         log_positions_of({"ledger": 1, "entry": 2})
 
 
+def test_lag_report_keeps_the_offsets_shape_beside_kafkas_lag_metrics():
+    from quorumlog.spark.planning import lag_report
+
+    latest = {"b": Position(7, 10), "a": Position(3, 4)}
+    behind = {"a": 0, "b": 9}
+    assert lag_report(latest, behind, None, "a") == {
+        "ledger": 3,
+        "entry": 4,
+        "recordsBehindLatest": 0,
+        "minRecordsBehindLatest": 0,
+        "maxRecordsBehindLatest": 0,
+        "avgRecordsBehindLatest": 0.0,
+    }
+    several = lag_report(latest, behind, {"b": 5}, None)
+    assert several == {
+        "a": {"ledger": 3, "entry": 4, "recordsBehindLatest": 0, "recordsSkipped": 0},
+        "b": {"ledger": 7, "entry": 10, "recordsBehindLatest": 9, "recordsSkipped": 5},
+        "minRecordsBehindLatest": 0,
+        "maxRecordsBehindLatest": 9,
+        "avgRecordsBehindLatest": 4.5,
+        "recordsSkipped": 5,
+    }
+    assert list(several)[:2] == ["a", "b"]  # the logs first, in name order
+    # A log named like a metric keeps its place; the number is left out.
+    named = lag_report(
+        {"maxRecordsBehindLatest": Position(1, 1)}, {"maxRecordsBehindLatest": 3}, None, None
+    )
+    assert named["maxRecordsBehindLatest"] == {"ledger": 1, "entry": 1, "recordsBehindLatest": 3}
+    assert named["minRecordsBehindLatest"] == 3
+
+
 # ---------------------------------------------------------------- by time
 
 
