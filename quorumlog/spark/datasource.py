@@ -235,10 +235,13 @@ def _after_loss(
     begin: Position,
     cut: Position | None,
     seen: Sequence[planning.LedgerExtent] = (),
+    *,
+    warn: bool = True,
 ) -> tuple[Position, int]:
     """Where reading from ``begin`` goes on, and how many records were skipped: a
     position before the truncation point is LogTruncatedError, or with
-    failOnDataLoss=false the truncation point itself."""
+    failOnDataLoss=false the truncation point itself. ``warn=False`` for a second
+    look at a skip already counted and reported, whose count would be short."""
     if cut is None or not begin < cut:
         return begin, 0
     if opts.fail_on_data_loss:
@@ -247,6 +250,8 @@ def _after_loss(
             "records before it were removed (failOnDataLoss=false reads on from there)"
         )
     skipped = _skipped(begin, cut, seen)
+    if not warn:
+        return cut, skipped
     log.warning(
         "log %s: position %s is before the truncation point %s; failOnDataLoss=false: "
         "reading on from there, %d record(s) skipped (ledgers removed before this reader "
@@ -507,7 +512,8 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if known is None:
                 begin = planning.earliest(extents)  # a log new to this query
             else:
-                begin, _ = _after_loss(self.opts, name, known, cut)
+                # latestOffset counted and reported the skip; this only moves past it.
+                begin, _ = _after_loss(self.opts, name, known, cut, warn=False)
             ranges = planning.split_planned(extents, begin, stop, self.opts.entries_per_partition)
             out += _partitions(name, ranges)
         return out

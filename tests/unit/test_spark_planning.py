@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -432,3 +434,27 @@ def test_timestamp_options_refused_for_ledgers_and_ends_of_streams():
         ReadOptions.parse({"metadata": URI, "ledgers": "3", "startingTimestamp": "5"})
     with pytest.raises(InvalidArgumentError, match="endingTimestamp='5': streaming reads"):
         ReadOptions.parse({"metadata": URI, "log": "a", "endingTimestamp": "5"}, streaming=True)
+
+
+def test_a_skip_looked_at_again_moves_past_the_truncation_without_a_second_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The stream's partitions() looks again at a skip its latestOffset counted and
+    reported; a second warning would give a short count (the removed ledgers are gone
+    from its snapshot), so it moves on silently. failOnDataLoss=true still fails."""
+    from quorumlog.log.errors import LogTruncatedError
+    from quorumlog.spark.datasource import _after_loss
+
+    lenient = ReadOptions.parse({"metadata": URI, "log": "dice", "failOnDataLoss": "false"})
+    caplog.set_level(logging.WARNING, logger="quorumlog.spark.datasource")
+    assert _after_loss(lenient, "dice", Position(1, 5), Position(3, 0), warn=False) == (
+        Position(3, 0),
+        0,
+    )
+    assert not caplog.records
+    begin, _ = _after_loss(lenient, "dice", Position(1, 5), Position(3, 0))
+    assert begin == Position(3, 0)
+    assert len(caplog.records) == 1 and "log dice" in caplog.records[0].getMessage()
+    strict = ReadOptions.parse({"metadata": URI, "log": "dice"})
+    with pytest.raises(LogTruncatedError, match="log dice"):
+        _after_loss(strict, "dice", Position(1, 5), Position(3, 0), warn=False)
