@@ -178,13 +178,23 @@ def flat_ledger_id(name: str) -> int | None:
     return ledger_id if ledger_id <= LEDGER_ID_MAX else None
 
 
+# A listing costs the store (and the lister, which decodes it) about as much as one read
+# of a ledger's metadata per this many names it returns: a 10,000-name level is 100
+# reads, not one, so that a paced walk of a million ledgers leaves the store idle
+# between its listings instead of sending them back to back.
+NAMES_PER_READ = 100
+
+
 class ReadPacer:
-    """Spaces metadata reads ``1 / reads_per_s`` apart (None: no limit).
+    """Spaces metadata reads ``1 / reads_per_s`` apart (None: no limit); a listing
+    of many names is charged as the reads it is worth (:data:`NAMES_PER_READ`).
 
     Example::
 
         pacer = ReadPacer(1000.0)
         await pacer.wait()      # before each read
+        names = await store.children(path)
+        pacer.listed(len(names))
     """
 
     def __init__(self, reads_per_s: float | None) -> None:
@@ -203,3 +213,9 @@ class ReadPacer:
         self._next_s += self.interval_s
         if delay_s > 0:
             await asyncio.sleep(delay_s)
+
+    def listed(self, names: int) -> None:
+        """After a listing (already paid one read by :meth:`wait`): the next read
+        waits as long as the reads the rest of its names are worth."""
+        if self.interval_s and self._next_s is not None and names > NAMES_PER_READ:
+            self._next_s += (names / NAMES_PER_READ - 1) * self.interval_s

@@ -337,6 +337,7 @@ class LedgerManager:
             if missing_ok:
                 return
             raise
+        pacer.listed(len(names))
         flat_ids = sorted(i for i in map(flat_ledger_id, names) if i is not None)
         layout = await self._hierarchical() if len(flat_ids) < len(names) else None
         tops = [] if layout is None else [n for n in names if layout.is_level_name(n, 0)]
@@ -371,6 +372,7 @@ class LedgerManager:
                 children = await self.store.children(below)
             except NoNodeError:
                 continue  # removed meanwhile: nothing below it
+            pacer.listed(len(children))
             async for ledger_id in self._walk(
                 layout, below, children, depth + 1, digits + name, pacer
             ):

@@ -139,6 +139,7 @@ async def migrate_to_hierarchical(
             names = await store.children(LEDGERS_PATH)
         except NoNodeError:
             return report
+        pacer.listed(len(names))
         flat_ids = sorted(i for i in map(flat_ledger_id, names) if i is not None)
         del names
         report.passes += 1

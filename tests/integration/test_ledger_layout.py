@@ -153,6 +153,24 @@ def test_a_walk_is_paced_to_its_reads_per_second():
     assert ReadPacer(None).interval_s == 0
 
 
+def test_a_listing_is_paced_as_the_reads_its_names_are_worth():
+    """A 10,000-name level costs 100 reads' time before the walk's next read, so a
+    paced walk of a million ledgers never sends its listings back to back."""
+
+    async def body(names: int) -> float:
+        pacer = ReadPacer(1000.0)
+        await pacer.wait()
+        pacer.listed(names)
+        started = time.monotonic()
+        await pacer.wait()
+        return time.monotonic() - started
+
+    assert run(body(10_000)) >= 0.098  # 100 reads at 1 ms, less the one paid before
+    unpaced = ReadPacer(None)
+    unpaced.listed(10_000)
+    assert unpaced.interval_s == 0
+
+
 def test_gc_walks_the_hierarchical_layout_and_drops_only_deleted_ledgers(metadata_uri):
     class Bookie:
         def __init__(self, held: set[int]) -> None:
