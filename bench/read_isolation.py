@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -117,7 +118,7 @@ async def catch_up(uri: str, ledger_id: int, out: Path) -> None:
         step = max(1, bk.config.read_batch_entries * bk.config.reads_in_flight)
         steps = [(first, min(last, first + step - 1)) for first in range(0, last + 1, step)]
         started = time.time()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         count = 0
         ahead: list[asyncio.Future[list[bytes]]] = []
         index = 0
@@ -127,7 +128,30 @@ async def catch_up(uri: str, ledger_id: int, out: Path) -> None:
                 index += 1
             count += len(await ahead.pop(0))
         elapsed = time.perf_counter() - t0
-        out.write_text(json.dumps({"start": started, "end": started + elapsed, "entries": count}))
+        cpu_s = time.process_time() - cpu0
+        out.write_text(
+            json.dumps(
+                {"start": started, "end": started + elapsed, "entries": count, "cpu_s": cpu_s}
+            )
+        )
+
+
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes have used so far, from /proc."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime: the stat's 14th, 15th
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def cores_busy(usage: list[tuple[float, float, float]], start: float, end: float) -> dict:
+    """The bookies' and the writer's CPU seconds per second between the samples
+    nearest ``start`` and ``end`` (wall-clock times)."""
+    a = min(usage, key=lambda u: abs(u[0] - start))
+    b = min(usage, key=lambda u: abs(u[0] - end))
+    span_s = max(1e-9, b[0] - a[0])
+    return {"bookies": (b[1] - a[1]) / span_s, "writer": (b[2] - a[2]) / span_s}
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -159,7 +183,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="quorumlog-isolation-") as tmp:
         uri = "sqlite://" + os.path.join(tmp, "metadata.db")
-        with LocalCluster(uri, tmp, 3):
+        with LocalCluster(uri, tmp, 3) as cluster:
             started = time.perf_counter()
             backlog = asyncio.run(write_backlog(uri, args.backlog, args.entry_size))
             print(
@@ -179,8 +203,23 @@ def main() -> int:
             writer = subprocess.Popen(
                 [*me, "writer", uri, str(rate), str(seconds), str(args.entry_size), str(writer_out)]
             )
+            # Cores busy (CPU seconds per second) of the bookies and the writer, alone
+            # and beside the reader: on a small machine their sum with the reader's
+            # own says whether the machine, not the bookie, bounds the writer's latency.
+            pids = ([b.process.pid for b in cluster.bookies], [writer.pid])
+            usage: list[tuple[float, float, float]] = []
+            sampling = threading.Event()
+
+            def sample() -> None:
+                while not sampling.wait(0.25):
+                    usage.append((time.time(), cpu_s(pids[0]), cpu_s(pids[1])))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
             time.sleep(args.alone_s + 1.0)  # its start-up, then alone
             subprocess.run([*me, "reader", uri, str(backlog), str(reader_out)], check=True)
+            sampling.set()
+            sampler.join()
             writer.wait(timeout=seconds + 120)
             if writer.returncode != 0:
                 print("the writer failed", file=sys.stderr)
@@ -204,6 +243,14 @@ def main() -> int:
             "p50_ms": percentile(beside, 0.5),
             "p99_ms": percentile(beside, 0.99),
         },
+        "cores_busy": {
+            "alone": cores_busy(usage, first + 1.0, span["start"] - 0.5),
+            "beside_reader": {
+                **cores_busy(usage, span["start"], span["end"]),
+                "reader": span["cpu_s"] / read_s,
+            },
+            "cores": len(os.sched_getaffinity(0)),
+        },
         "reader_entries_per_s": span["entries"] / read_s,
         "reader_entries": span["entries"],
         "load_before": load_before,
@@ -221,6 +268,20 @@ def main() -> int:
         f"reader: {span['entries']:,} entries in {read_s:.2f} s = "
         f"{figures['reader_entries_per_s']:,.0f}/s (target >= 500,000); load "
         f"{load_before[0]:.1f} -> {figures['load_after'][0]:.1f}"
+    )
+    busy = figures["cores_busy"]
+    print(
+        "cores busy: alone {:.2f} (bookies {:.2f}, writer {:.2f}); beside the reader {:.2f} "
+        "(bookies {:.2f}, writer {:.2f}, reader {:.2f}) of {} cores".format(
+            sum(busy["alone"].values()),
+            busy["alone"]["bookies"],
+            busy["alone"]["writer"],
+            sum(busy["beside_reader"].values()),
+            busy["beside_reader"]["bookies"],
+            busy["beside_reader"]["writer"],
+            busy["beside_reader"]["reader"],
+            busy["cores"],
+        )
     )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(figures, indent=1))
