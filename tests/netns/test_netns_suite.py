@@ -91,7 +91,8 @@ def _check_listeners(cluster: NetnsCluster) -> None:
 
 class TestOnSqlite:
     @pytest.fixture(scope="class")
-    def cluster(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    @classmethod
+    def cluster(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
         yield from _cluster("sqlite", _base_dir("sqlite", tmp_path_factory))
 
     @pytest.mark.parametrize(
@@ -107,7 +108,8 @@ class TestOnSqlite:
 @pytest.mark.zookeeper
 class TestOnZooKeeper:
     @pytest.fixture(scope="class")
-    def cluster(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    @classmethod
+    def cluster(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
         yield from _cluster("zk", _base_dir("zk", tmp_path_factory))
 
     @pytest.mark.parametrize("name", [spec.name for spec in SUITE_SPECS if "zk" in spec.drivers])
