@@ -47,8 +47,12 @@ def _known(violations: list[Violation]) -> str | None:
 
 
 @pytest.mark.timeout(2700)  # thousands of seeds: longer than the suite's per-test bound
-def test_r3_r4_r7_r8_r11_hold_over_many_seeded_fault_schedules() -> None:
+def test_r3_r4_r7_r8_r11_hold_over_many_seeded_fault_schedules(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     summary = run_seeds(range(FIRST_SEED, FIRST_SEED + SEEDS), budget_s=BUDGET_S)
+    with capsys.disabled():  # how many seeds ran belongs in every run's output
+        print(f"\nseeded simulation: {summary.text().splitlines()[0]}")
     print(summary.text())
     assert summary.seeds >= MIN_SEEDS, (
         f"only {summary.seeds} seeds within the {BUDGET_S:.0f} s budget: the machine is "
