@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from quorumlog.meta.factory import open_store
-from quorumlog.meta.layout import LEDGERS_PATH, Layout
+from quorumlog.meta.layout import LEDGERS_PATH, LEVEL_DIGITS_DEFAULT, Layout
 from quorumlog.meta.ledger_metadata import new_ledger_metadata
 from quorumlog.meta.ledgers import LedgerManager
 from quorumlog.meta.store import MetadataStore
@@ -218,6 +218,12 @@ def main() -> int:
     parser.add_argument("--ledgers", default="10000", help="sizes, comma-separated")
     parser.add_argument("--layout", choices=("hierarchical", "flat"), default="hierarchical")
     parser.add_argument("--zookeeper", action="store_true", help="a local ZooKeeper")
+    parser.add_argument(
+        "--level-digits",
+        type=int,
+        default=LEVEL_DIGITS_DEFAULT,
+        help="digits per level of the hierarchical layout (names per node: 10 to this power)",
+    )
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument(
         "--scan-reads-per-s",
@@ -232,8 +238,16 @@ def main() -> int:
     parser.add_argument("--plot", help="draw p99 and scan time against the size (PNG)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.ledgers.split(",")]
-    layout = Layout.hierarchical() if args.layout == "hierarchical" else Layout.flat()
-    head = {"sizes": sizes, "layout": args.layout, "zookeeper": args.zookeeper}
+    if args.layout == "hierarchical":
+        layout = Layout.hierarchical(args.level_digits)
+    else:
+        layout = Layout.flat()
+    head = {
+        "sizes": sizes,
+        "layout": args.layout,
+        "level_digits": args.level_digits,
+        "zookeeper": args.zookeeper,
+    }
     print(json.dumps(head), flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="ledger-layout-") as tmp:
