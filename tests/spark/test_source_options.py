@@ -58,6 +58,15 @@ def to_memory(df, name: str, checkpoint):
     )
 
 
+def drain(df, name: str, checkpoint):
+    """A Trigger.AvailableNow query into the memory table ``name``, run to its end,
+    which it must reach without an error."""
+    q = to_memory(df, name, checkpoint).trigger(availableNow=True).start()
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    return q
+
+
 def batch_sizes(query) -> list[int]:
     return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
@@ -72,23 +81,17 @@ def rows_of(spark, table: str) -> list[tuple[str, bytes]]:
 def test_available_now_honours_max_records_and_max_bytes(spark, module_cluster, bk, tmp_path):
     uri = module_cluster.metadata_uri
     records = write_log(bk, "admit", [20, 80])  # the first ledger closed, the last open
-    query = to_memory(
+    q = drain(
         stream(spark, uri, log="admit", maxRecordsPerTrigger="30"), "admit_rows", tmp_path / "a"
     )
-    q = query.trigger(availableNow=True).start()
-    assert q.awaitTermination(120)
-    assert q.exception() is None
     assert batch_sizes(q) == [30, 30, 30, 10]
     assert [data for _, data in rows_of(spark, "admit_rows")] == records
 
     # 10-byte records: 250 bytes is 25 records (the closed ledger counted by its length,
     # the open one by reading its payloads on the driver).
-    query = to_memory(
+    q = drain(
         stream(spark, uri, log="admit", maxBytesPerTrigger="250"), "admit_bytes", tmp_path / "b"
     )
-    q = query.trigger(availableNow=True).start()
-    assert q.awaitTermination(120)
-    assert q.exception() is None
     assert batch_sizes(q) == [25, 25, 25, 25]
     assert [data for _, data in rows_of(spark, "admit_bytes")] == records
 
@@ -198,22 +201,16 @@ def test_starting_and_ending_positions_per_log(spark, module_cluster, bk, tmp_pa
     assert [bytes(r.data) for r in one.collect()] == a[18:]
 
     # Streaming: a new query starts where startingPositions says.
-    q = (
-        to_memory(
-            stream(
-                spark,
-                uri,
-                logs="posa,posb",
-                startingPositions=json.dumps({"posa": [second_a, 7], "posb": "earliest"}),
-            ),
-            "positions_rows",
-            tmp_path / "ckpt",
-        )
-        .trigger(availableNow=True)
-        .start()
+    drain(
+        stream(
+            spark,
+            uri,
+            logs="posa,posb",
+            startingPositions=json.dumps({"posa": [second_a, 7], "posb": "earliest"}),
+        ),
+        "positions_rows",
+        tmp_path / "ckpt",
     )
-    assert q.awaitTermination(120)
-    assert q.exception() is None
     assert rows_of(spark, "positions_rows") == sorted(
         [("posa", x) for x in a[17:]] + [("posb", x) for x in b]
     )
@@ -281,17 +278,11 @@ def test_several_logs_share_max_records_per_trigger(spark, module_cluster, bk, t
     uri = module_cluster.metadata_uri
     big = write_log(bk, "sharebig", [90], close=True)
     small = write_log(bk, "sharesml", [10], close=True)
-    q = (
-        to_memory(
-            stream(spark, uri, logs="sharebig,sharesml", maxRecordsPerTrigger="20"),
-            "share_rows",
-            tmp_path / "ckpt",
-        )
-        .trigger(availableNow=True)
-        .start()
+    q = drain(
+        stream(spark, uri, logs="sharebig,sharesml", maxRecordsPerTrigger="20"),
+        "share_rows",
+        tmp_path / "ckpt",
     )
-    assert q.awaitTermination(120)
-    assert q.exception() is None
     sizes = batch_sizes(q)
     assert max(sizes) <= 20 and sum(sizes) == 100
     first = q.recentProgress[0]["sources"][0]
@@ -447,17 +438,11 @@ def test_progress_shows_how_far_behind_the_log_the_query_is(spark, module_cluste
     uri = module_cluster.metadata_uri
     write_log(bk, "lagged", [20, 30])  # the first ledger closed, the last open
     _, last = quorumlog.LogNamespace(bk).open_log("lagged").ledgers()
-    q = (
-        to_memory(
-            stream(spark, uri, log="lagged", maxRecordsPerTrigger="10"),
-            "lagged_rows",
-            tmp_path / "ckpt",
-        )
-        .trigger(availableNow=True)
-        .start()
+    q = drain(
+        stream(spark, uri, log="lagged", maxRecordsPerTrigger="10"),
+        "lagged_rows",
+        tmp_path / "ckpt",
     )
-    assert q.awaitTermination(120)
-    assert q.exception() is None
     assert batch_sizes(q) == [10] * 5
     first = q.recentProgress[0]["sources"][0]
     assert json.loads(first["endOffset"])["entry"] == 10
@@ -477,17 +462,11 @@ def test_progress_of_several_logs_shows_each_ones_lag_and_the_spread(
     uri = module_cluster.metadata_uri
     write_log(bk, "spread-big", [60], close=True)
     write_log(bk, "spread-sml", [20], close=True)
-    q = (
-        to_memory(
-            stream(spark, uri, logPattern="spread-.*", maxRecordsPerTrigger="20"),
-            "spread_rows",
-            tmp_path / "ckpt",
-        )
-        .trigger(availableNow=True)
-        .start()
+    q = drain(
+        stream(spark, uri, logPattern="spread-.*", maxRecordsPerTrigger="20"),
+        "spread_rows",
+        tmp_path / "ckpt",
     )
-    assert q.awaitTermination(120)
-    assert q.exception() is None
     reports = latest_reports(q)
     first, last = reports[0], reports[-1]
     # 20 records shared 15/5 in proportion to what waits (60/20).
