@@ -319,9 +319,13 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # the batch just planned and it, as the last latestOffset saw them.
         self._latest: dict[str, Position] = {}
         self._behind: dict[str, int] = {}
-        self.skipped_records = 0  # failOnDataLoss=false: records skipped over
-        self._skipped_of: dict[str, int] = {}  # the same per log
+        self._skipped_of: dict[str, int] = {}  # failOnDataLoss=false: records skipped, by log
         scan.run(_check_exists(opts))  # fail on the driver if a log is missing
+
+    @property
+    def skipped_records(self) -> int:
+        """failOnDataLoss=false: the records this reader skipped over, in all logs."""
+        return sum(self._skipped_of.values())
 
     # Offsets as Spark keeps them.
 
@@ -452,7 +456,6 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._last_batch_s = time.monotonic()
         for name, skipped in skipped_of.items():
             self._skipped_of[name] = self._skipped_of.get(name, 0) + skipped
-            self.skipped_records += skipped
         self._seen.update(extents_of)
         self._note_progress(latest, ends, extents_of)
         offset = self._encode(ends)
