@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import quorumlog.aio as aio
+from quorumlog.bench.workloads import processes_cpu_s
 from quorumlog.errors import TooManyRequestsError
 from quorumlog.server.local_cluster import LocalCluster
 
@@ -136,15 +137,6 @@ async def catch_up(uri: str, ledger_id: int, out: Path) -> None:
         )
 
 
-def cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system) the processes have used so far, from /proc."""
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime: the stat's 14th, 15th
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def cores_busy(usage: list[tuple[float, float, float]], start: float, end: float) -> dict:
     """The bookies' and the writer's CPU seconds per second between the samples
     nearest ``start`` and ``end`` (wall-clock times)."""
@@ -212,7 +204,7 @@ def main() -> int:
 
             def sample() -> None:
                 while not sampling.wait(0.25):
-                    usage.append((time.time(), cpu_s(pids[0]), cpu_s(pids[1])))
+                    usage.append((time.time(), processes_cpu_s(pids[0]), processes_cpu_s(pids[1])))
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()

@@ -39,6 +39,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from quorumlog.bench.workloads import processes_cpu_s
+
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 CONCURRENCY = 16
 BATCH_ROWS = 100
@@ -209,27 +211,17 @@ class _HttpClient(asyncio.Protocol):
         return await self._answer
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """User and system CPU seconds the processes ``pids`` used so far (/proc)."""
-    total_ticks = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        total_ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return total_ticks / os.sysconf("SC_CLK_TCK")
-
-
 async def _with_cpu(
     figures: Awaitable[dict[str, Any]], pids: dict[str, list[int]]
 ) -> dict[str, Any]:
     """``figures`` of one workload, with the CPU µs each role spent per request: where
     the time goes when two cores are shared by every process of the run."""
-    before = {role: _cpu_s(p) for role, p in pids.items()}
+    before = {role: processes_cpu_s(p) for role, p in pids.items()}
     client_before = time.process_time()
     out = await figures
     requests = out["requests"]
     for role, role_pids in pids.items():
-        out[f"cpu_us_{role}"] = (_cpu_s(role_pids) - before[role]) / requests * 1e6
+        out[f"cpu_us_{role}"] = (processes_cpu_s(role_pids) - before[role]) / requests * 1e6
     out["cpu_us_client"] = (time.process_time() - client_before) / requests * 1e6
     return out
 

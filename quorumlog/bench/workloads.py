@@ -122,6 +122,16 @@ def log_buckets(
     return [[round(10 ** (b / per_decade), 1), counts[b]] for b in sorted(counts)]
 
 
+def processes_cpu_s(pids: list[int]) -> float:
+    """User and system CPU seconds the processes ``pids`` used so far (/proc)."""
+    total_ticks = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total_ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return total_ticks / os.sysconf("SC_CLK_TCK")
+
+
 class CpuMeter:
     """CPU seconds spent by this process and by its child processes (the local bookies
     ``quorumlog bench`` starts), from ``/proc``: what a phase cost per entry, which on a
