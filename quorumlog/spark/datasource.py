@@ -241,7 +241,8 @@ def _after_loss(
     """Where reading from ``begin`` goes on, and how many records were skipped: a
     position before the truncation point is LogTruncatedError, or with
     failOnDataLoss=false the truncation point itself. ``warn=False`` for a second
-    look at a skip already counted and reported, whose count would be short."""
+    look at a skip already counted and reported, whose count would be short, or one
+    reported only once the query moves on."""
     if cut is None or not begin < cut:
         return begin, 0
     if opts.fail_on_data_loss:
@@ -250,8 +251,12 @@ def _after_loss(
             "records before it were removed (failOnDataLoss=false reads on from there)"
         )
     skipped = _skipped(begin, cut, seen)
-    if not warn:
-        return cut, skipped
+    if warn:
+        _warn_skip(log_name, begin, cut, skipped)
+    return cut, skipped
+
+
+def _warn_skip(log_name: str, begin: Position, cut: Position, skipped: int) -> None:
     log.warning(
         "log %s: position %s is before the truncation point %s; failOnDataLoss=false: "
         "reading on from there, %d record(s) skipped (ledgers removed before this reader "
@@ -261,7 +266,6 @@ def _after_loss(
         cut,
         skipped,
     )
-    return cut, skipped
 
 
 class QuorumlogBatchReader(DataSourceReader):
@@ -411,12 +415,15 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 begin = planning.earliest(extents)  # a log new to this query
             else:
                 begin, skipped_of[name] = _after_loss(
-                    self.opts, name, known, cut, self._seen.get(name, ())
+                    self.opts, name, known, cut, self._seen.get(name, ()), warn=False
                 )
             top = max(begin, planning.latest(extents))
-            latest[name] = top
             if self._target is not None:
+                # Trigger.AvailableNow reads to each log's end when it started: that is
+                # the latest offset its progress reports, and its lag counts to it (as
+                # Kafka's source does), so its last batch shows none.
                 top = max(begin, min(top, self._target.get(name, begin)))
+            latest[name] = top
             begins[name], extents_of[name] = begin, extents
             available[name] = planning.count_between(extents, begin, top)
         opts = self.opts
@@ -455,6 +462,8 @@ class QuorumlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if any(ends[name] != positions.get(name) for name in ends):
             self._last_batch_s = time.monotonic()
         for name, skipped in skipped_of.items():
+            if begins[name] != positions[name]:
+                _warn_skip(name, positions[name], begins[name], skipped)
             self._skipped_of[name] = self._skipped_of.get(name, 0) + skipped
         self._seen.update(extents_of)
         self._note_progress(latest, ends, extents_of)

@@ -367,10 +367,10 @@ def test_fail_on_data_loss_false_counts_what_was_skipped(module_cluster, bk, cap
     assert rows == records[14:16]
 
 
-def test_a_reader_waiting_for_more_records_counts_a_skip_once(module_cluster, bk):
+def test_a_reader_waiting_for_more_records_counts_a_skip_once(module_cluster, bk, caplog):
     """The stream reader as Spark drives it: with minOffsetsPerTrigger, a truncation
-    ahead of the query while it waits is counted once, when the query moves on (Spark
-    asks again from the same start while the reader waits)."""
+    ahead of the query while it waits is counted and reported once, when the query
+    moves on (Spark asks again from the same start while the reader waits)."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
     from quorumlog.spark.datasource import QuorumlogStreamReader
@@ -399,13 +399,17 @@ def test_a_reader_waiting_for_more_records_counts_a_skip_once(module_cluster, bk
         end = reader.latestOffset(reader.initialOffset(), ReadMaxRows(2))
         assert end == {"ledger": first, "entry": 2}
         log_.truncate(Position(second, 8))  # 2 records left: fewer than 3
-        for _ in range(3):
-            assert reader.latestOffset(end, ReadMaxRows(2)) == end  # waits
-        while_waiting = reader.reportLatestOffset()
-        writer.append(b"w%09d" % 20)
-        later = reader.latestOffset(end, ReadMaxRows(2))
+        with caplog.at_level(logging.WARNING, logger="quorumlog.spark.datasource"):
+            for _ in range(3):
+                assert reader.latestOffset(end, ReadMaxRows(2)) == end  # waits
+            while_waiting = reader.reportLatestOffset()
+            assert not caplog.records  # nothing skipped yet: the query has not moved
+            writer.append(b"w%09d" % 20)
+            later = reader.latestOffset(end, ReadMaxRows(2))
     finally:
         writer.close()
+    (warning,) = [r.getMessage() for r in caplog.records if "truncation point" in r.getMessage()]
+    assert "16 record(s) skipped" in warning
     assert later == {"ledger": second, "entry": 10}
     assert reader.skipped_records == 8 + 8  # the rest of the first ledger, 8 of the second
     assert while_waiting["recordsBehindLatest"] == 2  # from the truncation point
@@ -536,6 +540,40 @@ def test_available_now_on_a_pattern_ignores_logs_created_after_it_started(module
     assert reader.latestOffset(end, ReadAllAvailable()) == end  # done: the query stops
     later = QuorumlogStreamReader(opts)
     assert set(later.latestOffset(end, ReadAllAvailable())) == {"now-one", "now-two"}
+
+
+def test_available_now_reports_its_lag_to_the_end_it_reads_to(module_cluster, bk):
+    """As Kafka's source does it: under Trigger.AvailableNow the latest offset in the
+    progress, and the lag counted to it, are the end the query reads to (each log's end
+    when it started), so its last batch shows no lag though records came since."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from quorumlog.spark.datasource import QuorumlogStreamReader
+    from quorumlog.spark.options import ReadOptions
+
+    writer = quorumlog.LogNamespace(bk).open_log("now-lag").open_writer()
+    try:
+        for index in range(10):
+            writer.append(b"n%09d" % index)
+        opts = ReadOptions.parse(
+            {"metadata": module_cluster.metadata_uri, "log": "now-lag"}, streaming=True
+        )
+        reader = QuorumlogStreamReader(opts)
+        start = reader.initialOffset()
+        reader.prepareForTriggerAvailableNow()
+        for index in range(10, 15):
+            writer.append(b"n%09d" % index)
+        end = reader.latestOffset(start, ReadAllAvailable())
+    finally:
+        writer.close()
+    assert end["entry"] == 10
+    assert reader.reportLatestOffset() == {
+        **end,
+        "recordsBehindLatest": 0,
+        "minRecordsBehindLatest": 0,
+        "maxRecordsBehindLatest": 0,
+        "avgRecordsBehindLatest": 0.0,
+    }
 
 
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
