@@ -39,18 +39,14 @@ import time
 from collections.abc import Iterator
 from multiprocessing import Process, Queue
 
+from quorumlog.bench.workloads import processes_cpu_s
+
 _HEADER = struct.Struct(">I")
 _ACK = b"\x00" * 8
 _ENTRY_LOG_BUFFER_BYTES = 4 * 1024 * 1024
 _ENTRY_LOG_CACHED_BYTES = 256 * 1024 * 1024
 _JOURNAL_DROP_STEP_BYTES = 1024 * 1024
 _BLOCK_BYTES = 4096  # direct writes' alignment
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _machine_busy_s() -> float:
@@ -159,7 +155,7 @@ def run(entry_size: int, entries: int, in_flight: int, direct: bool = False) -> 
         header = _HEADER.pack(entry_size)
         acked = [0, 0, 0]
         pids = [os.getpid(), *(s.pid for s in servers if s.pid)]
-        cpu_before = [_cpu_s(pid) for pid in pids]
+        cpu_before = [processes_cpu_s([pid]) for pid in pids]
         machine_before = _machine_busy_s()
         started = time.perf_counter()
         sent = 0
@@ -173,7 +169,9 @@ def run(entry_size: int, entries: int, in_flight: int, direct: bool = False) -> 
                 n = conns.index(conn)
                 acked[n] += len(conn.recv(65536)) // len(_ACK)
         seconds = time.perf_counter() - started
-        cpu = [_cpu_s(pid) - before for pid, before in zip(pids, cpu_before, strict=True)]
+        cpu = [
+            processes_cpu_s([pid]) - before for pid, before in zip(pids, cpu_before, strict=True)
+        ]
         machine_s = _machine_busy_s() - machine_before
         for conn in conns:
             conn.close()

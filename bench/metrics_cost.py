@@ -68,7 +68,9 @@ def trial(
 
 def _cpu_s(pid: int | None) -> float:
     """CPU seconds (user + system) a process has used: a figure that other load on
-    the machine disturbs far less than throughput."""
+    the machine disturbs far less than throughput. Its own copy of
+    ``quorumlog.bench.workloads.processes_cpu_s``: trials run on ``--base-tree``,
+    an older tree that may not have it."""
     assert pid is not None
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
