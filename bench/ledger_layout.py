@@ -9,7 +9,8 @@ the ids of a snapshot the size of the cluster, paced to ``--scan-reads-per-s`` a
 bookie paces it), and deleting each ledger. Create, open and delete report p50/p99 per
 operation. While scans repeat for ``--probe-s`` seconds, a writer in a process of its
 own creates and deletes one ledger's metadata at ``--probe-per-s``; the same writer runs
-as long with no scan first: the ratio of its p99s is what a scan costs writers.
+as long with no scan first, and the two windows alternate ``--probe-rounds`` times: the
+ratio of its p99s over all windows is what a scan costs writers.
 
 Prints one JSON line per phase; ``--out FILE`` also writes every size's phases as one
 JSON document, and ``--plot FILE.png`` draws p99 and scan time against the size::
@@ -43,6 +44,8 @@ from quorumlog.proto.entry import DigestType
 from quorumlog.server.local_zookeeper import ZooKeeperServer
 
 BOOKIES = ("127.0.0.1:3181", "127.0.0.1:3182", "127.0.0.1:3183")
+PROBE_IDS_PER_WINDOW = 1_000_000  # ledger ids a probe window may use, past the cluster's
+MAX_PROBE_ROUNDS = 10
 
 
 def percentile_ms(latencies_s: Sequence[float], fraction: float) -> float:
@@ -134,7 +137,9 @@ async def bench_one(uri: str, count: int, layout: Layout, args: argparse.Namespa
         if not layout.is_hierarchical:
             await store.create(LEDGERS_PATH)  # no marker: a flat cluster
         ledgers = LedgerManager(store, new_layout=layout)
-        first = await ledgers.reserve_ledger_ids(count + 2_000_000)
+        first = await ledgers.reserve_ledger_ids(
+            count + 2 * MAX_PROBE_ROUNDS * PROBE_IDS_PER_WINDOW
+        )
         ids = range(first, first + count)
         probe_first = first + count  # the probe's ids, past the cluster's
 
@@ -152,8 +157,11 @@ async def bench_one(uri: str, count: int, layout: Layout, args: argparse.Namespa
         assert found == count, (found, count)
         rows["gc_scan"] = phase("gc_scan", count, time.monotonic() - started)
 
-        idle = await probe(uri, probe_first, args.probe_per_s, args.probe_s)
-        rows["writer_idle"] = phase("writer_idle", len(idle), args.probe_s, idle)
+        # Idle and busy windows alternate, so that a drift of the machine (another
+        # process, the disk's cache) weighs on both sides of the ratio alike.
+        idle: list[float] = []
+        busy: list[float] = []
+        ratios: list[float] = []
         scans = 0
 
         async def scan_repeatedly() -> None:
@@ -163,16 +171,30 @@ async def bench_one(uri: str, count: int, layout: Layout, args: argparse.Namespa
                 await scan(ledgers, snapshot, reads_per_s)
                 scans += 1
 
-        busy, _ = await asyncio.gather(
-            probe(uri, probe_first + 1_000_000, args.probe_per_s, args.probe_s),
-            scan_repeatedly(),
-        )
-        rows["writer_during_scans"] = phase("writer_during_scans", len(busy), args.probe_s, busy)
+        for window in range(args.probe_rounds):
+            first_id = probe_first + 2 * window * PROBE_IDS_PER_WINDOW
+            alone = await probe(uri, first_id, args.probe_per_s, args.probe_s)
+            beside, _ = await asyncio.gather(
+                probe(uri, first_id + PROBE_IDS_PER_WINDOW, args.probe_per_s, args.probe_s),
+                scan_repeatedly(),
+            )
+            idle += alone
+            busy += beside
+            ratios.append(round(percentile_ms(beside, 0.99) / percentile_ms(alone, 0.99), 2))
+        probe_s = args.probe_s * args.probe_rounds
+        rows["writer_idle"] = phase("writer_idle", len(idle), probe_s, idle)
+        rows["writer_during_scans"] = phase("writer_during_scans", len(busy), probe_s, busy)
         rows["writer_p99_ratio"] = round(
             rows["writer_during_scans"]["p99_ms"] / rows["writer_idle"]["p99_ms"], 2
         )
+        rows["writer_p99_ratio_per_round"] = ratios
         rows["scans_during_probe"] = scans
-        print(json.dumps({"writer_p99_ratio": rows["writer_p99_ratio"], "scans": scans}))
+        print(
+            json.dumps(
+                {"writer_p99_ratio": rows["writer_p99_ratio"], "per_round": ratios, "scans": scans}
+            ),
+            flush=True,
+        )
         rows["delete"] = await timed("delete", ids, ledgers.delete, args.in_flight)
     finally:
         await store.close()
@@ -232,7 +254,15 @@ def main() -> int:
         help="the scan's pace, as a bookie's gc_metadata_reads_per_s (0: none)",
     )
     parser.add_argument("--probe-per-s", type=float, default=100.0)
-    parser.add_argument("--probe-s", type=float, default=5.0)
+    parser.add_argument("--probe-s", type=float, default=5.0, help="seconds per window")
+    parser.add_argument(
+        "--probe-rounds",
+        type=int,
+        default=3,
+        choices=range(1, MAX_PROBE_ROUNDS + 1),
+        metavar=f"1..{MAX_PROBE_ROUNDS}",
+        help="idle and busy windows alternated this many times; p99s over all of them",
+    )
     parser.add_argument("--zookeeper-heap-mb", type=int, default=2048)
     parser.add_argument("--out", help="write every size's phases as one JSON document")
     parser.add_argument("--plot", help="draw p99 and scan time against the size (PNG)")
