@@ -30,6 +30,7 @@ connection.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import logging
@@ -40,7 +41,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from quorumlog.errors import (
     InvalidArgumentError,
@@ -89,6 +90,10 @@ CHANGES_RETENTION_MS = 5 * 60 * 1000
 KEEP_CHANGES = 10_000
 PRUNE_EVERY_HEARTBEATS = 30
 POLL_BATCH_ROWS = 1000
+# Writes queued while the store's thread is busy commit together in one transaction
+# (one fsync), each in a savepoint of its own: at most this many per commit, so
+# that one commit's wait stays short.
+GROUP_COMMIT_MAX_OPS = 256
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -181,22 +186,44 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
+_Call = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+class _Queued(NamedTuple):
+    kind: str  # "write", "read" or "alone": see SqliteStore._in_thread
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+
+
 class _Txn:
-    """``with _Txn(conn):`` runs the block in BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
+    """``with _Txn(conn):`` runs the block in BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error).
+
+    Inside a group commit's transaction the block is a savepoint instead: released
+    when it ends, rolled back alone when it raises, committed with the group."""
 
     def __init__(self, conn: sqlite3.Connection, mode: str = "IMMEDIATE") -> None:
         self.conn = conn
         self.mode = mode
+        self.nested = False
 
     def __enter__(self) -> sqlite3.Connection:
-        self.conn.execute(f"BEGIN {self.mode}")
+        self.nested = self.conn.in_transaction
+        self.conn.execute("SAVEPOINT op" if self.nested else f"BEGIN {self.mode}")
         return self.conn
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self.conn.execute("COMMIT")
-        elif self.conn.in_transaction:
-            self.conn.execute("ROLLBACK")
+        if not self.nested:
+            if exc_type is None:
+                self.conn.execute("COMMIT")
+            elif self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            return
+        if not self.conn.in_transaction:
+            return  # SQLite rolled the whole group back (a full disk, an I/O error)
+        if exc_type is not None:
+            self.conn.execute("ROLLBACK TO op")
+        self.conn.execute("RELEASE op")
 
 
 def _log_change(conn: sqlite3.Connection, path: str, kind: EventType) -> None:
@@ -271,6 +298,10 @@ class SqliteStore(MetadataStore):
         self._last_refresh_ms = clock_ms()
         self._start_seq = 0
         self._threads: list[threading.Thread] = []
+        # Operations wait here in the order they were called; one task hands them to
+        # the store's thread, consecutive writes as one group commit (see _drain).
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._drainer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -462,10 +493,110 @@ class SqliteStore(MetadataStore):
 
     # ------------------------------------------------------------------ plumbing
 
-    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _in_thread(self, fn: Callable[..., T], *args: Any, kind: str = "alone") -> T:
+        """Run ``fn(*args)`` on the store's thread, after every operation called before
+        it (the order ZooKeeper gives one session's requests). ``kind="write"``: it may
+        share one commit with the writes queued beside it; ``"read"``: one trip to the
+        thread with the reads beside it; ``"alone"``: a trip of its own."""
         if self._closed:
             raise MetadataError(f"metadata store {self.uri} is closed")
-        return await self._loop.run_in_executor(self._executor, self._guarded, fn, args)
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._queue.append(_Queued(kind, fn, args, future))
+        if self._drainer is None:
+            self._drainer = self._loop.create_task(self._drain())
+        # A caller cancelled leaves its future cancelled; the operation may still run,
+        # as one handed to a thread always could.
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                group = [self._queue.popleft()]
+                while (
+                    self._queue
+                    and group[0].kind != "alone"
+                    and self._queue[0].kind == group[0].kind
+                    and len(group) < GROUP_COMMIT_MAX_OPS
+                ):
+                    group.append(self._queue.popleft())
+                calls = [(item.fn, item.args) for item in group]
+                try:
+                    if group[0].kind == "write" and len(group) > 1:
+                        outcomes = await self._loop.run_in_executor(
+                            self._executor, self._group_commit, calls
+                        )
+                    else:
+                        outcomes = await self._loop.run_in_executor(
+                            self._executor, self._run_each, calls
+                        )
+                except BaseException as exc:  # the executor is gone (closed) or cancelled
+                    error = MetadataError(f"metadata store {self.uri}: {exc!r}")
+                    for item in [*group, *self._queue]:
+                        if not item.future.done():
+                            item.future.set_exception(error)
+                    self._queue.clear()
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    return
+                for item, (ok, value) in zip(group, outcomes, strict=True):
+                    if item.future.done():
+                        continue
+                    if ok:
+                        item.future.set_result(value)
+                    else:
+                        item.future.set_exception(value)
+        finally:
+            self._drainer = None
+
+    def _outcome(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any]:
+        try:
+            return True, self._guarded(fn, args)
+        except Exception as exc:
+            return False, exc
+
+    def _run_each(self, calls: list[_Call]) -> list[tuple[bool, Any]]:
+        return [self._outcome(fn, args) for fn, args in calls]
+
+    def _group_commit(self, calls: list[_Call]) -> list[tuple[bool, Any]]:
+        """Writes in one BEGIN IMMEDIATE ... COMMIT, each in its own savepoint (see
+        _Txn): one fsync for all. A write that raised was rolled back alone and
+        reports its error; if the commit fails, every write it held fails with it."""
+        conn = self._db()
+        outcomes: list[tuple[bool, Any]] = []
+        pending: list[int] = []  # indexes of writes that succeeded but are not committed
+        for fn, args in calls:
+            if not conn.in_transaction:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.Error as exc:
+                    outcomes.append((False, self._commit_error(exc)))
+                    continue
+            ok, value = self._outcome(fn, args)
+            if conn.in_transaction:
+                outcomes.append((ok, value))
+                if ok:
+                    pending.append(len(outcomes) - 1)
+                continue
+            # SQLite rolled the whole transaction back: this write and the pending ones
+            # are gone.
+            error = value if not ok else self._commit_error(sqlite3.Error("rolled back"))
+            outcomes.append((False, error))
+            for index in pending:
+                outcomes[index] = (False, error)
+            pending.clear()
+        if conn.in_transaction:
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                for index in pending:
+                    outcomes[index] = (False, self._commit_error(exc))
+        self._committed()
+        return outcomes
+
+    def _commit_error(self, exc: sqlite3.Error) -> MetadataError:
+        return MetadataError(f"metadata store {self.db_path}: {exc}")
 
     def _guarded(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         try:
@@ -493,7 +624,7 @@ class SqliteStore(MetadataStore):
     async def get(self, path: str) -> Versioned:
         check_path(path)
         self._check_alive_for(path)
-        row = await self._in_thread(self._get, path)
+        row = await self._in_thread(self._get, path, kind="read")
         if row is None:
             raise NoNodeError(f"metadata path {path} does not exist")
         return Versioned(bytes(row[0]), row[1])
@@ -505,7 +636,7 @@ class SqliteStore(MetadataStore):
 
     async def exists(self, path: str) -> int | None:
         check_path(path)
-        row = await self._in_thread(self._get, path)
+        row = await self._in_thread(self._get, path, kind="read")
         return None if row is None else int(row[1])
 
     async def create(
@@ -525,7 +656,7 @@ class SqliteStore(MetadataStore):
                 f"metadata session {self.session_id} expired: cannot create ephemeral {path}"
             )
         created = await self._in_thread(
-            self._create, path, bytes(data), ephemeral, sequential, make_parents
+            self._create, path, bytes(data), ephemeral, sequential, make_parents, kind="write"
         )
         if ephemeral:
             self._own_ephemerals.add(created)
@@ -591,7 +722,7 @@ class SqliteStore(MetadataStore):
     async def set(self, path: str, data: bytes, version: int = -1) -> int:
         check_path(path)
         self._check_alive_for(path)
-        return await self._in_thread(self._set, path, bytes(data), version)
+        return await self._in_thread(self._set, path, bytes(data), version, kind="write")
 
     def _set(self, path: str, data: bytes, version: int) -> int:
         conn = self._db()
@@ -615,7 +746,7 @@ class SqliteStore(MetadataStore):
         if path == ROOT:
             raise MetadataError("metadata path / cannot be deleted")
         self._check_alive_for(path)
-        await self._in_thread(self._delete, path, version)
+        await self._in_thread(self._delete, path, version, kind="write")
         self._own_ephemerals.discard(path)
 
     def _delete(self, path: str, version: int) -> None:
@@ -640,7 +771,7 @@ class SqliteStore(MetadataStore):
             check_path(op.path)
             if op.path == ROOT and not isinstance(op, CheckOp):
                 raise MetadataError("metadata path / cannot be created, set or deleted")
-        await self._in_thread(self._multi, list(ops))
+        await self._in_thread(self._multi, list(ops), kind="write")
         for op in ops:
             if isinstance(op, DeleteOp):
                 self._own_ephemerals.discard(op.path)
@@ -688,7 +819,7 @@ class SqliteStore(MetadataStore):
 
     async def children(self, path: str) -> list[str]:
         check_path(path)
-        found = await self._in_thread(self._children, path)
+        found = await self._in_thread(self._children, path, kind="read")
         if found is None:
             raise NoNodeError(f"metadata path {path} does not exist")
         return found
@@ -714,7 +845,7 @@ class SqliteStore(MetadataStore):
     async def next_id(self, counter: str, count: int = 1) -> int:
         check_counter_name(counter)
         check_id_count(counter, count)
-        return await self._in_thread(self._next_id, counter, count)
+        return await self._in_thread(self._next_id, counter, count, kind="write")
 
     def _next_id(self, counter: str, count: int) -> int:
         conn = self._db()

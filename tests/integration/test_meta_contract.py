@@ -320,6 +320,42 @@ def test_multi_applies_every_operation_or_none(metadata_uri):
     run(body())
 
 
+def test_pipelined_operations_keep_their_order_and_their_own_outcomes(metadata_uri):
+    """Operations issued together, without waiting for each other (as a client creating
+    many ledgers does), are applied in the order they were issued, and each reports its
+    own result: one that fails leaves the others applied and nothing of its own."""
+
+    async def body():
+        async with await open_store(metadata_uri) as store:
+            await store.create("/p/taken", b"first")
+            outcomes = await asyncio.gather(
+                store.create("/p/a", b"a"),
+                store.set("/p/a", b"a1", 0),  # sees the create issued before it
+                store.create("/p/taken", b"second"),  # fails alone
+                store.multi([CreateOp("/p/b"), DeleteOp("/p/missing")]),  # fails alone
+                store.create("/p/c", b"c"),
+                store.get("/p/a"),  # a read after the writes issued before it
+                store.delete("/p/c", 0),
+                store.exists("/p/c"),
+                store.next_id("pipelined", 10),
+                return_exceptions=True,
+            )
+            assert outcomes[0] == "/p/a"
+            assert outcomes[1] == 1
+            assert isinstance(outcomes[2], NodeExistsError)
+            assert isinstance(outcomes[3], NoNodeError)
+            assert outcomes[4] == "/p/c"
+            assert (outcomes[5].data, outcomes[5].version) == (b"a1", 1)
+            assert outcomes[6] is None
+            assert outcomes[7] is None
+            assert outcomes[8] == 10
+            assert (await store.get("/p/taken")).data == b"first"
+            assert await store.exists("/p/b") is None
+            assert await store.children("/p") == ["a", "taken"]
+
+    run(body())
+
+
 def test_cas_conflict_between_two_stores(metadata_uri):
     async def body():
         first, second = await two_stores(metadata_uri)
@@ -708,6 +744,75 @@ def test_watch_callbacks_run_on_the_stores_loop(metadata_uri):
 
 
 # ---------------------------------------------------------------------- SQLite specifics
+
+
+def test_sqlite_writes_issued_together_share_one_commit(tmp_path):
+    """Group commit: writes queued while the store's thread is busy commit in one
+    transaction (one fsync), each still with its own outcome; a lone write commits
+    alone. Counted from the statements the store's connection runs."""
+    uri = f"sqlite://{tmp_path}/metadata.db"
+
+    async def body():
+        async with await open_store(uri) as store:
+            commits: list[str] = []
+
+            def trace() -> None:
+                store._db().set_trace_callback(
+                    lambda sql: commits.append(sql) if sql.strip() == "COMMIT" else None
+                )
+
+            await store._in_thread(trace)
+            await store.create("/g/lone")
+            assert len(commits) == 1
+            commits.clear()
+            created = await asyncio.gather(
+                *(store.create(f"/g/{n}", b"x") for n in range(100)),
+                store.create("/g/lone"),  # fails: rolled back alone
+                return_exceptions=True,
+            )
+            assert created[:100] == [f"/g/{n}" for n in range(100)]
+            assert isinstance(created[100], NodeExistsError)
+            assert len(commits) == 1, commits
+            assert len(await store.children("/g")) == 101
+
+    run(body())
+
+
+def test_sqlite_a_failed_group_commit_fails_every_write_it_held(tmp_path):
+    """When the commit of a group fails, none of its writes is reported as applied and
+    none is: each caller gets the commit's error."""
+    uri = f"sqlite://{tmp_path}/metadata.db"
+
+    async def body():
+        async with await open_store(uri) as store:
+
+            def fail_commits() -> None:
+                # A trigger that aborts any transaction that inserts the poisoned path;
+                # SQLite reports it at the statement, so the group's transaction is
+                # rolled back as a whole, as a full disk would do it.
+                store._db().execute(
+                    "CREATE TEMP TRIGGER poison BEFORE INSERT ON main.changes"
+                    " WHEN NEW.path = '/g/poison'"
+                    " BEGIN SELECT RAISE(ROLLBACK, 'poisoned'); END"
+                )
+
+            await store._in_thread(fail_commits)
+            outcomes = await asyncio.gather(
+                store.create("/g/a"),
+                store.create("/g/poison"),
+                store.create("/g/b"),
+                return_exceptions=True,
+            )
+            assert isinstance(outcomes[0], MetadataError), outcomes
+            assert isinstance(outcomes[1], MetadataError), outcomes
+            assert "poisoned" in str(outcomes[1])
+            assert await store.exists("/g/a") is None
+            assert await store.exists("/g/poison") is None
+            # The write after the rolled-back ones runs in a transaction of its own.
+            assert outcomes[2] == "/g/b"
+            assert await store.children("/g") == ["b"]
+
+    run(body())
 
 
 def test_sqlite_session_of_an_earlier_boot_is_expired_on_open(tmp_path):
