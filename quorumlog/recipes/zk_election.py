@@ -55,7 +55,12 @@ from kazoo.recipe.lock import Lock  # type: ignore[import-untyped]
 from kazoo.retry import KazooRetry  # type: ignore[import-untyped]
 
 from quorumlog.errors import MetadataError
-from quorumlog.meta.zk_store import CONNECT_TIMEOUT_MS, parse_zk_uri, zk_credentials
+from quorumlog.meta.zk_store import (
+    CONNECT_TIMEOUT_MS,
+    PollingHandler,
+    parse_zk_uri,
+    zk_credentials,
+)
 from quorumlog.recipes.contender import Contender, SetLeader
 
 log = logging.getLogger(__name__)
@@ -130,6 +135,7 @@ class KazooContender(Contender):
         credentials = zk_credentials(self.uri)  # the store's: the same user and ACL
         client = KazooClient(
             hosts=self.hosts,
+            handler=PollingHandler(),
             timeout=self.session_timeout_ms / 1000,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
             auth_data=credentials.auth_data() if credentials else None,
