@@ -867,7 +867,10 @@ class DbHttpApi:
                 "db_name": replica.config.name,
                 "log": replica.log_name,
                 "role": replica.role,
-                "ready": replica.failure is None and replica.role != "catching-up",
+                "started": replica.started,
+                "ready": (
+                    replica.started and replica.failure is None and replica.role != "catching-up"
+                ),
                 "leader": {"node_id": leader["id"], "addr": leader["api_addr"]} if leader else {},
                 "applied_position": None if applied is None else str(applied),
                 "sqlite3": {
@@ -959,8 +962,11 @@ class DbHttpApi:
         nodes = await self._members_json()
         noleader = _flag(request, "noleader")
         leader_ok = noleader or any(n["leader"] for n in nodes)
+        # Listening comes first: until its start is done the replica is neither in
+        # the election nor recorded among the database's replicas.
+        node_ok = self.replica.started
         store_ok = self.replica.failure is None
-        lines = ["[+]node ok"]
+        lines = [f"[{'+' if node_ok else '-'}]node ok"]
         if not noleader:  # rqlite's ?noleader: ready without a leader
             lines.append(f"[{'+' if leader_ok else '-'}]leader ok")
         lines.append(f"[{'+' if store_ok else '-'}]store ok")
@@ -970,7 +976,7 @@ class DbHttpApi:
             # request came (within ``timeout``, 5 s by default).
             sync_ok = store_ok and await self.replica.wait_synced(sync_s)
             lines.append(f"[{'+' if sync_ok else '-'}]sync ok")
-        status = 200 if leader_ok and store_ok and sync_ok else 503
+        status = 200 if node_ok and leader_ok and store_ok and sync_ok else 503
         return web.Response(text="\n".join(lines) + "\n", status=status)
 
 

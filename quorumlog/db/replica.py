@@ -227,6 +227,7 @@ class Replica:
         self._snapshot_task: asyncio.Task[Snapshot | None] | None = None
         self.role = FOLLOWER
         self.started_at = time.time()
+        self.started = False  # start() done: in the election, recorded in NODES_PATH
         self.failure: str | None = None
         self._stop = asyncio.Event()
         self._applied_event = asyncio.Event()
@@ -277,6 +278,7 @@ class Replica:
         await self._election.start()
         await self._record_node()
         self._task = asyncio.create_task(self._run(), name=f"db {self.config.name}")
+        self.started = True
 
     def _new_election(self) -> LeaderElection:
         return LeaderElection(

@@ -144,7 +144,9 @@ def wait_ready(replicas: list[DbProcess], timeout_s: float = 60) -> DbProcess:
             for r, s in zip(replicas, statuses, strict=True)
             if s and s["store"]["role"] == "leader"
         ]
-        if len(leaders) == 1 and all(statuses):
+        # Each started (its /status answers while its start is under way), whatever
+        # else it reports: a replica halted by a failure is still one to wait for.
+        if len(leaders) == 1 and all(s and s["store"]["started"] for s in statuses):
             return leaders[0]
         time.sleep(0.1)
     errors = "".join(r.err_path.read_text()[-2000:] for r in replicas)

@@ -75,6 +75,7 @@ class StubReplica:
         self.write_takes_s = 0.0
         self.writes_done = 0
         self.synced = True
+        self.started = True
 
     async def members(self) -> list[tuple[str, str, bool]]:
         return [("a", "http://127.0.0.1:1", self.leads)]
@@ -338,6 +339,12 @@ def test_db_http_nodes_and_readiness() -> None:
     answers = run(_ask(replica, requests[:3]))
     assert [status for status, _ in answers] == [503, 200, 503], answers
     assert "[-]leader ok" in answers[0][1]
+    # Listening, but not yet in the election nor recorded among the database's
+    # replicas (its start under way): not ready, whoever leads.
+    replica.leads, replica.started = True, False
+    answers = run(_ask(replica, requests[:2]))
+    assert [status for status, _ in answers] == [503, 503], answers
+    assert "[-]node ok" in answers[0][1] and "[-]node ok" in answers[1][1]
 
 
 def test_db_http_queued_writes() -> None:
