@@ -208,7 +208,13 @@ def plot(results: list[dict], path: str, title: str) -> None:
     sizes = [r["ledgers"] for r in results]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for name in ("create", "open", "delete"):
-        left.plot(sizes, [r[name]["p99_ms"] for r in results], marker="o", label=f"{name} p99")
+        measured = [r for r in results if name in r]  # a run stopped early lacks a phase
+        left.plot(
+            [r["ledgers"] for r in measured],
+            [r[name]["p99_ms"] for r in measured],
+            marker="o",
+            label=f"{name} p99",
+        )
     left.plot(
         sizes,
         [r["writer_during_scans"]["p99_ms"] for r in results],
