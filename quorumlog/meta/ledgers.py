@@ -50,6 +50,7 @@ from quorumlog.meta.layout import (
     flat_path,
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.meta.paths import parent_of
 from quorumlog.meta.store import CreateOp, MetadataStore, Versioned, Watch, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,8 @@ class LedgerManager:
         self.store = store
         self.new_layout = new_layout
         self._layout: Layout | None = None  # kept once hierarchical: it never goes back
+        # A leaf's parent being created, shared by every create waiting for it.
+        self._parents_in_flight: dict[str, asyncio.Future[None]] = {}
 
     async def new_ledger_id(self) -> int:
         """A ledger id no client ever got before (starts at 1)."""
@@ -231,10 +234,38 @@ class LedgerManager:
         if other is not None and await self.store.exists(other) is not None:
             raise NodeExistsError(f"ledger {ledger_id} already exists ({other})")
         try:
-            await self.store.create(path, metadata.to_bytes())
+            if layout.is_hierarchical:
+                await self._create_in_leaf(path, metadata.to_bytes())
+            else:
+                await self.store.create(path, metadata.to_bytes())
         except NodeExistsError:
             raise NodeExistsError(f"ledger {ledger_id} already exists ({path})") from None
         return 0 if layout.is_hierarchical else FLAT_VERSION_BASE
+
+    async def _create_in_leaf(self, path: str, data: bytes) -> None:
+        """Create a ledger's node; its leaf's parent, when missing, once for all.
+
+        Ids are handed out in order, so the creates in flight land in the same new leaf
+        together: each making the parents itself (as ZooKeeper's ``makepath`` does) costs
+        a failed create and a path's worth of creates per ledger in flight, in one burst.
+        Here one create makes them, the others wait for it, then each creates its node."""
+        try:
+            await self.store.create(path, data, make_parents=False)
+            return
+        except NoNodeError:
+            pass
+        parent = parent_of(path)
+        making = self._parents_in_flight.get(parent)
+        if making is None:
+            making = asyncio.ensure_future(self._make_parents(parent))
+            self._parents_in_flight[parent] = making
+            making.add_done_callback(lambda _: self._parents_in_flight.pop(parent, None))
+        await asyncio.shield(making)
+        await self.store.create(path, data)  # parents again: a deletion may race it
+
+    async def _make_parents(self, parent: str) -> None:
+        with contextlib.suppress(NodeExistsError):
+            await self.store.create(parent)
 
     async def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         """The metadata of a ledger and its version; NoSuchLedgerError if absent."""

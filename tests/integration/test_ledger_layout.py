@@ -4,6 +4,7 @@ and walks in id order (docs/METADATA.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -137,6 +138,40 @@ def test_no_level_has_more_children_than_its_fan_out_and_walks_are_in_order(meta
             assert await LedgerManager(store).list_ledger_ids() == created
             assert max(sizes) <= SMALL.fan_out
             assert len(sizes) > 10
+
+    run(body())
+
+
+def test_creates_in_flight_into_a_new_leaf_make_its_parent_once(metadata_uri):
+    """Ids come in order, so the creates in flight enter a new leaf together: one of
+    them makes the leaf's parent and the others wait for it, instead of each making
+    the parents itself (a failed create and a path of creates each, in one burst)."""
+
+    async def body():
+        async with await open_store(metadata_uri) as store:
+            ledgers = LedgerManager(store, new_layout=SMALL)
+            await ledgers.create(metadata(1))  # the cluster's marker and first leaf
+            made: list[str] = []
+            create = store.create
+
+            async def counted(path: str, data: bytes = b"", **options) -> str:
+                if not path.rsplit("/", 1)[1].startswith("L"):
+                    made.append(path)
+                return await create(path, data, **options)
+
+            store.create = counted  # type: ignore[method-assign]
+            # 64 in flight: ledgers 100-163 fill two new leaves (100-199 is one).
+            await asyncio.gather(*(ledgers.create(metadata(i)) for i in range(100, 164)))
+            await asyncio.gather(*(ledgers.create(metadata(i)) for i in range(1000, 1064)))
+            assert made == [
+                "/ledgers/00/00/00/00/00/00/00/00/01",
+                "/ledgers/00/00/00/00/00/00/00/00/10",
+            ]
+            assert [i async for i in ledgers.ledger_ids()] == [
+                1,
+                *range(100, 164),
+                *range(1000, 1064),
+            ]
 
     run(body())
 
