@@ -154,9 +154,15 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
         end_time = self._virtual_now + base._clock_resolution
         while scheduled and scheduled[0][0] < end_time:
-            handle = heapq.heappop(scheduled)[1]
+            when, handle = heapq.heappop(scheduled)
             handle._scheduled = False
             ready.append(handle)
+            # A timer due within the clock's resolution runs now, as on asyncio's loop;
+            # but on a real clock time goes on, and here it would not: a waiter whose
+            # deadline lies one float step ahead would wake, see it not reached, wait
+            # again for that step, and spin. So the clock reaches every timer it runs.
+            if when > self._virtual_now:
+                self._virtual_now = when
 
         # Only the callbacks ready now run; those they schedule wait for the next turn.
         for _ in range(len(ready)):
