@@ -37,6 +37,7 @@ under-replication marks live outside ``/ledgers`` (``/counters``, ``/bookies``,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -76,6 +77,10 @@ class Layout:
     kind: str = HIERARCHICAL
     level_digits: int = LEVEL_DIGITS_DEFAULT
     marked: bool = True  # False: a flat cluster from before layouts (no marker)
+    # False only in a marker made with /ledgers itself: no ledger was ever created in
+    # the flat layout there, so a create need not look for one first. Absent (markers
+    # set on a cluster that held ledgers, and older markers): True.
+    flat_ledgers: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in (FLAT, HIERARCHICAL):
@@ -141,14 +146,28 @@ class Layout:
             return digits
         return None
 
+    def born_with_ledgers_path(self) -> Layout:
+        """This layout as the marker of a store whose /ledgers is created with it."""
+        return dataclasses.replace(self, flat_ledgers=False)
+
     def to_bytes(self) -> bytes:
-        return json.dumps({"layout": self.kind, "level_digits": self.level_digits}).encode()
+        return json.dumps(
+            {
+                "layout": self.kind,
+                "level_digits": self.level_digits,
+                "flat_ledgers": self.flat_ledgers,
+            }
+        ).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Layout:
         try:
             obj = json.loads(data)
-            return cls(str(obj["layout"]), int(obj.get("level_digits", LEVEL_DIGITS_DEFAULT)))
+            return cls(
+                str(obj["layout"]),
+                int(obj.get("level_digits", LEVEL_DIGITS_DEFAULT)),
+                flat_ledgers=bool(obj.get("flat_ledgers", True)),
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise MetadataError(f"{LAYOUT_PATH} holds no ledger layout: {data[:80]!r}") from exc
 

@@ -171,7 +171,7 @@ class LedgerManager:
     async def _layout_for_create(self) -> Layout:
         layout = await self.layout()
         if layout is None:
-            marker = self.new_layout.to_bytes()
+            marker = self.new_layout.born_with_ledgers_path().to_bytes()
             # NodeExistsError: another client made the cluster's first ledger.
             with contextlib.suppress(NodeExistsError):
                 await self.store.multi([CreateOp(LEDGERS_PATH), CreateOp(LAYOUT_PATH, marker)])
@@ -230,7 +230,8 @@ class LedgerManager:
         ledger_id = check_ledger_id(metadata.ledger_id)
         layout = await self._layout_for_create()
         path = layout.path(ledger_id)
-        other = flat_path(ledger_id) if layout.is_hierarchical else None
+        # A ledger created by an explicit id may already be flat, unless none ever was.
+        other = flat_path(ledger_id) if layout.is_hierarchical and layout.flat_ledgers else None
         if other is not None and await self.store.exists(other) is not None:
             raise NodeExistsError(f"ledger {ledger_id} already exists ({other})")
         try:

@@ -65,16 +65,18 @@ async def mark_hierarchical(store: MetadataStore, level_digits: int) -> Layout:
         try:
             found = await store.get(LAYOUT_PATH)
         except NoNodeError:
+            marker = wanted
             try:
                 if await store.exists(LEDGERS_PATH) is None:
+                    marker = wanted.born_with_ledgers_path()
                     await store.multi(
-                        [CreateOp(LEDGERS_PATH), CreateOp(LAYOUT_PATH, wanted.to_bytes())]
+                        [CreateOp(LEDGERS_PATH), CreateOp(LAYOUT_PATH, marker.to_bytes())]
                     )
                 else:
                     await store.create(LAYOUT_PATH, wanted.to_bytes(), make_parents=False)
             except NodeExistsError:
                 continue
-            return wanted
+            return marker
         current = Layout.from_bytes(found.data)
         if current.is_hierarchical:
             return current

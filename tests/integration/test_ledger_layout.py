@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 
 import pytest
@@ -23,6 +24,7 @@ from quorumlog.meta.layout import (
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState, new_ledger_metadata
 from quorumlog.meta.ledgers import FLAT_VERSION_BASE, LedgerManager
+from quorumlog.meta.migrate import mark_hierarchical
 from quorumlog.meta.store import MetadataStore
 from quorumlog.proto.entry import DigestType
 from quorumlog.server.gc import StoreGcMetadata, collect_once
@@ -60,8 +62,9 @@ def test_a_new_cluster_is_hierarchical_with_bookkeepers_path_shape(metadata_uri)
             ledgers = LedgerManager(store)
             assert await ledgers.layout() is None  # nothing yet: no marker, no /ledgers
             assert await ledgers.create(metadata(1)) == 0
-            assert await ledgers.layout() == Layout.hierarchical(4)
-            assert Layout.from_bytes((await store.get(LAYOUT_PATH)).data) == Layout()
+            born = Layout.hierarchical(4).born_with_ledgers_path()
+            assert await ledgers.layout() == born
+            assert Layout.from_bytes((await store.get(LAYOUT_PATH)).data) == born
             assert await ledgers.path_of(1) == "/ledgers/0000/0000/0000/0000/L0001"
             assert await store.children(LEDGERS_PATH) == ["0000", "LAYOUT"]
             await ledgers.create(metadata(12_345_678))
@@ -105,6 +108,50 @@ def test_a_flat_cluster_without_marker_keeps_working_as_flat(metadata_uri):
             await ledgers.delete(1)
             assert await ledgers.list_ledger_ids() == [3, 20, 21]
             assert await store.exists(LAYOUT_PATH) is None  # served as is, not converted
+
+    run(body())
+
+
+def test_a_cluster_born_hierarchical_creates_without_looking_for_flat_nodes(metadata_uri):
+    """A store whose /ledgers came with its marker never held a flat ledger: a create
+    there is one write, not a read of the flat place first."""
+
+    async def body():
+        async with await open_store(metadata_uri) as store:
+            ledgers = LedgerManager(store)
+            await ledgers.create(metadata(1))
+            assert json.loads((await store.get(LAYOUT_PATH)).data)["flat_ledgers"] is False
+            looked: list[str] = []
+            exists, get = store.exists, store.get
+
+            async def counted_exists(path: str, *args, **options):
+                looked.append(path)
+                return await exists(path, *args, **options)
+
+            async def counted_get(path: str, *args, **options):
+                looked.append(path)
+                return await get(path, *args, **options)
+
+            store.exists = counted_exists  # type: ignore[method-assign]
+            store.get = counted_get  # type: ignore[method-assign]
+            await asyncio.gather(*(ledgers.create(metadata(i)) for i in range(2, 40)))
+            await LedgerManager(store).create(metadata(40))  # a client new to the cluster
+            assert [p for p in looked if p != LAYOUT_PATH] == []
+
+    run(body())
+
+
+def test_a_cluster_marked_hierarchical_after_flat_ledgers_still_looks_for_them(metadata_uri):
+    async def body():
+        async with await open_store(metadata_uri) as store:
+            await make_flat(store, [3])
+            await mark_hierarchical(store, 4)
+            await make_flat(store, [7])  # a client that had not seen the marker yet
+            ledgers = LedgerManager(store)
+            assert (await ledgers.layout()).flat_ledgers
+            with pytest.raises(NodeExistsError, match="ledger 7 already exists"):
+                await ledgers.create(metadata(7))
+            assert await ledgers.create(metadata(8)) == 0
 
     run(body())
 
