@@ -11,9 +11,11 @@ copied), the time from the kill, and their ratio::
     python bench/autorecovery_heal.py --ledgers 20 --entries 10737 --entry-size 5000
 
 With ``--writer-rate N``, a writer appends 100 B entries at N a second (pipelined) to
-a ledger of its own on bookies the kill spares, from ``--idle-s`` seconds before the
-kill to the end of the repair; its add latency p50/p99 while idle and while the repair
-copies are printed side by side (repair must not starve writers).
+a ledger of its own on bookies the kill spares, for ``--idle-s`` seconds before the
+kill, through the repair, and ``--idle-s`` seconds after it; its add latency p50/p99
+while idle (both windows, each after a ``sync`` so that the page cache's writeback of
+what came before does not count as idle) and while the repair copies are printed side
+by side (repair must not starve writers).
 ``--rate-bytes-per-s`` is the daemon's copy rate bound (its default when not given)::
 
     python bench/autorecovery_heal.py --ledgers 30 --entries 12000 --entry-size 5000 \
@@ -235,6 +237,7 @@ def main() -> int:
                     writer.ready.wait(60)
                     if writer.error is not None:
                         raise writer.error
+                    os.sync()  # the 1 GiB just written reaches the disk before idle
                     time.sleep(2.0)  # connections and the first batches settle
                     writer.phase = "idle"
                     time.sleep(args.idle_s)
@@ -257,6 +260,10 @@ def main() -> int:
                     time.sleep(0.2)
                 heal_s = time.perf_counter() - killed
                 if writer is not None:
+                    writer.phase = "settling"
+                    os.sync()  # what the repair wrote reaches the disk before idle again
+                    writer.phase = "idle_after"
+                    time.sleep(args.idle_s)
                     writer.stop_event.set()
                     writer.join(timeout=120)
                 counts = daemon_metrics(admin_port)
@@ -289,18 +296,22 @@ def main() -> int:
                 "throttled_s": counts.get("quorumlog_autorecovery_copy_throttled_seconds"),
             }
             if writer is not None:
-                for phase in ("idle", "repair"):
-                    values = writer.latencies_ms.get(phase, [])
+                windows = dict(writer.latencies_ms)
+                windows["idle_both"] = windows.get("idle", []) + windows.get("idle_after", [])
+                for phase in ("idle", "idle_after", "idle_both", "repair"):
+                    values = windows.get(phase, [])
                     figures[f"writer_{phase}"] = {
                         "adds": len(values),
                         "p50_ms": round(percentile_ms(values, 0.50), 3),
                         "p99_ms": round(percentile_ms(values, 0.99), 3),
                     }
-                idle_p99 = percentile_ms(writer.latencies_ms.get("idle", []), 0.99)
-                repair_p99 = percentile_ms(writer.latencies_ms.get("repair", []), 0.99)
+                p99 = {phase: percentile_ms(windows.get(phase, []), 0.99) for phase in windows}
+                idle_p99, repair_p99 = p99["idle_both"], p99.get("repair", 0.0)
                 print(
                     f"writer at {args.writer_rate}/s on {','.join(writer.ensemble)}: p99 "
-                    f"{idle_p99:.2f} ms idle, {repair_p99:.2f} ms during the repair "
+                    f"{idle_p99:.2f} ms idle ({p99.get('idle', 0.0):.2f} before the kill, "
+                    f"{p99.get('idle_after', 0.0):.2f} after the repair), {repair_p99:.2f} ms "
+                    f"during the repair "
                     f"({repair_p99 / idle_p99 if idle_p99 else float('nan'):.2f}x)",
                     flush=True,
                 )

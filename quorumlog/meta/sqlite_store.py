@@ -33,6 +33,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import enum
 import logging
 import os
 import socket
@@ -189,8 +190,16 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
 _Call = tuple[Callable[..., Any], tuple[Any, ...]]
 
 
+class _Batch(enum.Enum):
+    """How an operation may share its trip to the store's thread (see _in_thread)."""
+
+    WRITES = "writes"  # with the writes queued beside it, in one commit
+    READS = "reads"  # with the reads queued beside it
+    ALONE = "alone"  # a trip of its own
+
+
 class _Queued(NamedTuple):
-    kind: str  # "write", "read" or "alone": see SqliteStore._in_thread
+    kind: _Batch
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     future: asyncio.Future[Any]
@@ -493,11 +502,11 @@ class SqliteStore(MetadataStore):
 
     # ------------------------------------------------------------------ plumbing
 
-    async def _in_thread(self, fn: Callable[..., T], *args: Any, kind: str = "alone") -> T:
+    async def _in_thread(self, fn: Callable[..., T], *args: Any, kind: _Batch = _Batch.ALONE) -> T:
         """Run ``fn(*args)`` on the store's thread, after every operation called before
-        it (the order ZooKeeper gives one session's requests). ``kind="write"``: it may
-        share one commit with the writes queued beside it; ``"read"``: one trip to the
-        thread with the reads beside it; ``"alone"``: a trip of its own."""
+        it (the order ZooKeeper gives one session's requests). ``kind``: whether it may
+        share one commit with the writes queued beside it, one trip to the thread with
+        the reads beside it, or take a trip of its own."""
         if self._closed:
             raise MetadataError(f"metadata store {self.uri} is closed")
         future: asyncio.Future[T] = self._loop.create_future()
@@ -514,14 +523,14 @@ class SqliteStore(MetadataStore):
                 group = [self._queue.popleft()]
                 while (
                     self._queue
-                    and group[0].kind != "alone"
-                    and self._queue[0].kind == group[0].kind
+                    and group[0].kind is not _Batch.ALONE
+                    and self._queue[0].kind is group[0].kind
                     and len(group) < GROUP_COMMIT_MAX_OPS
                 ):
                     group.append(self._queue.popleft())
                 calls = [(item.fn, item.args) for item in group]
                 try:
-                    if group[0].kind == "write" and len(group) > 1:
+                    if group[0].kind is _Batch.WRITES and len(group) > 1:
                         outcomes = await self._loop.run_in_executor(
                             self._executor, self._group_commit, calls
                         )
@@ -624,7 +633,7 @@ class SqliteStore(MetadataStore):
     async def get(self, path: str) -> Versioned:
         check_path(path)
         self._check_alive_for(path)
-        row = await self._in_thread(self._get, path, kind="read")
+        row = await self._in_thread(self._get, path, kind=_Batch.READS)
         if row is None:
             raise NoNodeError(f"metadata path {path} does not exist")
         return Versioned(bytes(row[0]), row[1])
@@ -636,7 +645,7 @@ class SqliteStore(MetadataStore):
 
     async def exists(self, path: str) -> int | None:
         check_path(path)
-        row = await self._in_thread(self._get, path, kind="read")
+        row = await self._in_thread(self._get, path, kind=_Batch.READS)
         return None if row is None else int(row[1])
 
     async def create(
@@ -656,7 +665,7 @@ class SqliteStore(MetadataStore):
                 f"metadata session {self.session_id} expired: cannot create ephemeral {path}"
             )
         created = await self._in_thread(
-            self._create, path, bytes(data), ephemeral, sequential, make_parents, kind="write"
+            self._create, path, bytes(data), ephemeral, sequential, make_parents, kind=_Batch.WRITES
         )
         if ephemeral:
             self._own_ephemerals.add(created)
@@ -722,7 +731,7 @@ class SqliteStore(MetadataStore):
     async def set(self, path: str, data: bytes, version: int = -1) -> int:
         check_path(path)
         self._check_alive_for(path)
-        return await self._in_thread(self._set, path, bytes(data), version, kind="write")
+        return await self._in_thread(self._set, path, bytes(data), version, kind=_Batch.WRITES)
 
     def _set(self, path: str, data: bytes, version: int) -> int:
         conn = self._db()
@@ -746,7 +755,7 @@ class SqliteStore(MetadataStore):
         if path == ROOT:
             raise MetadataError("metadata path / cannot be deleted")
         self._check_alive_for(path)
-        await self._in_thread(self._delete, path, version, kind="write")
+        await self._in_thread(self._delete, path, version, kind=_Batch.WRITES)
         self._own_ephemerals.discard(path)
 
     def _delete(self, path: str, version: int) -> None:
@@ -771,7 +780,7 @@ class SqliteStore(MetadataStore):
             check_path(op.path)
             if op.path == ROOT and not isinstance(op, CheckOp):
                 raise MetadataError("metadata path / cannot be created, set or deleted")
-        await self._in_thread(self._multi, list(ops), kind="write")
+        await self._in_thread(self._multi, list(ops), kind=_Batch.WRITES)
         for op in ops:
             if isinstance(op, DeleteOp):
                 self._own_ephemerals.discard(op.path)
@@ -819,7 +828,7 @@ class SqliteStore(MetadataStore):
 
     async def children(self, path: str) -> list[str]:
         check_path(path)
-        found = await self._in_thread(self._children, path, kind="read")
+        found = await self._in_thread(self._children, path, kind=_Batch.READS)
         if found is None:
             raise NoNodeError(f"metadata path {path} does not exist")
         return found
@@ -845,7 +854,7 @@ class SqliteStore(MetadataStore):
     async def next_id(self, counter: str, count: int = 1) -> int:
         check_counter_name(counter)
         check_id_count(counter, count)
-        return await self._in_thread(self._next_id, counter, count, kind="write")
+        return await self._in_thread(self._next_id, counter, count, kind=_Batch.WRITES)
 
     def _next_id(self, counter: str, count: int) -> int:
         conn = self._db()
