@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from quorumlog.bookie.errors import BookieStartError
 from quorumlog.commands import bookie_files, gc_trigger, orphans
 from quorumlog.errors import BKError
+from quorumlog.meta.layout import LEVEL_DIGITS_DEFAULT
 from quorumlog.security import options as security_options
 
 if TYPE_CHECKING:
@@ -75,8 +76,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     migrate.add_argument(
         "--level-digits",
         type=int,
-        default=4,
-        help="digits per level of a cluster not yet hierarchical (4: 10,000 children)",
+        default=LEVEL_DIGITS_DEFAULT,
+        help="digits per level of a cluster not yet hierarchical (3: 1,000 children)",
     )
     migrate.add_argument(
         "--reads-per-s",

@@ -6,20 +6,24 @@ flat ``/ledgers`` stops being listable at about 80,000 ledgers, and every GC rou
 audit and ``listledgers`` lists it whole.
 
 The hierarchical layout (BookKeeper's ``LongHierarchicalLedgerManager``) splits the
-zero-padded id into levels of ``level_digits`` digits; ledger 1 with the default 4::
+zero-padded id into levels of ``level_digits`` digits; ledger 1 with the default 3::
 
-    /ledgers/0000/0000/0000/0000/L0001
+    /ledgers/000/000/000/000/000/000/L001
 
-so no node has more than ``10 ** level_digits`` children (10,000 by default). Ids are
+so no node has more than ``10 ** level_digits`` children (1,000 by default). Ids are
 63-bit: at most 19 decimal digits (9,223,372,036,854,775,807). They are padded to the
-smallest multiple of ``level_digits`` that is at least 20 digits (20 for 4 digits: five
-levels), one digit more than they need, so the first level is always ``0000`` to
-``0922``. That wasted digit buys something: a first-level name always begins with a
-zero, which a flat ledger's name never does (``0`` itself is one digit, shorter than
-any level), so the two layouts can share ``/ledgers`` while a cluster moves from one
-to the other, and no name can be taken for the other kind. The leaf carries
+smallest multiple of ``level_digits`` that is at least 20 digits (21 for 3 digits:
+seven levels; 20 for 4: five), at least one digit more than they need, so the first
+level is always ``000`` to ``009``. That wasted digit buys something: a first-level
+name always begins with a zero, which a flat ledger's name never does (``0`` itself is
+one digit, shorter than any level), so the two layouts can share ``/ledgers`` while a
+cluster moves from one to the other, and no name can be taken for the other kind. The leaf carries
 BookKeeper's ``L`` prefix so a ledger node never looks like a directory. BookKeeper's
-own split is 3+4+4+4+4 digits; ours differs only by that leading ``0``.
+own split is 3+4+4+4+4 digits, which ``level_digits=4`` matches but for the leading
+``0``. The default is 3: ZooKeeper answers a listing of 10,000 names in about 10 ms,
+during which the requests behind it on the server wait, so a scan of 4-digit levels
+held a writer's p99 at 3.8x its idle one at 100,000 ledgers, 1,000-name levels at
+1.7x (2.35x at a million: docs/PERFORMANCE.md).
 
 ``/ledgers/LAYOUT`` (JSON) says which layout new ledgers go to, and the level width.
 A store without it whose ``/ledgers`` exists is a flat cluster from before layouts
@@ -52,7 +56,7 @@ HIERARCHICAL = "hierarchical"
 
 # 63-bit ids need 19 digits; one more keeps first-level names apart from flat names.
 ID_DIGITS_MIN = 20
-LEVEL_DIGITS_DEFAULT = 4
+LEVEL_DIGITS_DEFAULT = 3
 LEAF_PREFIX = "L"
 LEDGER_ID_MAX = (1 << 63) - 1
 
@@ -70,8 +74,8 @@ class Layout:
     Example::
 
         layout = Layout.hierarchical()
-        layout.path(1)         # '/ledgers/0000/0000/0000/0000/L0001'
-        layout.path(10_001)    # '/ledgers/0000/0000/0000/0001/L0001'
+        layout.path(1)         # '/ledgers/000/000/000/000/000/000/L001'
+        layout.path(10_001)    # '/ledgers/000/000/000/000/000/010/L001'
     """
 
     kind: str = HIERARCHICAL

@@ -3,7 +3,7 @@
 Layout (see docs/METADATA.md and :mod:`quorumlog.meta.layout`)::
 
     /ledgers/LAYOUT                        which layout new ledgers go to (JSON)
-    /ledgers/0000/0000/0000/0000/L0001     ledger 1 in the hierarchical layout (default)
+    /ledgers/000/000/000/000/000/000/L001  ledger 1 in the hierarchical layout (default)
     /ledgers/<ledger id>                   a ledger in the flat layout (older clusters)
     next_id("ledgers")                     ledger ids, unique across every client, from 1
 
@@ -122,7 +122,7 @@ class LedgerManager:
             ...
 
     ``new_layout`` is the layout a store without ledgers gets with its first ledger
-    (tests pass a small ``level_digits`` to see levels fill without 10,000 ledgers).
+    (tests pass a small ``level_digits`` to see levels fill without 1,000 ledgers).
     """
 
     def __init__(self, store: MetadataStore, *, new_layout: Layout = DEFAULT_LAYOUT) -> None:
@@ -351,7 +351,7 @@ class LedgerManager:
     ) -> AsyncIterator[int]:
         """Every ledger id, in increasing order, walking the layout level by level.
 
-        At most one listing per level is held at a time (10,000 names by default),
+        At most one listing per level is held at a time (1,000 names by default),
         never the whole cluster's, except the flat ledgers of a flat cluster (that
         layout has but one level). Listings are spaced to ``reads_per_s`` (None: no
         limit). A ledger created or deleted during the walk may or may not be listed;

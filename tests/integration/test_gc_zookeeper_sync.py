@@ -93,9 +93,11 @@ def test_r18_gc_on_zookeeper_syncs_before_the_listing_and_the_existence_reads(
     dropped, calls, gone = run(scenario())
     assert dropped == 1
     cookie = f"{COOKIES_PATH}/{ADDRESS}"
-    leaf = DEFAULT_LAYOUT.path(1)  # /ledgers/0000/0000/0000/0000/L0001
+    leaf = DEFAULT_LAYOUT.path(1)  # /ledgers/000/000/000/000/000/000/L001
     directories = leaf.split("/")[2:-1]
-    levels = [LEDGERS_PATH + "/" + "/".join(directories[:n]) for n in range(1, 5)]
+    levels = [
+        LEDGERS_PATH + "/" + "/".join(directories[:n]) for n in range(1, len(directories) + 1)
+    ]
     missing = DEFAULT_LAYOUT.path(gone)
     assert calls == [
         ("sync", LEDGERS_PATH),

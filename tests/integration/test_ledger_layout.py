@@ -56,22 +56,26 @@ async def flat_ids(store: MetadataStore) -> list[int]:
     return sorted(i for i in map(flat_ledger_id, names) if i is not None)
 
 
-def test_a_new_cluster_is_hierarchical_with_bookkeepers_path_shape(metadata_uri):
+def test_a_new_cluster_is_hierarchical_with_1000_names_a_level(metadata_uri):
     async def body():
         async with await open_store(metadata_uri) as store:
             ledgers = LedgerManager(store)
             assert await ledgers.layout() is None  # nothing yet: no marker, no /ledgers
             assert await ledgers.create(metadata(1)) == 0
-            born = Layout.hierarchical(4).born_with_ledgers_path()
+            born = Layout.hierarchical(3).born_with_ledgers_path()
             assert await ledgers.layout() == born
             assert Layout.from_bytes((await store.get(LAYOUT_PATH)).data) == born
-            assert await ledgers.path_of(1) == "/ledgers/0000/0000/0000/0000/L0001"
-            assert await store.children(LEDGERS_PATH) == ["0000", "LAYOUT"]
+            assert await ledgers.path_of(1) == "/ledgers/000/000/000/000/000/000/L001"
+            assert await store.children(LEDGERS_PATH) == ["000", "LAYOUT"]
             await ledgers.create(metadata(12_345_678))
-            assert await ledgers.path_of(12_345_678) == "/ledgers/0000/0000/0000/1234/L5678"
+            assert await ledgers.path_of(12_345_678) == "/ledgers/000/000/000/000/012/345/L678"
             biggest = (1 << 63) - 1
             await ledgers.create(metadata(biggest))
-            assert await ledgers.path_of(biggest) == "/ledgers/0922/3372/0368/5477/L5807"
+            assert await ledgers.path_of(biggest) == "/ledgers/009/223/372/036/854/775/L807"
+            # 4 digits a level: BookKeeper's own split, but for the leading 0.
+            bookkeeper_like = Layout.hierarchical(4)
+            assert bookkeeper_like.path(12_345_678) == "/ledgers/0000/0000/0000/1234/L5678"
+            assert bookkeeper_like.path(biggest) == "/ledgers/0922/3372/0368/5477/L5807"
             with pytest.raises(NodeExistsError, match="ledger 1 "):
                 await ledgers.create(metadata(1))
             # A second client sees the same layout and every ledger.
