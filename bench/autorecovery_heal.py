@@ -298,19 +298,20 @@ def main() -> int:
             if writer is not None:
                 windows = dict(writer.latencies_ms)
                 windows["idle_both"] = windows.get("idle", []) + windows.get("idle_after", [])
+                p99: dict[str, float] = {}
                 for phase in ("idle", "idle_after", "idle_both", "repair"):
                     values = windows.get(phase, [])
+                    p99[phase] = percentile_ms(values, 0.99)
                     figures[f"writer_{phase}"] = {
                         "adds": len(values),
                         "p50_ms": round(percentile_ms(values, 0.50), 3),
-                        "p99_ms": round(percentile_ms(values, 0.99), 3),
+                        "p99_ms": round(p99[phase], 3),
                     }
-                p99 = {phase: percentile_ms(windows.get(phase, []), 0.99) for phase in windows}
-                idle_p99, repair_p99 = p99["idle_both"], p99.get("repair", 0.0)
+                idle_p99, repair_p99 = p99["idle_both"], p99["repair"]
                 print(
                     f"writer at {args.writer_rate}/s on {','.join(writer.ensemble)}: p99 "
-                    f"{idle_p99:.2f} ms idle ({p99.get('idle', 0.0):.2f} before the kill, "
-                    f"{p99.get('idle_after', 0.0):.2f} after the repair), {repair_p99:.2f} ms "
+                    f"{idle_p99:.2f} ms idle ({p99['idle']:.2f} before the kill, "
+                    f"{p99['idle_after']:.2f} after the repair), {repair_p99:.2f} ms "
                     f"during the repair "
                     f"({repair_p99 / idle_p99 if idle_p99 else float('nan'):.2f}x)",
                     flush=True,

@@ -41,9 +41,8 @@ under-replication marks live outside ``/ledgers`` (``/counters``, ``/bookies``,
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from quorumlog.errors import MetadataError, NoSuchLedgerError
 
@@ -152,7 +151,7 @@ class Layout:
 
     def born_with_ledgers_path(self) -> Layout:
         """This layout as the marker of a store whose /ledgers is created with it."""
-        return dataclasses.replace(self, flat_ledgers=False)
+        return replace(self, flat_ledgers=False)
 
     def to_bytes(self) -> bytes:
         return json.dumps(

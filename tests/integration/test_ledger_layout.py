@@ -162,7 +162,7 @@ def test_a_cluster_marked_hierarchical_after_flat_ledgers_still_looks_for_them(m
 
 def test_no_level_has_more_children_than_its_fan_out_and_walks_are_in_order(metadata_uri):
     """A fan-out of 100 (2 digits a level) shows the split with a few hundred ledgers;
-    the default's 10,000 is the same code with 4 digits."""
+    the default's 1,000 is the same code with 3 digits."""
 
     async def body():
         async with await open_store(metadata_uri) as store:
