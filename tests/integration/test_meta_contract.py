@@ -900,7 +900,9 @@ def test_zk_session_and_watches_survive_a_server_restart():
 
         async def body():
             uri = server.uri("/restart")
-            async with await open_store(uri, session_timeout_ms=10_000) as store:
+            # 30 s: a JVM restarting on a loaded machine took over 10 s to serve again,
+            # and the session expired before the client could come back.
+            async with await open_store(uri, session_timeout_ms=30_000) as store:
                 states: list[SessionState] = []
                 store.add_session_listener(states.append)
                 await store.create("/held", b"", ephemeral=True)
@@ -925,4 +927,4 @@ def test_zk_session_and_watches_survive_a_server_restart():
                     assert await other.exists("/held") == 0  # same session: ephemeral kept
                     assert (await store.get("/node")).data == b"2"
 
-        run(body())
+        run(body(), timeout_s=120)
