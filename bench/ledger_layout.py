@@ -10,7 +10,9 @@ bookie paces it), and deleting each ledger. Create, open and delete report p50/p
 operation. While scans repeat for ``--probe-s`` seconds, a writer in a process of its
 own creates and deletes one ledger's metadata at ``--probe-per-s``; the same writer runs
 as long with no scan first, and the two windows alternate ``--probe-rounds`` times: the
-ratio of its p99s over all windows is what a scan costs writers.
+ratio of its p99s over all windows is what a scan costs writers. ``--compare-reads-per-s``
+adds a third window to each round, scans at that pace, so two paces are compared in one
+run (``compare_writer_p99_ratio``).
 
 Prints one JSON line per phase; ``--out FILE`` also writes every size's phases as one
 JSON document, and ``--plot FILE.png`` draws p99 and scan time against the size::
@@ -41,11 +43,13 @@ from quorumlog.meta.ledger_metadata import new_ledger_metadata
 from quorumlog.meta.ledgers import LedgerManager
 from quorumlog.meta.store import MetadataStore
 from quorumlog.proto.entry import DigestType
+from quorumlog.server.config import ServerConfig
 from quorumlog.server.local_zookeeper import ZooKeeperServer
 
 BOOKIES = ("127.0.0.1:3181", "127.0.0.1:3182", "127.0.0.1:3183")
 PROBE_IDS_PER_WINDOW = 1_000_000  # ledger ids a probe window may use, past the cluster's
 MAX_PROBE_ROUNDS = 10
+WINDOWS_PER_ROUND = 3  # idle, scans at the pace, scans at the compared pace
 
 
 def percentile_ms(latencies_s: Sequence[float], fraction: float) -> float:
@@ -138,7 +142,7 @@ async def bench_one(uri: str, count: int, layout: Layout, args: argparse.Namespa
             await store.create(LEDGERS_PATH)  # no marker: a flat cluster
         ledgers = LedgerManager(store, new_layout=layout)
         first = await ledgers.reserve_ledger_ids(
-            count + 2 * MAX_PROBE_ROUNDS * PROBE_IDS_PER_WINDOW
+            count + WINDOWS_PER_ROUND * MAX_PROBE_ROUNDS * PROBE_IDS_PER_WINDOW
         )
         ids = range(first, first + count)
         probe_first = first + count  # the probe's ids, past the cluster's
@@ -159,42 +163,52 @@ async def bench_one(uri: str, count: int, layout: Layout, args: argparse.Namespa
 
         # Idle and busy windows alternate, so that a drift of the machine (another
         # process, the disk's cache) weighs on both sides of the ratio alike.
+        paces = {"": reads_per_s}
+        if args.compare_reads_per_s is not None:
+            paces["compare_"] = args.compare_reads_per_s or None
         idle: list[float] = []
-        busy: list[float] = []
-        ratios: list[float] = []
-        scans = 0
+        busy: dict[str, list[float]] = {name: [] for name in paces}
+        ratios: dict[str, list[float]] = {name: [] for name in paces}
+        scans = dict.fromkeys(paces, 0)
 
-        async def scan_repeatedly() -> None:
-            nonlocal scans
+        async def scan_repeatedly(name: str) -> None:
             deadline = time.monotonic() + args.probe_s
             while time.monotonic() < deadline:
-                await scan(ledgers, snapshot, reads_per_s)
-                scans += 1
+                await scan(ledgers, snapshot, paces[name])
+                scans[name] += 1
 
         for window in range(args.probe_rounds):
-            first_id = probe_first + 2 * window * PROBE_IDS_PER_WINDOW
+            first_id = probe_first + WINDOWS_PER_ROUND * window * PROBE_IDS_PER_WINDOW
             alone = await probe(uri, first_id, args.probe_per_s, args.probe_s)
-            beside, _ = await asyncio.gather(
-                probe(uri, first_id + PROBE_IDS_PER_WINDOW, args.probe_per_s, args.probe_s),
-                scan_repeatedly(),
-            )
             idle += alone
-            busy += beside
-            ratios.append(round(percentile_ms(beside, 0.99) / percentile_ms(alone, 0.99), 2))
+            for offset, name in enumerate(paces, start=1):
+                beside, _ = await asyncio.gather(
+                    probe(
+                        uri,
+                        first_id + offset * PROBE_IDS_PER_WINDOW,
+                        args.probe_per_s,
+                        args.probe_s,
+                    ),
+                    scan_repeatedly(name),
+                )
+                busy[name] += beside
+                ratio = percentile_ms(beside, 0.99) / percentile_ms(alone, 0.99)
+                ratios[name].append(round(ratio, 2))
         probe_s = args.probe_s * args.probe_rounds
         rows["writer_idle"] = phase("writer_idle", len(idle), probe_s, idle)
-        rows["writer_during_scans"] = phase("writer_during_scans", len(busy), probe_s, busy)
-        rows["writer_p99_ratio"] = round(
-            rows["writer_during_scans"]["p99_ms"] / rows["writer_idle"]["p99_ms"], 2
-        )
-        rows["writer_p99_ratio_per_round"] = ratios
-        rows["scans_during_probe"] = scans
-        print(
-            json.dumps(
-                {"writer_p99_ratio": rows["writer_p99_ratio"], "per_round": ratios, "scans": scans}
-            ),
-            flush=True,
-        )
+        summary: dict[str, Any] = {}
+        for name, pace in paces.items():
+            during = phase(f"writer_during_{name}scans", len(busy[name]), probe_s, busy[name])
+            rows[f"writer_during_{name}scans"] = during
+            rows[f"{name}scan_reads_per_s"] = pace
+            rows[f"{name}writer_p99_ratio"] = round(
+                during["p99_ms"] / rows["writer_idle"]["p99_ms"], 2
+            )
+            rows[f"{name}writer_p99_ratio_per_round"] = ratios[name]
+            rows[f"{name}scans_during_probe"] = scans[name]
+            summary[f"{name}writer_p99_ratio"] = rows[f"{name}writer_p99_ratio"]
+            summary[f"{name}per_round"] = ratios[name]
+        print(json.dumps(summary), flush=True)
         rows["delete"] = await timed("delete", ids, ledgers.delete, args.in_flight)
     finally:
         await store.close()
@@ -256,8 +270,13 @@ def main() -> int:
     parser.add_argument(
         "--scan-reads-per-s",
         type=float,
-        default=1000.0,
+        default=ServerConfig().gc_metadata_reads_per_s,
         help="the scan's pace, as a bookie's gc_metadata_reads_per_s (0: none)",
+    )
+    parser.add_argument(
+        "--compare-reads-per-s",
+        type=float,
+        help="a second pace whose scans get windows of their own in each round (0: none)",
     )
     parser.add_argument("--probe-per-s", type=float, default=100.0)
     parser.add_argument("--probe-s", type=float, default=5.0, help="seconds per window")
