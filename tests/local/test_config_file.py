@@ -154,6 +154,6 @@ def test_the_gc_walk_s_pace_reaches_the_server_and_0_means_no_limit() -> None:
     from quorumlog.server.options import configs_from_args
 
     argv = ["bookie", "--data-dir", "x", "--metadata", "sqlite:///tmp/m.db"]
-    assert configs_from_args(_parse(argv))[1].gc_metadata_reads_per_s == 1000.0
+    assert configs_from_args(_parse(argv))[1].gc_metadata_reads_per_s == 100.0
     unpaced = _parse([*argv, "--gc-metadata-reads-per-s", "0"])
     assert configs_from_args(unpaced)[1].gc_metadata_reads_per_s is None
