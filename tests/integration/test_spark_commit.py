@@ -33,6 +33,18 @@ from quorumlog.spark.commit import TaskResult
 MAX_PARTITIONS = 8
 
 
+@pytest.fixture(autouse=True)
+def _close_the_drivers_clients() -> Iterator[None]:
+    """Tests here reach the driver's own clients (``scan.client_for``); closed after
+    each, or their ZooKeeper clients outlive the test's server, reconnecting for ever."""
+    from quorumlog.spark import scan
+
+    try:
+        yield
+    finally:
+        scan.shutdown()
+
+
 async def task(
     bk: BookKeeper,
     token: str,
