@@ -15,7 +15,11 @@ a ledger of its own on bookies the kill spares, for ``--idle-s`` seconds before 
 kill, through the repair, and ``--idle-s`` seconds after it; its add latency p50/p99
 while idle (both windows, each after a ``sync`` so that the page cache's writeback of
 what came before does not count as idle) and while the repair copies are printed side
-by side (repair must not starve writers).
+by side (repair must not starve writers). The writer runs in a process of its own, so
+that this process's polling of the repair's progress does not count as repair; the
+cores each process used in each window are printed beside, and first the disk's own
+floor: a small fdatasync's p99 alone and beside bulk writes at twice the copy rate (a
+copy writes its bytes to the target's journal and entry log), with no bookie at all.
 ``--rate-bytes-per-s`` is the daemon's copy rate bound (its default when not given)::
 
     python bench/autorecovery_heal.py --ledgers 30 --entries 12000 --entry-size 5000 \
@@ -47,9 +51,14 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 import quorumlog.aio as aio
+from quorumlog.bench.workloads import processes_cpu_s
 from quorumlog.client.sync import new_event_loop
 from quorumlog.meta.underreplication import UnderReplicationManager
+from quorumlog.replication.throttle import RATE_BYTES_PER_S_DEFAULT
 from quorumlog.server.local_cluster import LocalCluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # ``peers``
+from peers import disk
 
 
 async def write(uri: str, ledgers: int, entries: int, size: int) -> dict[str, int]:
@@ -83,7 +92,8 @@ async def state(uri: str, lost: str) -> tuple[int, bool]:
 
 class PacedWriter(threading.Thread):
     """Appends 100 B entries at ``rate`` a second on its own loop and connection, each
-    add's latency filed under the phase current when it was sent."""
+    add's latency filed under the phase current when it was sent. Runs in the writer's
+    process (:func:`writer_child`)."""
 
     def __init__(self, uri: str, rate: int, avoid: str) -> None:
         super().__init__(daemon=True)
@@ -134,10 +144,92 @@ class PacedWriter(threading.Thread):
                     pending.add(task)
                     task.add_done_callback(pending.discard)
                     next_at += interval_s
-                await asyncio.sleep(max(0.0, next_at - loop.time()))
+                # A tick of at least 1 ms: uvloop's timers count whole ms, and a shorter
+                # sleep returns at once, so a writer at 2000/s would spin a core.
+                await asyncio.sleep(max(0.001, next_at - loop.time()))
             if pending:
                 await asyncio.gather(*pending)
             await handle.close()
+
+
+def writer_child(uri: str, rate: int, avoid: str) -> int:
+    """The writer's process: prints ``ready <ensemble>``, takes phase names from stdin
+    (``stop`` ends the run), then prints each phase's latencies as one JSON line."""
+    writer = PacedWriter(uri, rate, avoid)
+    writer.start()
+    writer.ready.wait(60)
+    if writer.error is not None:
+        raise writer.error
+    print("ready " + ",".join(writer.ensemble), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "stop":
+            break
+        writer.phase = line.strip()
+    writer.stop_event.set()
+    writer.join(timeout=120)
+    if writer.error is not None:
+        raise writer.error
+    print(json.dumps(writer.latencies_ms), flush=True)
+    return 0
+
+
+class WriterProcess:
+    """:class:`PacedWriter` in a child process, steered through its stdin."""
+
+    def __init__(self, uri: str, rate: int, avoid: str) -> None:
+        self.child = subprocess.Popen(
+            [sys.executable, __file__, "--writer-child", uri, str(rate), avoid],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.child.stdin is not None and self.child.stdout is not None
+        self.stdin, self.stdout = self.child.stdin, self.child.stdout
+        ready = self.stdout.readline()
+        if not ready.startswith("ready "):
+            self.child.kill()
+            raise RuntimeError(f"the writer process did not start: {ready!r}")
+        self.ensemble = ready.split()[1].split(",")
+
+    def set_phase(self, name: str) -> None:
+        self.stdin.write(name + "\n")
+        self.stdin.flush()
+
+    def stop(self) -> dict[str, list[float]]:
+        """Stops the writer; each phase's add latencies, in ms."""
+        self.set_phase("stop")
+        out = self.stdout.readline()
+        self.child.wait(timeout=120)
+        if self.child.returncode != 0 or not out:
+            raise RuntimeError(f"the writer process exited with status {self.child.returncode}")
+        latencies: dict[str, list[float]] = json.loads(out)
+        return latencies
+
+
+class CpuWindows:
+    """The cores each role used in each window: CPU seconds (/proc) over wall seconds.
+    On a machine with few cores, what a repair costs writers is mostly the CPU it takes."""
+
+    def __init__(self, roles: dict[str, list[int]]) -> None:
+        self.roles = roles
+        self.cores: dict[str, dict[str, float]] = {}
+        self._open: tuple[str, float, dict[str, float]] | None = None
+
+    def _read(self) -> dict[str, float]:
+        return {role: processes_cpu_s(pids) for role, pids in self.roles.items()}
+
+    def begin(self, window: str) -> None:
+        self._open = (window, time.monotonic(), self._read())
+
+    def end(self) -> None:
+        assert self._open is not None, "end() without begin()"
+        window, started, before = self._open
+        wall_s = time.monotonic() - started
+        after = self._read()
+        used = {role: round((after[role] - before[role]) / wall_s, 2) for role in after}
+        self.cores[window] = used
+        self.cores[window]["all"] = round(sum(self.cores[window].values()), 2)
+        self._open = None
 
 
 def percentile_ms(values: list[float], fraction: float) -> float:
@@ -158,6 +250,9 @@ def daemon_metrics(admin_port: int) -> dict[str, float]:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--writer-child"]:
+        uri, rate, avoid = sys.argv[2:5]
+        return writer_child(uri, int(rate), avoid)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--ledgers", type=int, default=20)
     parser.add_argument("--entries", type=int, default=10_000)
@@ -191,6 +286,19 @@ def main() -> int:
         else:
             uri = "sqlite://" + os.path.join(tmp, "metadata.db")
         print(f"metadata: {uri}", flush=True)
+        rate = RATE_BYTES_PER_S_DEFAULT if args.rate_bytes_per_s is None else args.rate_bytes_per_s
+        floor = None
+        if args.writer_rate and rate:
+            # A copy writes each byte twice on its target (journal, entry log): what
+            # that much bulk writing costs a small fdatasync on this disk, with no
+            # bookie at all, is the floor under the writer's ratio below.
+            floor = disk.fdatasync_beside_bulk(tmp, 2 * rate)
+            print(
+                f"disk floor: fdatasync p99 {floor['alone']['p99_ms']} ms alone, "
+                f"{floor['beside']['p99_ms']} ms beside {floor['bulk_mb_per_s']} MB/s of "
+                f"bulk writes ({floor['p99_ratio']}x)",
+                flush=True,
+            )
         with LocalCluster(
             uri, tmp, 5, extra_args=["--metadata-session-timeout-ms", "2000"]
         ) as cluster:
@@ -232,16 +340,31 @@ def main() -> int:
                 loop.run_until_complete(no_delay())
                 writer = None
                 if args.writer_rate:
-                    writer = PacedWriter(uri, args.writer_rate, lost)
-                    writer.start()
-                    writer.ready.wait(60)
-                    if writer.error is not None:
-                        raise writer.error
+                    writer = WriterProcess(uri, args.writer_rate, lost)
+                    stack.callback(writer.child.kill)  # a failed run leaves no writer
+                    ours = writer.ensemble
+                    theirs = [b.process.pid for b in cluster.bookies if b.address in ours]
+                    others = [
+                        b.process.pid
+                        for b in cluster.bookies
+                        if b.address not in writer.ensemble and b.address != lost
+                    ]
+                    cpu = CpuWindows(
+                        {
+                            "writer_bookies": theirs,
+                            "other_bookies": others,
+                            "daemon": [daemon.pid],
+                            "writer": [writer.child.pid],
+                            "bench": [os.getpid()],
+                        }
+                    )
                     os.sync()  # the 1 GiB just written reaches the disk before idle
                     time.sleep(2.0)  # connections and the first batches settle
-                    writer.phase = "idle"
+                    writer.set_phase("idle")
+                    cpu.begin("idle")
                     time.sleep(args.idle_s)
-                    writer.phase = "detection"
+                    cpu.end()
+                    writer.set_phase("detection")
                 cluster.kill(index)
                 killed = time.perf_counter()
                 detected_s = None
@@ -251,7 +374,8 @@ def main() -> int:
                     if detected_s is None and marked:
                         detected_s = time.perf_counter() - killed
                         if writer is not None:
-                            writer.phase = "repair"
+                            writer.set_phase("repair")
+                            cpu.begin("repair")
                     if not marked and not named:
                         break
                     if time.monotonic() > deadline:
@@ -259,13 +383,16 @@ def main() -> int:
                         return 1
                     time.sleep(0.2)
                 heal_s = time.perf_counter() - killed
+                latencies_ms: dict[str, list[float]] = {}
                 if writer is not None:
-                    writer.phase = "settling"
+                    cpu.end()
+                    writer.set_phase("settling")
                     os.sync()  # what the repair wrote reaches the disk before idle again
-                    writer.phase = "idle_after"
+                    writer.set_phase("idle_after")
+                    cpu.begin("idle_after")
                     time.sleep(args.idle_s)
-                    writer.stop_event.set()
-                    writer.join(timeout=120)
+                    cpu.end()
+                    latencies_ms = writer.stop()
                 counts = daemon_metrics(admin_port)
             finally:
                 os.kill(daemon.pid, signal.SIGTERM)
@@ -296,7 +423,7 @@ def main() -> int:
                 "throttled_s": counts.get("quorumlog_autorecovery_copy_throttled_seconds"),
             }
             if writer is not None:
-                windows = dict(writer.latencies_ms)
+                windows = dict(latencies_ms)
                 windows["idle_both"] = windows.get("idle", []) + windows.get("idle_after", [])
                 p99: dict[str, float] = {}
                 for phase in ("idle", "idle_after", "idle_both", "repair"):
@@ -316,6 +443,10 @@ def main() -> int:
                     f"({repair_p99 / idle_p99 if idle_p99 else float('nan'):.2f}x)",
                     flush=True,
                 )
+                figures["cores_used"] = cpu.cores
+                figures["disk_floor"] = floor
+                for window, cores in cpu.cores.items():
+                    print(f"cores used, {window}: {json.dumps(cores)}", flush=True)
             print(json.dumps(figures), flush=True)
     loop.close()
     return 0

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -109,3 +111,78 @@ def fdatasync_latency(directory: str | None = None, count: int = 500) -> dict[st
         "p50_ms": round(samples[count // 2] * 1e3, 3),
         "p99_ms": round(samples[min(count - 1, count * 99 // 100)] * 1e3, 3),
     }
+
+
+def fdatasync_beside_bulk(
+    directory: str, bulk_bytes_per_s: float, seconds: float = 5.0, rounds: int = 2
+) -> dict[str, Any]:
+    """The disk's own answer to "what does bulk writing cost a journal": p99 of
+    fdatasync after each 100-byte append, alone and beside a second process writing
+    ``bulk_bytes_per_s`` (1 MiB writes, an fdatasync every 4 MiB) to the same disk.
+    Windows alternate ``rounds`` times; ``ratio`` is beside over alone, all windows."""
+    samples: dict[str, list[float]] = {"alone": [], "beside": []}
+    for _ in range(rounds):
+        for window in ("alone", "beside"):
+            bulk = None
+            if window == "beside":
+                bulk = subprocess.Popen(
+                    [sys.executable, __file__, "--bulk", directory, str(bulk_bytes_per_s)]
+                )
+            try:
+                samples[window] += _small_syncs(directory, seconds)
+            finally:
+                if bulk is not None:
+                    bulk.terminate()
+                    bulk.wait(timeout=30)
+    out: dict[str, Any] = {"bulk_mb_per_s": round(bulk_bytes_per_s / 1e6, 1)}
+    for window, values in samples.items():
+        values.sort()
+        out[window] = {
+            "samples": len(values),
+            "p50_ms": round(values[len(values) // 2] * 1e3, 3),
+            "p99_ms": round(values[min(len(values) - 1, len(values) * 99 // 100)] * 1e3, 3),
+        }
+    out["p99_ratio"] = round(out["beside"]["p99_ms"] / out["alone"]["p99_ms"], 2)
+    return out
+
+
+def _small_syncs(directory: str, seconds: float) -> list[float]:
+    fd, path = tempfile.mkstemp(prefix="floor-sync-", dir=directory)
+    samples = []
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            os.write(fd, b"x" * 100)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            samples.append(time.perf_counter() - t0)
+            time.sleep(0.0005)  # a journal's pace, not a tight loop
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return samples
+
+
+def _bulk_writer(directory: str, bytes_per_s: float) -> None:
+    """Writes 1 MiB at a time at ``bytes_per_s`` until terminated, reusing one 64 MiB file."""
+    fd, path = tempfile.mkstemp(prefix="floor-bulk-", dir=directory)
+    chunk = b"y" * (1 << 20)
+    started = time.monotonic()
+    written = 0
+    try:
+        while True:
+            if written % (64 << 20) == 0:
+                os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, chunk)
+            written += len(chunk)
+            if written % (4 << 20) == 0:
+                os.fdatasync(fd)
+            time.sleep(max(0.0, started + written / bytes_per_s - time.monotonic()))
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--bulk"]:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _bulk_writer(sys.argv[2], float(sys.argv[3]))
