@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -46,6 +47,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -100,6 +102,7 @@ class PacedWriter(threading.Thread):
         self.uri, self.rate, self.avoid = uri, rate, avoid
         self.phase = "warm-up"
         self.latencies_ms: dict[str, list[float]] = {}
+        self.sent_at_s: dict[str, list[float]] = {}  # time.monotonic(), as the bench's
         self.ensemble: list[str] = []
         self.ready = threading.Event()
         self.stop_event = threading.Event()
@@ -133,6 +136,7 @@ class PacedWriter(threading.Thread):
             pending: set[asyncio.Future[None]] = set()
 
             async def add(phase: str) -> None:
+                self.sent_at_s.setdefault(phase, []).append(time.monotonic())
                 sent = time.perf_counter()
                 await handle.append(payload)
                 self.latencies_ms.setdefault(phase, []).append((time.perf_counter() - sent) * 1000)
@@ -169,7 +173,7 @@ def writer_child(uri: str, rate: int, avoid: str) -> int:
     writer.join(timeout=120)
     if writer.error is not None:
         raise writer.error
-    print(json.dumps(writer.latencies_ms), flush=True)
+    print(json.dumps({"latencies_ms": writer.latencies_ms, "sent_at_s": writer.sent_at_s}))
     return 0
 
 
@@ -195,15 +199,16 @@ class WriterProcess:
         self.stdin.write(name + "\n")
         self.stdin.flush()
 
-    def stop(self) -> dict[str, list[float]]:
-        """Stops the writer; each phase's add latencies, in ms."""
+    def stop(self) -> dict[str, dict[str, list[float]]]:
+        """Stops the writer; each phase's add latencies (``latencies_ms``) and the
+        times they were sent (``sent_at_s``, ``time.monotonic()``)."""
         self.set_phase("stop")
         out = self.stdout.readline()
         self.child.wait(timeout=120)
         if self.child.returncode != 0 or not out:
             raise RuntimeError(f"the writer process exited with status {self.child.returncode}")
-        latencies: dict[str, list[float]] = json.loads(out)
-        return latencies
+        adds: dict[str, dict[str, list[float]]] = json.loads(out)
+        return adds
 
 
 class CpuWindows:
@@ -230,6 +235,81 @@ class CpuWindows:
         self.cores[window] = used
         self.cores[window]["all"] = round(sum(self.cores[window].values()), 2)
         self._open = None
+
+
+class DeviceSampler(threading.Thread):
+    """Write requests the block device under ``directory`` completes, sampled every
+    10 ms (/sys/dev/block), to tell the writer's slow adds that the disk stalled
+    from the ones the repair caused."""
+
+    BUCKET_S = 0.1
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(daemon=True)
+        device = os.stat(directory).st_dev
+        self.path = f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/stat"
+        self.samples: list[tuple[float, int]] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        if not os.path.exists(self.path):  # no block device under it (tmpfs): no samples
+            return
+        while not self._stop_event.is_set():
+            with open(self.path) as stat:
+                writes = int(stat.read().split()[4])  # write I/Os completed
+            self.samples.append((time.monotonic(), writes))
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10)
+
+    def completions(self) -> dict[int, int]:
+        """Write completions per 100 ms bucket (``int(monotonic / BUCKET_S)``)."""
+        buckets: dict[int, int] = {}
+        for (_, before), (at, after) in itertools.pairwise(self.samples):
+            bucket = int(at / self.BUCKET_S)
+            buckets[bucket] = buckets.get(bucket, 0) + after - before
+        return buckets
+
+
+def disk_stalls(
+    device: DeviceSampler, adds: dict[str, dict[str, list[float]]], phases: Sequence[str]
+) -> dict[str, object]:
+    """The share of each phase's 100 ms spans in which the disk completed under a
+    quarter of its median writes (stalled), and the share of the slowest 1% of adds
+    (all phases) whose time in flight met a stalled span."""
+    completions = device.completions()
+    spans: dict[str, range] = {}
+    for phase in phases:
+        sent = adds["sent_at_s"].get(phase, [])
+        if sent:
+            spans[phase] = range(int(sent[0] / device.BUCKET_S), int(sent[-1] / device.BUCKET_S))
+    counted = [completions.get(b, 0) for span in spans.values() for b in span]
+    if not counted:
+        return {}
+    median = sorted(counted)[len(counted) // 2]
+    stalled = {b for span in spans.values() for b in span if completions.get(b, 0) < median / 4}
+    out: dict[str, object] = {"median_writes_per_100ms": median}
+    for phase, span in spans.items():
+        out[f"stalled_share_{phase}"] = round(
+            sum(b in stalled for b in span) / max(1, len(span)), 3
+        )
+    flights = [
+        (sent, sent + latency_ms / 1000)
+        for phase in spans
+        for sent, latency_ms in zip(
+            adds["sent_at_s"][phase], adds["latencies_ms"][phase], strict=True
+        )
+    ]
+    flights.sort(key=lambda f: f[1] - f[0])
+    slowest = flights[-max(1, len(flights) // 100) :]
+    met = sum(
+        any(b in stalled for b in range(int(a / device.BUCKET_S), int(z / device.BUCKET_S) + 1))
+        for a, z in slowest
+    )
+    out["slowest_1pct_meeting_a_stall"] = round(met / len(slowest), 3)
+    return out
 
 
 def percentile_ms(values: list[float], fraction: float) -> float:
@@ -358,6 +438,8 @@ def main() -> int:
                             "bench": [os.getpid()],
                         }
                     )
+                    device = DeviceSampler(tmp)
+                    device.start()
                     os.sync()  # the 1 GiB just written reaches the disk before idle
                     time.sleep(2.0)  # connections and the first batches settle
                     writer.set_phase("idle")
@@ -383,7 +465,7 @@ def main() -> int:
                         return 1
                     time.sleep(0.2)
                 heal_s = time.perf_counter() - killed
-                latencies_ms: dict[str, list[float]] = {}
+                adds: dict[str, dict[str, list[float]]] = {"latencies_ms": {}, "sent_at_s": {}}
                 if writer is not None:
                     cpu.end()
                     writer.set_phase("settling")
@@ -392,7 +474,8 @@ def main() -> int:
                     cpu.begin("idle_after")
                     time.sleep(args.idle_s)
                     cpu.end()
-                    latencies_ms = writer.stop()
+                    adds = writer.stop()
+                    device.stop()
                 counts = daemon_metrics(admin_port)
             finally:
                 os.kill(daemon.pid, signal.SIGTERM)
@@ -423,7 +506,7 @@ def main() -> int:
                 "throttled_s": counts.get("quorumlog_autorecovery_copy_throttled_seconds"),
             }
             if writer is not None:
-                windows = dict(latencies_ms)
+                windows = dict(adds["latencies_ms"])
                 windows["idle_both"] = windows.get("idle", []) + windows.get("idle_after", [])
                 p99: dict[str, float] = {}
                 for phase in ("idle", "idle_after", "idle_both", "repair"):
@@ -445,6 +528,19 @@ def main() -> int:
                 )
                 figures["cores_used"] = cpu.cores
                 figures["disk_floor"] = floor
+                stalls = disk_stalls(device, adds, ("idle", "repair", "idle_after"))
+                figures["disk_stalls"] = stalls
+                print(
+                    "disk stalled (100 ms spans under a quarter of the median "
+                    f"{stalls.get('median_writes_per_100ms')} write completions): "
+                    + ", ".join(
+                        f"{phase} {stalls.get(f'stalled_share_{phase}', 0.0):.1%}"
+                        for phase in ("idle", "repair", "idle_after")
+                    )
+                    + f" of the time; the slowest 1% of adds met a stall in "
+                    f"{stalls.get('slowest_1pct_meeting_a_stall', 0.0):.0%} of cases",
+                    flush=True,
+                )
                 for window, cores in cpu.cores.items():
                     print(f"cores used, {window}: {json.dumps(cores)}", flush=True)
             print(json.dumps(figures), flush=True)
