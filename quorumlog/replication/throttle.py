@@ -19,8 +19,11 @@ from collections.abc import Awaitable, Callable
 
 __all__ = ["RATE_BYTES_PER_S_DEFAULT", "CopyThrottle"]
 
-# Per worker. Measured with bench/autorecovery_heal.py --writer (docs/PERFORMANCE.md):
-# at this rate a pipelined writer's p99 on the same bookies stays within 1.5x of idle.
+# Per worker. bench/autorecovery_heal.py --writer-rate times a writer on the same bookies
+# beside a repair at this rate (docs/PERFORMANCE.md): on one shared disk its p99 moves
+# with the disk's stalls more than with the repair, and a small fdatasync's own p99 is
+# 1.9-2.7x higher beside bulk writes at twice this rate (each copied byte is written to the
+# target's journal and entry log), which the bench prints first.
 RATE_BYTES_PER_S_DEFAULT = 16 * 1024 * 1024
 _BURST_S = 0.05
 
