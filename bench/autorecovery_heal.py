@@ -136,10 +136,13 @@ class PacedWriter(threading.Thread):
             pending: set[asyncio.Future[None]] = set()
 
             async def add(phase: str) -> None:
-                self.sent_at_s.setdefault(phase, []).append(time.monotonic())
+                sent_at_s = time.monotonic()
                 sent = time.perf_counter()
                 await handle.append(payload)
+                # Filed together, so that the two lists pair up whatever the order of
+                # completions.
                 self.latencies_ms.setdefault(phase, []).append((time.perf_counter() - sent) * 1000)
+                self.sent_at_s.setdefault(phase, []).append(sent_at_s)
 
             while not self.stop_event.is_set():
                 now = loop.time()
@@ -213,7 +216,8 @@ class WriterProcess:
 
 class CpuWindows:
     """The cores each role used in each window: CPU seconds (/proc) over wall seconds.
-    On a machine with few cores, what a repair costs writers is mostly the CPU it takes."""
+    On a machine with few cores, the CPU a repair takes is one way it costs writers; the
+    disk it shares with them is the other (:class:`DeviceSampler`)."""
 
     def __init__(self, roles: dict[str, list[int]]) -> None:
         self.roles = roles
@@ -284,7 +288,7 @@ def disk_stalls(
     for phase in phases:
         sent = adds["sent_at_s"].get(phase, [])
         if sent:
-            spans[phase] = range(int(sent[0] / device.BUCKET_S), int(sent[-1] / device.BUCKET_S))
+            spans[phase] = range(int(min(sent) / device.BUCKET_S), int(max(sent) / device.BUCKET_S))
     counted = [completions.get(b, 0) for span in spans.values() for b in span]
     if not counted:
         return {}
