@@ -431,7 +431,7 @@ def main() -> int:
                     others = [
                         b.process.pid
                         for b in cluster.bookies
-                        if b.address not in writer.ensemble and b.address != lost
+                        if b.address not in ours and b.address != lost
                     ]
                     cpu = CpuWindows(
                         {
@@ -471,7 +471,8 @@ def main() -> int:
                 heal_s = time.perf_counter() - killed
                 adds: dict[str, dict[str, list[float]]] = {"latencies_ms": {}, "sent_at_s": {}}
                 if writer is not None:
-                    cpu.end()
+                    if detected_s is not None:  # a heal faster than one poll has no repair window
+                        cpu.end()
                     writer.set_phase("settling")
                     os.sync()  # what the repair wrote reaches the disk before idle again
                     writer.set_phase("idle_after")

@@ -94,22 +94,38 @@ def dd_parallel(streams: int = 3, directory: str | None = None, count_mib: int =
 
 def fdatasync_latency(directory: str | None = None, count: int = 500) -> dict[str, Any]:
     """p50/p99 in ms of fdatasync after each 100-byte append to one file."""
+    return _sync_summary(_append_and_sync(directory, count=count))
+
+
+def _append_and_sync(
+    directory: str | None, *, count: int | None = None, seconds: float = 0.0, pause_s: float = 0.0
+) -> list[float]:
+    """Seconds each fdatasync took after a 100-byte append to one new file: ``count`` of
+    them, or as many as fit in ``seconds``, ``pause_s`` apart."""
     fd, path = tempfile.mkstemp(prefix="compare-sync-", dir=directory)
-    samples = []
+    samples: list[float] = []
+    end = time.monotonic() + seconds
     try:
-        for _ in range(count):
+        while (len(samples) < count) if count is not None else (time.monotonic() < end):
             os.write(fd, b"x" * 100)
             t0 = time.perf_counter()
             os.fdatasync(fd)
             samples.append(time.perf_counter() - t0)
+            if pause_s:
+                time.sleep(pause_s)
     finally:
         os.close(fd)
         os.unlink(path)
-    samples.sort()
+    return samples
+
+
+def _sync_summary(samples: list[float]) -> dict[str, Any]:
+    ordered = sorted(samples)
+    count = len(ordered)
     return {
         "samples": count,
-        "p50_ms": round(samples[count // 2] * 1e3, 3),
-        "p99_ms": round(samples[min(count - 1, count * 99 // 100)] * 1e3, 3),
+        "p50_ms": round(ordered[count // 2] * 1e3, 3),
+        "p99_ms": round(ordered[min(count - 1, count * 99 // 100)] * 1e3, 3),
     }
 
 
@@ -129,38 +145,17 @@ def fdatasync_beside_bulk(
                     [sys.executable, __file__, "--bulk", directory, str(bulk_bytes_per_s)]
                 )
             try:
-                samples[window] += _small_syncs(directory, seconds)
+                # pause_s: a journal's pace, not a tight loop
+                samples[window] += _append_and_sync(directory, seconds=seconds, pause_s=0.0005)
             finally:
                 if bulk is not None:
                     bulk.terminate()
                     bulk.wait(timeout=30)
     out: dict[str, Any] = {"bulk_mb_per_s": round(bulk_bytes_per_s / 1e6, 1)}
     for window, values in samples.items():
-        values.sort()
-        out[window] = {
-            "samples": len(values),
-            "p50_ms": round(values[len(values) // 2] * 1e3, 3),
-            "p99_ms": round(values[min(len(values) - 1, len(values) * 99 // 100)] * 1e3, 3),
-        }
+        out[window] = _sync_summary(values)
     out["p99_ratio"] = round(out["beside"]["p99_ms"] / out["alone"]["p99_ms"], 2)
     return out
-
-
-def _small_syncs(directory: str, seconds: float) -> list[float]:
-    fd, path = tempfile.mkstemp(prefix="floor-sync-", dir=directory)
-    samples = []
-    try:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            os.write(fd, b"x" * 100)
-            t0 = time.perf_counter()
-            os.fdatasync(fd)
-            samples.append(time.perf_counter() - t0)
-            time.sleep(0.0005)  # a journal's pace, not a tight loop
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return samples
 
 
 def _bulk_writer(directory: str, bytes_per_s: float) -> None:

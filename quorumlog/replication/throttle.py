@@ -21,9 +21,9 @@ __all__ = ["RATE_BYTES_PER_S_DEFAULT", "CopyThrottle"]
 
 # Per worker. bench/autorecovery_heal.py --writer-rate times a writer on the same bookies
 # beside a repair at this rate (docs/PERFORMANCE.md): on one shared disk its p99 moves
-# with the disk's stalls more than with the repair, and a small fdatasync's own p99 is
-# 1.9-2.7x higher beside bulk writes at twice this rate (each copied byte is written to the
-# target's journal and entry log), which the bench prints first.
+# with the disk's stalls more than with the repair, and a small fdatasync's own p99
+# rises beside bulk writes at twice this rate (each copied byte is written to the
+# target's journal and entry log), which the bench measures first.
 RATE_BYTES_PER_S_DEFAULT = 16 * 1024 * 1024
 _BURST_S = 0.05
 
