@@ -110,3 +110,47 @@ def test_database_runs_check_strong_reads_per_key() -> None:
     ]
     result = judged("db", stale)
     assert result.linearizable is False and not result.valid
+
+
+def two_final_reads(first: list[str], second: list[str], key: str) -> list[Operation]:
+    return [
+        op("final", "final-read", None, 1000, 1001, key=key,
+           result={"reader": "final", "values": first}),
+        op("final", "final-read", None, 1100, 1101, key=key,
+           result={"reader": "final-2", "values": second}),
+    ]  # fmt: skip
+
+
+def test_an_unknown_append_landing_between_the_final_reads_is_not_divergence() -> None:
+    # A write whose client timed out may still be on its way (a follower forwarding it
+    # to the leader, resent by TCP once a partition heals): it may take effect after
+    # the first final read and before the second, as linearizability allows.
+    history = [
+        op("c", "append", "a", 0, 10, key="k0"),
+        op("c", "append", "late", 20, 30, "info", key="k0"),
+        *two_final_reads(["a"], ["a", "late"], key="k0"),
+    ]
+    result = judged("db", history)
+    assert result.valid and result.linearizable, result.problems
+
+
+def test_final_reads_that_disagree_on_an_acknowledged_append_fail_the_run() -> None:
+    acked_late = [
+        op("c", "append", "a", 0, 10, key="k0"),
+        op("c", "append", "b", 20, 30, key="k0"),
+        *two_final_reads(["a"], ["a", "b"], key="k0"),  # the first misses an acked "b"
+    ]
+    assert not judged("db", acked_late).valid
+    shrunk = [
+        op("c", "append", "a", 0, 10, key="k0"),
+        op("c", "append", "late", 20, 30, "info", key="k0"),
+        *two_final_reads(["a", "late"], ["a"], key="k0"),  # the later read lost a value
+    ]
+    result = judged("db", shrunk)
+    assert not result.valid and result.linearizable is False
+    reordered = [
+        op("c", "append", "x", 20, 30, "info", key="k0"),
+        op("c", "append", "y", 20, 30, "info", key="k0"),
+        *two_final_reads(["x", "y"], ["y", "x"], key="k0"),
+    ]
+    assert not judged("db", reordered).valid

@@ -8,7 +8,9 @@ read everything back at the end; :func:`check_appends` judges that:
 - ``unexpected``: read but never written (a corrupt or invented value);
 - ``failed_present``: reported failed (certainly not done) yet in the final read;
 - ``divergent``: readers that saw another order (every reader must see one order;
-  a tailing reader may stop early, so it must see a prefix of the final read);
+  a tailing reader may stop early, so it must see a prefix of the final read, and a
+  reader of a live system that read before the final one may miss a tail of it made
+  of unknown outcomes only: writes still on their way when it read);
 - ``real_time``: an acknowledged value placed before one whose append completed
   before it was even invoked (the log's order must respect real time);
 - ``fenced_acks``: a value acknowledged by a writer session after a later session
@@ -85,6 +87,7 @@ def check_appends(
     other_reads: Mapping[str, Sequence[Any]] | None = None,
     *,
     prefix_readers: Sequence[str] = (),
+    earlier_readers: Sequence[str] = (),
     session_of: Mapping[Any, str] | None = None,
     f: str = "append",
 ) -> AppendReport:
@@ -92,8 +95,10 @@ def check_appends(
 
     ``other_reads`` are more readers' complete sequences (each must equal the final
     read), or, for the names in ``prefix_readers``, a prefix of it (tailing readers
-    stopped at some point). ``session_of`` maps a value to its writer session (for
-    ``fenced_acks``); a log with one writer session, or a ledger, needs none.
+    stopped at some point), or, for the names in ``earlier_readers``, a prefix that
+    misses only values whose appends are unknown (``info``). ``session_of`` maps a
+    value to its writer session (for ``fenced_acks``); a log with one writer session,
+    or a ledger, needs none.
     """
     appends = [op for op in operations if op.f == f]
     report = AppendReport(operations=len(appends))
@@ -117,9 +122,12 @@ def check_appends(
         unexpected.update(value for value in values if value not in written)
     report.duplicated = sorted(duplicated, key=repr)
     report.unexpected = sorted(unexpected, key=repr)
+    unknown = {op.value for op in appends if op.completion == "info"}
     for name, values in (other_reads or {}).items():
-        expected = final_read[: len(values)] if name in prefix_readers else final_read
-        if list(values) != list(expected):
+        prefix = name in prefix_readers or name in earlier_readers
+        expected = final_read[: len(values)] if prefix else final_read
+        missed = final_read[len(values) :] if name in earlier_readers else []
+        if list(values) != list(expected) or not unknown.issuperset(missed):
             report.divergent.append(name)
     report.unknown_kept = sum(1 for op in appends if op.completion == "info" and op.value in in_log)
     report.real_time = _real_time_violations(acknowledged, final_read)

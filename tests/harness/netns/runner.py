@@ -406,8 +406,11 @@ def _add_report(result: RunResult, report: AppendReport) -> None:
 
 
 def _judge_db(operations: list[Operation], result: RunResult) -> None:
+    # The final reads of each key, in the order they were made: the database is live
+    # (a write whose client gave up may still be on its way to the leader), so the
+    # last read is the reference and an earlier one may lack only unknown outcomes.
     by_key: dict[str, dict[str, Any]] = {}
-    for op in operations:
+    for op in sorted(operations, key=lambda op: op.start_ns):
         if op.f == "final-read" and op.ok and isinstance(op.result, dict):
             by_key.setdefault(op.key, {})[str(op.result["reader"])] = op.result["values"]
     keys = sorted({op.key for op in operations if op.f == "append"})
@@ -416,10 +419,11 @@ def _judge_db(operations: list[Operation], result: RunResult) -> None:
         if "final" not in reads:
             result.problems.append(f"no final read of {key}")
             continue
-        final = reads.pop("final")
+        *earlier, last = reads
+        final = reads.pop(last)
         by_key[key]["final_order"] = final
         ops = [op for op in operations if op.key == key]
-        report = check_appends(ops, final, reads)
+        report = check_appends(ops, final, reads, earlier_readers=earlier)
         _add_report(result, report)
     result.operations += sum(1 for op in operations if op.f == "read")
     # Strong reads, the final ones included, against a list per key whose order is the
