@@ -139,10 +139,27 @@ class PollingHandler(SequentialThreadingHandler):  # type: ignore[misc]
     ``epoll`` descriptor created, registered and closed, four system calls around the
     wait, about half of that thread's time under load (and that thread bounds how
     many operations a second one client gets). ``poll`` needs no descriptor of its
-    own: the same wait, with kazoo's own selection code and semantics, in one call."""
+    own: the same wait, with kazoo's own selection code and semantics, in one call.
 
-    def select(self, *args: Any, **kwargs: Any) -> Any:
-        return selector_select(*args, selectors_module=_PollSelectors, **kwargs)
+    It also bounds a wait on the socket alone (kazoo reading a frame, or the answer to
+    its connection request) to ``socket_wait_s``, a third of the session timeout. kazoo
+    waits for that answer as long as the whole session timeout (divided by the number of
+    servers): a server that accepts the connection and never answers, as a ZooKeeper
+    3.8 server starting up may do (ZOOKEEPER-5051), would hold a client with one server
+    in its connect string until the session expired. Bounded, the client gives up on
+    that connection and connects again with time to spare. The wait of the connection
+    loop (socket and wake-up pipe together) is kazoo's: it follows the ping schedule."""
+
+    def __init__(self, socket_wait_s: float) -> None:
+        super().__init__()
+        self.socket_wait_s = socket_wait_s
+
+    def select(
+        self, rlist: list[Any], wlist: list[Any], xlist: list[Any], timeout: float | None = None
+    ) -> Any:
+        if len(rlist) + len(wlist) == 1 and (timeout is None or timeout > self.socket_wait_s):
+            timeout = self.socket_wait_s
+        return selector_select(rlist, wlist, xlist, timeout, selectors_module=_PollSelectors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +244,7 @@ class ZkStore(MetadataStore):
         self._loop = asyncio.get_running_loop()
         self._client = KazooClient(
             hosts=hosts,
-            handler=PollingHandler(),
+            handler=PollingHandler(socket_wait_s=session_timeout_ms / 1000 / 3),
             timeout=session_timeout_ms / 1000,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
             command_retry=None,

@@ -20,7 +20,6 @@ import itertools
 import os
 import re
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ import pytest
 from kazoo.client import KazooClient  # type: ignore[import-untyped]
 from kazoo.recipe.lock import Lock  # type: ignore[import-untyped]
 from support import holds_for, holds_for_async
+from tcp_proxy import CuttableProxy
 from test_election import SESSION_TIMEOUT_MS, ContenderProcess
 
 from quorumlog.recipes.election import LeaderElection
@@ -166,98 +166,6 @@ def test_election_on_zookeeper_is_kazoos_lock_and_shares_its_line(
 
 
 # ---------------------------------------------------------------- connection cuts
-
-
-class CuttableProxy:
-    """A TCP proxy to ZooKeeper on 127.0.0.1 whose connections can be cut.
-
-    While cut, it drops every open connection and closes new ones at once, which a
-    kazoo client sees as a lost connection (SUSPENDED) with its session still alive
-    on the server until the session timeout.
-    """
-
-    LIFETIME_S = 120.0  # every loop of the proxy ends after this, whatever happens
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.05)
-        self.port = self._listener.getsockname()[1]
-        self._cut = threading.Event()
-        self._stop = threading.Event()
-        self._guard = threading.Lock()
-        self._open: list[socket.socket] = []
-        self._every: list[socket.socket] = []  # closed by stop(): cut() only shuts them down
-        self._threads: list[threading.Thread] = []
-        self._deadline = time.monotonic() + self.LIFETIME_S
-        self._start(self._accept_loop)
-
-    def _start(self, target: Callable[..., None], *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _running(self) -> bool:
-        return not self._stop.is_set() and time.monotonic() < self._deadline
-
-    def _accept_loop(self) -> None:
-        while self._running():
-            try:
-                downstream, _ = self._listener.accept()
-            except (TimeoutError, OSError):
-                continue
-            if self._cut.is_set():
-                downstream.close()
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=2)
-            except OSError:
-                downstream.close()
-                continue
-            with self._guard:
-                self._open += [downstream, upstream]
-                self._every += [downstream, upstream]
-            self._start(self._pump, downstream, upstream)
-            self._start(self._pump, upstream, downstream)
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        source.settimeout(0.1)
-        while self._running():
-            try:
-                data = source.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-            if not data:
-                break
-            try:
-                sink.sendall(data)
-            except OSError:
-                break
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def cut(self) -> None:
-        self._cut.set()
-        with self._guard:
-            dropped, self._open = self._open, []
-        for sock in dropped:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def restore(self) -> None:
-        self._cut.clear()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.cut()
-        for thread in self._threads:
-            thread.join(5)
-        self._listener.close()
-        for sock in self._every:
-            sock.close()
 
 
 def test_election_zk_connection_cut_suspends_the_leader_and_a_long_one_requeues_it(
