@@ -132,6 +132,7 @@ def open_storage(
             file_max_bytes=config.journal_file_max_bytes,
             remove_pages_from_cache=config.journal_remove_pages_from_cache,
             direct_io=config.journal_direct_io,
+            prealloc_bytes=config.journal_prealloc_bytes,
             ops=ops,
         )
         # Everything replayed goes to ledger storage now, and the old journal files go.

@@ -148,8 +148,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--placement",
         choices=list(POLICIES),
         default="random",
-        help="placement policy: the auditor marks closed ledgers whose write sets break it, "
-        "and workers choose re-replication targets by it (default: %(default)s)",
+        help="placement policy the auditor checks closed ledgers by and workers place "
+        "copies by (default: %(default)s)",
     )
     p.add_argument(
         "--min-racks-per-write-quorum",

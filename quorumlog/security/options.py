@@ -42,9 +42,8 @@ def add_token_key_option(p: argparse.ArgumentParser) -> None:
         "--token-key-file",
         default=None,
         metavar="FILE",
-        help="accept only connections with a token that verifies with this key: an HMAC "
-        "secret (32 bytes or more) or a PEM public key (RSA, EC, Ed25519); default: "
-        "every connection is let in",
+        help="require a token this key verifies: an HMAC secret (32 bytes or more) or "
+        "a PEM public key (RSA, EC, Ed25519); default: none required",
     )
 
 

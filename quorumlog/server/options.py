@@ -113,6 +113,13 @@ def add_bookie_options(p: argparse.ArgumentParser) -> None:
         help="size at which the journal goes on in a new file (default: %(default)s)",
     )
     p.add_argument(
+        "--journal-prealloc-bytes",
+        type=int,
+        default=_DEFAULTS.journal_prealloc_bytes,
+        help="zeros written ahead of the journal's batches, so that their syncs need "
+        "not grow the file (0: none; default: %(default)s)",
+    )
+    p.add_argument(
         "--checkpoint-interval-ms",
         type=int,
         default=_DEFAULTS.checkpoint_interval_ms,
@@ -280,6 +287,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[BookieConfig, ServerCon
         entry_log_max_bytes=args.entry_log_max_bytes,
         checkpoint_interval_ms=args.checkpoint_interval_ms,
         journal_file_max_bytes=args.journal_file_max_bytes,
+        journal_prealloc_bytes=args.journal_prealloc_bytes,
         index_map_size_bytes=args.index_map_size_bytes,
         minor_compaction_threshold=args.minor_compaction_threshold,
         minor_compaction_interval_ms=args.minor_compaction_interval_ms,

@@ -290,10 +290,14 @@ def _journal_with_records(driver, ledger_id, count):
 def test_torn_tail_is_cut_off_and_the_bookie_starts(driver):
     blobs = _journal_with_records(driver, 30, 5)
     path = _last_journal_file(driver.config)
-    good_size = path.stat().st_size
+    # Where the next batch would have gone: the end of the whole records, before the
+    # zeros written ahead of them (a direct journal's batches end on a block's end).
+    good_size = len(path.read_bytes().rstrip(b"\x00"))
+    good_size += -good_size % journal_format.PAGE_BYTES
     parts, _, _ = journal_format.add_record(30, b"\x00" * 300)
     torn = b"".join(parts)[:150]  # a write that a crash cut short
-    with open(path, "ab") as f:
+    with open(path, "r+b") as f:
+        f.seek(good_size)
         f.write(torn)
 
     async def scenario():

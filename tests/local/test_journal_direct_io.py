@@ -34,7 +34,9 @@ def _records(count: int) -> tuple[list[journal_format.Record], list[bytes]]:
     return records, blobs
 
 
-def _journal(directory: Path, ops: FileOps, file_max_bytes: int) -> journal_writer.Journal:
+def _journal(
+    directory: Path, ops: FileOps, file_max_bytes: int, prealloc_bytes: int = 0
+) -> journal_writer.Journal:
     return journal_writer.Journal(
         directory,
         1,
@@ -44,6 +46,7 @@ def _journal(directory: Path, ops: FileOps, file_max_bytes: int) -> journal_writ
         max_batch_records=7,  # many batches, each ending inside a block
         file_max_bytes=file_max_bytes,
         direct_io=True,
+        prealloc_bytes=prealloc_bytes,
         ops=ops,
     )
 
@@ -54,12 +57,13 @@ def _write(
     records: list[journal_format.Record],
     file_max_bytes: int,
     crash_copy: Path | None = None,
+    prealloc_bytes: int = 0,
 ) -> journal_writer.Journal:
     """Write ``records`` through the writer thread and close; with ``crash_copy``, the
     journal directory is copied first, once everything is synced (a crash's leftovers)."""
 
     async def scenario() -> journal_writer.Journal:
-        journal = _journal(directory, ops, file_max_bytes)
+        journal = _journal(directory, ops, file_max_bytes, prealloc_bytes)
         done: list[int] = []
         journal.start(
             asyncio.get_running_loop(), lambda dones, size, error: done.append(len(dones))
@@ -211,3 +215,119 @@ def test_a_bad_header_with_only_its_block_s_pad_after_it_is_a_creation_cut_short
     blobs, report = _replay(tmp_path)
     assert blobs == [] and report.truncated == [(path, 0)]
     assert not path.exists()
+
+
+PREALLOC_BYTES = 64 * 1024
+
+
+def _small_records(
+    count: int, sizes: tuple[int, ...] = (100,)
+) -> tuple[list[journal_format.Record], list[bytes]]:
+    blobs = [make_entry(5, n, bytes([n % 251]) * sizes[n % len(sizes)]) for n in range(count)]
+    return [journal_format.add_record(5, format_records([b], [len(b)])) for b in blobs], blobs
+
+
+def _batches(ops: DirectRecordingFiles, journal_size: int) -> list[tuple[int, int]]:
+    """(offset, length) of each batch's own blocks (its records and PAD), from the
+    direct writes, whose zeros written ahead run past them."""
+    writes = ops.direct_writes
+    ends = [offset for offset, _ in writes[1:]] + [journal_size]
+    return [(offset, end - offset) for (offset, _), end in zip(writes, ends, strict=True)]
+
+
+def test_small_batches_overwrite_zeros_written_ahead_and_replay_ends_at_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pre-allocation: a batch past the zeros writes the next ``prealloc_bytes`` of
+    zeros after itself, so the batches after it write over blocks the file already
+    has (their syncs commit no new file size). Replay reads every record and takes the
+    zeros after the last batch for the end of the file, no damage: it cuts them off
+    quietly, so the file ends in whole records when the next start writes another.
+    A journal closed cleanly cuts them off itself."""
+    ops = DirectRecordingFiles()
+    records, blobs = _small_records(200)
+    (tmp_path / "journal").mkdir()
+    crashed = tmp_path / "crashed"  # what a crash once everything was synced leaves
+    journal = _write(
+        tmp_path / "journal", ops, records, 1 << 30, crashed, prealloc_bytes=PREALLOC_BYTES
+    )
+    mark = journal.mark[1]
+    (closed,) = (tmp_path / "journal").glob("*.jnl")
+    assert closed.stat().st_size == mark
+    (path,) = crashed.glob("*.jnl")
+    size = path.stat().st_size
+    assert size > mark and size % BLOCK_BYTES == 0
+    assert path.read_bytes()[mark:] == bytes(size - mark)  # zeros after the last batch
+    # The file grew in a few steps, not at every batch.
+    grown, furthest = 0, BLOCK_BYTES
+    for offset, length in ops.direct_writes:
+        grown += offset + length > furthest
+        furthest = max(furthest, offset + length)
+    assert len(ops.direct_writes) > 20 and grown <= mark // PREALLOC_BYTES + 1
+    # No batch writes over the blocks of the batch before it, zeros aside.
+    for (offset, length), (next_offset, _) in itertools.pairwise(_batches(ops, mark)):
+        assert next_offset == offset + length
+    caplog.set_level(logging.INFO)
+    replayed, report = _replay(crashed)
+    assert replayed == blobs
+    assert report.truncated == [(path, mark)] and path.stat().st_size == mark
+    assert "ERROR" not in caplog.text and not list(crashed.glob("*.torn-*"))
+    assert _replay(crashed)[0] == blobs
+
+
+def test_rolled_over_files_lose_their_zeros_before_the_next_file_exists(
+    tmp_path: Path,
+) -> None:
+    """Zeros at the end of a file followed by another are damage to replay: the writer
+    cuts them off (durably) before it creates the next file."""
+    # A 30 kB record that does not fit in a file goes to the next one while zeros
+    # written ahead remain in the file it leaves.
+    records, blobs = _small_records(300, sizes=(100, 100, 100, 30_000))
+    journal = _write(
+        tmp_path, DirectRecordingFiles(), records, 200_000, prealloc_bytes=PREALLOC_BYTES
+    )
+    files = sorted(tmp_path.glob("*.jnl"))
+    assert len(files) > 2
+    for path in files[:-1]:
+        data = path.read_bytes()
+        assert data[-BLOCK_BYTES:] != bytes(BLOCK_BYTES)  # ends in its last batch's PAD
+        assert len(data) <= 200_000 + BLOCK_BYTES  # no zeros past the file's limit
+    assert journal.mark[0] == int(files[-1].stem, 16)
+    replayed, report = _replay(tmp_path)
+    assert replayed == blobs
+    assert report.truncated is None
+
+
+def test_zeros_at_the_end_of_a_file_followed_by_another_are_still_damage(
+    tmp_path: Path,
+) -> None:
+    records, _ = _small_records(20)
+    (tmp_path / "journal").mkdir()
+    crashed = tmp_path / "crashed"
+    _write(tmp_path / "journal", DirectRecordingFiles(), records, 1 << 30, crashed, PREALLOC_BYTES)
+    os.close(journal_format.create_journal_file(crashed, 2))  # as if the cut was skipped
+    with pytest.raises(journal_replay.JournalCorruptionError, match="later file"):
+        _replay(crashed)
+
+
+def test_a_batch_torn_inside_the_zeros_is_judged_by_its_manifests_as_before(
+    tmp_path: Path,
+) -> None:
+    """Zeros inside a batch (its marker read, its closing manifest not) are not its
+    end: a batch torn by a power loss, judged by its manifests (here the leading one
+    only is whole: torn before its sync, nothing in it acknowledged)."""
+    ops = DirectRecordingFiles()
+    records, _ = _small_records(30)
+    (tmp_path / "journal").mkdir()
+    crashed = tmp_path / "crashed"
+    journal = _write(tmp_path / "journal", ops, records, 1 << 30, crashed, PREALLOC_BYTES)
+    (path,) = crashed.glob("*.jnl")
+    last_batch_at = _batches(ops, journal.mark[1])[-1][0]
+    data = bytearray(path.read_bytes())
+    tear_at = last_batch_at + 200  # past its marker and leading manifest
+    data[tear_at:] = bytes(len(data) - tear_at)
+    path.write_bytes(data)
+    report = journal_replay.ScanReport()
+    kinds = [kind for kind, _ in journal_replay.scan(crashed, None, False, report)]
+    assert journal_format.RECORD_UNCLOSED_MANIFEST in kinds
+    assert report.truncated and report.truncated[0][1] > last_batch_at

@@ -409,7 +409,8 @@ def file_records(buf: bytes, salt: bytes) -> Iterator[FileRecord]:
     in order, batch markers, manifests and padding included, for tools that show a
     journal: replay is :func:`~.replay.scan`. Damage is reported as one :class:`FileRecord`
     reaching to the next batch marker, where reading goes on (never inside the damaged
-    bytes, as in replay); nothing is written."""
+    bytes, as in replay); zeros to the end of the file end it (the writer writes zeros
+    ahead of its batches); nothing is written."""
     view = memoryview(buf)
     end = len(buf)
     marker = batch_marker(salt)
@@ -420,6 +421,8 @@ def file_records(buf: bytes, salt: bytes) -> Iterator[FileRecord]:
             yield FileRecord(pos, buf[pos + 4], view[pos + 5 : pos + size - 4])
             pos += size
             continue
+        if NONZERO.search(buf, pos) is None:
+            return
         found = buf.find(marker, pos + 1)
         resume = found if found >= 0 else end
         yield FileRecord(pos, 0, view[pos:resume], why)

@@ -17,6 +17,9 @@ if never acknowledged). If the closing one is whole, replay yields every whole o
 and the caller keeps what they prove and answers the entries they name that were
 not read back as unknown, never as absent (R17).
 Either way the file is cut at the damage, its tail's bytes kept beside it.
+Zeros from the end of a whole batch to the end of the last file are no damage: the
+writer writes zeros ahead of its batches (pre-allocation), and a batch none of whose
+bytes reached the disk held nothing acknowledged; they are cut off quietly.
 Damage followed by a later batch, or in a file followed by another file, is
 damage to synced, acknowledged data: replay refuses
 (:class:`JournalCorruptionError`) unless told to skip it.
@@ -269,6 +272,7 @@ def _scan_file(
         pos = _past_pad_covering(buf, view, pos, end)
     batch_at = -1  # where the current batch's marker is
     lead = -1  # where its leading manifest is, until its closing one is read
+    in_batch = False  # a batch marker read, its closing manifest not yet
     while pos < end:
         size, why = record_at(buf, view, pos, end)
         if size:
@@ -282,15 +286,19 @@ def _scan_file(
                 pos += size
                 continue
             if kind == RECORD_BATCH and view[pos + 5 : pos + size - 4] == salt_view:
-                batch_at, lead = pos, -1
+                batch_at, lead, in_batch = pos, -1, True
                 pos += size
                 continue
             if kind == RECORD_MANIFEST and view[pos + 5 : pos + 5 + SALT_SIZE] == salt_view:
                 # The first record of a batch, or its last one (then the batch is whole).
                 lead = pos if pos == batch_at + BATCH_MARKER_SIZE else -1
+                in_batch = lead >= 0
                 pos += size
                 continue
             why = f"{'batch marker' if kind == RECORD_BATCH else 'manifest'} of another file"
+        elif not in_batch and next_file is None and NONZERO.search(buf, pos) is None:
+            _zeros_at_the_end(path, pos, options)
+            return
         # Damage at ``pos``. Never look for a record inside it: only the writer's
         # next batch marker (which no entry can forge) says where synced data goes on.
         found = buf.find(marker, pos + 1)
@@ -350,6 +358,20 @@ def _torn_last_batch(
     else:
         _cut(path, pos, options.ops)
     report.truncated = [*(report.truncated or []), (path, pos)]
+
+
+def _zeros_at_the_end(path: Path, pos: int, options: _ScanOptions) -> None:
+    """Only zeros from ``pos``, the end of a whole batch (or the file's first record),
+    to the end of the last file: written ahead by the writer, or a batch none of whose
+    bytes reached the disk (so never synced, never acknowledged). Cut off without a
+    copy (zeros hold nothing), so that the file, no longer last once the next start
+    writes a file after it, ends in whole records."""
+    log.info("journal %s: zeros from offset %d to the end, cut off", path, pos)
+    if options.defer_cuts:
+        options.report.pending_cuts = [*(options.report.pending_cuts or []), (path, pos)]
+    else:
+        _cut(path, pos, options.ops)
+    options.report.truncated = [*(options.report.truncated or []), (path, pos)]
 
 
 def _damage_before_valid_records(

@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from quorumlog.bookie.fileops import REAL_FILES, FileOps
-from quorumlog.bookie.journal.direct_io import StagedDirectWrites, open_direct_writes
+from quorumlog.bookie.journal.direct_io import (
+    PREALLOC_MAX_BATCH_BYTES,
+    StagedDirectWrites,
+    open_direct_writes,
+    padded_size,
+)
 from quorumlog.bookie.journal.format import (
     BATCH_MARKER_SIZE,
     FACTS_MAX_BYTES,
@@ -89,10 +94,13 @@ class Journal:
         file_max_bytes: int,
         remove_pages_from_cache: bool = True,
         direct_io: bool = False,
+        prealloc_bytes: int = 0,
         ops: FileOps = REAL_FILES,
     ) -> None:
         """``direct_io``: write around the page cache where the filesystem allows it
-        (where it does not, a warning says so and writes go through the cache)."""
+        (where it does not, a warning says so and writes go through the cache);
+        ``prealloc_bytes``: with direct writes, zeros written ahead of the batches
+        (:mod:`~.direct_io`), 0 for none."""
         self.directory = directory
         self._ops = ops
         self._clock: Callable[[], float] = time.monotonic
@@ -110,6 +118,8 @@ class Journal:
         self.direct_io = direct_io
         self._direct_fd: int | None = None  # the current file's, for direct writes
         self._direct = StagedDirectWrites()
+        self.prealloc_bytes = prealloc_bytes + -prealloc_bytes % PAGE_BYTES
+        self._zeroed_to = 0  # where the zeros written ahead in the current file end
         self._salt = b""  # the current file's
         self._records_from = FILE_HEADER_SIZE  # where the current file's first batch goes
         # Held for the journal's life: a new file needs no descriptor but its own, and
@@ -241,6 +251,8 @@ class Journal:
 
     def _stop_writing(self, loop: asyncio.AbstractEventLoop) -> None:
         with contextlib.suppress(OSError):
+            if self._failure is None:
+                self._cut_zeros()  # every batch is synced: the file ends in whole records
             self._close_files()
         with contextlib.suppress(RuntimeError):  # the loop was closed under us
             loop.call_soon_threadsafe(self._finish)
@@ -346,7 +358,11 @@ class Journal:
         """Write a batch's parts (all of them, or it raises); returns how far the file's
         end moved (their size, and the PAD after them when written directly)."""
         if self._direct_fd is not None:
-            written = self._direct.write(self._ops, self._direct_fd, parts, self._mark[1])
+            start = self._mark[1]
+            zeros = self._zeros_after(start, sum(map(len, parts)))
+            written = self._direct.write(self._ops, self._direct_fd, parts, start, zeros)
+            if zeros:
+                self._zeroed_to = start + written + zeros
             self._unsynced = True
             return written
         size = sum(map(len, parts))
@@ -360,6 +376,26 @@ class Journal:
             self._write_all(b"".join(parts)[written:])
         self._unsynced = True
         return size
+
+    def _zeros_after(self, start: int, size: int) -> int:
+        """How many bytes of zeros to write after a batch of ``size`` bytes at ``start``:
+        the next ``prealloc_bytes`` when it passes the zeros written so far and is small,
+        never past the file's size limit."""
+        end = start + padded_size(size)
+        if not self.prealloc_bytes or end <= self._zeroed_to or size > PREALLOC_MAX_BATCH_BYTES:
+            return 0
+        room = self.file_max_bytes - end
+        return min(self.prealloc_bytes, max(0, room - room % PAGE_BYTES))
+
+    def _cut_zeros(self) -> None:
+        """Cut the zeros after the last batch off the current file, durably, before a
+        file after it exists: zeros at the end of a file followed by another are
+        damage to replay (the writer leaves a file only after its last batch synced)."""
+        end = self._mark[1]
+        if self._zeroed_to > end:
+            self._ops.truncate(self.directory / journal_file_name(self._mark[0]), end)
+            self._ops.fsync(self._fd)
+        self._zeroed_to = end
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -406,7 +442,7 @@ class Journal:
         )
         self._salt = salt
         self._marker = batch_marker(salt)
-        self._records_from = block or FILE_HEADER_SIZE
+        self._records_from = self._zeroed_to = block or FILE_HEADER_SIZE
         if self.direct_io:
             path = self.directory / journal_file_name(file_id)
             self._direct_fd, self.direct_io = open_direct_writes(self._ops, path, file_id)
@@ -433,6 +469,7 @@ class Journal:
         it (EMFILE), in the current file, past ``file_max_bytes``: the next batch that
         finds the file full tries again. Out of descriptors is no failure of the disk,
         and nothing is created then (the open fails before it creates the file)."""
+        self._cut_zeros()
         current = (self._fd, self._direct_fd, self._salt, self._marker, self._records_from)
         self._direct_fd = None
         try:

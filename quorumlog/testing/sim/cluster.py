@@ -7,11 +7,10 @@ standing for its journal and checkpoint threads. The node can be killed (kill -9
 the page cache survives), lose power (what was not synced may go), pause
 (SIGSTOP: nothing moves, requests wait) and restart on the same disk.
 
-The :class:`SimNetwork` carries requests and answers between named parties
-through the real codec (frames encoded and decoded as on a socket), in order on
-each connection, with delays, drops and partitions drawn from the seed. Each
-client gets its own :class:`ClientPool` (what the client's ``ConnectionPool``
-does, in simulation).
+The :class:`SimNetwork` carries requests and answers between named parties through
+the real codec (frames encoded and decoded as on a socket), in order on each
+connection, with delays, drops and partitions drawn from the seed. Each client gets
+its own :class:`ClientPool` (what the client's ``ConnectionPool`` does, simulated).
 """
 
 from __future__ import annotations
@@ -124,12 +123,15 @@ def _roundtrip(message: Message) -> Message:
 
 def sim_bookie_config(name: str, rng: random.Random) -> BookieConfig:
     """Small files and frequent checkpoints, so that a short run rotates journal files
-    and entry logs, checkpoints and deletes journal files many times."""
+    and entry logs, checkpoints and deletes journal files many times. The journal's
+    zeros ahead follow its file size (not drawn: every seed keeps its schedule)."""
+    journal_file_max_bytes = rng.choice([4096, 16384, 1 << 20])
     return BookieConfig(
         data_dir=Path(f"/sim/{name}/data"),
         journal_dir=Path(f"/sim/{name}/journal"),
         journal_max_group_wait_ms=1.0,
-        journal_file_max_bytes=rng.choice([4096, 16384, 1 << 20]),
+        journal_file_max_bytes=journal_file_max_bytes,
+        journal_prealloc_bytes={4096: 0, 16384: 8192}.get(journal_file_max_bytes, 1 << 20),
         journal_queue_max_bytes=rng.choice([8192, 64 << 20]),
         entry_log_max_bytes=rng.choice([8192, 65536, 1 << 20]),
         entry_log_write_buffer_bytes=rng.choice([512, 4096, 65536]),
