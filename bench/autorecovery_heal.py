@@ -353,6 +353,13 @@ def main() -> int:
     )
     parser.add_argument("--idle-s", type=float, default=20.0, help="writer time before the kill")
     parser.add_argument(
+        "--bookie-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="pass OPTION to each bookie, e.g. --bookie-option=--journal-prealloc-bytes=0",
+    )
+    parser.add_argument(
         "--zookeeper",
         action="store_true",
         help="metadata on a local ZooKeeper (Debian's zookeeper package) instead of SQLite",
@@ -384,7 +391,7 @@ def main() -> int:
                 flush=True,
             )
         with LocalCluster(
-            uri, tmp, 5, extra_args=["--metadata-session-timeout-ms", "2000"]
+            uri, tmp, 5, extra_args=["--metadata-session-timeout-ms", "2000", *args.bookie_option]
         ) as cluster:
             started = time.perf_counter()
             held = loop.run_until_complete(write(uri, args.ledgers, args.entries, args.entry_size))
