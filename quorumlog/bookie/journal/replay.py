@@ -296,7 +296,7 @@ def _scan_file(
                 pos += size
                 continue
             why = f"{'batch marker' if kind == RECORD_BATCH else 'manifest'} of another file"
-        elif not in_batch and next_file is None and NONZERO.search(buf, pos) is None:
+        elif not in_batch and NONZERO.search(buf, pos) is None:
             _zeros_at_the_end(path, pos, options)
             return
         # Damage at ``pos``. Never look for a record inside it: only the writer's
