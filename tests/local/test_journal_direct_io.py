@@ -298,14 +298,29 @@ def test_rolled_over_files_lose_their_zeros_before_the_next_file_exists(
     assert report.truncated is None
 
 
-def test_zeros_at_the_end_of_a_file_followed_by_another_are_still_damage(
-    tmp_path: Path,
-) -> None:
+def test_zeros_after_a_whole_batch_end_a_file_even_with_a_later_file(tmp_path: Path) -> None:
+    """The writer cuts its zeros off before it creates the next file, but a cut whose
+    sync failed can come back at a power loss. The zeros hold nothing acknowledged (a
+    file is left only after its last batch synced), so they end any file."""
+    records, blobs = _small_records(20)
+    (tmp_path / "journal").mkdir()
+    crashed = tmp_path / "crashed"
+    _write(tmp_path / "journal", DirectRecordingFiles(), records, 1 << 30, crashed, PREALLOC_BYTES)
+    os.close(journal_format.create_journal_file(crashed, 2))  # as if the cut was lost
+    replayed, report = _replay(crashed)
+    assert replayed == blobs and report.truncated
+
+
+def test_zeros_then_data_before_a_later_file_are_still_damage(tmp_path: Path) -> None:
     records, _ = _small_records(20)
     (tmp_path / "journal").mkdir()
     crashed = tmp_path / "crashed"
     _write(tmp_path / "journal", DirectRecordingFiles(), records, 1 << 30, crashed, PREALLOC_BYTES)
-    os.close(journal_format.create_journal_file(crashed, 2))  # as if the cut was skipped
+    (path,) = crashed.glob("*.jnl")
+    with open(path, "r+b") as f:  # a stray byte after the zeros: not the file's end
+        f.seek(path.stat().st_size - 1)
+        f.write(b"x")
+    os.close(journal_format.create_journal_file(crashed, 2))
     with pytest.raises(journal_replay.JournalCorruptionError, match="later file"):
         _replay(crashed)
 
