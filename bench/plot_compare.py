@@ -120,7 +120,9 @@ def draw_appends(report: dict[str, Any], path: Path) -> None:
             color=bars.patches[0].get_facecolor(),
         )
     for axes in (rate_axes, latency_axes):
-        axes.set_xticks(range(len(systems)), [SYSTEM_NAMES[s] for s in systems])
+        # A name on two lines ("NATS JetStream" / "2.15"): five fit under the bars.
+        names = [SYSTEM_NAMES[s].rsplit(" ", 1) for s in systems]
+        axes.set_xticks(range(len(systems)), ["\n".join(parts) for parts in names])
         axes.set_yscale("log")
         axes.legend(fontsize=8)
     rate_axes.set_ylabel("appends/s (100 B, 3 replicas)")

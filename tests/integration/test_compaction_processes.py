@@ -185,7 +185,7 @@ def test_compaction_under_reads_survives_kill_9_and_gives_the_space_back(
 
 
 def test_reclaim_rate_of_an_unpaced_compaction(metadata_uri: str, tmp_path: Path) -> None:
-    """The figure in docs/PERFORMANCE.md: 8 ledgers written interleaved into 1 MiB entry
+    """Compaction's reclaim in processes: 8 ledgers written interleaved into 1 MiB entry
     logs, 6 deleted; one minor compaction (threshold 0.5, unpaced). Prints the entry-log
     bytes before and after and the compaction's own duration (copy, sync, index commit,
     deletes)."""
