@@ -88,15 +88,17 @@ class StagedDirectWrites:
     def __init__(self) -> None:
         self._stage: mmap.mmap | None = None
 
-    def write(self, ops: FileOps, fd: int, parts: list[bytes], start: int, zeros: int = 0) -> int:
-        """Write the parts at ``start`` (the block after the last batch's), with a PAD
+    def write(
+        self, ops: FileOps, fd: int, parts: list[bytes], size: int, start: int, zeros: int = 0
+    ) -> int:
+        """Write the parts (``size`` bytes together) at ``start`` (the block after the
+        last batch's), with a PAD
         record to the end of their last block, and then ``zeros`` bytes of zeros (a
         multiple of the block); returns the bytes of parts and PAD.
 
         A batch never writes over a block of the batch before it: on a device whose
         sector writes are not atomic, a write cut by a power loss damages only blocks of
         a batch that was never synced, so never acknowledged."""
-        size = sum(map(len, parts))
         padded = padded_size(size)
         pad = padded - size
         assert zeros % PAGE_BYTES == 0, zeros

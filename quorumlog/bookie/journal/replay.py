@@ -17,10 +17,10 @@ if never acknowledged). If the closing one is whole, replay yields every whole o
 and the caller keeps what they prove and answers the entries they name that were
 not read back as unknown, never as absent (R17).
 Either way the file is cut at the damage, its tail's bytes kept beside it.
-Zeros from the end of a whole batch to the end of the last file are no damage: the
-writer writes zeros ahead of its batches (pre-allocation), and a batch none of whose
-bytes reached the disk held nothing acknowledged; they are cut off quietly.
-Damage followed by a later batch, or in a file followed by another file, is
+Zeros from the end of a whole batch to the end of a file are no damage: the writer
+writes zeros ahead of its batches (pre-allocation), and a batch none of whose bytes
+reached the disk held nothing acknowledged; they are cut off quietly. Other damage
+followed by a later batch, or in a file followed by another file, is
 damage to synced, acknowledged data: replay refuses
 (:class:`JournalCorruptionError`) unless told to skip it.
 """
@@ -362,10 +362,10 @@ def _torn_last_batch(
 
 def _zeros_at_the_end(path: Path, pos: int, options: _ScanOptions) -> None:
     """Only zeros from ``pos``, the end of a whole batch (or the file's first record),
-    to the end of the last file: written ahead by the writer, or a batch none of whose
-    bytes reached the disk (so never synced, never acknowledged). Cut off without a
-    copy (zeros hold nothing), so that the file, no longer last once the next start
-    writes a file after it, ends in whole records."""
+    to the end of the file: written ahead by the writer (in a file before the last,
+    when a failed sync lost the writer's cut), or a batch none of whose bytes reached
+    the disk (so never synced, never acknowledged). Cut off without a copy (zeros hold
+    nothing), so that the file ends in whole records."""
     log.info("journal %s: zeros from offset %d to the end, cut off", path, pos)
     if options.defer_cuts:
         options.report.pending_cuts = [*(options.report.pending_cuts or []), (path, pos)]

@@ -357,15 +357,15 @@ class Journal:
     def _write_piece(self, parts: list[bytes]) -> int:
         """Write a batch's parts (all of them, or it raises); returns how far the file's
         end moved (their size, and the PAD after them when written directly)."""
+        size = sum(map(len, parts))
         if self._direct_fd is not None:
             start = self._mark[1]
-            zeros = self._zeros_after(start, sum(map(len, parts)))
-            written = self._direct.write(self._ops, self._direct_fd, parts, start, zeros)
+            zeros = self._zeros_after(start, size)
+            written = self._direct.write(self._ops, self._direct_fd, parts, size, start, zeros)
             if zeros:
                 self._zeroed_to = start + written + zeros
             self._unsynced = True
             return written
-        size = sum(map(len, parts))
         if len(parts) > _WRITEV_MAX_PARTS or size < len(parts) * _WRITEV_MIN_PART_BYTES:
             # Small records: one join is cheaper than the kernel walking many small parts.
             self._write_all(b"".join(parts))
@@ -389,8 +389,9 @@ class Journal:
 
     def _cut_zeros(self) -> None:
         """Cut the zeros after the last batch off the current file, durably, before a
-        file after it exists: zeros at the end of a file followed by another are
-        damage to replay (the writer leaves a file only after its last batch synced)."""
+        file after it exists (the writer leaves a file only after its last batch
+        synced), so that every file but the last ends in whole records. Replay ends a
+        file at such zeros too, for a cut that a failed sync lost."""
         end = self._mark[1]
         if self._zeroed_to > end:
             self._ops.truncate(self.directory / journal_file_name(self._mark[0]), end)
