@@ -154,6 +154,11 @@ class PollingHandler(SequentialThreadingHandler):  # type: ignore[misc]
         super().__init__()
         self.socket_wait_s = socket_wait_s
 
+    @classmethod
+    def for_session(cls, session_timeout_ms: float) -> PollingHandler:
+        """The handler of a client whose session times out after ``session_timeout_ms``."""
+        return cls(socket_wait_s=session_timeout_ms / 1000 / 3)
+
     def select(
         self, rlist: list[Any], wlist: list[Any], xlist: list[Any], timeout: float | None = None
     ) -> Any:
@@ -244,7 +249,7 @@ class ZkStore(MetadataStore):
         self._loop = asyncio.get_running_loop()
         self._client = KazooClient(
             hosts=hosts,
-            handler=PollingHandler(socket_wait_s=session_timeout_ms / 1000 / 3),
+            handler=PollingHandler.for_session(session_timeout_ms),
             timeout=session_timeout_ms / 1000,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
             command_retry=None,

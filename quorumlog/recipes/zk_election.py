@@ -135,7 +135,7 @@ class KazooContender(Contender):
         credentials = zk_credentials(self.uri)  # the store's: the same user and ACL
         client = KazooClient(
             hosts=self.hosts,
-            handler=PollingHandler(socket_wait_s=self.session_timeout_ms / 1000 / 3),
+            handler=PollingHandler.for_session(self.session_timeout_ms),
             timeout=self.session_timeout_ms / 1000,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
             auth_data=credentials.auth_data() if credentials else None,
