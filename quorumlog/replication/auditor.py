@@ -312,7 +312,7 @@ class Auditor:
                     available = new_available
                     index = await self._read_index()
                     next_index = now + self.config.bookie_check_interval_s
-                    await self._tidy_lost(index)
+                    await self._tidy_lost(index, available)
                 self.stats.bookie_checks += 1
                 self.tracker.observe(lost_bookies(index, available), now)
                 due = self.tracker.due(now, delay_s)
@@ -323,7 +323,7 @@ class Auditor:
                     next_index = now + self.config.bookie_check_interval_s
                     self.tracker.observe(lost_bookies(index, available), now)
                     due = self.tracker.due(now, delay_s)
-                    await self._mark_lost(index, due)
+                    await self._mark_lost(index, due, available)
                 if self._audit_task is not None and self._audit_task.done():
                     self._audit_task.result()  # an error restarts the auditor
                     self._audit_task = None
@@ -368,9 +368,11 @@ class Auditor:
                 index.setdefault(bookie, set()).add(ledger_id)
         return index
 
-    async def _mark_lost(self, index: Mapping[str, set[int]], due: set[str]) -> None:
+    async def _mark_lost(
+        self, index: Mapping[str, set[int]], due: set[str], available: set[str]
+    ) -> None:
         marked = 0
-        recorded = await self._tidy_lost(index)
+        recorded = await self._tidy_lost(index, available)
         for ledger_id, bookies in sorted(marks_for_lost(index, due).items()):
             if set(bookies) <= recorded.get(ledger_id, set()):
                 continue  # no copy left to make: reported lost once already
@@ -385,13 +387,17 @@ class Auditor:
         self.stats.ledgers_marked += marked
         self.stats.lost_marked |= due
 
-    async def _tidy_lost(self, index: Mapping[str, set[int]]) -> dict[int, set[str]]:
+    async def _tidy_lost(
+        self, index: Mapping[str, set[int]], available: set[str]
+    ) -> dict[int, set[str]]:
         """The ledgers recorded lost, by id, with their lost bookies; records of ledgers
-        that no longer name those bookies (deleted, or repaired by hand) are dropped."""
+        that no longer name those bookies (deleted, or repaired by hand) are dropped, and
+        so are those a lost bookie came back to (registered again: it holds the copies;
+        a bookie still missing gets its ledgers marked again, copied from the one back)."""
         recorded: dict[int, set[str]] = {}
         for lost in await self.marks.lost_ledgers():
             still = {b for b in lost.bookies if lost.ledger_id in index.get(b, set())}
-            if still:
+            if still and not still & available:
                 recorded[lost.ledger_id] = still
             else:
                 await self.marks.forget_lost(lost.ledger_id)

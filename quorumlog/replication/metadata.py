@@ -73,6 +73,16 @@ class LedgerAccess:
     password: bytes | None
 
 
+class LedgerKeyUnavailableError(UnauthorizedError):
+    """No bookie gave a ledger's master key. ``absent``: the bookies that answered they
+    hold no such ledger (R17: never one they acknowledged an entry of); the others
+    asked failed to answer or refused."""
+
+    def __init__(self, message: str, absent: frozenset[str]) -> None:
+        super().__init__(message)
+        self.absent = absent
+
+
 async def ledger_access(
     bk: BookKeeper, md: LedgerMetadata, password: bytes, skip: frozenset[str] = frozenset()
 ) -> LedgerAccess:
@@ -86,6 +96,7 @@ async def ledger_access(
         return LedgerAccess(master_key(password), EntryCodec(md.digest_type, password), password)
     asked: list[str] = []
     reasons: list[str] = []
+    absent: set[str] = set()
     for _, ensemble in md.ensembles:
         for address in ensemble:
             if address in skip or address in asked:
@@ -102,15 +113,19 @@ async def ledger_access(
                 status = getattr(answer, "status", None)
                 what = status_name(status) if isinstance(status, int) else type(answer).__name__
                 reasons.append(f"{address}: {what}")
+                if status == Status.NO_SUCH_LEDGER:
+                    absent.add(address)
                 continue
             if _key_digest(answer.master_key) != md.password_digest:
                 reasons.append(f"{address}: a key that is not the ledger's")
                 continue
             codec = EntryCodec(md.digest_type, mac_unchecked=True)
             return LedgerAccess(answer.master_key, codec, None)
-    raise UnauthorizedError(
-        f"ledger {md.ledger_id}: the password given is not the ledger's, and no bookie "
-        f"gave its master key ({'; '.join(reasons) or 'no bookie to ask'})"
+    given = "the password given is not the ledger's" if password else "no password was given"
+    raise LedgerKeyUnavailableError(
+        f"ledger {md.ledger_id}: {given}, and no bookie gave its master key "
+        f"({'; '.join(reasons) or 'no bookie of its ensembles left to ask'})",
+        frozenset(absent),
     )
 
 

@@ -336,6 +336,8 @@ class RecoveryReport:
     # copies are not read either way, but it keeps serving until it is stopped.
     bookie_registered: bool = False
     elapsed_ms: float = 0.0
+    # Only the ledgers asked for were looked at (``--ledger``): others may name the bookie.
+    only_ledgers_asked: bool = False
 
     @property
     def failed(self) -> list[LedgerReplication]:
@@ -390,6 +392,7 @@ class RecoveryReport:
             "ledgers_affected": len(self.ledgers),
             "outcomes": dict(sorted(outcomes.items())),
             "complete": self.complete,
+            "only_ledgers_asked": self.only_ledgers_asked,
             "exit_status": self.exit_status,
             "ledgers_still_referencing": [r.ledger_id for r in self.still_referencing],
             "entries_copied": self.entries_copied,
@@ -427,6 +430,11 @@ class RecoveryReport:
             )
         if self.dry_run:
             lines.append("dry run: nothing was copied and no metadata changed")
+        elif self.complete and self.only_ledgers_asked:
+            lines.append(
+                f"none of the ledger(s) asked for references {self.bookie} any more "
+                "(no other ledger was looked at)"
+            )
         elif self.complete:
             lines.append(f"no ledger references {self.bookie} any more")
         else:

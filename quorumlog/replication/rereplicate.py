@@ -80,6 +80,7 @@ from quorumlog.replication.copy import (
 )
 from quorumlog.replication.metadata import (
     LedgerAccess,
+    LedgerKeyUnavailableError,
     ledger_access,
     metadata_call,
     read_ledger_metadata,
@@ -181,6 +182,7 @@ async def recover_bookie(
         ledgers=results,
         bookie_registered=registered,
         elapsed_ms=(time.monotonic() - started) * 1000,
+        only_ledgers_asked=explicit,
     )
 
 
@@ -398,7 +400,21 @@ class _Run:
         result.state = md.state.value
         # The password given, or the master key from a bookie (H1): a repair heals every
         # ledger whatever its password.
-        access = await ledger_access(self.bk, md, password, frozenset({self.lost, *self.down}))
+        try:
+            access = await ledger_access(self.bk, md, password, frozenset({self.lost, *self.down}))
+        except LedgerKeyUnavailableError as exc:
+            # No key, and maybe no copy either: every bookie that could hold the lost
+            # index's entries is gone. Then the ledger is lost whatever its password
+            # (reported once), not a repair to retry for ever.
+            if not await self._no_copy_left(md, exc.absent):
+                raise
+            await self._lost_not_deleted(ledger_id)
+            result.outcome, result.references_bookie = LedgerOutcome.LOST, True
+            result.error = (
+                f"entries with no copy left: every other bookie of the fragments naming "
+                f"{self.lost} is gone or holds no such ledger ({exc.message})"
+            )
+            return
         if not md.is_closed and skip_open_ledgers:
             result.outcome, result.references_bookie = LedgerOutcome.SKIPPED_OPEN, True
             return
@@ -429,10 +445,7 @@ class _Run:
         result.references_bookie = bool(left)
         lost = [f for f in result.fragments if f.status is FragmentStatus.LOST]
         if lost:
-            # A ledger deleted while it was copied reads as lost (its copies are being
-            # purged): only a read after a sync (R18) can call it lost rather than gone.
-            await metadata_call(self.bk, self.bk.store.sync(LEDGERS_PATH), "sync")
-            await read_ledger_metadata(self.bk, ledger_id)  # NoSuchLedgerError: deleted
+            await self._lost_not_deleted(ledger_id)
             result.outcome = LedgerOutcome.LOST
             result.error = "entries with no copy left: " + "; ".join(f.error for f in lost)
         elif failed:
@@ -447,11 +460,43 @@ class _Run:
             else:
                 result.outcome = LedgerOutcome.OPEN
 
+    async def _lost_not_deleted(self, ledger_id: int) -> None:
+        """A ledger deleted while it was copied reads as lost (its copies are being
+        purged): only a read after a sync (R18) can call it lost rather than gone;
+        NoSuchLedgerError when it is gone."""
+        await metadata_call(self.bk, self.bk.store.sync(LEDGERS_PATH), "sync")
+        await read_ledger_metadata(self.bk, ledger_id)
+
+    async def _no_copy_left(self, md: LedgerMetadata, absent: frozenset[str]) -> bool:
+        """Whether no bookie but the lost one can hold an entry it held: each other
+        bookie of every closed fragment naming it (with entries there) said it holds no
+        such ledger, or is registered neither writable nor read-only (R17: a bookie never
+        calls absent what it acknowledged). False when nothing is left to copy."""
+        work = [
+            f
+            for f in fragments_naming(md, self.lost)
+            if f.last is not None and entries_held(md, f) > 0
+        ]
+        if not work:
+            return False
+        registry = self.bk.registry
+        registered = await metadata_call(self.bk, registry.writable_bookies(), "bookies")
+        readonly = await metadata_call(self.bk, registry.readonly_bookies(), "bookies")
+        present = (set(registered) | set(readonly)) - absent
+        return all(b == self.lost or b not in present for f in work for b in f.ensemble)
+
     async def _plan_ledger(
         self, result: LedgerReplication, md: LedgerMetadata, close_first: bool
     ) -> None:
         """Dry run: what a real run would copy, and where; changes nothing."""
         result.references_bookie = True
+        if await self._no_copy_left(md, frozenset()):
+            result.outcome = LedgerOutcome.LOST
+            result.error = (
+                f"entries with no copy left: no other bookie of the fragments naming "
+                f"{self.lost} is registered; a real run records the ledger lost"
+            )
+            return
         result.outcome = LedgerOutcome.PLANNED
         if close_first:
             result.error = "would first be recovered and closed (fencing its writer)"

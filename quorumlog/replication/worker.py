@@ -204,7 +204,7 @@ class ReplicationWorker:
             return True  # another worker finished it between the listing and the claim
         close_open = grace_over(mark, int(self.clock() * 1000), self.config.open_ledger_grace_s)
         done = True
-        deleted = False
+        deleted = recorded_lost = False
         for bookie in mark.bookies:
             result = await replicate_ledger(
                 self.bk,
@@ -229,6 +229,7 @@ class ReplicationWorker:
             if result.outcome is LedgerOutcome.LOST:
                 # Trying again cannot help: report it once, loudly, and stop spending
                 # work on it (the auditor leaves recorded ledgers unmarked).
+                recorded_lost = True
                 if await self.marks.record_lost(ledger_id, [bookie], result.error):
                     self.stats.ledgers_lost += 1
                     log.error(
@@ -259,7 +260,7 @@ class ReplicationWorker:
             return False
         if await self.marks.clear(ledger_id, mark.version):
             self.stats.ledgers_repaired += 1
-            if not deleted:
+            if not (deleted or recorded_lost):  # those were said at their own level
                 log.info("ledger %d: re-replicated (%s)", ledger_id, ", ".join(mark.bookies))
             return True
         # Marked again while we worked: the next pass repairs the bookies added.

@@ -799,23 +799,30 @@ def test_h1_ledgers_with_passwords_heal_with_no_password_given(
 def test_h2_a_ledger_whose_only_copies_are_lost_is_reported_once_and_not_retried(
     cluster5: LocalCluster, daemons: list[Daemon], tmp_path: Path
 ) -> None:
-    """Both bookies of a 2/2/2 ledger are lost for good: no copy of its entries is left.
-    The daemon reports it once, at ERROR, records it lost and clears its mark, so the
-    under-replicated count returns to zero and no work is spent on it again; a 3/3/2
-    ledger on the same two bookies and a third heals from that third one."""
+    """Both bookies of two 2/2/2 ledgers are lost: no copy of their entries is left.
+    One has a password the daemon is not given (no bookie is left to give its key:
+    lost all the same, not a wrong password retried for ever). The daemon reports
+    each once, at ERROR, records them lost and clears their marks, so the
+    under-replicated count returns to zero and no work is spent on them again; a 3/3/2
+    ledger on the same two bookies and a third heals from that third one. Deleting a
+    lost ledger drops its record; bringing back a bookie that held the other drops
+    its record too, and it heals from that bookie."""
     uri = cluster5.metadata_uri
     with BookKeeper(uri) as bk:
         set_delay(bk, 1)
         first, second = cluster5.bookies[0].address, cluster5.bookies[1].address
         third = cluster5.bookies[2].address
 
-        async def write(shape: tuple[int, int, int], ensemble: tuple[str, ...]) -> int:
-            lh = await bk.aio.create_ledger(*shape, ensemble_bookies=ensemble)
+        async def write(
+            shape: tuple[int, int, int], ensemble: tuple[str, ...], password: bytes = b""
+        ) -> int:
+            lh = await bk.aio.create_ledger(*shape, ensemble_bookies=ensemble, password=password)
             await asyncio.gather(*(lh.append(payload(lh.ledger_id, i)) for i in range(30)))
             await lh.close()
             return lh.ledger_id
 
         doomed = bk.run(write((2, 2, 2), (first, second)))
+        doomed_pw = bk.run(write((2, 2, 2), (first, second), b"kept-secret"))
         healable = bk.run(write((3, 3, 2), (first, second, third)))
         daemon = Daemon(uri, tmp_path / "ar-h2")
         daemons.append(daemon)
@@ -828,20 +835,28 @@ def test_h2_a_ledger_whose_only_copies_are_lost_is_reported_once_and_not_retried
             what="the ledger with a copy left healed",
         )
         manager = UnderReplicationManager(bk.aio.store)
+
+        def lost_ids() -> list[int]:
+            return sorted(x.ledger_id for x in bk.run(manager.lost_ledgers()))
+
         poll_until(
-            lambda: [x.ledger_id for x in bk.run(manager.lost_ledgers())] == [doomed],
+            lambda: lost_ids() == [doomed, doomed_pw],
             timeout_s=60,
             interval_s=0.5,
-            what="the ledger with no copy left recorded lost",
+            what="the ledgers with no copy left recorded lost",
         )
         poll_until(lambda: not marks(bk), timeout_s=60, interval_s=0.5, what="marks cleared")
         # Several backoffs and bookie checks later: not marked again, not retried, and
         # reported once.
         holds_for(lambda: not marks(bk), duration_s=8, what="no mark comes back", interval_s=0.5)
-        (lost,) = bk.run(manager.lost_ledgers())
-        assert set(lost.bookies) <= {first, second} and "no copy is left" in lost.reason
+        for lost in bk.run(manager.lost_ledgers()):
+            assert set(lost.bookies) <= {first, second} and "no copy" in lost.reason, lost
         log_text = daemon.err.read_text() + daemon.out.read_text()
-        assert log_text.count(f"ledger {doomed} is LOST") == 1, log_text[-3000:]
+        for ledger_id in (doomed, doomed_pw):
+            assert log_text.count(f"ledger {ledger_id} is LOST") == 1, log_text[-3000:]
+            assert f"ledger {ledger_id}: re-replicated" not in log_text, log_text[-3000:]
+            # Never a failure to retry (a wrong password, a key no bookie gave).
+            assert f"autorecovery: ledger {ledger_id} (" not in log_text, log_text[-3000:]
         listed = shell(uri, "listunderreplicated", "--lost")
         assert listed.returncode == 0 and f"{doomed}\tLOST on" in listed.stdout, listed
         assert [e.data for e in bk.open_ledger(healable).read_entries(0, 29)] == [
@@ -850,11 +865,28 @@ def test_h2_a_ledger_whose_only_copies_are_lost_is_reported_once_and_not_retried
         # Deleting the ledger drops the record at the auditor's next look.
         bk.delete_ledger(doomed)
         poll_until(
-            lambda: not bk.run(manager.lost_ledgers()),
+            lambda: lost_ids() == [doomed_pw],
             timeout_s=60,
             interval_s=0.5,
             what="the record of a deleted ledger dropped",
         )
+        # A bookie that held it comes back: the record goes, and the ledger heals from it
+        # (the other bookie is still lost).
+        cluster5.restart(0)
+        poll_until(
+            lambda: (
+                not lost_ids()
+                and second not in bk.ledger_metadata(doomed_pw).all_bookies()
+                and not marks(bk)
+            ),
+            timeout_s=DELAY_S + REPAIR_BOUND_S + 30,
+            interval_s=0.5,
+            what="the record dropped and the ledger healed once a bookie came back",
+        )
+        reopened = bk.open_ledger(doomed_pw, password=b"kept-secret")
+        assert [e.data for e in reopened.read_entries(0, 29)] == [
+            payload(doomed_pw, i) for i in range(30)
+        ]
 
 
 def copy_under_way(

@@ -434,6 +434,9 @@ def test_shell_recoverbookie_prints_each_ledger_and_exits_0_when_done(cluster4):
         assert only.returncode == 0, only.stdout + only.stderr
         assert f"ledger {first} (CLOSED): replicated, 50 entries copied" in only.stdout
         assert f"-> {d}: copied 50 entries" in only.stdout
+        # Only the ledger asked for was looked at: not "no ledger references" the bookie.
+        assert f"no ledger references {a}" not in only.stdout
+        assert f"none of the ledger(s) asked for references {a} any more" in only.stdout
         assert bk.ledger_metadata(second).to_bytes() == before[second]
 
         done = shell(uri, "recoverbookie", a, "--json")
@@ -449,6 +452,24 @@ def test_shell_recoverbookie_prints_each_ledger_and_exits_0_when_done(cluster4):
         again = shell(uri, "recoverbookie", a)
         assert again.returncode == 0 and "0 ledger(s) affected of 2 scanned" in again.stdout
         assert f"no ledger references {a} any more" in again.stdout
+
+        # A ledger whose other bookie is gone too: a dry run says it would be lost, as a
+        # real run does, instead of planning a copy that cannot be read.
+        doomed = write_closed(bk, (2, 2, 2), (b, c), 10)
+        wait_healthy(bk, doomed)
+        cluster4.kill(index_of(cluster4, c))
+        poll_until(
+            lambda: c not in bk.run(bk.aio.registry.writable_bookies()),
+            timeout_s=30,
+            interval_s=0.2,
+            what=f"{c}'s registration gone",
+        )
+        plan = shell(uri, "recoverbookie", b, "--dry-run", "--ledger", str(doomed))
+        assert plan.returncode == 1, plan.stdout + plan.stderr
+        assert f"ledger {doomed} (CLOSED): lost" in plan.stdout, plan.stdout
+        assert "would copy" not in plan.stdout.split("dry run for")[0], plan.stdout
+        real = shell(uri, "recoverbookie", b, "--ledger", str(doomed))
+        assert real.returncode == 1 and f"ledger {doomed} (CLOSED): lost" in real.stdout, real
 
     bad = shell(uri, "recoverbookie", "not-an-address")
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
