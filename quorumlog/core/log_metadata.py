@@ -151,12 +151,20 @@ def decide_seal(view: LogView, *, base: LogView) -> LogDecision:
 
 
 def decide_truncate(
-    view: LogView, *, before: LogPosition, removed_end: LogPosition | None = None
+    view: LogView,
+    *,
+    before: LogPosition,
+    removed_end: LogPosition | None = None,
+    written_end: int | None = None,
 ) -> LogDecision:
     """``Log.truncate(before)``: Settled once the list is truncated at or after
     ``before`` (it removed every ledger wholly before it: truncating again would write
-    the same list). Refused when ``before``'s ledger is not in the list. ``removed_end``
-    comes from the ledgers just before ``before``'s, closed ledgers that never change."""
+    the same list). Refused when ``before``'s ledger is not in the list, or when
+    ``before`` lies past ``written_end``, the entry after the last one its ledger was
+    seen to hold (closed: its last entry; open: its last add confirmed): records
+    appended there later, confirmed to their writer, would read as truncated (as
+    Kafka refuses to delete records past the high watermark). ``removed_end`` comes
+    from the ledgers just before ``before``'s, closed ledgers that never change."""
     done = view.truncated_before
     if done is not None and tuple(before) <= tuple(done):
         return Settled()
@@ -165,6 +173,15 @@ def decide_truncate(
             InvalidArgumentError(
                 f"log {view.name}: cannot truncate before {before[0]}:{before[1]}: ledger "
                 f"{before[0]} is not in the log {list(view.ledgers)}"
+            )
+        )
+    if written_end is not None and before[1] > written_end:
+        return Refused(
+            InvalidArgumentError(
+                f"log {view.name}: cannot truncate before {before[0]}:{before[1]}: ledger "
+                f"{before[0]} holds records up to {before[0]}:{written_end - 1} only, and "
+                f"records appended past that end later would read as truncated; truncate "
+                f"at most before {before[0]}:{written_end}"
             )
         )
     return TruncateBefore(before, removed_end)

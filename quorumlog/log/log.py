@@ -198,15 +198,16 @@ class Log:
         and is neither applied again nor reported failed (R13)."""
         cut = Position.of(before)
         metadata, version = await self.metadata()
-        removed_end = None
+        removed_end = written_end = None
         if cut.ledger_id in metadata.ledgers:
             # From the closed ledgers just before the cut's: later lists hold the same
             # ones (or fewer, truncated), and a closed ledger never changes.
             removed_end = await self._removed_end(metadata, cut)
+            written_end = await self._written_end(cut.ledger_id)
         done = await update_log(
             self.store,
             self.name,
-            partial(decide_truncate, before=cut, removed_end=removed_end),
+            partial(decide_truncate, before=cut, removed_end=removed_end, written_end=written_end),
             what=f"truncating before {cut}",
             attempts=_CAS_ATTEMPTS,
             known=(metadata, version),
@@ -225,6 +226,22 @@ class Log:
         removed = [x for x in changed.ledgers if x < cut.ledger_id and x not in kept]
         await self._delete_ledgers(removed)
         return removed
+
+    async def _written_end(self, ledger_id: int) -> int | None:
+        """The entry after the last one ``ledger_id`` holds: its last entry once closed,
+        its last add confirmed while open (a record confirmed since is at or after it, so
+        a cut there hides none). None when the ledger is gone."""
+        try:
+            md = await self.bk.ledger_metadata(ledger_id)
+        except NoSuchLedgerError:
+            return None
+        if md.is_closed:
+            return md.last_entry_id + 1
+        handle = await self.bk.open_ledger_no_recovery(ledger_id, self.config.password)
+        try:
+            return handle.last_add_confirmed + 1
+        finally:
+            await handle.close()
 
     async def _removed_end(self, metadata: LogMetadata, cut: Position) -> Position | None:
         """Where the records before ``cut`` end, when that is below ``cut``: the position

@@ -12,6 +12,7 @@ import pytest
 from quorumlog import BookKeeper, LogNamespace
 from quorumlog.aio import BookKeeper as AsyncBookKeeper
 from quorumlog.aio import LogNamespace as AsyncLogNamespace
+from quorumlog.errors import InvalidArgumentError
 from quorumlog.log import (
     LogConfig,
     LogFencedError,
@@ -73,6 +74,32 @@ def test_r11_append_read_rollover_truncate_round_trip(cluster3: LocalCluster) ->
         assert not any(x in bk.list_ledgers() for x in ledgers)
         with pytest.raises(NoSuchLogError):
             LogNamespace(bk).delete_log("orders")
+
+
+def test_a_truncation_past_the_written_end_is_refused_and_hides_no_later_record(
+    cluster3: LocalCluster,
+) -> None:
+    """A cut beyond the last record of the writer's open ledger would hide the records
+    appended there afterwards, confirmed to their writer: it is refused, naming the
+    end; a cut at the end hides nothing appended after it."""
+    with BookKeeper(cluster3.metadata_uri) as bk:
+        log = LogNamespace(bk).open_log("cut-ahead")
+        writer = log.open_writer()
+        old = [writer.append(b"old-%d" % i) for i in range(5)]
+        ledger_id = old[-1].ledger_id
+        with pytest.raises(InvalidArgumentError, match=rf"before {ledger_id}:100:.*at most before"):
+            log.truncate(Position(ledger_id, 100))
+        assert log.metadata()[0].truncated_before is None  # nothing recorded
+        end = Position(ledger_id, old[-1].entry_id + 1)
+        log.truncate(end)
+        new = [writer.append(b"new-%d" % i) for i in range(3)]
+        assert new[0] == end
+        with log.open_reader() as reader:
+            read = [reader.read_next(timeout_ms=READ_BOUND_MS) for _ in range(3)]
+        assert [(r.position, r.data) for r in read if r] == [
+            (p, b"new-%d" % i) for i, p in enumerate(new)
+        ]
+        writer.close()
 
 
 def test_r11_reader_follows_rollovers_and_a_new_writer(cluster3: LocalCluster) -> None:

@@ -131,6 +131,20 @@ def test_truncate_before_a_ledger_not_in_the_log_is_refused() -> None:
     assert isinstance(refusal(decide_truncate(view(12, 15), before=(13, 0))), InvalidArgumentError)
 
 
+def test_truncate_past_the_written_end_of_its_ledger_is_refused() -> None:
+    """Records appended past the end later would read as truncated: a cut may reach the
+    entry after the last one written, not beyond."""
+    error = refusal(decide_truncate(view(12, 15), before=(15, 6), written_end=5))
+    assert isinstance(error, InvalidArgumentError)
+    assert "15:6" in error.message and "at most before 15:5" in error.message
+    assert decide_truncate(view(12, 15), before=(15, 5), written_end=5) == TruncateBefore(
+        (15, 5), None
+    )
+    # Settled stays settled: a truncation already applied is not judged again.
+    done = view(15, truncated_before=(15, 9))
+    assert isinstance(decide_truncate(done, before=(15, 9), written_end=5), Settled)
+
+
 # ---------------------------------------------------------------- a Spark sink's commit
 
 
