@@ -37,6 +37,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
+from quorumlog.client.bookkeeper import password_digest
 from quorumlog.errors import InvalidArgumentError, NoSuchEntryError, NoSuchLedgerError
 from quorumlog.log.errors import LogTruncatedError, NoSuchLogError
 from quorumlog.log.metadata import list_log_names, read_log
@@ -598,8 +599,31 @@ def _write_options(options: Any, schema: StructType, overwrite: bool) -> WriteOp
 
 
 async def _prepare(opts: WriteOptions) -> None:
+    """Create the log if absent, and check on the driver, before any task runs, what
+    every task would fail on: enough writable bookies for the option ensemble, and the
+    option password being the one of the log's ledgers (a log of ledgers with two
+    passwords opens with neither)."""
     bk = await scan.client_for(opts.metadata_uri)
     await commits.prepare_log(bk, opts.log)
+    writable = await bk.registry.writable_bookies()
+    if len(writable) < opts.ensemble:
+        raise InvalidArgumentError(
+            f"{SOURCE_NAME} sink, log {opts.log}: option ensemble={opts.ensemble}, but "
+            f"{len(writable)} writable bookie(s) are registered"
+        )
+    metadata, _ = await read_log(bk.store, opts.log)
+    for ledger_id in reversed(metadata.ledgers):
+        try:
+            md = await bk.ledger_metadata(ledger_id)
+        except NoSuchLedgerError:
+            continue  # deleted by a truncation under way
+        if md.password_digest and md.password_digest != password_digest(opts.password):
+            raise InvalidArgumentError(
+                f"{SOURCE_NAME} sink, log {opts.log}: option password is not the password "
+                f"of the log's ledgers (ledger {ledger_id}); every ledger of a log needs "
+                "the same one, which its readers use"
+            )
+        break
 
 
 def _task_identity() -> TaskIdentity:

@@ -24,11 +24,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from quorumlog.client.bookkeeper import BookKeeper
+from quorumlog.client.bookkeeper import BookKeeper, password_digest
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.reading import ReadHandle, gather_in_order
 from quorumlog.client.sync import LoopThread
-from quorumlog.errors import BKError, NoSuchLedgerError
+from quorumlog.errors import BKError, NoSuchLedgerError, UnauthorizedError
 from quorumlog.log.metadata import LogMetadata, read_log
 from quorumlog.log.position import Position
 from quorumlog.log.record_format import HEADER_BYTES, decode_arrow, timestamp_of
@@ -197,9 +197,15 @@ async def log_snapshot(
     }
     # Metadata first, many at a time; the LAC only for the first open ledger.
     factories: list[Callable[[], Awaitable[tuple[bool, LedgerExtent | None]]]] = [
-        partial(_closed_extent, bk, ledger_id, firsts[ledger_id]) for ledger_id in wanted
+        partial(_closed_extent, bk, ledger_id, firsts[ledger_id], password) for ledger_id in wanted
     ]
-    found_extents = await gather_in_order(factories, METADATA_READS_IN_FLIGHT)
+    try:
+        found_extents = await gather_in_order(factories, METADATA_READS_IN_FLIGHT)
+    except UnauthorizedError as exc:
+        # Here, on the driver, before any task runs and fails on it.
+        raise UnauthorizedError(
+            f"log {name}: the option password does not open its ledgers ({exc.message})"
+        ) from None
     extents: list[LedgerExtent] = []
     for ledger_id, (exists, found) in zip(wanted, found_extents, strict=True):
         if not exists:
@@ -220,13 +226,16 @@ async def log_snapshot(
 
 
 async def _closed_extent(
-    bk: BookKeeper, ledger_id: int, first: int
+    bk: BookKeeper, ledger_id: int, first: int, password: bytes
 ) -> tuple[bool, LedgerExtent | None]:
-    """(whether the ledger exists, its extent if it is closed)."""
+    """(whether the ledger exists, its extent if it is closed). UnauthorizedError when
+    ``password`` is not the ledger's (R10)."""
     try:
         metadata = await bk.ledger_metadata(ledger_id)
     except NoSuchLedgerError:
         return False, None
+    if metadata.password_digest and metadata.password_digest != password_digest(password):
+        raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
     if not metadata.is_closed:
         return True, None
     return True, LedgerExtent(ledger_id, first, metadata.last_entry_id, True, metadata.length)

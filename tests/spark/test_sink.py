@@ -93,6 +93,39 @@ def test_bad_writes_are_refused_on_the_driver(spark, module_cluster):
         ).save()
 
 
+def test_a_password_or_ensemble_no_task_could_use_is_refused_on_the_driver(
+    spark, module_cluster, bk
+):
+    """A second password in one log would leave it readable with neither; an ensemble
+    larger than the bookies registered fails every task: both are refused before any
+    task runs, naming the option, and nothing is written."""
+    from pyspark.errors import AnalysisException, PySparkException
+
+    uri = module_cluster.metadata_uri
+
+    def write(value: str, **options: str) -> None:
+        writer = spark.createDataFrame([(value,)], "data string").write.format("quorumlog")
+        writer = writer.option("metadata", uri).option("log", "one-password")
+        for key, option in options.items():
+            writer = writer.option(key, option)
+        writer.mode("append").save()
+
+    write("first", password="sekret")
+    ledgers = set(bk.list_ledgers())
+    with pytest.raises((AnalysisException, PySparkException), match="option password is not"):
+        write("second", password="other")
+    with pytest.raises((AnalysisException, PySparkException), match="option ensemble=4"):
+        write("third", password="sekret", ensemble="4", writeQuorum="3")
+    assert set(bk.list_ledgers()) == ledgers  # no task ran
+    log = LogNamespace(bk).open_log("one-password", quorumlog.LogConfig(password=b"sekret"))
+    assert [r.data for r in log.read_all()] == [b"first"]
+    # A read with another password fails at load(), on the driver, naming the log.
+    with pytest.raises((AnalysisException, PySparkException), match="log one-password: the"):
+        spark.read.format("quorumlog").option("metadata", uri).option("log", "one-password").option(
+            "password", "other"
+        ).load().collect()
+
+
 def test_streaming_write_is_exactly_once_through_a_task_failure_and_a_replayed_batch(
     spark, module_cluster, bk, tmp_path
 ):
