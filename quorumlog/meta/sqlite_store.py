@@ -161,7 +161,9 @@ def db_path_from_uri(uri: str) -> str:
     path = uri[len(prefix) :].split("?", 1)[0]
     if not os.path.isabs(path) or path.endswith("/"):
         raise InvalidArgumentError(f"metadata URI {uri!r}: expected sqlite:///absolute/path.db")
-    return path
+    # sqlite:////abs/path.db (SQLAlchemy's spelling) names the same file: one leading
+    # slash, so that a bookie and a client given either spelling open one store.
+    return "/" + path.lstrip("/")
 
 
 def _connect(
