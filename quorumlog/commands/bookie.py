@@ -36,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "bookie",
         help="run one bookie (storage server) in the foreground",
         description="Run one bookie in the foreground until SIGTERM or SIGINT.",
+        allow_abbrev=False,
     )
     add_bookie_options(p)
     p.add_argument(
@@ -59,8 +60,28 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # InvalidArgumentError is a ValueError too
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if recovery is None:
+        ignored = _autorecovery_options_given(args)
+        if ignored:
+            print(
+                f"{_PROG}: warning: {', '.join(ignored)}: option(s) of the autorecovery "
+                "daemon, of no effect without --autorecovery",
+                file=sys.stderr,
+            )
     companion = _autorecovery_beside(recovery) if recovery is not None else None
     return run_bookie(config, server_config, uri, listen, companion=companion, prog=_PROG)
+
+
+def _autorecovery_options_given(args: argparse.Namespace) -> list[str]:
+    """The autorecovery options set to other than their defaults (on the command line
+    or in the config file), as their flags."""
+    defaults = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _autorecovery_command.add_options(defaults)
+    return [
+        action.option_strings[-1]
+        for action in defaults._actions
+        if action.option_strings and getattr(args, action.dest, action.default) != action.default
+    ]
 
 
 def _autorecovery_beside(recovery: AutoRecoveryConfig) -> CompanionFactory:

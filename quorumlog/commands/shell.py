@@ -11,12 +11,14 @@
     quorumlog shell auditledger ID [--json] [--password TEXT]
     quorumlog shell recoverbookie BOOKIE [--ledger ID ...] [--dry-run] [--skip-open-ledgers |
                                          --close-open-ledgers] [--json] [--password TEXT]
+                                         [--placement P] [--min-racks-per-write-quorum N]
     quorumlog shell listunderreplicated [--json]
     quorumlog shell whoisauditor
     quorumlog shell autorecovery enable|disable|status
     quorumlog shell lostbookierecoverydelay [SECONDS]
     quorumlog shell triggeraudit
-    quorumlog shell decommissionbookie BOOKIE [--password TEXT]
+    quorumlog shell decommissionbookie BOOKIE [--password TEXT] [--placement P]
+                                              [--min-racks-per-write-quorum N]
     quorumlog shell gc [--http HOST:PORT ...] [--minor] [--json]
     quorumlog shell orphans [--delete] [--json] [--password TEXT] [--min-age-s S]
                             [--reads-per-s R] [--http HOST:PORT ...]
@@ -151,6 +153,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     recover.add_argument("--json", action="store_true", help="print the report as one JSON object")
     recover.add_argument("--password", default="", help="the ledgers' password (text)")
+    _add_placement_options(recover)
     _add_autorecovery_commands(commands)
     gc_trigger.add_arguments(
         commands.add_parser(
@@ -195,6 +198,27 @@ def _add_autorecovery_commands(commands: argparse._SubParsersAction) -> None:  #
     )
     decommission.add_argument("bookie", help="host:port")
     decommission.add_argument("--password", default="", help="the ledgers' password (text)")
+    _add_placement_options(decommission)
+
+
+def _add_placement_options(parser: argparse.ArgumentParser) -> None:
+    """Where copies go, as the cluster's clients and autorecovery place them: a shell
+    command that chose at random would break a rack-aware cluster's write sets."""
+    from quorumlog.core.placement import POLICIES, PlacementPolicy
+
+    parser.add_argument(
+        "--placement",
+        choices=list(POLICIES),
+        default="random",
+        help="placement policy the copies' bookies are chosen by (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--min-racks-per-write-quorum",
+        type=int,
+        default=PlacementPolicy().min_racks_per_write_quorum,
+        help="racks each write set should span under rack-aware and region-aware "
+        "placement (default: %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -257,6 +281,8 @@ async def _with_client(args: argparse.Namespace, handler: Callable[..., Awaitabl
         metadata_session_timeout_ms=10_000,
         tls=security_options.client_tls(args),
         token_file=security_options.token_file(args),
+        placement=getattr(args, "placement", "random"),
+        min_racks_per_write_quorum=getattr(args, "min_racks_per_write_quorum", 2),
     )
     bk = await asyncio.wait_for(BookKeeper.connect(args.metadata, config=config), 30)
     try:

@@ -77,6 +77,41 @@ def test_a_rack_aware_writer_replaces_a_dead_bookie_within_the_racks_rule(
         assert data == [b"before %d" % i for i in range(20)] + [b"after %d" % i for i in range(20)]
 
 
+def test_shell_recoverbookie_places_copies_by_the_policy_it_is_given(
+    racked: LocalCluster,
+) -> None:
+    """3/2/2 ledgers over racks a, b, c lose their bookie in rack a: only the other
+    bookie of rack a keeps every write set over two racks. The shell chose at random
+    (no way to say the policy); with --placement rack-aware every copy lands there."""
+    with BookKeeper(racked.metadata_uri, placement="rack-aware") as bk:
+        places = where(bk)
+        by_rack: dict[str, list[str]] = {}
+        for bookie, rack in sorted(places.items()):
+            by_rack.setdefault(rack, []).append(bookie)
+        lost, kept_in_rack = by_rack["/east/a"]
+        ensemble = (lost, by_rack["/east/b"][0], by_rack["/east/c"][0])
+        ledgers = []
+        for _ in range(6):
+            handle = bk.create_ledger(3, 2, 2, ensemble_bookies=ensemble)
+            for i in range(10):
+                handle.add_entry(payload(handle.ledger_id, i))
+            handle.close()
+            ledgers.append(handle.ledger_id)
+        racked.kill(next(b.index for b in racked.bookies if b.address == lost))
+        command = ["shell", "--metadata", racked.metadata_uri, "recoverbookie", lost]
+        done = subprocess.run(
+            [sys.executable, "-m", "quorumlog", *command, "--placement", "rack-aware"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        for ledger_id in ledgers:
+            (_, last), *_ = reversed(bk.ledger_metadata(ledger_id).ensembles)
+            assert list(last) == [kept_in_rack, *ensemble[1:]], (ledger_id, last)
+            assert_fully_replicated(bk, ledger_id)
+
+
 def test_a_bookie_with_a_bad_rack_refuses_to_start_naming_it(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "quorumlog.server", "--data-dir", str(tmp_path), "--rack", "rack1"],

@@ -133,3 +133,18 @@ def test_the_servers_entry_point_has_the_bookies_flags_but_not_the_commands(
         server_main(["--data-dir", str(ROOT), "--autorecovery"])
     assert exited.value.code == 2
     assert "--autorecovery" in capsys.readouterr().err
+
+
+def test_a_bookie_names_the_autorecovery_options_it_ignores_without_autorecovery() -> None:
+    """``quorumlog bookie --placement rack-aware`` without ``--autorecovery`` ran with no
+    word that the policy went unused: the options given are named in a warning."""
+    from quorumlog.commands import build_parser
+    from quorumlog.commands.bookie import _autorecovery_options_given
+
+    parser = build_parser()
+    plain = parser.parse_args(["bookie", "--data-dir", "/tmp/d"])
+    assert _autorecovery_options_given(plain) == []
+    given = parser.parse_args(
+        ["bookie", "--data-dir", "/tmp/d", "--placement", "rack-aware", "--password", "x"]
+    )
+    assert _autorecovery_options_given(given) == ["--placement", "--password"]
