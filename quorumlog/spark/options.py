@@ -157,7 +157,7 @@ def parse_bound(label: str, raw: str | None, default: Literal["earliest", "lates
     except ValueError:
         value = text
     try:
-        position = Position.of(value)
+        position = Position.of(_whole_numbers(value))
     except (BKError, KeyError, TypeError, ValueError):
         raise _bad(
             label, raw, 'expected earliest, latest, {"ledger": L, "entry": E} or L:E'
@@ -165,6 +165,21 @@ def parse_bound(label: str, raw: str | None, default: Literal["earliest", "lates
     if position.ledger_id < 0 or position.entry_id < 0:
         raise _bad(label, raw, "ledger and entry must be >= 0")
     return position
+
+
+def _whole_numbers(value: object) -> object:
+    """``value`` when, as JSON, it is a pair or a ``{"ledger", "entry"}`` object of whole
+    numbers (a float or an unknown key is a mistake, not something to round or drop)."""
+    numbers: list[object] = []
+    if isinstance(value, dict):
+        if set(value) != {"ledger", "entry"}:
+            raise ValueError(f"keys {sorted(value)}")
+        numbers = list(value.values())
+    elif isinstance(value, list):
+        numbers = value
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in numbers):
+        raise ValueError("not whole numbers")
+    return value
 
 
 def _parse_ledgers(raw: str) -> tuple[int, ...]:
@@ -451,6 +466,15 @@ class ReadOptions:
         if streaming and ending is not None and not lenient_stream:
             raise _bad(ending[0], ending[1], "streaming reads have no end")
         end, ends = _one_bound(options, "endingPosition", "endingPositions", "latest")
+        several = pattern is not None or (logs is not None and len(logs) > 1)
+        for label, bound in (("startingPosition", start), ("endingPosition", end)):
+            if several and isinstance(bound, Position):
+                raise _bad(
+                    label,
+                    str(bound),
+                    "a position is in one log's ledger; for several logs give "
+                    f"{label}s, JSON per log",
+                )
         if ledgers is not None and (starts or ends):
             raise _bad("ledgers", ledgers_raw, "startingPositions/endingPositions name logs")
         for label, bound in (("startingTimestamp", start), ("endingTimestamp", end)):

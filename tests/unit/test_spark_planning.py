@@ -69,6 +69,22 @@ def test_read_options_take_the_log_from_the_load_path():
             {"metadata": URI, "log": "x", "startingposition": "5:0", "endingposition": "4:0"},
             "before startingPosition",
         ),
+        # Read as 2:0 and 2:5 once: a fraction or an unknown key is a mistake.
+        ({"metadata": URI, "log": "x", "startingposition": '{"ledger": 2.9, "entry": 0}'}, "2.9"),
+        ({"metadata": URI, "log": "x", "startingposition": "[2, 0.5]"}, "startingPosition"),
+        (
+            {"metadata": URI, "log": "x", "startingposition": '{"ledger": 2, "entry": 5, "e": 1}'},
+            "startingPosition",
+        ),
+        # One position for several logs: their ledger ids do not compare.
+        (
+            {"metadata": URI, "logs": "a,b", "startingposition": "3:5"},
+            "for several logs give startingPositions",
+        ),
+        (
+            {"metadata": URI, "logpattern": "ev-.*", "endingposition": "3:5"},
+            "for several logs give endingPositions",
+        ),
     ],
 )
 def test_bad_read_options_name_the_problem(options, message):
