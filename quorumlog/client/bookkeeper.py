@@ -238,6 +238,10 @@ class BookKeeper:
     async def _read_checked(self, ledger_id: int, password: bytes) -> tuple[LedgerMetadata, int]:
         metadata, version = await self.ledgers.read(ledger_id)
         if metadata.password_digest and metadata.password_digest != password_digest(password):
+            if not password:
+                raise UnauthorizedError(
+                    f"ledger {ledger_id}: wrong password (none was given; the ledger has one)"
+                )
             raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
         return metadata, version
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -102,6 +104,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A number > 0 (an argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number above 0: {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(
         prog="quorumlog",
@@ -152,9 +165,17 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> i
             print(f"{args._config_parser.prog}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()
+        return status
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`... | head`): as a Unix tool, stop quietly.
+        # Whatever is still buffered goes nowhere instead of raising again at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

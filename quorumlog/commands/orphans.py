@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from quorumlog.commands import gc_trigger
+from quorumlog.commands import gc_trigger, positive_float
 from quorumlog.core.orphans import (
     DB_SNAPSHOT,
     SPARK_SINK,
@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--reads-per-s",
-        type=float,
+        type=positive_float,
         default=None,
         help="at most this many metadata reads a second (listings, ledgers and their "
         "owners' nodes), to spare the store's other clients (default: no limit)",

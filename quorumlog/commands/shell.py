@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from quorumlog.bookie.errors import BookieStartError
-from quorumlog.commands import bookie_files, gc_trigger, orphans
+from quorumlog.commands import bookie_files, gc_trigger, orphans, positive_float
 from quorumlog.errors import BKError
 from quorumlog.meta.layout import LEVEL_DIGITS_DEFAULT
 from quorumlog.security import options as security_options
@@ -66,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     listledgers = commands.add_parser("listledgers", help="list ledger ids")
     listledgers.add_argument(
         "--reads-per-s",
-        type=float,
+        type=positive_float,
         default=None,
         help="at most this many metadata listings a second (default: no limit)",
     )
@@ -83,7 +83,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     migrate.add_argument(
         "--reads-per-s",
-        type=float,
+        type=positive_float,
         default=None,
         help="at most this many metadata reads a second (default: no limit)",
     )
@@ -261,16 +261,18 @@ def run(args: argparse.Namespace) -> int:
             return 1
     handlers["cookie_get"] = bookie_files.cookie_get
     handler = handlers[args.shell_command]
-    loop = new_event_loop()
-    try:
-        return loop.run_until_complete(_with_client(args, handler))
-    except (BKError, OSError, ValueError) as exc:
-        print(f"quorumlog shell {args.shell_command}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        loop.close()
+    # The runner turns Ctrl-C into the command's cancellation, so that the client closes
+    # (its store's tasks end) before the loop does: no traceback, as for any failure.
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        try:
+            return runner.run(_with_client(args, handler))
+        except BrokenPipeError:
+            raise  # the reader of stdout left: quorumlog's main stops quietly
+        except (BKError, OSError, ValueError) as exc:
+            print(f"quorumlog shell {args.shell_command}: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 130
 
 
 async def _with_client(args: argparse.Namespace, handler: Callable[..., Awaitable[int]]) -> int:

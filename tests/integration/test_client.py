@@ -111,6 +111,9 @@ def test_r10_wrong_password_is_refused_and_fences_nothing(bk):
         bk.open_ledger(lh.ledger_id, b"wrong")
     with pytest.raises(UnauthorizedError):
         bk.open_ledger_no_recovery(lh.ledger_id, b"wrong")
+    # No password at all says so, rather than blaming one the user never gave.
+    with pytest.raises(UnauthorizedError, match="none was given; the ledger has one"):
+        bk.open_ledger(lh.ledger_id)
     assert lh.add_entry(b"b") == 1  # the writer was not fenced
     assert not bk.is_closed(lh.ledger_id)
     lh.close()

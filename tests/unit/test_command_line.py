@@ -148,3 +148,52 @@ def test_a_bookie_names_the_autorecovery_options_it_ignores_without_autorecovery
         ["bookie", "--data-dir", "/tmp/d", "--placement", "rack-aware", "--password", "x"]
     )
     assert _autorecovery_options_given(given) == ["--placement", "--password"]
+
+
+def test_a_reader_of_stdout_that_leaves_stops_a_command_quietly() -> None:
+    """``quorumlog shell listledgers | head`` printed ``[Errno 32] Broken pipe``: a
+    command whose stdout closes now stops as a Unix tool does, with nothing on stderr
+    and the status of a death by SIGPIPE."""
+    import subprocess
+    import sys
+
+    script = (
+        "import argparse, sys\n"
+        "from quorumlog.commands import run_parsed\n"
+        "parser = argparse.ArgumentParser(allow_abbrev=False)\n"
+        "def func(args):\n"
+        "    for i in range(200_000):\n"
+        "        print('line', i)\n"
+        "    return 0\n"
+        "parser.set_defaults(func=func)\n"
+        "sys.exit(run_parsed(parser, []))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.readline() == b"line 0\n"
+    process.stdout.close()
+    stderr = process.stderr.read()
+    assert process.wait(timeout=30) == 141, stderr
+    assert stderr == b""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["shell", "listledgers", "--reads-per-s", "0"],
+        ["shell", "migratelayout", "--reads-per-s", "-1"],
+        ["shell", "orphans", "--reads-per-s", "nan"],
+    ],
+)
+def test_a_read_rate_that_is_not_above_0_is_refused_naming_the_flag(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once, 0 went through to the walk and failed as ``reads_per_s must be positive or
+    None, got 0.0``, a name the user never typed."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--reads-per-s" in err and "above 0" in err and "reads_per_s" not in err
