@@ -219,7 +219,11 @@ class Registration:
         wanted = self._wanted
         if listed == wanted and (self._owned or wanted is None):
             return
-        if listed is not None:
+        # Moving between writable and read-only: register() makes the new node before it
+        # removes the old one, so the bookie is never in neither list, which the auditor
+        # (at a recovery delay of 0) would take for a lost bookie and copy its data away.
+        # Unregistered first only to go, or to replace a node an earlier run left.
+        if listed is not None and (wanted is None or listed == wanted):
             with contextlib.suppress(NoNodeError):
                 await self._registry.unregister(self.address)
             self._current = None
