@@ -258,7 +258,9 @@ def _split(sql: str) -> tuple[str, ...]:
         at += len(token.text)
         # A ';' outside strings, comments and quoted names ends a statement if SQLite
         # says so (not inside a trigger's BEGIN ... END).
-        if token.text == ";" and sqlite3.complete_statement(sql[start:at]):
+        # (complete_statement raises on a NUL; a NUL is no ';', so asking without it
+        # gives the same answer, and the statement's own run reports the character.)
+        if token.text == ";" and sqlite3.complete_statement(sql[start:at].replace("\0", " ")):
             piece = sql[start:at]
             if any(t.kind not in ("space", "comment") and t.text != ";" for t in _tokens(piece)):
                 pieces.append(piece)  # not an empty statement (";;")

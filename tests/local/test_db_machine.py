@@ -759,3 +759,22 @@ def test_db_timeout_stops_a_long_read(tmp_path: Path) -> None:
         assert again.values == [[2]]
     finally:
         machine.close()
+
+
+def test_a_nul_before_a_semicolon_is_a_statements_error_not_a_crash(tmp_path: Path) -> None:
+    """``["SELECT 1\\u0000; SELECT 2"]`` answered 500: splitting the string asked SQLite
+    whether a piece with a NUL was complete, which raises. It splits, and the piece with
+    the NUL fails as a statement, alike on every replica."""
+    assert split_sql("SELECT 1\0; SELECT 2") == ("SELECT 1\0;", " SELECT 2")
+    statement = Statement("CREATE TABLE n (x); INSERT INTO n VALUES (1)\0; SELECT 2")
+    record = DbRecord.decode(DbRecord(EXECUTE, (statement,), split=True).encode())
+    leader = StateMachine(tmp_path / "leader.sqlite")
+    follower = StateMachine(tmp_path / "follower.sqlite")
+    try:
+        (result,) = leader.apply(Position(1, 0), record) or []
+        assert result.error is not None and "null character" in result.error
+        assert follower.apply(Position(1, 0), record, results_wanted=False) == []
+        assert leader.dump() == follower.dump()
+    finally:
+        leader.close()
+        follower.close()
