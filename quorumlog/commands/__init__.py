@@ -66,7 +66,9 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         flags = [e.split("=", 1)[0] for e in extras if e.startswith("-")]
         known = [o for o in self._option_string_actions if o.startswith("--")]
         for flag in flags:
-            near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            # A flag cut short is the likeliest slip (--data for --data-dir); then spelling.
+            near = [o for o in known if o.startswith(flag)][:1] if len(flag) > 3 else []
+            near = near or difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
             if near:
                 message += f" (did you mean {near[0]}?)"
                 break

@@ -256,6 +256,8 @@ def run(args: argparse.Namespace) -> int:
         # A stopped bookie's files: no metadata store needed.
         try:
             return bookie_files.run(args)
+        except BrokenPipeError:
+            raise  # the reader of stdout left: quorumlog's main stops quietly
         except (BKError, BookieStartError, OSError, ValueError) as exc:
             print(f"quorumlog shell {args.shell_command}: {exc}", file=sys.stderr)
             return 1

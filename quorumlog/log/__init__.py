@@ -15,6 +15,7 @@ from quorumlog.log.errors import (
     LogError,
     LogFencedError,
     LogOutcomeUnknownError,
+    LogRecordFormatError,
     LogTruncatedError,
     NoSuchLogError,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "LogOutcomeUnknownError",
     "LogPositions",
     "LogReader",
+    "LogRecordFormatError",
     "LogTruncatedError",
     "LogWriter",
     "NoSuchLogError",

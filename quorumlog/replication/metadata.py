@@ -50,7 +50,8 @@ def check_password(md: LedgerMetadata, password: bytes) -> None:
     """UnauthorizedError unless ``password`` is the ledger's (R10); the metadata keeps
     a hash of the master key, not the password."""
     if not password_fits(md, password):
-        raise UnauthorizedError(f"ledger {md.ledger_id}: wrong password")
+        given = "" if password else " (none was given; the ledger has one: --password)"
+        raise UnauthorizedError(f"ledger {md.ledger_id}: wrong password{given}")
 
 
 def password_fits(md: LedgerMetadata, password: bytes) -> bool:

@@ -176,6 +176,8 @@ def test_r9_damaged_copies_are_reported_on_their_bookie_and_read_from_others(clu
         }
         with pytest.raises(UnauthorizedError, match=f"ledger {lh.ledger_id}"):
             audit(bk, lh.ledger_id, password=b"wrong")
+        with pytest.raises(UnauthorizedError, match="none was given; the ledger has one"):
+            audit(bk, lh.ledger_id)
         # The other replicas still serve every entry (R9).
         rh = bk.open_ledger(lh.ledger_id, b"pw")
         for _ in range(3):  # reads rotate over the replicas

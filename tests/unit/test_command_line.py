@@ -66,6 +66,8 @@ def test_every_argument_parser_in_the_sources_refuses_abbreviations() -> None:
     ("argv", "prog", "flag", "suggestion"),
     [
         (["dice", "--interval", "500"], "quorumlog dice", "--interval", "--interval-ms"),
+        # cut short: the flag it begins, not the nearest spelling (--metadata)
+        (["bookie", "--data", "/tmp/d"], "quorumlog bookie", "--data", "--data-dir"),
         (
             ["shell", "readledger", "1", "--frist", "2"],
             "quorumlog shell readledger",
@@ -197,3 +199,19 @@ def test_a_read_rate_that_is_not_above_0_is_refused_naming_the_flag(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "--reads-per-s" in err and "above 0" in err and "reads_per_s" not in err
+
+
+def test_a_stopped_bookies_file_command_leaves_a_closed_stdout_to_main(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``shell readjournal ... | head`` printed ``[Errno 32] Broken pipe`` with status 1:
+    the offline commands' error handler took the closed pipe for a failure."""
+    from quorumlog.commands import bookie_files, shell
+
+    def reader_left(args: argparse.Namespace) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(bookie_files, "run", reader_left)
+    args = build_parser().parse_args(["shell", "readjournal", "1", "--data-dir", "/tmp/none"])
+    with pytest.raises(BrokenPipeError):
+        shell.run(args)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from quorumlog.errors import InvalidArgumentError
-from quorumlog.log.errors import LogRecordFormatError
+from quorumlog.log import LogRecordFormatError  # where docs/LOGS.md says it is
 from quorumlog.log.position import Position, Record
 from quorumlog.log.record_format import (
     HEADER_BYTES,
