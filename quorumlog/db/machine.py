@@ -47,6 +47,7 @@ from typing import Any
 
 import orjson
 
+from quorumlog.db import prng
 from quorumlog.db.decltypes import DeclaredTypes
 from quorumlog.db.decltypes import available as decltypes_available
 from quorumlog.db.sql import (
@@ -1075,6 +1076,8 @@ class StateMachine:
         self._statement_index = index
         self._calls = 0
         self._keyless = keyless
+        # SQLite's own draws (a rowid chosen at random) repeat on every replica too.
+        prng.seed_for_statement(self._seed, index)
 
     def _end_statement(self) -> None:
         self._user = False
@@ -1257,6 +1260,7 @@ class _Reader:
         self._timed_out = False
         self.conn.set_authorizer(self._authorize)
         self.conn.set_progress_handler(self._progress, PROGRESS_STEPS)
+        prng.install_read_functions(self.conn)  # reads leave SQLite's generator alone
         # rqlite's types are the columns' declared types (SQLite's), where it can tell.
         self._declared = DeclaredTypes(path) if decltypes_available() else None
 

@@ -778,3 +778,37 @@ def test_a_nul_before_a_semicolon_is_a_statements_error_not_a_crash(tmp_path: Pa
     finally:
         leader.close()
         follower.close()
+
+
+def test_a_rowid_sqlite_chooses_at_random_is_the_same_on_every_replica(tmp_path: Path) -> None:
+    """Once a table holds rowid 9223372036854775807, SQLite picks a new row's rowid at
+    random, from its own generator: each replica picked another, and nothing noticed
+    (the outcomes compared count rows, not rowids). Seeded per statement from the
+    record, the generator picks the same rowid everywhere."""
+    records = [
+        DbRecord(
+            EXECUTE,
+            (
+                Statement("CREATE TABLE r (v)"),
+                Statement("INSERT INTO r (rowid, v) VALUES (9223372036854775807, 'max')"),
+            ),
+            now_ms=1,
+            seed=7,
+        ),
+        DbRecord(EXECUTE, (Statement("INSERT INTO r (v) VALUES ('a')"),), now_ms=2, seed=8),
+        DbRecord(EXECUTE, (Statement("INSERT INTO r (v) VALUES ('b')"),), now_ms=3, seed=9),
+    ]
+    machines = [StateMachine(tmp_path / f"{name}.sqlite") for name in ("a", "b", "c")]
+    try:
+        for n, machine in enumerate(machines):
+            for entry_id, record in enumerate(records):
+                machine.apply(Position(1, entry_id), DbRecord.decode(record.encode()))
+                # A read drawing random numbers between records, as clients' reads do.
+                machine.query([Statement(f"SELECT random() FROM r LIMIT {n + 1}")])
+        rows = [m.query([Statement("SELECT rowid, v FROM r ORDER BY v")])[0] for m in machines]
+        assert rows[0].values is not None and len(rows[0].values) == 3
+        assert rows[0].values[0][0] not in (9223372036854775807, None)  # a random rowid
+        assert all(r.values == rows[0].values for r in rows[1:]), [r.values for r in rows]
+    finally:
+        for machine in machines:
+            machine.close()
