@@ -353,7 +353,6 @@ _PRAGMAS_READABLE = frozenset(
         "read_uncommitted",
         "recursive_triggers",
         "reverse_unordered_selects",
-        "schema_version",
         "secure_delete",
         "soft_heap_limit",
         "synchronous",
@@ -364,8 +363,11 @@ _PRAGMAS_READABLE = frozenset(
         "wal_autocheckpoint",
     }
 )
-# Readable in reads only: this replica's file as it lies on its disk.
-_PRAGMAS_OF_THE_FILE = frozenset({"database_list", "freelist_count", "page_count"})
+# Readable in reads only: this replica's file as it lies on its disk (schema_version,
+# the schema's change counter, is another number in a file rebuilt from a snapshot).
+_PRAGMAS_OF_THE_FILE = frozenset(
+    {"database_list", "freelist_count", "page_count", "schema_version"}
+)
 _TEMP_ACTIONS = frozenset(
     {
         sqlite3.SQLITE_CREATE_TEMP_INDEX,

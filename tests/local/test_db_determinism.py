@@ -168,12 +168,17 @@ def test_r19_schema_writes_and_dangerous_pragmas_are_refused(tmp_path: Path) -> 
                 tx=True,
             ),
             record("PRAGMA schema_version=1"),
+            # The schema's change counter is another number in a file rebuilt from a
+            # snapshot: written into a table, it made the replicas differ unseen.
+            record("INSERT INTO t SELECT schema_version FROM pragma_schema_version"),
+            record("PRAGMA schema_version"),
             record("INSERT INTO t VALUES (2)"),
         ],
     )
-    assert all(errors(a)[0] is not None for a in answers[1:6])
+    assert all(errors(a)[0] is not None for a in answers[1:8])
     assert "not authorized" in str(errors(answers[1])[0])
-    assert errors(answers[6]) == [None]
+    assert "schema_version" in str(errors(answers[6])[0])
+    assert errors(answers[8]) == [None]
     assert values(machine, "SELECT sql, rootpage > 1 FROM sqlite_master WHERE name = 't'") == [
         ["CREATE TABLE t(a)", 1]
     ]
