@@ -509,9 +509,11 @@ def _rewrite_call(
         return end + 1, True
     if name == "randomblob":
         size = _literal_int([tokens[j] for j in args])
-        if size is None:
-            return k + 1, False  # every replica's randomblob() draws the same bytes
-        blob = choices.random_bytes(max(1, min(size, _MAX_RANDOMBLOB_BYTES)))
+        if size is None or size > _MAX_RANDOMBLOB_BYTES:
+            # Every replica's randomblob() draws the same bytes, as many as asked (or
+            # SQLite's "too big"): a literal in the record is kept for small blobs only.
+            return k + 1, False
+        blob = choices.random_bytes(max(1, size))
         _replace_call(tokens, sig, k, end, "blob", f"X'{blob.hex()}'")
         return end + 1, True
     if name in _DATE_FUNCTIONS:

@@ -34,6 +34,7 @@ from quorumlog.db.sql import (
     Choices,
     Statement,
     parse_statements,
+    rewrite_all_for_replay,
     rewrite_for_replay,
     several_statements_refusal,
     split_sql,
@@ -73,6 +74,10 @@ def test_parse_statements_positional_named_and_bad_shapes() -> None:
 def test_rewrite_replaces_random_and_now_with_the_leaders_values() -> None:
     assert rewrite("INSERT INTO t VALUES (random())") == "INSERT INTO t VALUES ((42))"
     assert rewrite("INSERT INTO t VALUES (randomblob(2))") == "INSERT INTO t VALUES (X'abab')"
+    # Past 1 MiB no literal is written: the replicas' keyed draws give all the bytes asked
+    # (once, the literal was cut to 1 MiB without a word).
+    big = "INSERT INTO t VALUES (randomblob(2000000))"
+    assert rewrite(big) == big
     assert (
         rewrite("INSERT INTO t VALUES (datetime('now'), 'now')")
         == "INSERT INTO t VALUES (datetime('2026-01-02 03:04:05.678'), 'now')"
@@ -809,6 +814,27 @@ def test_a_rowid_sqlite_chooses_at_random_is_the_same_on_every_replica(tmp_path:
         assert rows[0].values is not None and len(rows[0].values) == 3
         assert rows[0].values[0][0] not in (9223372036854775807, None)  # a random rowid
         assert all(r.values == rows[0].values for r in rows[1:]), [r.values for r in rows]
+    finally:
+        for machine in machines:
+            machine.close()
+
+
+def test_a_randomblob_past_a_mib_in_a_write_has_every_byte_asked(tmp_path: Path) -> None:
+    statement = Statement("INSERT INTO b VALUES (randomblob(2000000))")
+    (rewritten,) = rewrite_all_for_replay([statement], now=datetime(2026, 1, 2, tzinfo=UTC))
+    records = [
+        DbRecord(EXECUTE, (Statement("CREATE TABLE b (x)"),), now_ms=1, seed=4),
+        DbRecord(EXECUTE, (rewritten,), now_ms=2, seed=5),
+    ]
+    machines = [StateMachine(tmp_path / f"{n}.sqlite") for n in ("a", "b")]
+    try:
+        for machine in machines:
+            for entry_id, record in enumerate(records):
+                (result,) = machine.apply(Position(1, entry_id), record) or [None]
+                assert result is not None and result.error is None, result
+        query = [Statement("SELECT length(x), hex(substr(x, -4)) FROM b")]
+        reads = [m.query(query)[0].values for m in machines]
+        assert reads[0] == reads[1] and reads[0] is not None and reads[0][0][0] == 2000000
     finally:
         for machine in machines:
             machine.close()
