@@ -58,6 +58,8 @@ _RELAYED_HEADERS = ("Content-Type", POSITION_HEADER)
 _MIN_POSITION_WAIT_S_DEFAULT = 10.0
 _LEVELS = ("none", "weak", "strong", "linearizable")
 _LEADER_CACHE_S = 1.0
+# Beyond a forwarded request's own timeout, time for the leader's answer to travel.
+_FORWARD_SLACK_S = 1.0
 # How long a follower waits for a leader to forward a request to before it answers 503.
 _LEADER_WAIT_S = 2.0
 _LEADER_POLL_S = 0.05
@@ -522,12 +524,22 @@ class DbHttpApi:
         headers = {FORWARDED_HEADER: "1", "Content-Type": content_type}
         if "Authorization" in request.headers:  # the leader checks the same token
             headers["Authorization"] = request.headers["Authorization"]
+        # The request's own bound holds here too: a hung leader must not hold the caller
+        # past it (the leader, given the same bound, answers within it when it can).
+        try:
+            asked_s = _duration_param(request, "timeout", None)
+        except BadRequestError as exc:
+            return self._error(request, 400, exc.message)
+        bound_s = self.forward_timeout_s
+        if asked_s is not None:
+            bound_s = min(bound_s, asked_s + _FORWARD_SLACK_S)
         try:
             async with self._session.request(
                 request.method,
                 target,
                 data=body if request.method == "POST" else None,
                 headers=headers,
+                timeout=aiohttp.ClientTimeout(total=bound_s),
             ) as answer:
                 text = await answer.read()
                 if answer.status == 503:
@@ -535,7 +547,15 @@ class DbHttpApi:
                 relayed = {k: answer.headers[k] for k in _RELAYED_HEADERS if k in answer.headers}
                 relayed.setdefault("Content-Type", "application/json")
                 return web.Response(body=text, status=answer.status, headers=relayed)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except TimeoutError:
+            self._leader_cache = None
+            return self._error(
+                request,
+                503,
+                f"leader {leader} did not answer within {bound_s:.1f} s: what was asked of it "
+                "may or may not have been done (a write's outcome is unknown)",
+            )
+        except aiohttp.ClientError as exc:
             self._leader_cache = None
             return self._error(request, 503, f"leader {leader} unreachable: {exc}")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from support import run
@@ -409,3 +410,46 @@ def test_db_status_has_rqlites_sections_and_this_databases_own() -> None:
         and body["node"]["current_time"] >= body["node"]["start_time"]
     )
     assert body["build"]["version"] and body["os"]["pid"] > 0 and body["os"]["hostname"]
+
+
+def test_a_request_forwarded_to_a_hung_leader_is_answered_within_its_timeout() -> None:
+    """A follower forwarding a write with ``timeout=1s`` to a leader that never answers
+    (SIGSTOPped) held the caller until the leader woke, 12 s later: the request's
+    bound holds for the forwarded call too, and the 503 says the outcome is unknown."""
+    from aiohttp import web
+
+    async def scenario() -> tuple[int, Any, float]:
+        async def hang(request: web.Request) -> web.Response:
+            await asyncio.sleep(30)
+            return web.Response(text="{}")
+
+        leader_app = web.Application()
+        leader_app.router.add_post("/db/execute", hang)
+        async with TestServer(leader_app) as leader:
+            follower = StubReplica()
+            follower.is_leader = False
+            url = str(leader.make_url("")).rstrip("/")
+
+            async def members() -> list[tuple[str, str, bool]]:
+                return [("a", "http://127.0.0.1:1", False), ("b", url, True)]
+
+            follower.members = members  # type: ignore[method-assign]
+            api = DbHttpApi(follower)  # type: ignore[arg-type]
+            port = await api.start("127.0.0.1", 0)
+            try:
+                started = time.monotonic()
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.post(
+                        f"http://127.0.0.1:{port}/db/execute?timeout=1s",
+                        json=[["INSERT INTO t VALUES (1)"]],
+                    ) as answer,
+                ):
+                    body = await answer.text()
+                    return answer.status, body, time.monotonic() - started
+            finally:
+                await api.close()
+
+    status, body, took_s = run(scenario())
+    assert status == 503 and "outcome is unknown" in str(body), body
+    assert took_s < 10, took_s
