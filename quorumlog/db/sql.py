@@ -465,6 +465,12 @@ def _is_create_or_refuse(statement: Statement, tokens: list[_Token], sig: list[i
     ATTACH/DETACH/VACUUM and statements naming the applied-position table."""
     words = [tokens[i].text.upper() for i in sig if tokens[i].kind == "word"]
     head = words[0] if words else ""
+    if head in ("ATTACH", "DETACH"):
+        raise BadRequestError(f"{head} is not allowed: it reaches files outside the replica")
+    if head == "VACUUM":
+        raise BadRequestError(
+            "VACUUM is not allowed: it rewrites one replica's file, not replicated data"
+        )
     if head in _REFUSED_FIRST_WORDS:
         raise BadRequestError(
             f"{head} is not allowed: each request runs in a transaction of its own "

@@ -838,3 +838,21 @@ def test_a_randomblob_past_a_mib_in_a_write_has_every_byte_asked(tmp_path: Path)
     finally:
         for machine in machines:
             machine.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("ATTACH 'x.db' AS x", "reaches files outside the replica"),
+        ("detach x", "reaches files outside the replica"),
+        ("VACUUM", "rewrites one replica's file"),
+        ("BEGIN", "ask for one with the 'transaction' parameter"),
+    ],
+)
+def test_a_refused_first_word_says_why_it_is_refused(sql: str, reason: str) -> None:
+    """ATTACH, DETACH and VACUUM were answered that each request runs in a transaction
+    of its own, which has nothing to do with them."""
+    with pytest.raises(BadRequestError, match=reason) as refused:
+        rewrite(sql)
+    if "transaction" not in reason:
+        assert "transaction" not in refused.value.message
