@@ -56,6 +56,18 @@ def password_digest(password: bytes) -> str:
     return key_digest(master_key(password))
 
 
+def password_fits(md: LedgerMetadata, password: bytes) -> bool:
+    """Whether ``password`` is the ledger's (R10), by the hash its metadata keeps."""
+    return not md.password_digest or md.password_digest == password_digest(password)
+
+
+def check_password(md: LedgerMetadata, password: bytes) -> None:
+    """UnauthorizedError unless ``password`` is the ledger's (R10)."""
+    if not password_fits(md, password):
+        given = "" if password else " (none was given; the ledger has one)"
+        raise UnauthorizedError(f"ledger {md.ledger_id}: wrong password{given}")
+
+
 def key_digest(key: bytes) -> str:
     """The hash of a master key, as the metadata keeps it."""
     return hashlib.sha256(key).hexdigest()
@@ -237,12 +249,7 @@ class BookKeeper:
 
     async def _read_checked(self, ledger_id: int, password: bytes) -> tuple[LedgerMetadata, int]:
         metadata, version = await self.ledgers.read(ledger_id)
-        if metadata.password_digest and metadata.password_digest != password_digest(password):
-            if not password:
-                raise UnauthorizedError(
-                    f"ledger {ledger_id}: wrong password (none was given; the ledger has one)"
-                )
-            raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
+        check_password(metadata, password)
         return metadata, version
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"") -> ReadHandle:

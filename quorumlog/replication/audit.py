@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from quorumlog.client.bookkeeper import check_password, password_fits
 from quorumlog.errors import (
     BKError,
     DigestMismatchError,
@@ -48,7 +49,6 @@ from quorumlog.proto.codec import (
     Response,
 )
 from quorumlog.proto.entry import EntryCodec
-from quorumlog.replication.metadata import check_password, password_fits
 from quorumlog.replication.plan import slot_runs
 from quorumlog.replication.report import LedgerAudit, digest_reason, status_name
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from quorumlog.client.bookkeeper import key_digest, password_fits
 from quorumlog.errors import BKError, MetadataError, Status, UnauthorizedError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.ledgers import Done, MetadataConflictsError
@@ -44,22 +44,6 @@ async def metadata_call(bk: BookKeeper, operation: Awaitable[T], what: str) -> T
 async def read_ledger_metadata(bk: BookKeeper, ledger_id: int) -> tuple[LedgerMetadata, int]:
     """The ledger's metadata and its version (NoSuchLedgerError if it is gone)."""
     return await metadata_call(bk, bk.ledgers.read(ledger_id), f"ledger {ledger_id}")
-
-
-def check_password(md: LedgerMetadata, password: bytes) -> None:
-    """UnauthorizedError unless ``password`` is the ledger's (R10); the metadata keeps
-    a hash of the master key, not the password."""
-    if not password_fits(md, password):
-        given = "" if password else " (none was given; the ledger has one: --password)"
-        raise UnauthorizedError(f"ledger {md.ledger_id}: wrong password{given}")
-
-
-def password_fits(md: LedgerMetadata, password: bytes) -> bool:
-    return not md.password_digest or md.password_digest == _key_digest(master_key(password))
-
-
-def _key_digest(key: bytes) -> str:
-    return hashlib.sha256(key).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +101,7 @@ async def ledger_access(
                 if status == Status.NO_SUCH_LEDGER:
                     absent.add(address)
                 continue
-            if _key_digest(answer.master_key) != md.password_digest:
+            if key_digest(answer.master_key) != md.password_digest:
                 reasons.append(f"{address}: a key that is not the ledger's")
                 continue
             codec = EntryCodec(md.digest_type, mac_unchecked=True)

@@ -37,7 +37,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from quorumlog.client.bookkeeper import password_digest
+from quorumlog.client.bookkeeper import password_fits
 from quorumlog.errors import InvalidArgumentError, NoSuchEntryError, NoSuchLedgerError
 from quorumlog.log.errors import LogTruncatedError, NoSuchLogError
 from quorumlog.log.metadata import list_log_names, read_log
@@ -617,7 +617,7 @@ async def _prepare(opts: WriteOptions) -> None:
             md = await bk.ledger_metadata(ledger_id)
         except NoSuchLedgerError:
             continue  # deleted by a truncation under way
-        if md.password_digest and md.password_digest != password_digest(opts.password):
+        if not password_fits(md, opts.password):
             raise InvalidArgumentError(
                 f"{SOURCE_NAME} sink, log {opts.log}: option password is not the password "
                 f"of the log's ledgers (ledger {ledger_id}); every ledger of a log needs "

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from quorumlog.client.bookkeeper import BookKeeper, password_digest
+from quorumlog.client.bookkeeper import BookKeeper, check_password
 from quorumlog.client.config import ClientConfig
 from quorumlog.client.reading import ReadHandle, gather_in_order
 from quorumlog.client.sync import LoopThread
@@ -234,8 +234,7 @@ async def _closed_extent(
         metadata = await bk.ledger_metadata(ledger_id)
     except NoSuchLedgerError:
         return False, None
-    if metadata.password_digest and metadata.password_digest != password_digest(password):
-        raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
+    check_password(metadata, password)
     if not metadata.is_closed:
         return True, None
     return True, LedgerExtent(ledger_id, first, metadata.last_entry_id, True, metadata.length)
