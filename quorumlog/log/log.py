@@ -166,17 +166,11 @@ class Log:
         count = 0
         exact = True
         for ledger_id in metadata.ledgers:
-            try:
-                md = await self.bk.ledger_metadata(ledger_id)
-            except NoSuchLedgerError:
+            end = await self._written_end(ledger_id)
+            if end is None:
                 continue
-            if md.is_closed:
-                top = md.last_entry_id
-            else:
-                exact = False
-                handle = await self.bk.open_ledger_no_recovery(ledger_id, self.config.password)
-                top = handle.last_add_confirmed
-                await handle.close()
+            top = end[0] - 1
+            exact = exact and end[1]
             bottom = cut.entry_id if cut is not None and cut.ledger_id == ledger_id else 0
             if top >= bottom:
                 if first is None:
@@ -203,7 +197,8 @@ class Log:
             # From the closed ledgers just before the cut's: later lists hold the same
             # ones (or fewer, truncated), and a closed ledger never changes.
             removed_end = await self._removed_end(metadata, cut)
-            written_end = await self._written_end(cut.ledger_id)
+            end = await self._written_end(cut.ledger_id)
+            written_end = None if end is None else end[0]
         done = await update_log(
             self.store,
             self.name,
@@ -227,19 +222,19 @@ class Log:
         await self._delete_ledgers(removed)
         return removed
 
-    async def _written_end(self, ledger_id: int) -> int | None:
-        """The entry after the last one ``ledger_id`` holds: its last entry once closed,
-        its last add confirmed while open (a record confirmed since is at or after it, so
-        a cut there hides none). None when the ledger is gone."""
+    async def _written_end(self, ledger_id: int) -> tuple[int, bool] | None:
+        """The entry after the last one ``ledger_id`` holds, and whether that is final:
+        its last entry once closed, its last add confirmed while open (a record
+        confirmed since is at or after it). None when the ledger is gone."""
         try:
             md = await self.bk.ledger_metadata(ledger_id)
         except NoSuchLedgerError:
             return None
         if md.is_closed:
-            return md.last_entry_id + 1
+            return md.last_entry_id + 1, True
         handle = await self.bk.open_ledger_no_recovery(ledger_id, self.config.password)
         try:
-            return handle.last_add_confirmed + 1
+            return handle.last_add_confirmed + 1, False
         finally:
             await handle.close()
 

@@ -198,9 +198,13 @@ def _check_recover_arguments(
 
 async def _is_registered(bk: BookKeeper, bookie: str) -> bool:
     """Whether ``bookie`` is registered, writable or read-only."""
-    if bookie in await metadata_call(bk, bk.registry.writable_bookies(), "bookies"):
-        return True
-    return bookie in await metadata_call(bk, bk.registry.readonly_bookies(), "bookies")
+    return bookie in await _registered(bk)
+
+
+async def _registered(bk: BookKeeper) -> set[str]:
+    """The registered bookies, writable and read-only."""
+    writable = await metadata_call(bk, bk.registry.writable_bookies(), "bookies")
+    return set(writable) | set(await metadata_call(bk, bk.registry.readonly_bookies(), "bookies"))
 
 
 async def _each(ids: list[int]) -> AsyncIterator[int]:
@@ -479,10 +483,7 @@ class _Run:
         ]
         if not work:
             return False
-        registry = self.bk.registry
-        registered = await metadata_call(self.bk, registry.writable_bookies(), "bookies")
-        readonly = await metadata_call(self.bk, registry.readonly_bookies(), "bookies")
-        present = (set(registered) | set(readonly)) - absent
+        present = await _registered(self.bk) - absent
         return all(b == self.lost or b not in present for f in work for b in f.ensemble)
 
     async def _plan_ledger(
