@@ -57,10 +57,16 @@ class Position(NamedTuple):
             return value
         if isinstance(value, str):
             return cls.parse(value)
-        if isinstance(value, dict):
-            return cls(int(value["ledger"]), int(value["entry"]))
-        if isinstance(value, tuple | list) and len(value) == 2:
-            return cls(int(value[0]), int(value[1]))
+        # Whole numbers only: a fraction or an unknown key is a mistake, not something
+        # to round or leave out.
+        if isinstance(value, dict) and set(value) == {"ledger", "entry"}:
+            numbers = [value["ledger"], value["entry"]]
+        elif isinstance(value, tuple | list) and len(value) == 2:
+            numbers = list(value)
+        else:
+            numbers = []
+        if numbers and all(type(n) is int for n in numbers):
+            return cls(numbers[0], numbers[1])
         raise InvalidArgumentError(f"not a log position: {value!r}")
 
 

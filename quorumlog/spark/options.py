@@ -157,7 +157,7 @@ def parse_bound(label: str, raw: str | None, default: Literal["earliest", "lates
     except ValueError:
         value = text
     try:
-        position = Position.of(_whole_numbers(value))
+        position = Position.of(value)
     except (BKError, KeyError, TypeError, ValueError):
         raise _bad(
             label, raw, 'expected earliest, latest, {"ledger": L, "entry": E} or L:E'
@@ -165,21 +165,6 @@ def parse_bound(label: str, raw: str | None, default: Literal["earliest", "lates
     if position.ledger_id < 0 or position.entry_id < 0:
         raise _bad(label, raw, "ledger and entry must be >= 0")
     return position
-
-
-def _whole_numbers(value: object) -> object:
-    """``value`` when, as JSON, it is a pair or a ``{"ledger", "entry"}`` object of whole
-    numbers (a float or an unknown key is a mistake, not something to round or drop)."""
-    numbers: list[object] = []
-    if isinstance(value, dict):
-        if set(value) != {"ledger", "entry"}:
-            raise ValueError(f"keys {sorted(value)}")
-        numbers = list(value.values())
-    elif isinstance(value, list):
-        numbers = value
-    if any(isinstance(n, bool) or not isinstance(n, int) for n in numbers):
-        raise ValueError("not whole numbers")
-    return value
 
 
 def _parse_ledgers(raw: str) -> tuple[int, ...]:

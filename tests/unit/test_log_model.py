@@ -33,6 +33,15 @@ def test_position_is_ordered_hashable_printable_and_json_able() -> None:
     assert a.next() == Position(3, 10)
 
 
+@pytest.mark.parametrize(
+    "value",
+    [{"ledger": 2.9, "entry": 0}, [2, 0.5], {"ledger": 2, "entry": 5, "e": 1}, (True, 1), [1]],
+)
+def test_position_of_refuses_what_it_would_have_to_round_or_drop(value: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="not a log position"):
+        Position.of(value)
+
+
 @pytest.mark.parametrize("text", ["", "12", "a:b", "-1:0", "1:-2"])
 def test_position_parse_refuses_bad_text(text: str) -> None:
     with pytest.raises(InvalidArgumentError):
