@@ -202,15 +202,32 @@ def test_a_watch_follows_its_ledger_to_the_new_place(metadata_uri):
     run(body())
 
 
+def start_migration_of_flat(
+    metadata_uri: str, ids: list[int], *, reads_per_s: int
+) -> tuple[list[str], subprocess.Popen[str]]:
+    """A store holding ``ids`` in the flat layout, and ``shell migratelayout`` started
+    on it at ``reads_per_s``: the shell's command line and the process."""
+
+    async def prepare() -> None:
+        async with await open_store(metadata_uri) as store:
+            await make_flat(store, ids)
+
+    run(prepare())
+    command = [sys.executable, "-m", "quorumlog", "shell", "--metadata", metadata_uri]
+    process = subprocess.Popen(
+        [*command, "migratelayout", "--reads-per-s", str(reads_per_s)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return command, process
+
+
 @pytest.mark.parametrize("metadata_uri", ["sqlite"], indirect=True)
 def test_migratelayout_killed_mid_way_and_run_again_loses_nothing(metadata_uri):
     """The command killed (SIGKILL) part way through its moves, then run again: every
     ledger is at one place at every moment, and the second run finishes the job."""
     ids = list(range(1, 41))
-
-    async def prepare() -> None:
-        async with await open_store(metadata_uri) as store:
-            await make_flat(store, ids)
 
     async def where() -> tuple[list[int], list[int]]:
         async with await open_store(metadata_uri) as store:
@@ -220,13 +237,7 @@ def test_migratelayout_killed_mid_way_and_run_again_loses_nothing(metadata_uri):
                 await ledgers.read(ledger_id)  # readable, wherever it is
             return listed, await flat_ids(store)
 
-    run(prepare())
-    command = [sys.executable, "-m", "quorumlog", "shell", "--metadata", metadata_uri]
-    process = subprocess.Popen(
-        [*command, "migratelayout", "--reads-per-s", "40"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    command, process = start_migration_of_flat(metadata_uri, ids, reads_per_s=40)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -253,22 +264,11 @@ def test_migratelayout_stopped_by_ctrl_c_says_nothing_more_and_a_rerun_finishes(
     loop'); what moved stays moved, and a second run moves the rest."""
     ids = list(range(1, 41))
 
-    async def prepare() -> None:
-        async with await open_store(metadata_uri) as store:
-            await make_flat(store, ids)
-
     async def flat_left() -> list[int]:
         async with await open_store(metadata_uri) as store:
             return await flat_ids(store)
 
-    run(prepare())
-    command = [sys.executable, "-m", "quorumlog", "shell", "--metadata", metadata_uri]
-    process = subprocess.Popen(
-        [*command, "migratelayout", "--reads-per-s", "20"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    command, process = start_migration_of_flat(metadata_uri, ids, reads_per_s=20)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len(run(flat_left())) >= len(ids) - 3:
